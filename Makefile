@@ -1,0 +1,40 @@
+# qtool developer tasks. `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DEMO   := out/demo
+
+.PHONY: demo install dev test lint bench golden samples clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+install: $(BIN)/python  ## create .venv and install qtool into it
+	$(BIN)/pip install --quiet -e .
+
+dev: $(BIN)/python  ## install qtool with the dev extras
+	$(BIN)/pip install --quiet -e ".[dev]"
+
+demo: install  ## calibrate + quantize the sample CNN, then print the comparison report
+	@mkdir -p $(DEMO)
+	$(BIN)/qtool calibrate sample_models/cnn/model.onnx sample_models/cnn/calib -o $(DEMO)/cnn.stats.json
+	$(BIN)/qtool quantize sample_models/cnn/model.onnx --stats $(DEMO)/cnn.stats.json -o $(DEMO)/cnn.int8.onnx
+	$(BIN)/qtool compare sample_models/cnn/model.onnx $(DEMO)/cnn.int8.onnx --data sample_models/cnn/eval
+
+test: dev  ## run the whole test suite
+	$(BIN)/python -m pytest -q
+
+lint: dev  ## ruff + mypy
+	$(BIN)/ruff check qtool tests bench
+	$(BIN)/ruff format --check qtool tests bench
+	$(BIN)/mypy
+
+bench: install  ## benchmark scripts under bench/
+	$(BIN)/python bench/run.py
+
+samples: install  ## regenerate sample_models/ (seeded)
+	$(BIN)/python sample_models/generate.py
+
+clean:
+	rm -rf $(VENV) out build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

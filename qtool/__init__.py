@@ -1,0 +1,40 @@
+"""qtool: calibrate, quantize and compare ONNX models.
+
+The public API is re-exported here and imported lazily, so that ``qtool --help``
+does not pay for importing onnx and onnxruntime.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "calibrate": "qtool.api",
+    "quantize": "qtool.api",
+    "compare": "qtool.api",
+    "write_stats": "qtool.api",
+    "ComparisonResult": "qtool.api",
+    "QuantizeResult": "qtool.api",
+    "CalibrationStats": "qtool.calibrate",
+    "QConfig": "qtool.config",
+    "load_config": "qtool.config",
+    "ExitCode": "qtool.errors",
+    "QtoolError": "qtool.errors",
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+if TYPE_CHECKING:
+    from qtool.api import ComparisonResult, QuantizeResult, calibrate, compare, quantize, write_stats
+    from qtool.calibrate import CalibrationStats
+    from qtool.config import QConfig, load_config
+    from qtool.errors import ExitCode, QtoolError
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'qtool' has no attribute {name!r}")

@@ -1,0 +1,297 @@
+"""calibrate(), quantize() and compare(): the orchestration shared by the CLI and Python users."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from qtool import __version__
+from qtool.calibrate import CalibrationStats, collect_statistics, create_session
+from qtool.compare import ErrorMetrics, LatencyComparison, measure_latency, output_metrics
+from qtool.config import QConfig, load_config
+from qtool.dataset import Dataset, model_inputs
+from qtool.errors import QtoolError
+from qtool.model_io import file_sha256, load_model, model_size_bytes, same_file, save_model, write_text
+from qtool.observers import observer_class
+from qtool.plan import QuantPlan, build_plan
+from qtool.prepare import PER_CHANNEL_MIN_OPSET, PrepareReport, prepare_model
+from qtool.qparams import QParams
+from qtool.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
+
+log = logging.getLogger(__name__)
+
+# Called once per unit of work with (description, total) -> a callback taking the units done.
+ProgressFactory = Callable[[str, int], Callable[[int], None]]
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A model file on disk."""
+
+    path: str
+    size_bytes: int
+    sha256: str
+
+    @classmethod
+    def of(cls, path: Path | str) -> ModelFile:
+        return cls(str(path), model_size_bytes(path), file_sha256(path))
+
+
+@dataclass(frozen=True)
+class ComparisonResult:
+    """Everything ``qtool compare`` measures."""
+
+    reference: ModelFile
+    candidate: ModelFile
+    data_dir: str
+    samples: int
+    outputs: list[ErrorMetrics]
+    overall: ErrorMetrics
+    latency: LatencyComparison | None
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.reference.size_bytes / self.candidate.size_bytes
+
+
+@dataclass
+class QuantizeResult:
+    """What ``qtool quantize`` did and, with data, how the result compares."""
+
+    source: ModelFile
+    output: ModelFile
+    prepare: PrepareReport
+    rewrite: RewriteReport
+    skipped: list[tuple[str, str]]
+    calibration_samples: int
+    comparison: ComparisonResult | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.source.size_bytes / self.output.size_bytes
+
+
+def _noop_progress(description: str, total: int) -> Callable[[int], None]:
+    return lambda n: None
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    model: onnx.ModelProto
+    prepared: onnx.ModelProto
+    plan: QuantPlan
+    report: PrepareReport
+    sha256: str
+
+
+def _needs_per_channel(config: QConfig) -> bool:
+    entries = [config.raw["global"], *config.op_type.values(), *config.node_name.values()]
+    return any(
+        isinstance(e, dict) and isinstance(e.get("weight"), dict) and e["weight"].get("granularity") == "per_channel"
+        for e in entries
+    )
+
+
+def _prepare(model_path: Path, config: QConfig) -> _Prepared:
+    model = load_model(model_path)
+    min_opset = PER_CHANNEL_MIN_OPSET if _needs_per_channel(config) else 0
+    prepared, report = prepare_model(model, min_opset=min_opset)
+    plan = build_plan(prepared, config)
+    node_names = [n.name for n in prepared.graph.node]
+    unmatched = config.unmatched_node_patterns(node_names)
+    if unmatched:
+        import difflib
+
+        close = difflib.get_close_matches(unmatched[0].removeprefix("re:"), node_names, n=3)
+        raise QtoolError(
+            f"{config.source}: node name '{unmatched[0]}' matches no node of {model_path}",
+            hint=f"closest node names: {', '.join(close)}" if close else "run qtool on the model to list its nodes",
+        )
+    return _Prepared(model, prepared, plan, report, file_sha256(model_path))
+
+
+def _dataset(model: onnx.ModelProto, data_dir: Path | str, limit: int | None) -> Dataset:
+    return Dataset(data_dir, model_inputs(model), limit=limit)
+
+
+def calibrate(
+    model_path: Path | str,
+    data_dir: Path | str,
+    *,
+    config_path: Path | str | None = None,
+    observer: str | None = None,
+    batch_size: int | None = None,
+    limit: int | None = None,
+    progress: ProgressFactory | None = None,
+) -> CalibrationStats:
+    """Observe every activation the quantizer needs over a dataset.
+
+    Args:
+        model_path: the float ONNX model.
+        data_dir: a dataset directory (see :class:`qtool.dataset.Dataset`).
+        config_path: a QConfigDict YAML file; None for the built-in default.
+        observer: overrides ``calibration.observer`` of the config.
+        batch_size: overrides ``calibration.batch_size``.
+        limit: overrides ``calibration.limit``.
+        progress: receives progress updates (the CLI draws a bar).
+
+    Returns:
+        The statistics, ready for :meth:`CalibrationStats.to_json` or :func:`quantize`.
+    """
+    config = load_config(config_path)
+    return _calibrate(_prepare(Path(model_path), config), config, data_dir, observer=observer,
+                      batch_size=batch_size, limit=limit, progress=progress)
+
+
+def _calibrate(state: _Prepared, config: QConfig, data_dir: Path | str, *, observer: str | None,
+               batch_size: int | None, limit: int | None, progress: ProgressFactory | None) -> CalibrationStats:
+    observer = observer or config.calibration.observer
+    observer_class(observer)  # fail on an unknown name before any work
+    dataset = _dataset(state.model, data_dir, limit or config.calibration.limit)
+    advance = (progress or _noop_progress)("calibrating", len(dataset))
+    observers, seen = collect_statistics(
+        state.prepared,
+        state.plan.activations,
+        dataset,
+        observer=observer,
+        batch_size=batch_size or config.calibration.batch_size,
+        on_progress=advance,
+    )
+    return CalibrationStats(state.sha256, observer, seen, observers)
+
+
+def _activation_qparams(plan: QuantPlan, stats: CalibrationStats) -> dict[str, QParams]:
+    result = {}
+    for tensor, scheme in plan.activations.items():
+        observer = stats.tensors.get(tensor)
+        if observer is None or observer.empty:
+            raise QtoolError(f"the statistics have no values for tensor '{tensor}'",
+                             hint="re-run qtool calibrate with the same model and config")
+        bits = 8 if scheme.dtype.endswith("8") else 16
+        lo, hi = observer.range(bits, scheme.symmetric)
+        result[tensor] = activation_qparams(lo, hi, scheme, what=f"tensor {tensor}")
+    return result
+
+
+def quantize(
+    model_path: Path | str,
+    output_path: Path | str,
+    *,
+    config_path: Path | str | None = None,
+    stats_path: Path | str | None = None,
+    data_dir: Path | str | None = None,
+    observer: str | None = None,
+    batch_size: int | None = None,
+    limit: int | None = None,
+    evaluate: bool = True,
+    runs: int = 20,
+    warmup: int = 3,
+    threads: int | None = None,
+    progress: ProgressFactory | None = None,
+) -> QuantizeResult:
+    """Quantize a float model to int8 QDQ and write it atomically.
+
+    Exactly one of ``stats_path`` (from ``qtool calibrate``) and ``data_dir``
+    (calibrate now) must be given. With ``data_dir`` and ``evaluate``, the result
+    is compared with the float model on the same data.
+
+    Raises:
+        QtoolError: bad input; nothing is written in that case.
+    """
+    model_path, output_path = Path(model_path), Path(output_path)
+    if (stats_path is None) == (data_dir is None):
+        raise QtoolError("give either --stats STATS.json or --data DATA_DIR (exactly one)")
+    if output_path.suffix.lower() != ".onnx":
+        raise QtoolError(f"output path {output_path} must end in .onnx")
+    if same_file(model_path, output_path):
+        raise QtoolError(f"output {output_path} is the input model; qtool never overwrites its input",
+                         hint="choose another -o path")
+    config = load_config(config_path)
+    state = _prepare(model_path, config)
+    if stats_path is not None:
+        stats = CalibrationStats.read(stats_path)
+        if stats.model_sha256 != state.sha256:
+            raise QtoolError(f"{stats_path} was computed for a different model than {model_path}",
+                             hint="re-run qtool calibrate on this model")
+    else:
+        assert data_dir is not None  # exactly one of the two, checked above
+        stats = _calibrate(state, config, data_dir, observer=observer, batch_size=batch_size, limit=limit,
+                           progress=progress)
+    act_qparams = _activation_qparams(state.plan, stats)
+    quantized, rewrite_report = insert_qdq(state.prepared, state.plan, act_qparams)
+    quantized.producer_name = "qtool"
+    quantized.producer_version = __version__
+    check_quantized_model(quantized)
+    create_session(quantized, "the quantized model")  # proves onnxruntime loads it before we write it
+    save_model(quantized, output_path)
+    result = QuantizeResult(
+        source=ModelFile.of(model_path),
+        output=ModelFile.of(output_path),
+        prepare=state.report,
+        rewrite=rewrite_report,
+        skipped=list(state.plan.skipped),
+        calibration_samples=stats.samples,
+    )
+    if state.report.shape_inference_error:
+        result.notes.append(f"shape inference failed and was skipped: {state.report.shape_inference_error}")
+    if data_dir is not None and evaluate:
+        result.comparison = compare(model_path, output_path, data_dir, runs=runs, warmup=warmup,
+                                    threads=threads, limit=limit, progress=progress)
+    return result
+
+
+def compare(
+    reference_path: Path | str,
+    candidate_path: Path | str,
+    data_dir: Path | str,
+    *,
+    runs: int = 50,
+    warmup: int = 5,
+    threads: int | None = None,
+    limit: int | None = None,
+    progress: ProgressFactory | None = None,
+) -> ComparisonResult:
+    """Compare a candidate model with its reference: size, accuracy and CPU latency.
+
+    Args:
+        reference_path: the float model.
+        candidate_path: the quantized model.
+        data_dir: evaluation samples for both models.
+        runs: timed runs per model (0 skips latency).
+        warmup: untimed runs per model before timing.
+        threads: onnxruntime intra-op threads (None: onnxruntime's default).
+        limit: use only the first N samples for accuracy.
+        progress: receives progress updates.
+    """
+    if runs < 0 or warmup < 0:
+        raise QtoolError("--runs and --warmup must be >= 0")
+    if threads is not None and threads < 1:
+        raise QtoolError("--threads must be >= 1")
+    reference_model, candidate_model = load_model(reference_path), load_model(candidate_path)
+    inputs = model_inputs(reference_model)
+    candidate_inputs = {(i.name, i.dtype) for i in model_inputs(candidate_model)}
+    if {(i.name, i.dtype) for i in inputs} != candidate_inputs:
+        raise QtoolError(f"{candidate_path} and {reference_path} have different inputs",
+                         hint="compare a quantized model with the float model it came from")
+    dataset = Dataset(data_dir, inputs, limit=limit)
+    reference = create_session(reference_path, str(reference_path), threads=threads)
+    candidate = create_session(candidate_path, str(candidate_path), threads=threads)
+    factory = progress or _noop_progress
+    outputs, overall, samples = output_metrics(reference, candidate, dataset, factory("accuracy", len(dataset)))
+    latency = None
+    if runs:
+        _, feed = next(iter(dataset.samples()))
+        latency = measure_latency(reference, candidate, feed, runs=runs, warmup=warmup, threads=threads,
+                                  on_progress=factory("latency", runs))
+    return ComparisonResult(ModelFile.of(reference_path), ModelFile.of(candidate_path), str(data_dir), samples,
+                            outputs, overall, latency)
+
+
+def write_stats(stats: CalibrationStats, path: Path | str) -> None:
+    """Write calibration statistics atomically as JSON."""
+    write_text(path, stats.to_json())

@@ -1,0 +1,167 @@
+"""Run the float model on onnxruntime with the plan's tensors exposed, and feed the observers.
+
+The result, :class:`CalibrationStats`, is a versioned JSON document: the model's
+fingerprint, the observer used and each observer's serialised state. Stats from
+shards of a dataset merge exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from qtool.dataset import Dataset
+from qtool.errors import QtoolError
+from qtool.observers import Observer, observer_class
+
+STATS_FORMAT = "qtool-calibration-stats"
+STATS_VERSION = 1
+
+ProgressCallback = Callable[[int], None]  # called with the number of samples just processed
+
+
+@dataclass
+class CalibrationStats:
+    """Observed statistics of every tensor the quantizer needs."""
+
+    model_sha256: str
+    observer: str
+    samples: int
+    tensors: dict[str, Observer]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": STATS_FORMAT,
+            "version": STATS_VERSION,
+            "model_sha256": self.model_sha256,
+            "observer": self.observer,
+            "samples": self.samples,
+            "tensors": {
+                name: {"observer": obs.name, "axis": obs.axis, "state": obs.state()}
+                for name, obs in sorted(self.tensors.items())
+            },
+        }
+
+    def to_json(self) -> str:
+        """Deterministic JSON text (sorted keys, exact float repr)."""
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str) -> CalibrationStats:
+        """Rebuild stats from :meth:`to_dict` output; ``source`` names the file in errors."""
+        if not isinstance(data, dict) or data.get("format") != STATS_FORMAT:
+            raise QtoolError(f"{source} is not a qtool statistics file (missing format '{STATS_FORMAT}')")
+        if data.get("version") != STATS_VERSION:
+            raise QtoolError(f"{source}: unsupported statistics version {data.get('version')!r}",
+                             hint=f"this qtool reads version {STATS_VERSION}; re-run qtool calibrate")
+        tensors: dict[str, Observer] = {}
+        try:
+            for name, entry in data["tensors"].items():
+                tensors[name] = observer_class(entry["observer"]).from_state(entry["state"], entry.get("axis"))
+            return cls(str(data["model_sha256"]), str(data["observer"]), int(data["samples"]), tensors)
+        except QtoolError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise QtoolError(f"{source}: malformed statistics file ({type(e).__name__}: {e})") from e
+
+    @classmethod
+    def read(cls, path: Path | str) -> CalibrationStats:
+        """Load stats written by :meth:`to_json`."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise QtoolError(f"statistics file not found: {path}") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise QtoolError(f"cannot read statistics file {path}: {e}") from e
+        return cls.from_dict(data, str(path))
+
+    def merge(self, other: CalibrationStats) -> CalibrationStats:
+        """Combine the statistics of two shards of one dataset into new stats."""
+        if other.model_sha256 != self.model_sha256:
+            raise QtoolError("cannot merge statistics of different models (model fingerprints differ)")
+        merged: dict[str, Observer] = {}
+        for name in sorted(set(self.tensors) | set(other.tensors)):
+            base = self.tensors.get(name) or other.tensors[name]
+            combined = type(base).from_state(base.state(), base.axis)
+            if name in self.tensors and name in other.tensors:
+                combined.merge(other.tensors[name])
+            merged[name] = combined
+        return CalibrationStats(self.model_sha256, self.observer, self.samples + other.samples, merged)
+
+
+def session_options(*, threads: int | None = None,
+                    level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> ort.SessionOptions:
+    """Quiet, deterministic onnxruntime session options."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = level
+    if threads:
+        options.intra_op_num_threads = threads
+    return options
+
+
+def create_session(model: onnx.ModelProto | str | Path, what: str, *, threads: int | None = None,
+                   level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                   providers: list[str] | None = None) -> ort.InferenceSession:
+    """An onnxruntime CPU session, with a QtoolError naming ``what`` if onnxruntime refuses the model."""
+    source: str | bytes = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
+    try:
+        return ort.InferenceSession(source, session_options(threads=threads, level=level),
+                                    providers=providers or ["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own untyped exception family
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise QtoolError(f"onnxruntime cannot load {what}: {first}") from e
+
+
+def with_exposed_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph also outputs ``tensors`` (as float32)."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    present = {o.name for o in exposed.graph.output}
+    for name in tensors:
+        if name not in present:
+            exposed.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+            present.add(name)
+    return exposed
+
+
+def collect_statistics(
+    prepared: onnx.ModelProto,
+    tensors: Iterable[str],
+    dataset: Dataset,
+    *,
+    observer: str,
+    batch_size: int = 1,
+    on_progress: ProgressCallback | None = None,
+) -> tuple[dict[str, Observer], int]:
+    """Run ``prepared`` over ``dataset`` and observe each tensor in ``tensors``.
+
+    Returns:
+        The observers by tensor name and the number of samples seen.
+    """
+    names = list(dict.fromkeys(tensors))
+    cls = observer_class(observer)
+    observers = {name: cls() for name in names}
+    session = create_session(with_exposed_outputs(prepared, names), "the prepared float model",
+                             level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    seen = 0
+    for count, feed in dataset.batches(batch_size):
+        try:
+            values = session.run(names, feed)
+        except Exception as e:  # onnxruntime's runtime errors carry no common type
+            raise QtoolError(f"onnxruntime failed on samples of {dataset.directory}: {e}") from e
+        for name, value in zip(names, values):
+            observers[name].observe(np.asarray(value))
+        seen += count
+        if on_progress:
+            on_progress(count)
+    return observers, seen

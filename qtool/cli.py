@@ -1,0 +1,243 @@
+"""The ``qtool`` command line: parse options, call :mod:`qtool.api`, render the result.
+
+Every command turns a :class:`~qtool.errors.QtoolError` into one red line and its
+exit code; anything else is a bug and is shown with a traceback (exit 70).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from qtool import __version__
+from qtool.errors import ExitCode, QtoolError
+
+app = typer.Typer(
+    name="qtool",
+    help="Quantize ONNX models: calibrate activation ranges, rewrite to int8 QDQ, compare with the float model.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+err_console = Console(stderr=True)
+out_console = Console()
+_state = {"debug": False}
+T = TypeVar("T")
+
+
+class _RateColumn(ProgressColumn):
+    """Samples (or runs) per second."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.1f}/s" if speed else "-/s", style="progress.data.speed")
+
+
+@contextmanager
+def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+    """A progress-bar factory; the display starts with the first task, so errors before it print cleanly."""
+    columns = (TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), _RateColumn(),
+               TimeElapsedColumn())
+    progress = Progress(*columns, console=err_console, transient=False)
+
+    def factory(description: str, total: int) -> Callable[[int], None]:
+        if not progress.live.is_started:
+            progress.start()
+        task = progress.add_task(description, total=total)
+        return lambda n: progress.advance(task, n)
+
+    try:
+        yield factory
+    finally:
+        if progress.live.is_started:
+            progress.stop()
+
+
+def _fail(message: str, code: ExitCode) -> None:
+    err_console.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(int(code))
+
+
+def _run(action: Callable[[], T]) -> T:
+    """Run a command body, mapping errors to messages and exit codes."""
+    try:
+        return action()
+    except QtoolError as e:
+        if _state["debug"]:
+            traceback.print_exc()
+        _fail(str(e), e.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("[red]interrupted[/red]: no output was written")
+        raise typer.Exit(130) from None
+    except typer.Exit:
+        raise
+    except Exception:
+        traceback.print_exc()
+        _fail(f"internal error in qtool {__version__}; please report it with the traceback above", ExitCode.INTERNAL)
+    raise AssertionError("unreachable")
+
+
+def _write_json(target: str, text: str) -> None:
+    if target == "-":
+        sys.stdout.write(text)
+    else:
+        from qtool.model_io import write_text
+
+        write_text(target, text)
+
+
+def _version(value: bool) -> None:
+    if value:
+        out_console.print(f"qtool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for user errors too.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what each stage does.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Quantize ONNX models."""
+    _state["debug"] = debug
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s",
+                        handlers=[RichHandler(console=err_console, show_time=False, show_path=False)])
+
+
+ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="QConfigDict YAML; merged over the built-in "
+                                                   "configs/default.yaml.")]
+ObserverOption = Annotated[str | None, typer.Option("--observer", help="Observer for activation ranges (default: "
+                                                    "calibration.observer of the config, minmax).")]
+BatchOption = Annotated[int | None, typer.Option("--batch-size", min=1, help="Samples per inference when the batch "
+                                                 "dimension is dynamic (default: calibration.batch_size).")]
+LimitOption = Annotated[int | None, typer.Option("--limit", min=1, help="Use only the first N samples (sorted by "
+                                                 "file name).")]
+JsonOption = Annotated[str | None, typer.Option("--json", help="Also write the result as JSON to PATH, or '-' for "
+                                                "stdout (tables then go to stderr).")]
+RunsOption = Annotated[int, typer.Option("--runs", min=0, help="Timed runs per model for latency (0 skips latency).")]
+WarmupOption = Annotated[int, typer.Option("--warmup", min=0, help="Untimed warm-up runs per model.")]
+ThreadsOption = Annotated[int | None, typer.Option("--threads", min=1, help="onnxruntime intra-op threads (default: "
+                                                   "onnxruntime's choice).")]
+
+
+@app.command()
+def calibrate(
+    model: Annotated[Path, typer.Argument(help="Float ONNX model.", show_default=False)],
+    data_dir: Annotated[Path, typer.Argument(help="Directory of samples (*.npy or *.npz).", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Statistics JSON file to write.")],
+    config: ConfigOption = None,
+    observer: ObserverOption = None,
+    batch_size: BatchOption = None,
+    limit: LimitOption = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Run the float model over DATA_DIR and write activation statistics to -o STATS.json."""
+
+    def action() -> None:
+        from qtool.api import calibrate as run_calibrate
+        from qtool.api import write_stats
+        from qtool.report import stats_summary_dict, to_json
+
+        with _progress() as progress:
+            stats = run_calibrate(model, data_dir, config_path=config, observer=observer, batch_size=batch_size,
+                                  limit=limit, progress=progress)
+        write_stats(stats, output)
+        console = err_console if json_out == "-" else out_console
+        console.print(f"[green]wrote[/green] {output}: {len(stats.tensors)} tensors observed with "
+                      f"'{stats.observer}' over {stats.samples} samples")
+        if json_out:
+            _write_json(json_out, to_json(stats_summary_dict(stats, str(output))))
+
+    _run(action)
+
+
+@app.command()
+def quantize(
+    model: Annotated[Path, typer.Argument(help="Float ONNX model.", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Quantized ONNX model to write (never the input).")],
+    config: ConfigOption = None,
+    stats: Annotated[Path | None, typer.Option("--stats", help="Statistics from 'qtool calibrate'.")] = None,
+    data: Annotated[Path | None, typer.Option("--data", help="Calibrate on this directory now (instead of --stats), "
+                                              "then compare the result with the float model on it.")] = None,
+    observer: ObserverOption = None,
+    batch_size: BatchOption = None,
+    limit: LimitOption = None,
+    runs: RunsOption = 20,
+    warmup: WarmupOption = 3,
+    threads: ThreadsOption = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Quantize MODEL to int8 QDQ using --stats or --data, and write it to -o OUT.onnx."""
+
+    def action() -> None:
+        from qtool.api import quantize as run_quantize
+        from qtool.report import quantize_to_dict, render_quantize, to_json
+
+        with _progress() as progress:
+            result = run_quantize(model, output, config_path=config, stats_path=stats, data_dir=data,
+                                  observer=observer, batch_size=batch_size, limit=limit, runs=runs, warmup=warmup,
+                                  threads=threads, progress=progress)
+        render_quantize(err_console if json_out == "-" else out_console, result)
+        if json_out:
+            _write_json(json_out, to_json(quantize_to_dict(result)))
+
+    _run(action)
+
+
+@app.command()
+def compare(
+    reference: Annotated[Path, typer.Argument(help="Reference (float) ONNX model.", show_default=False)],
+    candidate: Annotated[Path, typer.Argument(help="Candidate (quantized) ONNX model.", show_default=False)],
+    data: Annotated[Path, typer.Option("--data", help="Directory of evaluation samples.")],
+    limit: LimitOption = None,
+    runs: RunsOption = 50,
+    warmup: WarmupOption = 5,
+    threads: ThreadsOption = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Compare CANDIDATE with REFERENCE: size, accuracy (MSE, SQNR, cosine) and CPU latency."""
+
+    def action() -> None:
+        from qtool.api import compare as run_compare
+        from qtool.report import comparison_to_dict, render_comparison, to_json
+
+        with _progress() as progress:
+            result = run_compare(reference, candidate, data, runs=runs, warmup=warmup, threads=threads, limit=limit,
+                                 progress=progress)
+        render_comparison(err_console if json_out == "-" else out_console, result)
+        if json_out:
+            _write_json(json_out, to_json(comparison_to_dict(result)))
+
+    _run(action)
+
+
+@app.command()
+def observers() -> None:
+    """List the observers available to --observer and calibration.observer."""
+
+    def action() -> None:
+        from qtool.observers import available_observers
+
+        for name, cls in available_observers().items():
+            summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+            out_console.print(f"[bold]{name}[/bold]  {summary}")
+
+    _run(action)
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Console-script entry point."""
+    return app(args=argv)

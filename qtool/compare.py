@@ -1,0 +1,168 @@
+"""Accuracy metrics and interleaved latency timing of a reference and a candidate model."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+from qtool.dataset import Dataset, Feed
+
+
+@dataclass(frozen=True)
+class ErrorMetrics:
+    """How far a candidate tensor is from the reference tensor."""
+
+    name: str
+    mse: float
+    sqnr_db: float  # +inf when the candidate matches exactly
+    cosine: float
+    max_abs_error: float
+    elements: int
+
+
+@dataclass
+class _Accumulator:
+    """Streaming sums for the metrics, so no output is kept across samples."""
+
+    sum_ref_sq: float = 0.0
+    sum_cand_sq: float = 0.0
+    sum_dot: float = 0.0
+    sum_err_sq: float = 0.0
+    max_abs: float = 0.0
+    count: int = 0
+
+    def add(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        r = ref.astype(np.float64).ravel()
+        c = cand.astype(np.float64).ravel()
+        err = r - c
+        self.sum_ref_sq += float(r @ r)
+        self.sum_cand_sq += float(c @ c)
+        self.sum_dot += float(r @ c)
+        self.sum_err_sq += float(err @ err)
+        self.max_abs = max(self.max_abs, float(np.abs(err).max(initial=0.0)))
+        self.count += r.size
+
+    def merge(self, other: _Accumulator) -> None:
+        self.sum_ref_sq += other.sum_ref_sq
+        self.sum_cand_sq += other.sum_cand_sq
+        self.sum_dot += other.sum_dot
+        self.sum_err_sq += other.sum_err_sq
+        self.max_abs = max(self.max_abs, other.max_abs)
+        self.count += other.count
+
+    def metrics(self, name: str) -> ErrorMetrics:
+        mse = self.sum_err_sq / self.count if self.count else 0.0
+        if self.sum_err_sq == 0.0:
+            sqnr = math.inf
+        elif self.sum_ref_sq == 0.0:
+            sqnr = -math.inf
+        else:
+            sqnr = 10.0 * math.log10(self.sum_ref_sq / self.sum_err_sq)
+        norms = math.sqrt(self.sum_ref_sq) * math.sqrt(self.sum_cand_sq)
+        if norms > 0:
+            cosine = self.sum_dot / norms
+        else:
+            cosine = 1.0 if self.sum_ref_sq == self.sum_cand_sq else 0.0
+        return ErrorMetrics(name, mse, sqnr, cosine, self.max_abs, self.count)
+
+
+def _is_float(value: np.ndarray) -> bool:
+    return np.issubdtype(np.asarray(value).dtype, np.floating)
+
+
+def output_metrics(
+    reference: ort.InferenceSession,
+    candidate: ort.InferenceSession,
+    dataset: Dataset,
+    on_progress: Callable[[int], None] | None = None,
+) -> tuple[list[ErrorMetrics], ErrorMetrics, int]:
+    """Run both sessions on every sample and compare their float outputs.
+
+    Returns:
+        Metrics per output, over all outputs together, and the number of samples.
+    """
+    names = [o.name for o in reference.get_outputs()]
+    candidate_names = {o.name for o in candidate.get_outputs()}
+    names = [n for n in names if n in candidate_names]
+    per_output = {name: _Accumulator() for name in names}
+    samples = 0
+    for _, feed in dataset.samples():
+        ref_values = reference.run(names, feed)
+        cand_values = candidate.run(names, feed)
+        for name, r, c in zip(names, ref_values, cand_values):
+            if _is_float(r):
+                per_output[name].add(np.asarray(r), np.asarray(c))
+        samples += 1
+        if on_progress:
+            on_progress(1)
+    overall = _Accumulator()
+    for acc in per_output.values():
+        overall.merge(acc)
+    metrics = [acc.metrics(name) for name, acc in per_output.items() if acc.count]
+    return metrics, overall.metrics("overall"), samples
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Latency of one model in milliseconds."""
+
+    median_ms: float
+    p90_ms: float
+    mean_ms: float
+    runs: int
+
+    @classmethod
+    def from_seconds(cls, seconds: list[float]) -> LatencyStats:
+        ms = np.asarray(seconds) * 1e3
+        return cls(float(np.median(ms)), float(np.percentile(ms, 90)), float(ms.mean()), len(seconds))
+
+
+@dataclass(frozen=True)
+class LatencyComparison:
+    """Interleaved latency of reference and candidate on one execution provider."""
+
+    provider: str
+    threads: int | None
+    reference: LatencyStats
+    candidate: LatencyStats
+    speedup: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        speedup = self.reference.median_ms / self.candidate.median_ms if self.candidate.median_ms else math.inf
+        object.__setattr__(self, "speedup", speedup)
+
+
+def measure_latency(
+    reference: ort.InferenceSession,
+    candidate: ort.InferenceSession,
+    feed: Feed,
+    *,
+    runs: int,
+    warmup: int,
+    threads: int | None,
+    provider: str = "CPUExecutionProvider",
+    on_progress: Callable[[int], None] | None = None,
+) -> LatencyComparison:
+    """Time both sessions on ``feed``: warm-up runs, then timed runs interleaved A, B, A, B, ...
+
+    Interleaving makes machine noise (frequency changes, other processes) hit
+    both models alike.
+    """
+    for _ in range(warmup):
+        reference.run(None, feed)
+        candidate.run(None, feed)
+    ref_times, cand_times = [], []
+    for _ in range(runs):
+        for session, times in ((reference, ref_times), (candidate, cand_times)):
+            start = time.perf_counter()
+            session.run(None, feed)
+            times.append(time.perf_counter() - start)
+        if on_progress:
+            on_progress(1)
+    return LatencyComparison(provider, threads, LatencyStats.from_seconds(ref_times),
+                             LatencyStats.from_seconds(cand_times))

@@ -1,0 +1,295 @@
+"""YAML QConfigDict -> frozen, versioned dataclasses, with errors that point at file:line:col.
+
+A user's file is merged over the built-in ``default.yaml``; every key it leaves
+out keeps the default. Per-node settings resolve with the precedence
+``node_name`` > ``op_type`` > ``global``; a ``null`` entry keeps a node in float.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from qtool.errors import QtoolError
+
+CONFIG_VERSION = 1
+_MAX_YAML_NODES = 100_000  # refuses alias bombs long before they exhaust memory
+
+_TOP_KEYS = {"version", "global", "op_type", "node_name", "exclude", "calibration"}
+_SCHEME_KEYS = {"weight", "activation"}
+_TENSOR_KEYS = {"dtype", "granularity", "symmetric"}
+_CALIBRATION_KEYS = {"observer", "batch_size", "limit"}
+WEIGHT_DTYPES = ("int8", "uint8")
+ACTIVATION_DTYPES = ("uint8", "int8")
+GRANULARITIES = ("per_tensor", "per_channel")
+
+Path_ = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TensorScheme:
+    """How one tensor role (weight or activation) is quantized."""
+
+    dtype: str
+    granularity: str
+    symmetric: bool
+
+    @property
+    def per_channel(self) -> bool:
+        return self.granularity == "per_channel"
+
+
+@dataclass(frozen=True)
+class NodeScheme:
+    """The resolved quantization settings of one node."""
+
+    weight: TensorScheme
+    activation: TensorScheme
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """How ``calibrate`` walks the dataset."""
+
+    observer: str
+    batch_size: int
+    limit: int | None
+
+
+@dataclass(frozen=True)
+class QConfig:
+    """A validated QConfigDict. Build it with :func:`load_config`."""
+
+    version: int
+    global_scheme: NodeScheme
+    op_type: dict[str, dict[str, Any] | None]
+    node_name: dict[str, dict[str, Any] | None]
+    exclude: tuple[str, ...]
+    calibration: CalibrationSettings
+    source: str
+    raw: dict[str, Any] = field(repr=False)
+
+    def scheme_for(self, node_name: str, op_type: str) -> NodeScheme | None:
+        """Resolve a node's settings; ``None`` keeps the node in float."""
+        if any(_name_matches(pattern, node_name) for pattern in self.exclude):
+            return None
+        layers: list[dict[str, Any]] = [self.raw["global"]]
+        if op_type in self.op_type:
+            entry = self.op_type[op_type]
+            if entry is None:
+                return None
+            layers.append(entry)
+        for pattern, entry in self.node_name.items():
+            if _name_matches(pattern, node_name):
+                if entry is None:
+                    return None
+                layers.append(entry)
+        merged: dict[str, Any] = {}
+        for layer in layers:
+            merged = _deep_merge(merged, layer)
+        return NodeScheme(weight=TensorScheme(**merged["weight"]), activation=TensorScheme(**merged["activation"]))
+
+    def unmatched_node_patterns(self, node_names: list[str]) -> list[str]:
+        """``node_name`` and ``exclude`` entries that match no node of the model."""
+        patterns = list(self.node_name) + list(self.exclude)
+        return [p for p in patterns if not any(_name_matches(p, n) for n in node_names)]
+
+
+def _name_matches(pattern: str, name: str) -> bool:
+    if pattern.startswith("re:"):
+        return re.fullmatch(pattern[3:], name) is not None
+    return pattern == name
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+# ------------------------------------------------------------------ YAML with marks
+class _Located:
+    """A YAML document as Python values plus the source position of every path."""
+
+    def __init__(self, source: str, text: str) -> None:
+        self.source = source
+        self.marks: dict[Path_, yaml.Mark] = {}
+        self._nodes = 0
+        try:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+            problem = getattr(e, "problem", None) or str(e)
+            raise QtoolError(f"{where}: invalid YAML: {problem}") from e
+        self._constructor = yaml.SafeLoader("")
+        self.value: Any = {} if root is None else self._convert(root, ())
+
+    def _convert(self, node: yaml.Node, path: Path_) -> Any:
+        self._nodes += 1
+        if self._nodes > _MAX_YAML_NODES:
+            raise QtoolError(f"{self.source}: YAML document is too large (more than {_MAX_YAML_NODES} nodes)",
+                             hint="a config needs a few hundred nodes at most; check for recursive aliases")
+        self.marks[path] = node.start_mark
+        if isinstance(node, yaml.MappingNode):
+            result: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = self._constructor.construct_object(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+                if not isinstance(key, str):
+                    raise QtoolError(f"{self._where_mark(key_node.start_mark)}: keys must be strings")
+                self.marks[(*path, key)] = key_node.start_mark
+                result[key] = self._convert(value_node, (*path, key))
+            return result
+        if isinstance(node, yaml.SequenceNode):
+            return [self._convert(item, (*path, str(i))) for i, item in enumerate(node.value)]
+        return self._constructor.construct_object(node)
+
+    def _where_mark(self, mark: yaml.Mark) -> str:
+        return f"{self.source}:{mark.line + 1}:{mark.column + 1}"
+
+    def error(self, path: Path_, message: str, hint: str | None = None) -> QtoolError:
+        probe = path
+        while probe and probe not in self.marks:
+            probe = probe[:-1]
+        mark = self.marks.get(probe)
+        where = self._where_mark(mark) if mark else self.source
+        dotted = ".".join(path) or "<document>"
+        return QtoolError(f"{where}: {dotted}: {message}", hint=hint)
+
+
+# ------------------------------------------------------------------ validation
+def _check_keys(doc: _Located, value: Any, path: Path_, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise doc.error(path, f"expected a mapping, got {type(value).__name__}")
+    for key in value:
+        if key not in allowed:
+            raise doc.error((*path, key), f"unknown key '{key}'", hint=f"allowed keys: {', '.join(sorted(allowed))}")
+    return value
+
+
+def _check_tensor_scheme(doc: _Located, value: Any, path: Path_, role: str) -> None:
+    _check_keys(doc, value, path, _TENSOR_KEYS)
+    dtypes = WEIGHT_DTYPES if role == "weight" else ACTIVATION_DTYPES
+    if "dtype" in value and value["dtype"] not in dtypes:
+        raise doc.error((*path, "dtype"), f"unsupported {role} dtype {value['dtype']!r}",
+                        hint=f"choose one of: {', '.join(dtypes)}")
+    if "granularity" in value:
+        if value["granularity"] not in GRANULARITIES:
+            raise doc.error((*path, "granularity"), f"unknown granularity {value['granularity']!r}",
+                            hint=f"choose one of: {', '.join(GRANULARITIES)}")
+        if role == "activation" and value["granularity"] != "per_tensor":
+            raise doc.error((*path, "granularity"), "activations can only be quantized per_tensor")
+    if "symmetric" in value and not isinstance(value["symmetric"], bool):
+        raise doc.error((*path, "symmetric"), f"expected true or false, got {value['symmetric']!r}")
+
+
+def _check_node_scheme(doc: _Located, value: Any, path: Path_) -> None:
+    if value is None:
+        return
+    _check_keys(doc, value, path, _SCHEME_KEYS)
+    for role in _SCHEME_KEYS & set(value):
+        _check_tensor_scheme(doc, value[role], (*path, role), role)
+
+
+def _check_document(doc: _Located) -> None:
+    value = _check_keys(doc, doc.value, (), _TOP_KEYS)
+    if "version" in value and value["version"] != CONFIG_VERSION:
+        raise doc.error(("version",), f"unsupported config version {value['version']!r}",
+                        hint=f"this qtool reads version {CONFIG_VERSION}")
+    if "global" in value:
+        _check_node_scheme(doc, value["global"], ("global",))
+        if value["global"] is None:
+            raise doc.error(("global",), "global cannot be null", hint="use op_type or exclude to keep nodes in float")
+    for section in ("op_type", "node_name"):
+        entries = value.get(section, {})
+        if entries is None:
+            continue
+        _check_keys(doc, entries, (section,), set(entries))
+        for key, entry in entries.items():
+            _check_node_scheme(doc, entry, (section, key))
+            if key.startswith("re:"):
+                try:
+                    re.compile(key[3:])
+                except re.error as e:
+                    raise doc.error((section, key), f"invalid regular expression: {e}") from e
+    exclude = value.get("exclude", [])
+    if exclude is not None and (not isinstance(exclude, list) or not all(isinstance(x, str) for x in exclude)):
+        raise doc.error(("exclude",), "expected a list of node names")
+    calibration = value.get("calibration", {})
+    if calibration is not None:
+        _check_keys(doc, calibration, ("calibration",), _CALIBRATION_KEYS)
+        if "observer" in calibration and not isinstance(calibration["observer"], str):
+            raise doc.error(("calibration", "observer"), "expected an observer name")
+        for key in ("batch_size", "limit"):
+            number = calibration.get(key)
+            if number is None and key == "limit":
+                continue
+            if key in calibration and (not isinstance(number, int) or isinstance(number, bool) or number < 1):
+                raise doc.error(("calibration", key), f"expected a positive integer, got {number!r}")
+
+
+def _builtin_default_text() -> str:
+    return resources.files("qtool").joinpath("configs/default.yaml").read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
+def _default_document() -> dict[str, Any]:
+    doc = _Located("<built-in default.yaml>", _builtin_default_text())
+    _check_document(doc)
+    return doc.value
+
+
+def load_config(path: Path | str | None = None) -> QConfig:
+    """Read a QConfigDict YAML file (or only the built-in default when ``path`` is None).
+
+    Args:
+        path: the user's YAML file; its keys are merged over the default.
+
+    Returns:
+        The validated, frozen configuration.
+
+    Raises:
+        QtoolError: the file is missing, is not valid YAML, or breaks the schema
+            (the message names file, line and column).
+    """
+    merged = _default_document()
+    source = "<built-in default>"
+    if path is not None:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise QtoolError(f"config file not found: {path}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise QtoolError(f"cannot read config file {path}: {e}") from e
+        doc = _Located(str(path), text)
+        _check_document(doc)
+        user = {k: v for k, v in doc.value.items() if v is not None}
+        merged = _deep_merge(merged, user)
+        source = str(path)
+    return _build(merged, source)
+
+
+def _build(raw: dict[str, Any], source: str) -> QConfig:
+    g = raw["global"]
+    cal = raw["calibration"]
+    return QConfig(
+        version=raw["version"],
+        global_scheme=NodeScheme(weight=TensorScheme(**g["weight"]), activation=TensorScheme(**g["activation"])),
+        op_type=dict(raw.get("op_type") or {}),
+        node_name=dict(raw.get("node_name") or {}),
+        exclude=tuple(raw.get("exclude") or ()),
+        calibration=CalibrationSettings(observer=cal["observer"], batch_size=cal["batch_size"], limit=cal["limit"]),
+        source=source,
+        raw=raw,
+    )

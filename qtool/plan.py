@@ -1,0 +1,175 @@
+"""Model + config -> quantization plan: which nodes, weights, biases and activations get quantized.
+
+The plan is the contract between the stages: ``calibrate`` observes the plan's
+activation tensors, and ``rewrite`` inserts Q/DQ for exactly what it lists.
+A plain op-type -> handler dict decides what each quantizable op reads as
+activation, weight and bias.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import TensorProto, helper
+
+from qtool.config import NodeScheme, QConfig, TensorScheme
+
+# Ops whose output may be folded into the quantized node's output: onnxruntime
+# removes a Relu that feeds a QuantizeLinear with zero point at the type's minimum.
+_FUSABLE_ACTIVATIONS = {"Relu"}
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """A constant weight input: its initializer and the per-channel axis."""
+
+    name: str
+    axis: int | None  # channel axis for per-channel quantization; None: per-tensor only
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """How one node is quantized."""
+
+    name: str
+    op_type: str
+    scheme: NodeScheme
+    activations: tuple[str, ...]  # float inputs quantized per tensor
+    weight: WeightPlan | None
+    bias: str | None  # 1-D initializer quantized to int32 (needs activations[0] and weight)
+    output: str | None  # tensor quantized after the node (after a folded Relu)
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """Every quantization decision for one model."""
+
+    nodes: tuple[NodePlan, ...]
+    activations: dict[str, TensorScheme]  # tensor -> scheme, in first-use order
+    skipped: tuple[tuple[str, str], ...] = field(default=())  # (node, reason) left in float
+
+    @property
+    def uses_per_channel(self) -> bool:
+        return any(n.weight is not None and n.weight.axis is not None for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class _Roles:
+    activations: tuple[str, ...]
+    weight: WeightPlan | None
+    bias: str | None
+
+
+class _Graph:
+    """Lookup tables over a graph that the handlers need."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        graph = model.graph
+        input_names = {i.name for i in graph.input}
+        # An initializer that is also a graph input can be overridden at run time: not a constant.
+        self.initializers = {i.name: i for i in graph.initializer if i.name not in input_names}
+        self.graph_outputs = {o.name for o in graph.output}
+        self.elem_types: dict[str, int] = {}
+        for value in [*graph.input, *graph.value_info, *graph.output]:
+            if value.type.HasField("tensor_type"):
+                self.elem_types[value.name] = value.type.tensor_type.elem_type
+        for init in graph.initializer:
+            self.elem_types[init.name] = init.data_type
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in node.input:
+                if name:
+                    self.consumers.setdefault(name, []).append(node)
+
+    def is_float(self, name: str) -> bool:
+        return self.elem_types.get(name) == TensorProto.FLOAT
+
+    def rank(self, name: str) -> int:
+        return len(self.initializers[name].dims)
+
+
+def _conv_roles(node: onnx.NodeProto, g: _Graph) -> _Roles | str:
+    if node.input[1] not in g.initializers:
+        return "the weight is not a constant initializer"
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] in g.initializers else None
+    return _Roles((node.input[0],), WeightPlan(node.input[1], 0), bias)
+
+
+def _gemm_roles(node: onnx.NodeProto, g: _Graph) -> _Roles | str:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.input[1] not in g.initializers:
+        return "input B is not a constant initializer"
+    axis = 0 if attrs.get("transB", 0) else 1
+    bias = None
+    if len(node.input) > 2 and node.input[2] in g.initializers:
+        c = g.initializers[node.input[2]]
+        n_out = g.initializers[node.input[1]].dims[axis]
+        if attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0 and list(c.dims) == [n_out]:
+            bias = node.input[2]
+    return _Roles((node.input[0],), WeightPlan(node.input[1], axis), bias)
+
+
+def _matmul_roles(node: onnx.NodeProto, g: _Graph) -> _Roles | str:
+    a, b = node.input[0], node.input[1]
+    if b in g.initializers:
+        axis = g.rank(b) - 1 if g.rank(b) >= 2 else None  # output columns
+        return _Roles((a,), WeightPlan(b, axis), None)
+    if a in g.initializers:
+        return _Roles((b,), WeightPlan(a, None), None)
+    return _Roles((a, b), None, None)
+
+
+HANDLERS: dict[str, Callable[[onnx.NodeProto, _Graph], _Roles | str]] = {
+    "Conv": _conv_roles,
+    "Gemm": _gemm_roles,
+    "MatMul": _matmul_roles,
+}
+
+
+def _output_to_quantize(node: onnx.NodeProto, g: _Graph) -> str | None:
+    out = node.output[0]
+    if not g.is_float(out) and out in g.elem_types:
+        return None
+    users = g.consumers.get(out, [])
+    if out not in g.graph_outputs and len(users) == 1 and users[0].op_type in _FUSABLE_ACTIVATIONS:
+        return users[0].output[0]
+    return out
+
+
+def build_plan(model: onnx.ModelProto, config: QConfig) -> QuantPlan:
+    """Decide, node by node, what to quantize (see :class:`QuantPlan`).
+
+    ``model`` should be the prepared model (see :func:`qtool.prepare.prepare_model`)
+    so that tensor types are known.
+    """
+    g = _Graph(model)
+    nodes: list[NodePlan] = []
+    activations: dict[str, TensorScheme] = {}
+    skipped: list[tuple[str, str]] = []
+    for node in model.graph.node:
+        handler = HANDLERS.get(node.op_type)
+        if handler is None or node.domain not in ("", "ai.onnx"):
+            continue
+        name = node.name
+        scheme = config.scheme_for(name, node.op_type)
+        if scheme is None:
+            skipped.append((name, "kept in float by the config"))
+            continue
+        roles = handler(node, g)
+        if isinstance(roles, str):
+            skipped.append((name, roles))
+            continue
+        not_float = [t for t in roles.activations if not g.is_float(t)]
+        if not_float or (roles.weight and g.initializers[roles.weight.name].data_type != TensorProto.FLOAT):
+            skipped.append((name, f"input {(not_float or [roles.weight and roles.weight.name])[0]} is not float32"))
+            continue
+        output = _output_to_quantize(node, g)
+        for tensor in (*roles.activations, *([output] if output else [])):
+            activations.setdefault(tensor, scheme.activation)
+        weight = roles.weight
+        if weight and not scheme.weight.per_channel:
+            weight = WeightPlan(weight.name, None)
+        nodes.append(NodePlan(name, node.op_type, scheme, roles.activations, weight, roles.bias, output))
+    return QuantPlan(tuple(nodes), activations, tuple(skipped))

@@ -1,0 +1,212 @@
+"""Graph preparation before quantization: our own replacement for onnxruntime's quant_pre_process.
+
+Each step degrades gracefully: shape inference that fails is reported, not
+fatal. Float tensor names that users see are kept, so statistics gathered on the
+prepared model line up with the original model's tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, version_converter
+
+from qtool.errors import QtoolError
+
+log = logging.getLogger(__name__)
+
+PER_CHANNEL_MIN_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear
+_CONSTANT_VALUE_ATTRS = ("value", "value_float", "value_floats", "value_int", "value_ints")
+
+
+@dataclass
+class PrepareReport:
+    """What :func:`prepare_model` changed."""
+
+    constants_to_initializers: int = 0
+    folded_batchnorms: list[str] = field(default_factory=list)
+    removed_initializers: int = 0
+    opset_before: int = 0
+    opset_after: int = 0
+    shape_inference_error: str | None = None
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's opset for the default ("" / ai.onnx) domain."""
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    return 1
+
+
+def prepare_model(model: onnx.ModelProto, *, min_opset: int = 0) -> tuple[onnx.ModelProto, PrepareReport]:
+    """Return a copy of ``model`` ready for calibration and Q/DQ insertion.
+
+    Steps: Constant nodes become initializers; the opset is raised to
+    ``min_opset`` when lower; BatchNormalization is folded into the Conv before
+    it; ONNX shape inference annotates tensor types where it can.
+
+    Raises:
+        QtoolError: the opset cannot be upgraded.
+    """
+    prepared = onnx.ModelProto()
+    prepared.CopyFrom(model)
+    report = PrepareReport(opset_before=default_opset(prepared))
+    report.constants_to_initializers = _constants_to_initializers(prepared.graph)
+    _name_unnamed_nodes(prepared.graph)
+    if report.opset_before < min_opset:
+        prepared = _upgrade_opset(prepared, report.opset_before, min_opset)
+    report.opset_after = default_opset(prepared)
+    report.folded_batchnorms = _fold_batchnorms(prepared.graph)
+    report.removed_initializers = _remove_unused_initializers(prepared.graph)
+    prepared, report.shape_inference_error = _infer_shapes(prepared)
+    return prepared, report
+
+
+def _constants_to_initializers(graph: onnx.GraphProto) -> int:
+    """Turn top-level Constant nodes (as Paddle and TensorFlow exporters emit) into initializers."""
+    kept, moved = [], 0
+    for node in graph.node:
+        attr = node.attribute[0] if node.op_type == "Constant" and len(node.attribute) == 1 else None
+        if attr is None or attr.name not in _CONSTANT_VALUE_ATTRS or node.domain not in ("", "ai.onnx"):
+            kept.append(node)
+            continue
+        value = helper.get_attribute_value(attr)
+        if attr.name == "value":
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value)
+        else:
+            dtype = np.float32 if attr.name.startswith("value_float") else np.int64
+            tensor = numpy_helper.from_array(np.asarray(value, dtype=dtype))
+        tensor.name = node.output[0]
+        graph.initializer.append(tensor)
+        moved += 1
+    if moved:
+        del graph.node[:]
+        graph.node.extend(kept)
+    return moved
+
+
+def _name_unnamed_nodes(graph: onnx.GraphProto) -> None:
+    """Give every node a name, so configs, plans and reports can refer to it."""
+    taken = {node.name for node in graph.node if node.name}
+    for index, node in enumerate(graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{index}"
+            while name in taken:
+                name += "_"
+            node.name = name
+            taken.add(name)
+
+
+def _upgrade_opset(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto:
+    try:
+        upgraded = version_converter.convert_version(model, target)
+    except Exception as e:  # the converter raises bare RuntimeError/ValidationError subclasses
+        raise QtoolError(
+            f"cannot upgrade the model from opset {current} to {target}, which per-channel quantization needs: {e}",
+            hint="use 'granularity: per_tensor' for weights, or export the model with opset >= 13",
+        ) from e
+    log.info("raised the model's opset from %d to %d", current, target)
+    return upgraded
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    result: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            result.setdefault(name, []).append(node)
+    return result
+
+
+def _fold_batchnorms(graph: onnx.GraphProto) -> list[str]:
+    """Fold inference-mode BatchNormalization into a Conv whose only consumer it is."""
+    inits = {init.name: init for init in graph.initializer}
+    consumers = _consumers(graph)
+    outputs = {o.name for o in graph.output}
+    producer = {out: node for node in graph.node for out in node.output}
+    folded: list[str] = []
+    removed: set[int] = set()
+    for index, bn in enumerate(graph.node):
+        if bn.op_type != "BatchNormalization" or len(bn.output) != 1 or len(bn.input) != 5:
+            continue
+        conv = producer.get(bn.input[0])
+        if conv is None or conv.op_type != "Conv" or conv.output[0] in outputs:
+            continue
+        if len(consumers.get(conv.output[0], [])) != 1 or not all(n in inits for n in bn.input[1:]):
+            continue
+        if conv.input[1] not in inits or (len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits):
+            continue
+        if len(consumers.get(conv.input[1], [])) != 1:
+            continue  # the weight is shared with another node: folding would change that node too
+        attrs = {a.name: helper.get_attribute_value(a) for a in bn.attribute}
+        if attrs.get("training_mode", 0):
+            continue
+        eps = float(attrs.get("epsilon", 1e-5))
+        gamma, beta, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in bn.input[1:])
+        weight = numpy_helper.to_array(inits[conv.input[1]])
+        has_bias = len(conv.input) > 2 and bool(conv.input[2])
+        bias = numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(weight.shape[0])
+        factor = gamma / np.sqrt(var + eps)
+        new_weight = (weight.astype(np.float64) * factor.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
+        new_bias = ((bias - mean) * factor + beta).astype(weight.dtype)
+        inits[conv.input[1]].CopyFrom(numpy_helper.from_array(new_weight, conv.input[1]))
+        if has_bias and len(consumers.get(conv.input[2], [])) == 1:
+            inits[conv.input[2]].CopyFrom(numpy_helper.from_array(new_bias, conv.input[2]))
+        else:
+            bias_name = _unique_name(f"{conv.name or conv.output[0]}/folded_bias", graph)
+            graph.initializer.append(numpy_helper.from_array(new_bias, bias_name))
+            while len(conv.input) < 3:
+                conv.input.append("")
+            conv.input[2] = bias_name
+        conv.output[0] = bn.output[0]
+        removed.add(index)
+        folded.append(bn.name or bn.output[0])
+    if removed:
+        kept = [n for i, n in enumerate(graph.node) if i not in removed]
+        del graph.node[:]
+        graph.node.extend(kept)
+    return folded
+
+
+def _remove_unused_initializers(graph: onnx.GraphProto) -> int:
+    """Drop initializers no node reads (BatchNormalization parameters after folding, dead weights)."""
+    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    used |= _subgraph_inputs(graph)
+    kept = [init for init in graph.initializer if init.name in used]
+    removed = len(graph.initializer) - len(kept)
+    if removed:
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+    return removed
+
+
+def _subgraph_inputs(graph: onnx.GraphProto) -> set[str]:
+    """Names read inside If/Loop/Scan bodies, which may refer to outer-scope initializers."""
+    names: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                names |= {name for n in sub.node for name in n.input} | _subgraph_inputs(sub)
+    return names
+
+
+def _unique_name(base: str, graph: onnx.GraphProto) -> str:
+    taken = {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+def _infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True), None
+    except Exception as e:  # inference is best effort: a failure only costs type information
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        log.warning("ONNX shape inference failed, continuing without it: %s", message)
+        return model, message

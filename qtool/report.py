@@ -1,0 +1,188 @@
+"""Rich tables and JSON documents built from the same result records."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from qtool import __version__
+from qtool.api import ComparisonResult, QuantizeResult
+from qtool.calibrate import CalibrationStats
+from qtool.compare import ErrorMetrics, LatencyStats
+
+SCHEMA_VERSION = 1
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: an exact match (infinite SQNR) is written as null."""
+    return value if math.isfinite(value) else None
+
+
+def _metrics_dict(m: ErrorMetrics) -> dict[str, Any]:
+    return {
+        "name": m.name,
+        "mse": m.mse,
+        "sqnr_db": _finite(m.sqnr_db),
+        "cosine": m.cosine,
+        "max_abs_error": m.max_abs_error,
+        "elements": m.elements,
+    }
+
+
+def _latency_dict(stats: LatencyStats) -> dict[str, Any]:
+    return {"median_ms": stats.median_ms, "p90_ms": stats.p90_ms, "mean_ms": stats.mean_ms, "runs": stats.runs}
+
+
+def comparison_to_dict(result: ComparisonResult) -> dict[str, Any]:
+    """The ``qtool compare --json`` document (schema described in the README)."""
+    latency = None
+    if result.latency is not None:
+        lat = result.latency
+        latency = {
+            "provider": lat.provider,
+            "threads": lat.threads,
+            "reference": _latency_dict(lat.reference),
+            "candidate": _latency_dict(lat.candidate),
+            "speedup": lat.speedup,
+        }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "qtool_version": __version__,
+        "models": {
+            "reference": {"path": result.reference.path, "sha256": result.reference.sha256},
+            "candidate": {"path": result.candidate.path, "sha256": result.candidate.sha256},
+        },
+        "data": {"dir": result.data_dir, "samples": result.samples},
+        "size": {
+            "reference_bytes": result.reference.size_bytes,
+            "candidate_bytes": result.candidate.size_bytes,
+            "compression_ratio": result.compression_ratio,
+        },
+        "accuracy": {
+            "overall": _metrics_dict(result.overall),
+            "outputs": [_metrics_dict(m) for m in result.outputs],
+        },
+        "latency": latency,
+    }
+
+
+def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
+    """The ``qtool quantize --json`` document."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "qtool_version": __version__,
+        "input": {"path": result.source.path, "bytes": result.source.size_bytes, "sha256": result.source.sha256},
+        "output": {"path": result.output.path, "bytes": result.output.size_bytes, "sha256": result.output.sha256},
+        "compression_ratio": result.compression_ratio,
+        "calibration_samples": result.calibration_samples,
+        "quantized": {
+            "nodes": result.rewrite.quantized_nodes,
+            "weights": result.rewrite.quantized_weights,
+            "biases": result.rewrite.quantized_biases,
+            "activations": result.rewrite.quantized_activations,
+        },
+        "skipped": [{"node": node, "reason": reason} for node, reason in result.skipped],
+        "prepare": {
+            "constants_to_initializers": result.prepare.constants_to_initializers,
+            "folded_batchnorms": result.prepare.folded_batchnorms,
+            "opset_before": result.prepare.opset_before,
+            "opset_after": result.prepare.opset_after,
+            "shape_inference_error": result.prepare.shape_inference_error,
+        },
+        "notes": result.notes,
+        "comparison": comparison_to_dict(result.comparison) if result.comparison else None,
+    }
+
+
+def stats_summary_dict(stats: CalibrationStats, path: str) -> dict[str, Any]:
+    """The ``qtool calibrate --json`` summary."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "qtool_version": __version__,
+        "stats_path": path,
+        "observer": stats.observer,
+        "samples": stats.samples,
+        "tensors": len(stats.tensors),
+        "model_sha256": stats.model_sha256,
+    }
+
+
+def to_json(document: dict[str, Any]) -> str:
+    """Stable, pretty JSON text."""
+    return json.dumps(document, indent=2, sort_keys=False) + "\n"
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _db(value: float) -> str:
+    return "inf" if math.isinf(value) and value > 0 else f"{value:.2f}"
+
+
+def render_comparison(console: Console, result: ComparisonResult, title: str = "qtool compare") -> None:
+    """Print size, accuracy and latency tables."""
+    size = Table(title=title, title_justify="left", show_header=True)
+    size.add_column("")
+    size.add_column("reference", justify="right")
+    size.add_column("candidate", justify="right")
+    size.add_row("file", result.reference.path, result.candidate.path)
+    size.add_row("size", _bytes(result.reference.size_bytes), _bytes(result.candidate.size_bytes))
+    size.add_row("compression", "", f"[bold]{result.compression_ratio:.2f}x[/bold]")
+    console.print(size)
+
+    acc = Table(title=f"accuracy vs reference ({result.samples} samples of {result.data_dir})", title_justify="left")
+    for column in ("output", "SQNR dB", "cosine", "MSE", "max |err|"):
+        acc.add_column(column, justify="left" if column == "output" else "right")
+    for m in [*result.outputs, result.overall] if len(result.outputs) > 1 else result.outputs:
+        acc.add_row(m.name, _db(m.sqnr_db), f"{m.cosine:.6f}", f"{m.mse:.3e}", f"{m.max_abs_error:.3e}")
+    console.print(acc)
+
+    if result.latency is not None:
+        lat = result.latency
+        threads = lat.threads if lat.threads else "default"
+        table = Table(title=f"latency, {lat.provider}, threads={threads}, {lat.reference.runs} interleaved runs",
+                      title_justify="left")
+        for column in ("model", "median ms", "p90 ms"):
+            table.add_column(column, justify="left" if column == "model" else "right")
+        table.add_row("reference", f"{lat.reference.median_ms:.3f}", f"{lat.reference.p90_ms:.3f}")
+        table.add_row("candidate", f"{lat.candidate.median_ms:.3f}", f"{lat.candidate.p90_ms:.3f}")
+        colour = "green" if lat.speedup >= 1 else "yellow"
+        table.add_row("speed-up", f"[{colour}]{lat.speedup:.2f}x[/{colour}]", "")
+        console.print(table)
+
+
+def render_quantize(console: Console, result: QuantizeResult) -> None:
+    """Print what quantize did, then the comparison when there is one."""
+    r = result.rewrite
+    console.print(
+        f"[green]wrote[/green] {result.output.path}: {len(r.quantized_nodes)} nodes quantized "
+        f"({len(r.quantized_weights)} weights, {len(r.quantized_biases)} biases, "
+        f"{len(r.quantized_activations)} activations), "
+        f"{_bytes(result.source.size_bytes)} -> {_bytes(result.output.size_bytes)}, "
+        f"compression [bold]{result.compression_ratio:.2f}x[/bold]"
+    )
+    p = result.prepare
+    done = []
+    if p.folded_batchnorms:
+        done.append(f"folded {len(p.folded_batchnorms)} BatchNormalization")
+    if p.constants_to_initializers:
+        done.append(f"{p.constants_to_initializers} Constant nodes -> initializers")
+    if p.opset_after != p.opset_before:
+        done.append(f"opset {p.opset_before} -> {p.opset_after}")
+    if done:
+        console.print("prepared: " + "; ".join(done))
+    for node, reason in result.skipped:
+        console.print(f"[yellow]kept in float[/yellow] {node}: {reason}")
+    for note in result.notes:
+        console.print(f"[yellow]note[/yellow] {note}")
+    if result.comparison is not None:
+        render_comparison(console, result.comparison, title="float vs quantized")

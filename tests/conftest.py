@@ -1,0 +1,47 @@
+"""Shared fixtures: the bundled sample models and their quantized versions (built once per session)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import qtool
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_models"
+SAMPLE_NAMES = ("cnn", "mlp", "transformer")
+
+
+def sample(name: str) -> Path:
+    return SAMPLES / name / "model.onnx"
+
+
+def eval_dir(name: str) -> Path:
+    return SAMPLES / name / "eval"
+
+
+def calib_dir(name: str) -> Path:
+    return SAMPLES / name / "calib"
+
+
+def run_model(path: Path | str | bytes, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, feed)
+
+
+@pytest.fixture(scope="session")
+def quantized_samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each sample model quantized with the default config from its calibration set."""
+    out = tmp_path_factory.mktemp("quantized")
+    result = {}
+    for name in SAMPLE_NAMES:
+        target = out / f"{name}.int8.onnx"
+        qtool.quantize(sample(name), target, data_dir=calib_dir(name), evaluate=False)
+        result[name] = target
+    return result
