@@ -18,18 +18,31 @@ _EXPORTS = {
     "write_stats": "qtool.api",
     "ComparisonResult": "qtool.api",
     "QuantizeResult": "qtool.api",
-    "CalibrationStats": "qtool.calibrate",
+    "CalibrationStats": "qtool.calibration",
     "QConfig": "qtool.config",
     "load_config": "qtool.config",
     "ExitCode": "qtool.errors",
     "QtoolError": "qtool.errors",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [
+    "CalibrationStats",
+    "ComparisonResult",
+    "ExitCode",
+    "QConfig",
+    "QtoolError",
+    "QuantizeResult",
+    "__version__",
+    "calibrate",
+    "compare",
+    "load_config",
+    "quantize",
+    "write_stats",
+]
 
 if TYPE_CHECKING:
     from qtool.api import ComparisonResult, QuantizeResult, calibrate, compare, quantize, write_stats
-    from qtool.calibrate import CalibrationStats
+    from qtool.calibration import CalibrationStats
     from qtool.config import QConfig, load_config
     from qtool.errors import ExitCode, QtoolError
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import onnx
 
 from qtool import __version__
-from qtool.calibrate import CalibrationStats, collect_statistics, create_session
-from qtool.compare import ErrorMetrics, LatencyComparison, measure_latency, output_metrics
+from qtool.calibration import CalibrationStats, collect_statistics, create_session
+from qtool.comparison import ErrorMetrics, LatencyComparison, measure_latency, output_metrics
 from qtool.config import QConfig, load_config
 from qtool.dataset import Dataset, model_inputs
 from qtool.errors import QtoolError
@@ -144,12 +144,27 @@ def calibrate(
         The statistics, ready for :meth:`CalibrationStats.to_json` or :func:`quantize`.
     """
     config = load_config(config_path)
-    return _calibrate(_prepare(Path(model_path), config), config, data_dir, observer=observer,
-                      batch_size=batch_size, limit=limit, progress=progress)
+    return _calibrate(
+        _prepare(Path(model_path), config),
+        config,
+        data_dir,
+        observer=observer,
+        batch_size=batch_size,
+        limit=limit,
+        progress=progress,
+    )
 
 
-def _calibrate(state: _Prepared, config: QConfig, data_dir: Path | str, *, observer: str | None,
-               batch_size: int | None, limit: int | None, progress: ProgressFactory | None) -> CalibrationStats:
+def _calibrate(
+    state: _Prepared,
+    config: QConfig,
+    data_dir: Path | str,
+    *,
+    observer: str | None,
+    batch_size: int | None,
+    limit: int | None,
+    progress: ProgressFactory | None,
+) -> CalibrationStats:
     observer = observer or config.calibration.observer
     observer_class(observer)  # fail on an unknown name before any work
     dataset = _dataset(state.model, data_dir, limit or config.calibration.limit)
@@ -170,8 +185,10 @@ def _activation_qparams(plan: QuantPlan, stats: CalibrationStats) -> dict[str, Q
     for tensor, scheme in plan.activations.items():
         observer = stats.tensors.get(tensor)
         if observer is None or observer.empty:
-            raise QtoolError(f"the statistics have no values for tensor '{tensor}'",
-                             hint="re-run qtool calibrate with the same model and config")
+            raise QtoolError(
+                f"the statistics have no values for tensor '{tensor}'",
+                hint="re-run qtool calibrate with the same model and config",
+            )
         bits = 8 if scheme.dtype.endswith("8") else 16
         lo, hi = observer.range(bits, scheme.symmetric)
         result[tensor] = activation_qparams(lo, hi, scheme, what=f"tensor {tensor}")
@@ -209,19 +226,23 @@ def quantize(
     if output_path.suffix.lower() != ".onnx":
         raise QtoolError(f"output path {output_path} must end in .onnx")
     if same_file(model_path, output_path):
-        raise QtoolError(f"output {output_path} is the input model; qtool never overwrites its input",
-                         hint="choose another -o path")
+        raise QtoolError(
+            f"output {output_path} is the input model; qtool never overwrites its input", hint="choose another -o path"
+        )
     config = load_config(config_path)
     state = _prepare(model_path, config)
     if stats_path is not None:
         stats = CalibrationStats.read(stats_path)
         if stats.model_sha256 != state.sha256:
-            raise QtoolError(f"{stats_path} was computed for a different model than {model_path}",
-                             hint="re-run qtool calibrate on this model")
+            raise QtoolError(
+                f"{stats_path} was computed for a different model than {model_path}",
+                hint="re-run qtool calibrate on this model",
+            )
     else:
         assert data_dir is not None  # exactly one of the two, checked above
-        stats = _calibrate(state, config, data_dir, observer=observer, batch_size=batch_size, limit=limit,
-                           progress=progress)
+        stats = _calibrate(
+            state, config, data_dir, observer=observer, batch_size=batch_size, limit=limit, progress=progress
+        )
     act_qparams = _activation_qparams(state.plan, stats)
     quantized, rewrite_report = insert_qdq(state.prepared, state.plan, act_qparams)
     quantized.producer_name = "qtool"
@@ -240,8 +261,9 @@ def quantize(
     if state.report.shape_inference_error:
         result.notes.append(f"shape inference failed and was skipped: {state.report.shape_inference_error}")
     if data_dir is not None and evaluate:
-        result.comparison = compare(model_path, output_path, data_dir, runs=runs, warmup=warmup,
-                                    threads=threads, limit=limit, progress=progress)
+        result.comparison = compare(
+            model_path, output_path, data_dir, runs=runs, warmup=warmup, threads=threads, limit=limit, progress=progress
+        )
     return result
 
 
@@ -276,8 +298,10 @@ def compare(
     inputs = model_inputs(reference_model)
     candidate_inputs = {(i.name, i.dtype) for i in model_inputs(candidate_model)}
     if {(i.name, i.dtype) for i in inputs} != candidate_inputs:
-        raise QtoolError(f"{candidate_path} and {reference_path} have different inputs",
-                         hint="compare a quantized model with the float model it came from")
+        raise QtoolError(
+            f"{candidate_path} and {reference_path} have different inputs",
+            hint="compare a quantized model with the float model it came from",
+        )
     dataset = Dataset(data_dir, inputs, limit=limit)
     reference = create_session(reference_path, str(reference_path), threads=threads)
     candidate = create_session(candidate_path, str(candidate_path), threads=threads)
@@ -286,10 +310,12 @@ def compare(
     latency = None
     if runs:
         _, feed = next(iter(dataset.samples()))
-        latency = measure_latency(reference, candidate, feed, runs=runs, warmup=warmup, threads=threads,
-                                  on_progress=factory("latency", runs))
-    return ComparisonResult(ModelFile.of(reference_path), ModelFile.of(candidate_path), str(data_dir), samples,
-                            outputs, overall, latency)
+        latency = measure_latency(
+            reference, candidate, feed, runs=runs, warmup=warmup, threads=threads, on_progress=factory("latency", runs)
+        )
+    return ComparisonResult(
+        ModelFile.of(reference_path), ModelFile.of(candidate_path), str(data_dir), samples, outputs, overall, latency
+    )
 
 
 def write_stats(stats: CalibrationStats, path: Path | str) -> None:

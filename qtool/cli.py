@@ -48,8 +48,13 @@ class _RateColumn(ProgressColumn):
 @contextmanager
 def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
     """A progress-bar factory; the display starts with the first task, so errors before it print cleanly."""
-    columns = (TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), _RateColumn(),
-               TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description:<12}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        _RateColumn(),
+        TimeElapsedColumn(),
+    )
     progress = Progress(*columns, console=err_console, transient=False)
 
     def factory(description: str, total: int) -> Callable[[int], None]:
@@ -60,13 +65,16 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
 
     try:
         yield factory
+    except BaseException:
+        progress.live.transient = True  # a failed run leaves only its error message behind
+        raise
     finally:
         if progress.live.is_started:
             progress.stop()
 
 
 def _fail(message: str, code: ExitCode) -> None:
-    err_console.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False, soft_wrap=True)
     raise typer.Exit(int(code))
 
 
@@ -83,7 +91,7 @@ def _run(action: Callable[[], T]) -> T:
         raise typer.Exit(130) from None
     except typer.Exit:
         raise
-    except Exception:
+    except Exception:  # noqa: BLE001 - anything else is a qtool bug: show it, ask for a report
         traceback.print_exc()
         _fail(f"internal error in qtool {__version__}; please report it with the traceback above", ExitCode.INTERNAL)
     raise AssertionError("unreachable")
@@ -108,29 +116,48 @@ def _version(value: bool) -> None:
 def main_options(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for user errors too.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what each stage does.")] = False,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """Quantize ONNX models."""
     _state["debug"] = debug
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s",
-                        handlers=[RichHandler(console=err_console, show_time=False, show_path=False)])
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=err_console, show_time=False, show_path=False)],
+    )
 
 
-ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="QConfigDict YAML; merged over the built-in "
-                                                   "configs/default.yaml.")]
-ObserverOption = Annotated[str | None, typer.Option("--observer", help="Observer for activation ranges (default: "
-                                                    "calibration.observer of the config, minmax).")]
-BatchOption = Annotated[int | None, typer.Option("--batch-size", min=1, help="Samples per inference when the batch "
-                                                 "dimension is dynamic (default: calibration.batch_size).")]
-LimitOption = Annotated[int | None, typer.Option("--limit", min=1, help="Use only the first N samples (sorted by "
-                                                 "file name).")]
-JsonOption = Annotated[str | None, typer.Option("--json", help="Also write the result as JSON to PATH, or '-' for "
-                                                "stdout (tables then go to stderr).")]
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", "-c", help="QConfigDict YAML; merged over the built-in configs/default.yaml.")
+]
+ObserverOption = Annotated[
+    str | None,
+    typer.Option(
+        "--observer", help="Observer for activation ranges (default: calibration.observer of the config, minmax)."
+    ),
+]
+BatchOption = Annotated[
+    int | None,
+    typer.Option(
+        "--batch-size",
+        min=1,
+        help="Samples per inference when the batch dimension is dynamic (default: calibration.batch_size).",
+    ),
+]
+LimitOption = Annotated[
+    int | None, typer.Option("--limit", min=1, help="Use only the first N samples (sorted by file name).")
+]
+JsonOption = Annotated[
+    str | None,
+    typer.Option("--json", help="Also write the result as JSON to PATH, or '-' for stdout (tables then go to stderr)."),
+]
 RunsOption = Annotated[int, typer.Option("--runs", min=0, help="Timed runs per model for latency (0 skips latency).")]
 WarmupOption = Annotated[int, typer.Option("--warmup", min=0, help="Untimed warm-up runs per model.")]
-ThreadsOption = Annotated[int | None, typer.Option("--threads", min=1, help="onnxruntime intra-op threads (default: "
-                                                   "onnxruntime's choice).")]
+ThreadsOption = Annotated[
+    int | None, typer.Option("--threads", min=1, help="onnxruntime intra-op threads (default: onnxruntime's choice).")
+]
 
 
 @app.command()
@@ -152,12 +179,21 @@ def calibrate(
         from qtool.report import stats_summary_dict, to_json
 
         with _progress() as progress:
-            stats = run_calibrate(model, data_dir, config_path=config, observer=observer, batch_size=batch_size,
-                                  limit=limit, progress=progress)
+            stats = run_calibrate(
+                model,
+                data_dir,
+                config_path=config,
+                observer=observer,
+                batch_size=batch_size,
+                limit=limit,
+                progress=progress,
+            )
         write_stats(stats, output)
         console = err_console if json_out == "-" else out_console
-        console.print(f"[green]wrote[/green] {output}: {len(stats.tensors)} tensors observed with "
-                      f"'{stats.observer}' over {stats.samples} samples")
+        console.print(
+            f"[green]wrote[/green] {output}: {len(stats.tensors)} tensors observed with "
+            f"'{stats.observer}' over {stats.samples} samples"
+        )
         if json_out:
             _write_json(json_out, to_json(stats_summary_dict(stats, str(output))))
 
@@ -170,8 +206,14 @@ def quantize(
     output: Annotated[Path, typer.Option("--output", "-o", help="Quantized ONNX model to write (never the input).")],
     config: ConfigOption = None,
     stats: Annotated[Path | None, typer.Option("--stats", help="Statistics from 'qtool calibrate'.")] = None,
-    data: Annotated[Path | None, typer.Option("--data", help="Calibrate on this directory now (instead of --stats), "
-                                              "then compare the result with the float model on it.")] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="Calibrate on this directory now (instead of --stats), "
+            "then compare the result with the float model on it.",
+        ),
+    ] = None,
     observer: ObserverOption = None,
     batch_size: BatchOption = None,
     limit: LimitOption = None,
@@ -187,9 +229,20 @@ def quantize(
         from qtool.report import quantize_to_dict, render_quantize, to_json
 
         with _progress() as progress:
-            result = run_quantize(model, output, config_path=config, stats_path=stats, data_dir=data,
-                                  observer=observer, batch_size=batch_size, limit=limit, runs=runs, warmup=warmup,
-                                  threads=threads, progress=progress)
+            result = run_quantize(
+                model,
+                output,
+                config_path=config,
+                stats_path=stats,
+                data_dir=data,
+                observer=observer,
+                batch_size=batch_size,
+                limit=limit,
+                runs=runs,
+                warmup=warmup,
+                threads=threads,
+                progress=progress,
+            )
         render_quantize(err_console if json_out == "-" else out_console, result)
         if json_out:
             _write_json(json_out, to_json(quantize_to_dict(result)))
@@ -215,8 +268,9 @@ def compare(
         from qtool.report import comparison_to_dict, render_comparison, to_json
 
         with _progress() as progress:
-            result = run_compare(reference, candidate, data, runs=runs, warmup=warmup, threads=threads, limit=limit,
-                                 progress=progress)
+            result = run_compare(
+                reference, candidate, data, runs=runs, warmup=warmup, threads=threads, limit=limit, progress=progress
+            )
         render_comparison(err_console if json_out == "-" else out_console, result)
         if json_out:
             _write_json(json_out, to_json(comparison_to_dict(result)))

@@ -123,7 +123,8 @@ class _Located:
 
     def __init__(self, source: str, text: str) -> None:
         self.source = source
-        self.marks: dict[Path_, yaml.Mark] = {}
+        self.marks: dict[Path_, yaml.Mark] = {}  # where each value starts
+        self.key_marks: dict[Path_, yaml.Mark] = {}  # where each mapping key starts
         self._nodes = 0
         try:
             root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -138,8 +139,10 @@ class _Located:
     def _convert(self, node: yaml.Node, path: Path_) -> Any:
         self._nodes += 1
         if self._nodes > _MAX_YAML_NODES:
-            raise QtoolError(f"{self.source}: YAML document is too large (more than {_MAX_YAML_NODES} nodes)",
-                             hint="a config needs a few hundred nodes at most; check for recursive aliases")
+            raise QtoolError(
+                f"{self.source}: YAML document is too large (more than {_MAX_YAML_NODES} nodes)",
+                hint="a config needs a few hundred nodes at most; check for recursive aliases",
+            )
         self.marks[path] = node.start_mark
         if isinstance(node, yaml.MappingNode):
             result: dict[str, Any] = {}
@@ -147,7 +150,7 @@ class _Located:
                 key = self._constructor.construct_object(key_node) if isinstance(key_node, yaml.ScalarNode) else None
                 if not isinstance(key, str):
                     raise QtoolError(f"{self._where_mark(key_node.start_mark)}: keys must be strings")
-                self.marks[(*path, key)] = key_node.start_mark
+                self.key_marks[path + (key,)] = key_node.start_mark  # noqa: RUF005 - mypy rejects (*path, key) here on 3.10
                 result[key] = self._convert(value_node, (*path, key))
             return result
         if isinstance(node, yaml.SequenceNode):
@@ -157,11 +160,13 @@ class _Located:
     def _where_mark(self, mark: yaml.Mark) -> str:
         return f"{self.source}:{mark.line + 1}:{mark.column + 1}"
 
-    def error(self, path: Path_, message: str, hint: str | None = None) -> QtoolError:
+    def error(self, path: Path_, message: str, hint: str | None = None, *, at_key: bool = False) -> QtoolError:
+        """A QtoolError located at the value (or, with ``at_key``, the key) of ``path``."""
+        marks = self.key_marks if at_key else self.marks
         probe = path
-        while probe and probe not in self.marks:
+        while probe and probe not in marks:
             probe = probe[:-1]
-        mark = self.marks.get(probe)
+        mark = marks.get(probe) or self.marks.get(probe)
         where = self._where_mark(mark) if mark else self.source
         dotted = ".".join(path) or "<document>"
         return QtoolError(f"{where}: {dotted}: {message}", hint=hint)
@@ -173,7 +178,9 @@ def _check_keys(doc: _Located, value: Any, path: Path_, allowed: set[str]) -> di
         raise doc.error(path, f"expected a mapping, got {type(value).__name__}")
     for key in value:
         if key not in allowed:
-            raise doc.error((*path, key), f"unknown key '{key}'", hint=f"allowed keys: {', '.join(sorted(allowed))}")
+            raise doc.error(
+                (*path, key), f"unknown key '{key}'", hint=f"allowed keys: {', '.join(sorted(allowed))}", at_key=True
+            )
     return value
 
 
@@ -181,12 +188,16 @@ def _check_tensor_scheme(doc: _Located, value: Any, path: Path_, role: str) -> N
     _check_keys(doc, value, path, _TENSOR_KEYS)
     dtypes = WEIGHT_DTYPES if role == "weight" else ACTIVATION_DTYPES
     if "dtype" in value and value["dtype"] not in dtypes:
-        raise doc.error((*path, "dtype"), f"unsupported {role} dtype {value['dtype']!r}",
-                        hint=f"choose one of: {', '.join(dtypes)}")
+        raise doc.error(
+            (*path, "dtype"), f"unsupported {role} dtype {value['dtype']!r}", hint=f"choose one of: {', '.join(dtypes)}"
+        )
     if "granularity" in value:
         if value["granularity"] not in GRANULARITIES:
-            raise doc.error((*path, "granularity"), f"unknown granularity {value['granularity']!r}",
-                            hint=f"choose one of: {', '.join(GRANULARITIES)}")
+            raise doc.error(
+                (*path, "granularity"),
+                f"unknown granularity {value['granularity']!r}",
+                hint=f"choose one of: {', '.join(GRANULARITIES)}",
+            )
         if role == "activation" and value["granularity"] != "per_tensor":
             raise doc.error((*path, "granularity"), "activations can only be quantized per_tensor")
     if "symmetric" in value and not isinstance(value["symmetric"], bool):
@@ -204,8 +215,11 @@ def _check_node_scheme(doc: _Located, value: Any, path: Path_) -> None:
 def _check_document(doc: _Located) -> None:
     value = _check_keys(doc, doc.value, (), _TOP_KEYS)
     if "version" in value and value["version"] != CONFIG_VERSION:
-        raise doc.error(("version",), f"unsupported config version {value['version']!r}",
-                        hint=f"this qtool reads version {CONFIG_VERSION}")
+        raise doc.error(
+            ("version",),
+            f"unsupported config version {value['version']!r}",
+            hint=f"this qtool reads version {CONFIG_VERSION}",
+        )
     if "global" in value:
         _check_node_scheme(doc, value["global"], ("global",))
         if value["global"] is None:
@@ -221,7 +235,7 @@ def _check_document(doc: _Located) -> None:
                 try:
                     re.compile(key[3:])
                 except re.error as e:
-                    raise doc.error((section, key), f"invalid regular expression: {e}") from e
+                    raise doc.error((section, key), f"invalid regular expression: {e}", at_key=True) from e
     exclude = value.get("exclude", [])
     if exclude is not None and (not isinstance(exclude, list) or not all(isinstance(x, str) for x in exclude)):
         raise doc.error(("exclude",), "expected a list of node names")

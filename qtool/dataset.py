@@ -118,7 +118,7 @@ class Dataset:
             if array.ndim == len(spec.shape) - 1:
                 array = array[np.newaxis]
             fits = array.ndim == len(spec.shape) and all(
-                not isinstance(d, int) or d == actual for d, actual in zip(spec.shape, array.shape)
+                not isinstance(d, int) or d == actual for d, actual in zip(spec.shape, array.shape, strict=False)
             )
             if not fits or array.dtype != spec.dtype:
                 raise QtoolError(

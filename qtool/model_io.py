@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -64,7 +64,7 @@ def same_file(a: Path | str, b: Path | str) -> bool:
 
 
 @contextmanager
-def atomic_writer(path: Path | str, mode: str = "wb") -> Iterator[IO]:  # type: ignore[type-arg]
+def atomic_writer(path: Path | str, mode: str = "wb") -> Iterator[IO[Any]]:
     """Write to a temporary file next to ``path``; fsync and rename it into place on success.
 
     If the block raises (or the process is interrupted), the temporary file is

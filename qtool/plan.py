@@ -162,8 +162,10 @@ def build_plan(model: onnx.ModelProto, config: QConfig) -> QuantPlan:
             skipped.append((name, roles))
             continue
         not_float = [t for t in roles.activations if not g.is_float(t)]
-        if not_float or (roles.weight and g.initializers[roles.weight.name].data_type != TensorProto.FLOAT):
-            skipped.append((name, f"input {(not_float or [roles.weight and roles.weight.name])[0]} is not float32"))
+        if roles.weight and g.initializers[roles.weight.name].data_type != TensorProto.FLOAT:
+            not_float.append(roles.weight.name)
+        if not_float:
+            skipped.append((name, f"input {not_float[0]} is not float32"))
             continue
         output = _output_to_quantize(node, g)
         for tensor in (*roles.activations, *([output] if output else [])):

@@ -206,7 +206,7 @@ def _unique_name(base: str, graph: onnx.GraphProto) -> str:
 def _infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     try:
         return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True), None
-    except Exception as e:  # inference is best effort: a failure only costs type information
+    except Exception as e:  # noqa: BLE001 - inference is best effort: a failure only costs type information
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         log.warning("ONNX shape inference failed, continuing without it: %s", message)
         return model, message

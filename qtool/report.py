@@ -11,8 +11,8 @@ from rich.table import Table
 
 from qtool import __version__
 from qtool.api import ComparisonResult, QuantizeResult
-from qtool.calibrate import CalibrationStats
-from qtool.compare import ErrorMetrics, LatencyStats
+from qtool.calibration import CalibrationStats
+from qtool.comparison import ErrorMetrics, LatencyStats
 
 SCHEMA_VERSION = 1
 
@@ -149,8 +149,10 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
     if result.latency is not None:
         lat = result.latency
         threads = lat.threads if lat.threads else "default"
-        table = Table(title=f"latency, {lat.provider}, threads={threads}, {lat.reference.runs} interleaved runs",
-                      title_justify="left")
+        table = Table(
+            title=f"latency, {lat.provider}, threads={threads}, {lat.reference.runs} interleaved runs",
+            title_justify="left",
+        )
         for column in ("model", "median ms", "p90 ms"):
             table.add_column(column, justify="left" if column == "model" else "right")
         table.add_row("reference", f"{lat.reference.median_ms:.3f}", f"{lat.reference.p90_ms:.3f}")

@@ -54,8 +54,15 @@ class _Names:
 def weight_qparams(weight: np.ndarray, scheme: TensorScheme, axis: int | None, what: str) -> QParams:
     """Scale / zero point of a weight from its own values (symmetric weights use the narrow range)."""
     lo, hi = weight_range(weight, axis)
-    return compute_qparams(lo, hi, quant_type(scheme.dtype), symmetric=scheme.symmetric,
-                           narrow_range=scheme.symmetric, axis=axis, what=what)
+    return compute_qparams(
+        lo,
+        hi,
+        quant_type(scheme.dtype),
+        symmetric=scheme.symmetric,
+        narrow_range=scheme.symmetric,
+        axis=axis,
+        what=what,
+    )
 
 
 def activation_qparams(rmin: np.ndarray, rmax: np.ndarray, scheme: TensorScheme, what: str) -> QParams:
@@ -94,9 +101,12 @@ class _Rewriter:
         return scale, zero
 
     def _dq_node(self, base: str, source: str, scale: str, zero: str, output: str, axis: int | None) -> onnx.NodeProto:
-        kwargs = {"axis": axis} if axis is not None else {}
-        return helper.make_node("DequantizeLinear", [source, scale, zero], [output],
-                                name=self.names.new(f"{base}/DequantizeLinear"), **kwargs)
+        node = helper.make_node(
+            "DequantizeLinear", [source, scale, zero], [output], name=self.names.new(f"{base}/DequantizeLinear")
+        )
+        if axis is not None:
+            node.attribute.append(helper.make_attribute("axis", axis))
+        return node
 
     def _replace_constant(self, name: str, values: np.ndarray, qp: QParams, output: str) -> None:
         """Store ``values`` as integers and make a DequantizeLinear write ``output``."""
@@ -121,8 +131,11 @@ class _Rewriter:
             source, output = self.names.new(f"{tensor}/float"), tensor
             self.renamed_outputs[tensor] = source
             target = self.after.setdefault(tensor, [])
-        target.append(helper.make_node("QuantizeLinear", [source, scale, zero], [quantized],
-                                       name=self.names.new(f"{tensor}/QuantizeLinear")))
+        target.append(
+            helper.make_node(
+                "QuantizeLinear", [source, scale, zero], [quantized], name=self.names.new(f"{tensor}/QuantizeLinear")
+            )
+        )
         target.append(self._dq_node(tensor, quantized, scale, zero, output, None))
         self.report.quantized_activations.append(tensor)
 
@@ -192,7 +205,9 @@ class _Rewriter:
         del self.graph.value_info[:]
 
 
-def insert_qdq(model: onnx.ModelProto, plan: QuantPlan, act_qparams: dict[str, QParams]) -> tuple[onnx.ModelProto, RewriteReport]:
+def insert_qdq(
+    model: onnx.ModelProto, plan: QuantPlan, act_qparams: dict[str, QParams]
+) -> tuple[onnx.ModelProto, RewriteReport]:
     """Return a copy of ``model`` with Q/DQ nodes and integer weights as ``plan`` says.
 
     Args:
@@ -205,8 +220,10 @@ def insert_qdq(model: onnx.ModelProto, plan: QuantPlan, act_qparams: dict[str, Q
     """
     missing = [t for t in plan.activations if t not in act_qparams]
     if missing:
-        raise QtoolError(f"no statistics for tensor '{missing[0]}' ({len(missing)} tensors missing)",
-                         hint="re-run qtool calibrate with the same model and config")
+        raise QtoolError(
+            f"no statistics for tensor '{missing[0]}' ({len(missing)} tensors missing)",
+            hint="re-run qtool calibrate with the same model and config",
+        )
     return _Rewriter(model, plan, act_qparams).run()
 
 

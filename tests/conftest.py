@@ -30,8 +30,9 @@ def calib_dir(name: str) -> Path:
 def run_model(path: Path | str | bytes, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        path if isinstance(path, bytes) else str(path), options, providers=["CPUExecutionProvider"]
+    )
     return session.run(None, feed)
 
 

@@ -42,5 +42,5 @@ def test_merge_refuses_other_kinds_of_settings():
 
 def test_registry_lists_minmax_and_names_the_choices_on_unknown():
     assert "minmax" in available_observers()
-    with pytest.raises(QtoolError, match="available observers: .*minmax"):
+    with pytest.raises(QtoolError, match=r"available observers: .*minmax"):
         observer_class("nope")

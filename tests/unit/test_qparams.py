@@ -74,13 +74,16 @@ def _reference_quantize(x, scale, zero, axis=None):
     node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], **kwargs)
     zt = TensorProto.INT8 if zero.dtype == np.int8 else TensorProto.UINT8
     graph = helper.make_graph(
-        [node], "q",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
-         helper.make_tensor_value_info("s", TensorProto.FLOAT, None),
-         helper.make_tensor_value_info("z", zt, None)],
+        [node],
+        "q",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("z", zt, None),
+        ],
         [helper.make_tensor_value_info("y", zt, None)],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     return ReferenceEvaluator(model).run(None, {"x": x, "s": scale, "z": zero})[0]
 
 

@@ -60,8 +60,10 @@ class CalibrationStats:
         if not isinstance(data, dict) or data.get("format") != STATS_FORMAT:
             raise QtoolError(f"{source} is not a qtool statistics file (missing format '{STATS_FORMAT}')")
         if data.get("version") != STATS_VERSION:
-            raise QtoolError(f"{source}: unsupported statistics version {data.get('version')!r}",
-                             hint=f"this qtool reads version {STATS_VERSION}; re-run qtool calibrate")
+            raise QtoolError(
+                f"{source}: unsupported statistics version {data.get('version')!r}",
+                hint=f"this qtool reads version {STATS_VERSION}; re-run qtool calibrate",
+            )
         tensors: dict[str, Observer] = {}
         try:
             for name, entry in data["tensors"].items():
@@ -98,8 +100,9 @@ class CalibrationStats:
         return CalibrationStats(self.model_sha256, self.observer, self.samples + other.samples, merged)
 
 
-def session_options(*, threads: int | None = None,
-                    level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> ort.SessionOptions:
+def session_options(
+    *, threads: int | None = None, level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+) -> ort.SessionOptions:
     """Quiet, deterministic onnxruntime session options."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -109,14 +112,20 @@ def session_options(*, threads: int | None = None,
     return options
 
 
-def create_session(model: onnx.ModelProto | str | Path, what: str, *, threads: int | None = None,
-                   level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-                   providers: list[str] | None = None) -> ort.InferenceSession:
+def create_session(
+    model: onnx.ModelProto | str | Path,
+    what: str,
+    *,
+    threads: int | None = None,
+    level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    providers: list[str] | None = None,
+) -> ort.InferenceSession:
     """An onnxruntime CPU session, with a QtoolError naming ``what`` if onnxruntime refuses the model."""
     source: str | bytes = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
     try:
-        return ort.InferenceSession(source, session_options(threads=threads, level=level),
-                                    providers=providers or ["CPUExecutionProvider"])
+        return ort.InferenceSession(
+            source, session_options(threads=threads, level=level), providers=providers or ["CPUExecutionProvider"]
+        )
     except Exception as e:  # onnxruntime raises its own untyped exception family
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise QtoolError(f"onnxruntime cannot load {what}: {first}") from e
@@ -151,15 +160,18 @@ def collect_statistics(
     names = list(dict.fromkeys(tensors))
     cls = observer_class(observer)
     observers = {name: cls() for name in names}
-    session = create_session(with_exposed_outputs(prepared, names), "the prepared float model",
-                             level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    session = create_session(
+        with_exposed_outputs(prepared, names),
+        "the prepared float model",
+        level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    )
     seen = 0
     for count, feed in dataset.batches(batch_size):
         try:
             values = session.run(names, feed)
         except Exception as e:  # onnxruntime's runtime errors carry no common type
             raise QtoolError(f"onnxruntime failed on samples of {dataset.directory}: {e}") from e
-        for name, value in zip(names, values):
+        for name, value in zip(names, values, strict=True):
             observers[name].observe(np.asarray(value))
         seen += count
         if on_progress:

@@ -94,7 +94,7 @@ def output_metrics(
     for _, feed in dataset.samples():
         ref_values = reference.run(names, feed)
         cand_values = candidate.run(names, feed)
-        for name, r, c in zip(names, ref_values, cand_values):
+        for name, r, c in zip(names, ref_values, cand_values, strict=True):
             if _is_float(r):
                 per_output[name].add(np.asarray(r), np.asarray(c))
         samples += 1
@@ -156,7 +156,8 @@ def measure_latency(
     for _ in range(warmup):
         reference.run(None, feed)
         candidate.run(None, feed)
-    ref_times, cand_times = [], []
+    ref_times: list[float] = []
+    cand_times: list[float] = []
     for _ in range(runs):
         for session, times in ((reference, ref_times), (candidate, cand_times)):
             start = time.perf_counter()
@@ -164,5 +165,6 @@ def measure_latency(
             times.append(time.perf_counter() - start)
         if on_progress:
             on_progress(1)
-    return LatencyComparison(provider, threads, LatencyStats.from_seconds(ref_times),
-                             LatencyStats.from_seconds(cand_times))
+    return LatencyComparison(
+        provider, threads, LatencyStats.from_seconds(ref_times), LatencyStats.from_seconds(cand_times)
+    )

@@ -1,0 +1,186 @@
+"""Sample model -> quantize -> checker -> onnxruntime -> close to fp32."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import qtool
+from qtool.dataset import Dataset, model_inputs
+from tests.conftest import SAMPLE_NAMES, calib_dir, eval_dir, run_model, sample
+
+SQNR_FLOOR_DB = {"cnn": 30.0, "mlp": 30.0, "transformer": 25.0}
+QUANTIZABLE = {"Conv", "MatMul", "Gemm"}
+
+
+def _sqnr_db(name: str, candidate) -> float:
+    model = onnx.load(str(sample(name)))
+    dataset = Dataset(eval_dir(name), model_inputs(model))
+    signal = noise = 0.0
+    for _, feed in dataset.samples():
+        ref = run_model(sample(name), feed)[0].astype(np.float64)
+        cand = run_model(candidate, feed)[0].astype(np.float64)
+        signal += float((ref**2).sum())
+        noise += float(((ref - cand) ** 2).sum())
+    return 10 * np.log10(signal / noise)
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_quantized_sample_is_close_to_fp32_on_evaluation_data(name, quantized_samples):
+    sqnr = _sqnr_db(name, quantized_samples[name])
+    assert sqnr >= SQNR_FLOOR_DB[name], f"{name}: SQNR {sqnr:.2f} dB"
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_quantized_model_passes_full_check_and_keeps_graph_io(name, quantized_samples):
+    original = onnx.load(str(sample(name)))
+    quantized = onnx.load(str(quantized_samples[name]))
+    onnx.checker.check_model(quantized, full_check=True)
+    assert [i.SerializeToString() for i in quantized.graph.input] == [
+        i.SerializeToString() for i in original.graph.input
+    ]
+    assert [o.name for o in quantized.graph.output] == [o.name for o in original.graph.output]
+    assert all(o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for o in quantized.graph.output)
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_every_quantizable_node_reads_dequantized_activations_and_weights(name, quantized_samples):
+    model = onnx.load(str(quantized_samples[name]))
+    producer = {o: n for n in model.graph.node for o in n.output}
+    nodes = [n for n in model.graph.node if n.op_type in QUANTIZABLE]
+    assert nodes
+    for node in nodes:
+        for tensor in node.input[:2]:
+            assert producer[tensor].op_type == "DequantizeLinear", f"{node.name} reads {tensor} unquantized"
+        if node.op_type in ("Conv", "Gemm") and len(node.input) > 2:
+            bias_dq = producer[node.input[2]]
+            stored = {i.name: i for i in model.graph.initializer}[bias_dq.input[0]]
+            assert stored.data_type == onnx.TensorProto.INT32
+    # one shared Q/DQ pair per tensor, not one per consumer
+    quantized_inputs = [n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert len(quantized_inputs) == len(set(quantized_inputs))
+
+
+def test_weights_are_int8_per_channel_along_the_output_axis(quantized_samples):
+    model = onnx.load(str(quantized_samples["cnn"]))
+    inits = {i.name: i for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "Gemm"):
+            continue
+        dq = producer[node.input[1]]
+        weight = numpy_helper.to_array(inits[dq.input[0]])
+        scale = numpy_helper.to_array(inits[dq.input[1]])
+        axis = {a.name: a.i for a in dq.attribute}.get("axis", 1)
+        assert weight.dtype == np.int8
+        assert axis == 0  # Conv output channels; the sample's Gemm has transB=1, so rows are outputs
+        assert scale.shape == (weight.shape[0],)
+        assert np.abs(weight).max() == 127  # symmetric narrow range, each channel uses its extreme
+
+
+def test_weight_dequantize_matches_onnx_reference_evaluator(quantized_samples):
+    """Cross-check our stored weights with onnx's own DequantizeLinear implementation."""
+    original = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(sample("mlp"))).graph.initializer}
+    model = onnx.load(str(quantized_samples["mlp"]))
+    inits = {i.name: i for i in model.graph.initializer}
+    checked = 0
+    for dq in (n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] in original):
+        graph = onnx.helper.make_graph(
+            [dq],
+            "dq",
+            [],
+            [onnx.helper.make_tensor_value_info(dq.output[0], 1, None)],
+            [inits[name] for name in dq.input],
+        )
+        ref = ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)]))
+        restored = ref.run(None, {})[0]
+        scale = numpy_helper.to_array(inits[dq.input[1]])
+        axis = {a.name: a.i for a in dq.attribute}.get("axis", 1)
+        shape = [1] * restored.ndim
+        shape[axis] = -1
+        assert np.all(np.abs(restored - original[dq.output[0]]) <= scale.reshape(shape) / 2 + 1e-6)
+        checked += 1
+    assert checked == 3
+
+
+def test_onnxruntime_runs_the_cnn_with_integer_kernels(quantized_samples, tmp_path):
+    optimized = tmp_path / "cnn.optimized.onnx"
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(optimized)
+    ort.InferenceSession(str(quantized_samples["cnn"]), options, providers=["CPUExecutionProvider"])
+    ops = collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
+    assert ops["Conv"] == 0 and ops["FusedConv"] == 0, ops
+    assert ops["QLinearConv"] == 3, ops
+    assert ops["QGemm"] == 1 and ops["Gemm"] == 0, ops
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp"])
+def test_weight_dominated_samples_compress_at_least_3_5x(name, quantized_samples):
+    ratio = sample(name).stat().st_size / quantized_samples[name].stat().st_size
+    assert ratio >= 3.5, ratio
+
+
+def test_quantizing_twice_gives_byte_identical_files(tmp_path, quantized_samples):
+    again = tmp_path / "again.onnx"
+    qtool.quantize(sample("transformer"), again, data_dir=calib_dir("transformer"), evaluate=False)
+    assert again.read_bytes() == quantized_samples["transformer"].read_bytes()
+
+
+def test_calibrate_then_quantize_equals_quantize_with_data(tmp_path, quantized_samples):
+    stats_path = tmp_path / "cnn.stats.json"
+    stats = qtool.calibrate(sample("cnn"), calib_dir("cnn"))
+    qtool.write_stats(stats, stats_path)
+    reread = qtool.CalibrationStats.read(stats_path)
+    assert reread.to_json() == stats.to_json() and reread.samples == 64
+    out = tmp_path / "cnn.onnx"
+    qtool.quantize(sample("cnn"), out, stats_path=stats_path)
+    assert out.read_bytes() == quantized_samples["cnn"].read_bytes()
+
+
+def test_stats_of_two_shards_merge_to_the_stats_of_the_whole(tmp_path):
+    import shutil
+
+    shards = [tmp_path / "a", tmp_path / "b"]
+    for shard in shards:
+        shard.mkdir()
+    for i, f in enumerate(sorted(calib_dir("mlp").glob("*.npy"))):
+        shutil.copy(f, shards[i % 2])
+    whole = qtool.calibrate(sample("mlp"), calib_dir("mlp"))
+    merged = qtool.calibrate(sample("mlp"), shards[0]).merge(qtool.calibrate(sample("mlp"), shards[1]))
+    assert merged.to_json() == whole.to_json()
+
+
+def test_compare_reports_the_numbers_it_measures(quantized_samples):
+    result = qtool.compare(sample("mlp"), quantized_samples["mlp"], eval_dir("mlp"), runs=5, warmup=1)
+    assert result.samples == 32
+    assert result.compression_ratio == pytest.approx(
+        sample("mlp").stat().st_size / quantized_samples["mlp"].stat().st_size
+    )
+    assert result.overall.sqnr_db == pytest.approx(_sqnr_db("mlp", quantized_samples["mlp"]), abs=1e-6)
+    assert 0.99 < result.overall.cosine <= 1.0
+    assert result.latency is not None and result.latency.reference.runs == 5
+    assert result.latency.speedup == pytest.approx(
+        result.latency.reference.median_ms / result.latency.candidate.median_ms
+    )
+
+
+def test_comparing_a_model_with_itself_is_exact():
+    result = qtool.compare(sample("cnn"), sample("cnn"), eval_dir("cnn"), runs=0, limit=4)
+    assert result.overall.mse == 0.0 and result.overall.sqnr_db == float("inf") and result.latency is None
+
+
+def test_batched_calibration_gives_the_same_ranges_as_one_by_one():
+    one = qtool.calibrate(sample("transformer"), calib_dir("transformer"), batch_size=1)
+    batched = qtool.calibrate(sample("transformer"), calib_dir("transformer"), batch_size=16)
+    for name, obs in one.tensors.items():
+        lo1, hi1 = obs.range(8, False)
+        lo2, hi2 = batched.tensors[name].range(8, False)
+        np.testing.assert_allclose([lo1, hi1], [lo2, hi2], rtol=1e-5, atol=1e-6)

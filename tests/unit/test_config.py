@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qtool.config import load_config
+from qtool.errors import QtoolError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_default_config_is_the_documented_int8_scheme():
+    config = load_config()
+    scheme = config.scheme_for("any", "Conv")
+    assert scheme is not None
+    assert (scheme.weight.dtype, scheme.weight.granularity, scheme.weight.symmetric) == ("int8", "per_channel", True)
+    assert (scheme.activation.dtype, scheme.activation.granularity, scheme.activation.symmetric) == (
+        "uint8",
+        "per_tensor",
+        False,
+    )
+    assert config.calibration.observer == "minmax"
+
+
+def test_configs_default_yaml_is_the_packaged_default():
+    assert (ROOT / "configs" / "default.yaml").read_text() == (ROOT / "qtool" / "configs" / "default.yaml").read_text()
+
+
+def test_partial_config_falls_back_to_defaults(tmp_path):
+    config = load_config(write(tmp_path, "global: {activation: {dtype: int8}}\n"))
+    scheme = config.scheme_for("n", "MatMul")
+    assert scheme is not None
+    assert scheme.activation.dtype == "int8" and scheme.activation.symmetric is False
+    assert scheme.weight.granularity == "per_channel"
+
+
+def test_precedence_node_name_over_op_type_over_global(tmp_path):
+    config = load_config(
+        write(
+            tmp_path,
+            """
+op_type:
+  Gemm: {weight: {granularity: per_tensor}}
+  MatMul: null
+node_name:
+  "head/gemm": {weight: {symmetric: false}}
+  "re:block[12]/.*": null
+""",
+        )
+    )
+    head = config.scheme_for("head/gemm", "Gemm")
+    assert head is not None and head.weight.granularity == "per_tensor" and head.weight.symmetric is False
+    assert config.scheme_for("fc", "MatMul") is None
+    assert config.scheme_for("block1/conv", "Conv") is None
+    assert config.scheme_for("block0/conv", "Conv") is not None
+
+
+def test_exclude_list_keeps_nodes_in_float(tmp_path):
+    config = load_config(write(tmp_path, "exclude: [a, 're:b.*']\n"))
+    assert config.scheme_for("a", "Conv") is None and config.scheme_for("bx", "Conv") is None
+    assert config.scheme_for("c", "Conv") is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "what"),
+    [
+        ("global:\n  weight:\n    dtyp: int8\n", ":3:5:", "unknown key 'dtyp'"),
+        ("global:\n  weight: {dtype: int3}\n", ":2:19:", "unsupported weight dtype 'int3'"),
+        ("global:\n  activation: {granularity: per_channel}\n", ":2:29:", "only be quantized per_tensor"),
+        ("calibration:\n  batch_size: 0\n", ":2:15:", "positive integer"),
+        ("version: 7\n", ":1:10:", "unsupported config version"),
+        ("global: [1, 2]\n", ":1:9:", "expected a mapping"),
+        ("global: {weight: {symmetric: maybe}}\n", ":1:30:", "expected true or false"),
+        ("node_name: {'re:(': null}\n", ":1:13:", "invalid regular expression"),
+        ("global: {weight: [}\n", ":1:", "invalid YAML"),
+    ],
+)
+def test_validation_errors_name_file_line_and_column(tmp_path, text, where, what):
+    path = write(tmp_path, text)
+    with pytest.raises(QtoolError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert message.startswith(str(path) + where), message
+    assert what in message
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    with pytest.raises(QtoolError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_alias_bomb_is_refused_quickly(tmp_path):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [
+        f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}]"
+        for i in range(1, 9)
+    ]
+    with pytest.raises(QtoolError, match="too large"):
+        load_config(write(tmp_path, "\n".join(lines) + "\n"))

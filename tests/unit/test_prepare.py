@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from qtool.prepare import default_opset, prepare_model
+from tests.conftest import run_model, sample
+
+
+def _conv_bn_model(opset: int = 13, constant_weight: bool = False) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(rng.normal(1, 0.2, 4).astype(np.float32), "gamma"),
+        numpy_helper.from_array(rng.normal(0, 0.2, 4).astype(np.float32), "beta"),
+        numpy_helper.from_array(rng.normal(0, 0.5, 4).astype(np.float32), "mean"),
+        numpy_helper.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), "var"),
+    ]
+    nodes = []
+    if constant_weight:
+        nodes.append(helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(w)))
+    else:
+        inits.append(numpy_helper.from_array(w, "w"))
+    nodes += [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["y"], epsilon=1e-3),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def test_batchnorm_is_folded_into_conv_with_the_same_output():
+    model = _conv_bn_model()
+    prepared, report = prepare_model(model)
+    assert [n.op_type for n in prepared.graph.node] == ["Conv"]
+    assert len(report.folded_batchnorms) == 1 and report.removed_initializers == 4
+    x = np.random.default_rng(1).normal(size=(1, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(
+        run_model(prepared.SerializeToString(), {"x": x})[0],
+        run_model(model.SerializeToString(), {"x": x})[0],
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+
+def test_constant_nodes_become_initializers_and_unnamed_nodes_get_names():
+    prepared, report = prepare_model(_conv_bn_model(constant_weight=True))
+    assert report.constants_to_initializers == 1
+    assert "w" in {i.name for i in prepared.graph.initializer}
+    assert all(n.name for n in prepared.graph.node)
+    assert [n.op_type for n in prepared.graph.node] == ["Conv"]
+
+
+def test_opset_11_is_raised_for_per_channel_and_still_runs():
+    model = _conv_bn_model(opset=11)
+    prepared, report = prepare_model(model, min_opset=13)
+    assert (report.opset_before, report.opset_after, default_opset(prepared)) == (11, 13, 13)
+    onnx.checker.check_model(prepared, full_check=True)
+
+
+def test_prepare_never_modifies_its_input():
+    model = onnx.load(str(sample("cnn")))
+    before = model.SerializeToString()
+    prepare_model(model, min_opset=13)
+    assert model.SerializeToString() == before
