@@ -30,7 +30,8 @@ lint: dev  ## ruff + mypy
 	$(BIN)/ruff format --check qtool tests bench
 	$(BIN)/mypy
 
-bench: install  ## benchmark scripts under bench/
+bench: $(BIN)/python  ## qtool vs onnxruntime's quantize_static on the sample models
+	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python bench/run.py
 
 samples: install  ## regenerate sample_models/ (seeded)

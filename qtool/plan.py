@@ -128,13 +128,29 @@ HANDLERS: dict[str, Callable[[onnx.NodeProto, _Graph], _Roles | str]] = {
 }
 
 
+def _sole_consumer(tensor: str, g: _Graph) -> onnx.NodeProto | None:
+    users = g.consumers.get(tensor, [])
+    return users[0] if tensor not in g.graph_outputs and len(users) == 1 else None
+
+
 def _output_to_quantize(node: onnx.NodeProto, g: _Graph) -> str | None:
+    """The tensor to quantize after ``node``: past a bias Add (MatMul) and a Relu it alone feeds.
+
+    Quantizing after the bias keeps the MatMul's raw output in float (onnxruntime
+    runs DQ -> MatMul -> Add as one integer kernel with a float bias) instead of
+    rounding it once more before the bias is added.
+    """
     out = node.output[0]
     if not g.is_float(out) and out in g.elem_types:
         return None
-    users = g.consumers.get(out, [])
-    if out not in g.graph_outputs and len(users) == 1 and users[0].op_type in _FUSABLE_ACTIVATIONS:
-        return users[0].output[0]
+    user = _sole_consumer(out, g)
+    if node.op_type == "MatMul" and user is not None and user.op_type == "Add":
+        other = user.input[1] if user.input[0] == out else user.input[0]
+        if other in g.initializers and len(g.initializers[other].dims) == 1:
+            out = user.output[0]
+            user = _sole_consumer(out, g)
+    if user is not None and user.op_type in _FUSABLE_ACTIVATIONS:
+        return user.output[0]
     return out
 
 

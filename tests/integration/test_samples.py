@@ -109,17 +109,40 @@ def test_weight_dequantize_matches_onnx_reference_evaluator(quantized_samples):
     assert checked == 3
 
 
-def test_onnxruntime_runs_the_cnn_with_integer_kernels(quantized_samples, tmp_path):
-    optimized = tmp_path / "cnn.optimized.onnx"
+FLOAT_KERNELS = {"Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm"}
+
+
+def _optimized_ops(path, tmp_path) -> collections.Counter:
+    optimized = tmp_path / "optimized.onnx"
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.optimized_model_filepath = str(optimized)
-    ort.InferenceSession(str(quantized_samples["cnn"]), options, providers=["CPUExecutionProvider"])
-    ops = collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
-    assert ops["Conv"] == 0 and ops["FusedConv"] == 0, ops
-    assert ops["QLinearConv"] == 3, ops
-    assert ops["QGemm"] == 1 and ops["Gemm"] == 0, ops
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
+
+
+def test_onnxruntime_runs_the_cnn_with_integer_kernels(quantized_samples, tmp_path):
+    ops = _optimized_ops(quantized_samples["cnn"], tmp_path)
+    assert not FLOAT_KERNELS & set(ops), ops
+    assert ops["QLinearConv"] == 3 and ops["QGemm"] == 1, ops
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_onnxruntime_runs_every_matmul_with_integer_kernels(name, quantized_samples, tmp_path):
+    ops = _optimized_ops(quantized_samples[name], tmp_path)
+    assert not FLOAT_KERNELS & set(ops), ops
+    integer = ops["QGemm"] + ops["QLinearMatMul"] + ops["MatMulIntegerToFloat"]
+    original = collections.Counter(n.op_type for n in onnx.load(str(sample(name))).graph.node)
+    assert integer == original["MatMul"], ops
+
+
+def test_matmul_output_is_quantized_after_its_bias_not_before(quantized_samples):
+    """Rounding the raw MatMul output and again after the bias would add error for nothing."""
+    model = onnx.load(str(quantized_samples["mlp"]))
+    quantized = {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    assert not any("matmul_out" in t for t in quantized), quantized
+    assert "fc0/relu_out/float" in quantized  # past the bias Add and the Relu
 
 
 @pytest.mark.parametrize("name", ["cnn", "mlp"])
