@@ -139,7 +139,7 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
     size.add_row("compression", "", f"[bold]{result.compression_ratio:.2f}x[/bold]")
     console.print(size)
 
-    acc = Table(title=f"accuracy vs reference ({result.samples} samples of {result.data_dir})", title_justify="left")
+    acc = Table(title=f"accuracy vs reference, {result.samples} samples", title_justify="left")
     for column in ("output", "SQNR dB", "cosine", "MSE", "max |err|"):
         acc.add_column(column, justify="left" if column == "output" else "right")
     for m in [*result.outputs, result.overall] if len(result.outputs) > 1 else result.outputs:
@@ -149,10 +149,8 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
     if result.latency is not None:
         lat = result.latency
         threads = lat.threads if lat.threads else "default"
-        table = Table(
-            title=f"latency, {lat.provider}, threads={threads}, {lat.reference.runs} interleaved runs",
-            title_justify="left",
-        )
+        provider = lat.provider.removesuffix("ExecutionProvider")
+        table = Table(title=f"latency, {provider}, threads={threads}, {lat.reference.runs} runs", title_justify="left")
         for column in ("model", "median ms", "p90 ms"):
             table.add_column(column, justify="left" if column == "model" else "right")
         table.add_row("reference", f"{lat.reference.median_ms:.3f}", f"{lat.reference.p90_ms:.3f}")
