@@ -215,3 +215,21 @@ def test_help_documents_every_option():
 
 def test_paths_are_reported_relative_to_what_the_user_typed(tmp_path):
     assert Path(sample("cnn")).exists()
+
+
+def test_interrupted_write_leaves_neither_output_nor_temp_file(tmp_path, monkeypatch):
+    import qtool.model_io
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(qtool.model_io.os, "replace", interrupted)
+    r = invoke("quantize", sample("mlp"), "--data", calib_dir("mlp"), "-o", tmp_path / "o.onnx")
+    assert r.exit_code == 130 and "no output was written" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_debug_shows_the_traceback_of_user_errors(tmp_path):
+    r = runner.invoke(app, ["--debug", "calibrate", str(tmp_path / "nope.onnx"), str(calib_dir("cnn")), "-o", "s.json"])
+    assert r.exit_code == 2
+    assert "Traceback" in r.stderr and "model file not found" in r.stderr

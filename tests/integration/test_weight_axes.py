@@ -115,3 +115,31 @@ def test_per_tensor_weights_keep_an_opset_11_model_at_11(tmp_path):
     assert model.opset_import[0].version == 11
     assert all(not n.attribute for n in model.graph.node if n.op_type == "DequantizeLinear")
     run_model(out, {"x": np.load(data / "0.npy")[None]})
+
+
+def test_weights_in_constant_nodes_are_quantized_like_initializers(tmp_path):
+    rng = np.random.default_rng(5)
+    weight = rng.normal(size=(256, 128)).astype(np.float32)
+    nodes = [
+        helper.make_node("Constant", [], ["w"], name="const_w", value=numpy_helper.from_array(weight)),
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="op"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128])],
+    )
+    model_path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), model_path)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):
+        np.save(data / f"{i}.npy", rng.normal(size=(256,)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    result = qtool.quantize(model_path, out, data_dir=data, evaluate=False)
+    assert result.prepare.constants_to_initializers == 1 and result.rewrite.quantized_weights == ["w"]
+    model = onnx.load(str(out))
+    assert not [n for n in model.graph.node if n.op_type == "Constant"]
+    assert {i.data_type for i in model.graph.initializer if i.name == "w/quantized"} == {TensorProto.INT8}
+    assert model_path.stat().st_size / out.stat().st_size > 3.5
