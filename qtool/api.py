@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 
 from qtool import __version__
-from qtool.calibration import CalibrationStats, collect_statistics, create_session
+from qtool.calibration import CalibrationStats, collect_statistics
 from qtool.comparison import ErrorMetrics, LatencyComparison, measure_latency, output_metrics
 from qtool.config import QConfig, load_config
 from qtool.dataset import Dataset, model_inputs
@@ -18,9 +18,10 @@ from qtool.errors import QtoolError
 from qtool.model_io import file_sha256, load_model, model_size_bytes, same_file, save_model, write_text
 from qtool.observers import observer_class
 from qtool.plan import QuantPlan, build_plan
-from qtool.prepare import PER_CHANNEL_MIN_OPSET, PrepareReport, prepare_model
+from qtool.prepare import PER_CHANNEL_MIN_OPSET, QDQ_MIN_OPSET, PrepareReport, prepare_model
 from qtool.qparams import QParams
 from qtool.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
+from qtool.runtime import create_session
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def _needs_per_channel(config: QConfig) -> bool:
 
 def _prepare(model_path: Path, config: QConfig) -> _Prepared:
     model = load_model(model_path)
-    min_opset = PER_CHANNEL_MIN_OPSET if _needs_per_channel(config) else 0
+    min_opset = PER_CHANNEL_MIN_OPSET if _needs_per_channel(config) else QDQ_MIN_OPSET
     prepared, report = prepare_model(model, min_opset=min_opset)
     plan = build_plan(prepared, config)
     node_names = [n.name for n in prepared.graph.node]
@@ -247,7 +248,7 @@ def quantize(
     quantized, rewrite_report = insert_qdq(state.prepared, state.plan, act_qparams)
     quantized.producer_name = "qtool"
     quantized.producer_version = __version__
-    check_quantized_model(quantized)
+    check_note = check_quantized_model(quantized, state.prepared)
     create_session(quantized, "the quantized model")  # proves onnxruntime loads it before we write it
     save_model(quantized, output_path)
     result = QuantizeResult(
@@ -258,6 +259,13 @@ def quantize(
         skipped=list(state.plan.skipped),
         calibration_samples=stats.samples,
     )
+    if check_note:
+        result.notes.append(check_note)
+    if state.report.initializers_removed_from_inputs:
+        result.notes.append(
+            f"{state.report.initializers_removed_from_inputs} initializers were listed as graph inputs; "
+            "they are treated as constants and no longer inputs"
+        )
     if state.report.shape_inference_error:
         result.notes.append(f"shape inference failed and was skipped: {state.report.shape_inference_error}")
     if data_dir is not None and evaluate:

@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 from qtool.dataset import Dataset
 from qtool.errors import QtoolError
 from qtool.observers import Observer, observer_class
+from qtool.runtime import create_session, run_session
 
 STATS_FORMAT = "qtool-calibration-stats"
 STATS_VERSION = 1
@@ -100,37 +101,6 @@ class CalibrationStats:
         return CalibrationStats(self.model_sha256, self.observer, self.samples + other.samples, merged)
 
 
-def session_options(
-    *, threads: int | None = None, level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-) -> ort.SessionOptions:
-    """Quiet, deterministic onnxruntime session options."""
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = level
-    if threads:
-        options.intra_op_num_threads = threads
-    return options
-
-
-def create_session(
-    model: onnx.ModelProto | str | Path,
-    what: str,
-    *,
-    threads: int | None = None,
-    level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    providers: list[str] | None = None,
-) -> ort.InferenceSession:
-    """An onnxruntime CPU session, with a QtoolError naming ``what`` if onnxruntime refuses the model."""
-    source: str | bytes = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
-    try:
-        return ort.InferenceSession(
-            source, session_options(threads=threads, level=level), providers=providers or ["CPUExecutionProvider"]
-        )
-    except Exception as e:  # onnxruntime raises its own untyped exception family
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise QtoolError(f"onnxruntime cannot load {what}: {first}") from e
-
-
 def with_exposed_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:
     """A copy of ``model`` whose graph also outputs ``tensors`` (as float32)."""
     exposed = onnx.ModelProto()
@@ -167,10 +137,7 @@ def collect_statistics(
     )
     seen = 0
     for count, feed in dataset.batches(batch_size):
-        try:
-            values = session.run(names, feed)
-        except Exception as e:  # onnxruntime's runtime errors carry no common type
-            raise QtoolError(f"onnxruntime failed on samples of {dataset.directory}: {e}") from e
+        values = run_session(session, names, feed, f"the float model on samples of {dataset.directory}")
         for name, value in zip(names, values, strict=True):
             observers[name].observe(np.asarray(value))
         seen += count

@@ -11,6 +11,8 @@ import numpy as np
 import onnxruntime as ort
 
 from qtool.dataset import Dataset, Feed
+from qtool.errors import QtoolError
+from qtool.runtime import run_session
 
 
 @dataclass(frozen=True)
@@ -91,12 +93,19 @@ def output_metrics(
     names = [n for n in names if n in candidate_names]
     per_output = {name: _Accumulator() for name in names}
     samples = 0
-    for _, feed in dataset.samples():
-        ref_values = reference.run(names, feed)
-        cand_values = candidate.run(names, feed)
+    for path, feed in dataset.samples():
+        ref_values = run_session(reference, names, feed, f"the reference model on {path}")
+        cand_values = run_session(candidate, names, feed, f"the candidate model on {path}")
         for name, r, c in zip(names, ref_values, cand_values, strict=True):
-            if _is_float(r):
-                per_output[name].add(np.asarray(r), np.asarray(c))
+            if not _is_float(r):
+                continue
+            if np.shape(r) != np.shape(c):
+                raise QtoolError(
+                    f"output '{name}' has shape {list(np.shape(r))} in the reference but {list(np.shape(c))} "
+                    f"in the candidate (sample {path})",
+                    hint="compare a quantized model with the float model it came from",
+                )
+            per_output[name].add(np.asarray(r), np.asarray(c))
         samples += 1
         if on_progress:
             on_progress(1)
@@ -154,8 +163,8 @@ def measure_latency(
     both models alike.
     """
     for _ in range(warmup):
-        reference.run(None, feed)
-        candidate.run(None, feed)
+        run_session(reference, None, feed, "the reference model")
+        run_session(candidate, None, feed, "the candidate model")
     ref_times: list[float] = []
     cand_times: list[float] = []
     for _ in range(runs):

@@ -7,6 +7,7 @@ out keeps the default. Per-node settings resolve with the precedence
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -14,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import onnx.defs
 import yaml
 
 from qtool.errors import QtoolError
@@ -30,6 +32,7 @@ ACTIVATION_DTYPES = ("uint8", "int8")
 GRANULARITIES = ("per_tensor", "per_channel")
 
 Path_ = tuple[str, ...]
+_ONNX_OPS = sorted({schema.name for schema in onnx.defs.get_all_schemas()})
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,14 @@ def _check_node_scheme(doc: _Located, value: Any, path: Path_) -> None:
         _check_tensor_scheme(doc, value[role], (*path, role), role)
 
 
+def _check_regex(doc: _Located, pattern: str, path: Path_, *, at_key: bool) -> None:
+    if pattern.startswith("re:"):
+        try:
+            re.compile(pattern[3:])
+        except re.error as e:
+            raise doc.error(path, f"invalid regular expression: {e}", at_key=at_key) from e
+
+
 def _check_document(doc: _Located) -> None:
     value = _check_keys(doc, doc.value, (), _TOP_KEYS)
     if "version" in value and value["version"] != CONFIG_VERSION:
@@ -231,14 +242,21 @@ def _check_document(doc: _Located) -> None:
         _check_keys(doc, entries, (section,), set(entries))
         for key, entry in entries.items():
             _check_node_scheme(doc, entry, (section, key))
-            if key.startswith("re:"):
-                try:
-                    re.compile(key[3:])
-                except re.error as e:
-                    raise doc.error((section, key), f"invalid regular expression: {e}", at_key=True) from e
+            _check_regex(doc, key, (section, key), at_key=True)
     exclude = value.get("exclude", [])
     if exclude is not None and (not isinstance(exclude, list) or not all(isinstance(x, str) for x in exclude)):
         raise doc.error(("exclude",), "expected a list of node names")
+    for index, pattern in enumerate(exclude or []):
+        _check_regex(doc, pattern, ("exclude", str(index)), at_key=False)
+    for op_type in value.get("op_type") or {}:
+        if not onnx.defs.has(op_type):
+            close = difflib.get_close_matches(op_type, _ONNX_OPS, n=3)
+            raise doc.error(
+                ("op_type", op_type),
+                f"unknown ONNX op type '{op_type}'",
+                hint=f"did you mean {', '.join(close)}?" if close else "op types are case-sensitive",
+                at_key=True,
+            )
     calibration = value.get("calibration", {})
     if calibration is not None:
         _check_keys(doc, calibration, ("calibration",), _CALIBRATION_KEYS)

@@ -9,13 +9,14 @@ a time, in sorted order, so memory never holds the whole dataset.
 from __future__ import annotations
 
 import logging
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper
 
 from qtool.errors import QtoolError
 
@@ -50,7 +51,13 @@ def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
         if value.name in initializers:
             continue
         tensor_type = value.type.tensor_type
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        if not value.type.HasField("tensor_type") or tensor_type.elem_type == TensorProto.UNDEFINED:
+            raise QtoolError(f"model input '{value.name}' is not a tensor of a known type; qtool can only feed tensors")
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        except (KeyError, TypeError) as e:
+            name = TensorProto.DataType.Name(tensor_type.elem_type)
+            raise QtoolError(f"model input '{value.name}' has type {name}, which numpy samples cannot hold") from e
         dims: list[Dim] = []
         for d in tensor_type.shape.dim:
             if d.HasField("dim_value") and d.dim_value > 0:
@@ -101,7 +108,7 @@ class Dataset:
                 return {self.inputs[0].name: np.load(path, allow_pickle=False)}
             with np.load(path, allow_pickle=False) as archive:
                 return {key: archive[key] for key in archive.files}
-        except (OSError, ValueError, EOFError) as e:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
             raise QtoolError(f"{path}: cannot read sample: {e}") from e
 
     def _validate(self, path: Path, feed: Feed) -> Feed:

@@ -8,6 +8,7 @@ activation, weight and bias.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -15,6 +16,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from qtool.config import NodeScheme, QConfig, TensorScheme
+
+log = logging.getLogger(__name__)
 
 # Ops whose output may be folded into the quantized node's output: onnxruntime
 # removes a Relu that feeds a QuantizeLinear with zero point at the type's minimum.
@@ -177,6 +180,10 @@ def build_plan(model: onnx.ModelProto, config: QConfig) -> QuantPlan:
         if isinstance(roles, str):
             skipped.append((name, roles))
             continue
+        unknown = [t for t in roles.activations if t not in g.elem_types]
+        if unknown:
+            skipped.append((name, f"the type of input {unknown[0]} is unknown (shape inference could not tell)"))
+            continue
         not_float = [t for t in roles.activations if not g.is_float(t)]
         if roles.weight and g.initializers[roles.weight.name].data_type != TensorProto.FLOAT:
             not_float.append(roles.weight.name)
@@ -185,7 +192,15 @@ def build_plan(model: onnx.ModelProto, config: QConfig) -> QuantPlan:
             continue
         output = _output_to_quantize(node, g)
         for tensor in (*roles.activations, *([output] if output else [])):
-            activations.setdefault(tensor, scheme.activation)
+            chosen = activations.setdefault(tensor, scheme.activation)
+            if chosen != scheme.activation:
+                log.warning(
+                    "tensor %s: node %s asks for %s, but it is already quantized as %s (first use wins)",
+                    tensor,
+                    name,
+                    scheme.activation,
+                    chosen,
+                )
         weight = roles.weight
         if weight and not scheme.weight.per_channel:
             weight = WeightPlan(weight.name, None)

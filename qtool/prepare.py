@@ -18,6 +18,7 @@ from qtool.errors import QtoolError
 
 log = logging.getLogger(__name__)
 
+QDQ_MIN_OPSET = 10  # QuantizeLinear/DequantizeLinear exist from opset 10
 PER_CHANNEL_MIN_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear
 _CONSTANT_VALUE_ATTRS = ("value", "value_float", "value_floats", "value_int", "value_ints")
 
@@ -29,6 +30,7 @@ class PrepareReport:
     constants_to_initializers: int = 0
     folded_batchnorms: list[str] = field(default_factory=list)
     removed_initializers: int = 0
+    initializers_removed_from_inputs: int = 0
     opset_before: int = 0
     opset_after: int = 0
     shape_inference_error: str | None = None
@@ -56,6 +58,7 @@ def prepare_model(model: onnx.ModelProto, *, min_opset: int = 0) -> tuple[onnx.M
     prepared.CopyFrom(model)
     report = PrepareReport(opset_before=default_opset(prepared))
     report.constants_to_initializers = _constants_to_initializers(prepared.graph)
+    report.initializers_removed_from_inputs = _initializers_out_of_inputs(prepared)
     _name_unnamed_nodes(prepared.graph)
     if report.opset_before < min_opset:
         prepared = _upgrade_opset(prepared, report.opset_before, min_opset)
@@ -90,16 +93,34 @@ def _constants_to_initializers(graph: onnx.GraphProto) -> int:
     return moved
 
 
+def _initializers_out_of_inputs(model: onnx.ModelProto) -> int:
+    """Stop listing initializers as graph inputs, so they are treated as the constants they are.
+
+    IR < 4 models and PyTorch exports with ``keep_initializers_as_inputs=True`` list
+    every weight as an overridable input; nothing can be quantized or folded then.
+    """
+    graph = model.graph
+    initializers = {init.name for init in graph.initializer}
+    kept = [value for value in graph.input if value.name not in initializers]
+    removed = len(graph.input) - len(kept)
+    if removed:
+        del graph.input[:]
+        graph.input.extend(kept)
+        model.ir_version = max(model.ir_version, 4)  # IR 4 is the first where initializers need not be inputs
+    return removed
+
+
 def _name_unnamed_nodes(graph: onnx.GraphProto) -> None:
-    """Give every node a name, so configs, plans and reports can refer to it."""
-    taken = {node.name for node in graph.node if node.name}
+    """Give every node a unique name, so configs, plans and reports can refer to it."""
+    taken: set[str] = set()
     for index, node in enumerate(graph.node):
-        if not node.name:
-            name = f"{node.op_type}_{index}"
-            while name in taken:
-                name += "_"
-            node.name = name
-            taken.add(name)
+        name = node.name or f"{node.op_type}_{index}"
+        base, k = name, 1
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        node.name = name
+        taken.add(name)
 
 
 def _upgrade_opset(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto:
@@ -107,8 +128,9 @@ def _upgrade_opset(model: onnx.ModelProto, current: int, target: int) -> onnx.Mo
         upgraded = version_converter.convert_version(model, target)
     except Exception as e:  # the converter raises bare RuntimeError/ValidationError subclasses
         raise QtoolError(
-            f"cannot upgrade the model from opset {current} to {target}, which per-channel quantization needs: {e}",
-            hint="use 'granularity: per_tensor' for weights, or export the model with opset >= 13",
+            f"cannot upgrade the model from opset {current} to {target}, which Q/DQ quantization needs: {e}",
+            hint="export the model with a newer opset"
+            + (", or use 'granularity: per_tensor' for weights" if target == PER_CHANNEL_MIN_OPSET else ""),
         ) from e
     log.info("raised the model's opset from %d to %d", current, target)
     return upgraded
@@ -126,7 +148,7 @@ def _fold_batchnorms(graph: onnx.GraphProto) -> list[str]:
     """Fold inference-mode BatchNormalization into a Conv whose only consumer it is."""
     inits = {init.name: init for init in graph.initializer}
     consumers = _consumers(graph)
-    outputs = {o.name for o in graph.output}
+    outputs = {o.name for o in graph.output} | _subgraph_inputs(graph)  # names folding must not change
     producer = {out: node for node in graph.node for out in node.output}
     folded: list[str] = []
     removed: set[int] = set()
@@ -140,10 +162,10 @@ def _fold_batchnorms(graph: onnx.GraphProto) -> list[str]:
             continue
         if conv.input[1] not in inits or (len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits):
             continue
-        if len(consumers.get(conv.input[1], [])) != 1:
+        if len(consumers.get(conv.input[1], [])) != 1 or conv.input[1] in outputs:
             continue  # the weight is shared with another node: folding would change that node too
         attrs = {a.name: helper.get_attribute_value(a) for a in bn.attribute}
-        if attrs.get("training_mode", 0):
+        if attrs.get("training_mode", 0) or attrs.get("spatial", 1) == 0:
             continue
         eps = float(attrs.get("epsilon", 1e-5))
         gamma, beta, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in bn.input[1:])
@@ -154,7 +176,7 @@ def _fold_batchnorms(graph: onnx.GraphProto) -> list[str]:
         new_weight = (weight.astype(np.float64) * factor.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
         new_bias = ((bias - mean) * factor + beta).astype(weight.dtype)
         inits[conv.input[1]].CopyFrom(numpy_helper.from_array(new_weight, conv.input[1]))
-        if has_bias and len(consumers.get(conv.input[2], [])) == 1:
+        if has_bias and len(consumers.get(conv.input[2], [])) == 1 and conv.input[2] not in outputs:
             inits[conv.input[2]].CopyFrom(numpy_helper.from_array(new_bias, conv.input[2]))
         else:
             bias_name = _unique_name(f"{conv.name or conv.output[0]}/folded_bias", graph)

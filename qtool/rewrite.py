@@ -70,7 +70,12 @@ def activation_qparams(rmin: np.ndarray, rmax: np.ndarray, scheme: TensorScheme,
     return compute_qparams(rmin, rmax, quant_type(scheme.dtype), symmetric=scheme.symmetric, what=what)
 
 
+_INT32_MAX = float(np.iinfo(np.int32).max)
+
+
 class _Rewriter:
+    """One rewrite of one model; see the module docstring for the naming rules."""
+
     def __init__(self, model: onnx.ModelProto, plan: QuantPlan, act_qparams: dict[str, QParams]) -> None:
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
@@ -80,17 +85,17 @@ class _Rewriter:
         self.names = _Names(self.graph)
         self.inits = {i.name: i for i in self.graph.initializer}
         self.graph_inputs = {i.name for i in self.graph.input}
-        self.prologue: list[onnx.NodeProto] = []  # DQ of weights, Q/DQ of graph inputs
+        self.nodes = {n.name: n for n in self.graph.node}
+        self.planned_outputs = {n.output for n in plan.nodes if n.output}
+        self.prologue: list[onnx.NodeProto] = []  # DQ of weights, Q/DQ of graph inputs and constants
         self.after: dict[str, list[onnx.NodeProto]] = {}  # tensor -> Q/DQ to emit after its producer
-        self.renamed_inputs: dict[tuple[str, str], str] = {}  # (node, tensor) -> new input name
-        self.renamed_outputs: dict[str, str] = {}  # producer output renames
-        self.removed_inits: set[str] = set()
-        self.weight_done: dict[str, QParams] = {}
+        self.replaced: set[str] = set()  # float initializers replaced by integer ones (dropped once unread)
+        self.weights: dict[tuple[str, int | None, str, bool], tuple[str, QParams]] = {}
         self.report = RewriteReport()
-        self.use_count: dict[str, int] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in self.graph.node:
             for name in node.input:
-                self.use_count[name] = self.use_count.get(name, 0) + 1
+                self.consumers.setdefault(name, []).append(node)
 
     # -- helpers ------------------------------------------------------------
     def _add_qparam_inits(self, base: str, qp: QParams) -> tuple[str, str]:
@@ -115,22 +120,38 @@ class _Rewriter:
         scale, zero = self._add_qparam_inits(name, qp)
         self.prologue.append(self._dq_node(name, stored, scale, zero, output, qp.axis))
 
+    def _rename_input(self, node: onnx.NodeProto, old: str, new: str) -> None:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+
+    def _sole_reader(self, tensor: str, node_name: str) -> bool:
+        readers = self.consumers.get(tensor, [])
+        return tensor not in self.graph_inputs and all(n.name == node_name for n in readers)
+
     # -- roles --------------------------------------------------------------
-    def quantize_activation(self, tensor: str) -> None:
+    def quantize_activation(self, tensor: str, readers: list[str]) -> None:
+        """Insert one Q/DQ pair for ``tensor``.
+
+        The quantized output of a planned node is read by every consumer (what
+        onnxruntime needs to fuse the producer into an integer kernel). Any other
+        tensor (a graph input, a constant, the output of a float node) is only
+        rewired for the planned ``readers``; other consumers keep the float value.
+        """
         qp = self.act_qparams[tensor]
         scale, zero = self._add_qparam_inits(tensor, qp)
         quantized = self.names.new(f"{tensor}/quantized")
-        if tensor in self.graph_inputs:
-            source, output = tensor, self.names.new(f"{tensor}/dequantized")
-            for node in self.graph.node:
-                for i, name in enumerate(node.input):
-                    if name == tensor:
-                        node.input[i] = output
-            target = self.prologue
-        else:
+        produced_here = tensor not in self.graph_inputs and tensor not in self.inits
+        if tensor in self.planned_outputs and produced_here:
             source, output = self.names.new(f"{tensor}/float"), tensor
-            self.renamed_outputs[tensor] = source
-            target = self.after.setdefault(tensor, [])
+            producer = next(n for n in self.graph.node if tensor in n.output)
+            producer.output[list(producer.output).index(tensor)] = source
+        else:
+            source, output = tensor, self.names.new(f"{tensor}/dequantized")
+            for name in readers:
+                self._rename_input(self.nodes[name], tensor, output)
+        # Emitted right after whatever writes ``source`` (its producer), or first for inputs and constants.
+        target = self.after.setdefault(source, []) if produced_here else self.prologue
         target.append(
             helper.make_node(
                 "QuantizeLinear", [source, scale, zero], [quantized], name=self.names.new(f"{tensor}/QuantizeLinear")
@@ -139,44 +160,80 @@ class _Rewriter:
         target.append(self._dq_node(tensor, quantized, scale, zero, output, None))
         self.report.quantized_activations.append(tensor)
 
-    def quantize_weight(self, node: NodePlan) -> QParams:
-        assert node.weight is not None  # callers check; plans only list weights they own
-        name = node.weight.name
-        if name in self.weight_done:
-            return self.weight_done[name]
-        values = numpy_helper.to_array(self.inits[name])
-        qp = weight_qparams(values, node.scheme.weight, node.weight.axis, what=f"weight {name}")
-        self._replace_constant(name, quantize(values, qp), qp, name)
-        self.removed_inits.add(name)
-        self.weight_done[name] = qp
-        self.report.quantized_weights.append(name)
+    def _bias_scale_floor(self, weight: str, key: tuple[str, int | None, str, bool]) -> np.ndarray | None:
+        """Smallest weight scale per channel that keeps every int32 bias using ``weight`` from saturating."""
+        floor = None
+        for node in self.plan.nodes:
+            if node.weight is None or node.weight.name != weight or node.bias is None or not node.activations:
+                continue
+            if (node.weight.axis, node.scheme.weight.dtype, node.scheme.weight.symmetric) != key[1:]:
+                continue
+            bias = np.abs(numpy_helper.to_array(self.inits[node.bias]).astype(np.float64))
+            input_scale = float(self.act_qparams[node.activations[0]].scale)
+            need = bias / (input_scale * _INT32_MAX * 0.5)  # keep half the int32 range as headroom
+            floor = need if floor is None else np.maximum(floor, need)
+        if floor is not None and key[1] is None:
+            floor = np.asarray(floor.max())
+        return floor
+
+    def quantize_weight(self, node: NodePlan, weight_name: str, axis: int | None) -> QParams:
+        scheme = node.scheme.weight
+        key = (weight_name, axis, scheme.dtype, scheme.symmetric)
+        if key not in self.weights:
+            values = numpy_helper.to_array(self.inits[weight_name])
+            qp = weight_qparams(values, scheme, axis, what=f"weight {weight_name}")
+            floor = self._bias_scale_floor(weight_name, key)
+            if floor is not None and np.any(qp.scale < floor):
+                raised = np.maximum(qp.scale, floor).astype(np.float32)
+                qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis)
+            planned = {p.name for p in self.plan.nodes if p.weight and p.weight.name == weight_name}
+            readers = {n.name for n in self.consumers.get(weight_name, [])}
+            exclusive = readers <= planned and len(self._keys_for(weight_name)) == 1
+            # Only a weight read by nodes that all want the same scheme keeps its name.
+            output = weight_name if exclusive else self.names.new(f"{weight_name}/dequantized")
+            self._replace_constant(weight_name, quantize(values, qp), qp, output)
+            self.replaced.add(weight_name)
+            self.weights[key] = (output, qp)
+            self.report.quantized_weights.append(weight_name)
+        output, qp = self.weights[key]
+        if output != weight_name:
+            self._rename_input(self.nodes[node.name], weight_name, output)
         return qp
 
-    def quantize_bias(self, node: NodePlan, onnx_node: onnx.NodeProto, weight_qp: QParams) -> None:
-        assert node.bias is not None
+    def _keys_for(self, weight_name: str) -> set[tuple[int | None, str, bool]]:
+        return {
+            (p.weight.axis, p.scheme.weight.dtype, p.scheme.weight.symmetric)
+            for p in self.plan.nodes
+            if p.weight and p.weight.name == weight_name
+        }
+
+    def quantize_bias(self, node: NodePlan, weight_qp: QParams) -> None:
+        assert node.bias is not None  # the caller checks
         input_qp = self.act_qparams[node.activations[0]]
         values = numpy_helper.to_array(self.inits[node.bias])
         q, qp = quantize_bias(values, input_qp.scale, weight_qp.scale)
-        if self.use_count.get(node.bias, 0) == 1:
+        if self._sole_reader(node.bias, node.name):
             output = node.bias
-            self.removed_inits.add(node.bias)
         else:  # a shared bias: each node gets its own int32 copy under its own name
             output = self.names.new(f"{node.bias}/{node.name}")
-            self.renamed_inputs[(node.name, node.bias)] = output
+            self._rename_input(self.nodes[node.name], node.bias, output)
         self._replace_constant(output, q, qp, output)
+        self.replaced.add(node.bias)
         self.report.quantized_biases.append(node.bias)
 
     # -- driver -------------------------------------------------------------
     def run(self) -> tuple[onnx.ModelProto, RewriteReport]:
-        by_name = {n.name: n for n in self.graph.node}
-        for tensor in self.plan.activations:
-            self.quantize_activation(tensor)
+        readers: dict[str, list[str]] = {}
         for plan_node in self.plan.nodes:
-            onnx_node = by_name[plan_node.name]
+            for tensor in plan_node.activations:
+                readers.setdefault(tensor, []).append(plan_node.name)
+        for tensor in self.plan.activations:
+            self.quantize_activation(tensor, readers.get(tensor, []))
+        for plan_node in self.plan.nodes:
             if plan_node.weight is not None:
-                weight_qp = self.quantize_weight(plan_node)
+                weight_qp = self.quantize_weight(plan_node, plan_node.weight.name, plan_node.weight.axis)
                 if plan_node.bias is not None and plan_node.activations:
-                    self.quantize_bias(plan_node, onnx_node, weight_qp)
+                    self.quantize_bias(plan_node, weight_qp)
             self.report.quantized_nodes.append(plan_node.name)
         self._assemble()
         return self.model, self.report
@@ -184,19 +241,18 @@ class _Rewriter:
     def _assemble(self) -> None:
         nodes: list[onnx.NodeProto] = list(self.prologue)
         for node in self.graph.node:
-            for (owner, old), new in self.renamed_inputs.items():
-                if owner == node.name:
-                    for i, name in enumerate(node.input):
-                        if name == old:
-                            node.input[i] = new
             produced = list(node.output)
-            for i, name in enumerate(produced):
-                if name in self.renamed_outputs:
-                    node.output[i] = self.renamed_outputs[name]
             nodes.append(node)
             for name in produced:
                 nodes.extend(self.after.get(name, []))
-        kept_inits = [i for i in self.graph.initializer if i.name not in self.removed_inits]
+        read = {name for node in nodes for name in node.input} | {o.name for o in self.graph.output}
+        written = {name for node in nodes for name in node.output}
+        # A replaced float weight stays only while a float node still reads it under its own name.
+        kept_inits = [
+            i
+            for i in self.graph.initializer
+            if i.name not in self.replaced or (i.name in read and i.name not in written)
+        ]
         del self.graph.node[:]
         self.graph.node.extend(nodes)
         del self.graph.initializer[:]
@@ -227,9 +283,29 @@ def insert_qdq(
     return _Rewriter(model, plan, act_qparams).run()
 
 
-def check_quantized_model(model: onnx.ModelProto) -> None:
-    """Run onnx's full checker; a failure here is a qtool bug, not a user error."""
+def _full_check_error(model: onnx.ModelProto) -> str | None:
     try:
         onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        return str(e).strip().splitlines()[0]
+    return None
+
+
+def check_quantized_model(model: onnx.ModelProto, source: onnx.ModelProto) -> str | None:
+    """Run onnx's full checker on the quantized model.
+
+    If the float ``source`` model already fails the full check (a wrongly declared
+    output shape, say), the quantized model only has to pass the basic check, and
+    the source's problem is returned as a note. Any other failure is a qtool bug.
+    """
+    error = _full_check_error(model)
+    if error is None:
+        return None
+    source_error = _full_check_error(source)
+    if source_error is None:
+        raise RuntimeError(f"qtool produced a model that fails onnx.checker: {error}")
+    try:
+        onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         raise RuntimeError(f"qtool produced a model that fails onnx.checker: {e}") from e
+    return f"the input model fails onnx's full check ({source_error}); the output passed the basic check"

@@ -1,0 +1,127 @@
+"""A streaming histogram that grows its range without losing counts and merges exactly.
+
+The histogram covers ``[-R, R]`` with ``2 * bins`` bins of width ``w = R / bins``,
+where ``R`` is always a power of two. A value ``x`` falls in bin
+``floor(x / w) + bins``; since ``w`` is a power of two that division is exact.
+When a batch reaches past ``R``, the range doubles and every pair of adjacent
+bins folds into one: ``floor(floor(x / w) / 2) == floor(x / (2 w))``, so the
+counts are exactly what binning everything at the final resolution would give.
+Two histograms merge exactly by doubling the smaller range until both agree.
+That is what lets calibration shards run on different machines and still
+produce the single-run statistics.
+
+With ``axis`` set, one histogram per channel is kept in a 2-D array.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+DEFAULT_BINS = 2048
+
+
+def _pow2_at_least(value: float) -> float:
+    """Smallest power of two >= value (value > 0)."""
+    exponent = math.frexp(value)[1]  # value = m * 2**e with 0.5 <= m < 1
+    candidate = math.ldexp(1.0, exponent)
+    return candidate / 2 if candidate / 2 >= value else candidate
+
+
+class StreamingHistogram:
+    """Counts of values in ``2 * bins`` equal bins over ``[-R, R]``, R a power of two.
+
+    Args:
+        bins: bins per side of zero (a power of two, >= 8).
+        channels: ``None`` for one histogram, or the number of channels.
+    """
+
+    def __init__(self, bins: int = DEFAULT_BINS, channels: int | None = None) -> None:
+        if bins < 8 or bins & (bins - 1):
+            raise ValueError(f"histogram bins must be a power of two >= 8, got {bins}")
+        self.bins = bins
+        self.channels = channels
+        self.radius = 0.0  # R; 0 until a non-zero value is seen
+        shape = (2 * bins,) if channels is None else (channels, 2 * bins)
+        self.counts = np.zeros(shape, dtype=np.int64)
+
+    @property
+    def width(self) -> float:
+        return self.radius / self.bins
+
+    def _grow_to(self, radius: float) -> None:
+        """Double the range until it reaches ``radius``, folding bin pairs."""
+        if self.radius == 0.0:
+            self.radius = radius
+            return
+        while self.radius < radius:
+            pairs = self.counts.reshape(*self.counts.shape[:-1], self.bins, 2).sum(axis=-1)
+            grown = np.zeros_like(self.counts)
+            grown[..., self.bins // 2 : self.bins // 2 + self.bins] = pairs
+            self.counts = grown
+            self.radius *= 2
+
+    def add(self, values: np.ndarray) -> None:
+        """Count ``values``: a flat array, or ``(channels, n)`` when per-channel."""
+        if values.size == 0:
+            return
+        peak = float(np.max(np.abs(values)))
+        if peak > 0:
+            self._grow_to(_pow2_at_least(peak))
+        if self.radius == 0.0:
+            # Everything so far is exactly zero: count it in the bin just above zero.
+            index = np.full(values.shape, self.bins, dtype=np.int64)
+        else:
+            index = np.floor(values.astype(np.float64) * (1.0 / self.width)).astype(np.int64) + self.bins
+            np.clip(index, 0, 2 * self.bins - 1, out=index)  # x == R lands in the last bin
+        if self.channels is None:
+            self.counts += np.bincount(index.ravel(), minlength=2 * self.bins)
+        else:
+            offsets = (np.arange(self.channels, dtype=np.int64) * 2 * self.bins)[:, None]
+            flat = np.bincount((index + offsets).ravel(), minlength=self.channels * 2 * self.bins)
+            self.counts += flat.reshape(self.channels, 2 * self.bins)
+
+    def merge(self, other: StreamingHistogram) -> None:
+        """Add another histogram's counts (same bins and channels) exactly."""
+        if other.bins != self.bins or other.channels != self.channels:
+            raise ValueError("histograms with different bins or channels cannot be merged")
+        if other.radius == 0.0 and not other.counts.any():
+            return
+        aligned = StreamingHistogram(other.bins, other.channels)
+        aligned.radius, aligned.counts = other.radius, other.counts.copy()
+        target = max(self.radius, aligned.radius)
+        if target > 0:
+            self._grow_to(target)
+            aligned._grow_to(target)
+        self.counts += aligned.counts
+
+    def edges(self) -> np.ndarray:
+        """Bin edges, ``2 * bins + 1`` values from ``-R`` to ``R``."""
+        return (np.arange(2 * self.bins + 1, dtype=np.float64) - self.bins) * self.width
+
+    def state(self) -> dict[str, Any]:
+        """Sparse JSON state: only non-zero counts are stored."""
+        flat = self.counts.reshape(-1)
+        nonzero = np.flatnonzero(flat)
+        return {
+            "bins": self.bins,
+            "channels": self.channels,
+            "radius": self.radius,
+            "index": nonzero.tolist(),
+            "count": flat[nonzero].tolist(),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> StreamingHistogram:
+        hist = cls(int(state["bins"]), state["channels"])
+        hist.radius = float(state["radius"])
+        flat = hist.counts.reshape(-1)
+        flat[np.asarray(state["index"], dtype=np.int64)] = np.asarray(state["count"], dtype=np.int64)
+        return hist
+
+
+def fold_to_magnitude(counts: np.ndarray, bins: int) -> np.ndarray:
+    """Counts of |x| over ``[0, R]`` in ``bins`` bins (negative half mirrored onto the positive)."""
+    return counts[..., bins:] + counts[..., :bins][..., ::-1]
