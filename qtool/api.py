@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -16,7 +17,7 @@ from qtool.config import QConfig, load_config
 from qtool.dataset import Dataset, model_inputs
 from qtool.errors import QtoolError
 from qtool.model_io import file_sha256, load_model, model_size_bytes, same_file, save_model, write_text
-from qtool.observers import observer_class
+from qtool.observers import create_observer
 from qtool.plan import QuantPlan, build_plan
 from qtool.prepare import PER_CHANNEL_MIN_OPSET, QDQ_MIN_OPSET, PrepareReport, prepare_model
 from qtool.qparams import QParams
@@ -126,6 +127,7 @@ def calibrate(
     *,
     config_path: Path | str | None = None,
     observer: str | None = None,
+    observer_options: dict[str, Any] | None = None,
     batch_size: int | None = None,
     limit: int | None = None,
     progress: ProgressFactory | None = None,
@@ -136,7 +138,8 @@ def calibrate(
         model_path: the float ONNX model.
         data_dir: a dataset directory (see :class:`qtool.dataset.Dataset`).
         config_path: a QConfigDict YAML file; None for the built-in default.
-        observer: overrides ``calibration.observer`` of the config.
+        observer: overrides ``calibration.observer`` of the config (a name or package.module:Class).
+        observer_options: options for the observer, over those of the config.
         batch_size: overrides ``calibration.batch_size``.
         limit: overrides ``calibration.limit``.
         progress: receives progress updates (the CLI draws a bar).
@@ -150,6 +153,7 @@ def calibrate(
         config,
         data_dir,
         observer=observer,
+        observer_options=observer_options,
         batch_size=batch_size,
         limit=limit,
         progress=progress,
@@ -162,23 +166,27 @@ def _calibrate(
     data_dir: Path | str,
     *,
     observer: str | None,
+    observer_options: dict[str, Any] | None,
     batch_size: int | None,
     limit: int | None,
     progress: ProgressFactory | None,
 ) -> CalibrationStats:
-    observer = observer or config.calibration.observer
-    observer_class(observer)  # fail on an unknown name before any work
+    name = observer or config.calibration.observer
+    options = dict(config.calibration.observer_options) if name == config.calibration.observer else {}
+    options.update(observer_options or {})
+    create_observer(name, None, options)  # fail on an unknown name or option before any work
     dataset = _dataset(state.model, data_dir, limit or config.calibration.limit)
     advance = (progress or _noop_progress)("calibrating", len(dataset))
     observers, seen = collect_statistics(
         state.prepared,
         state.plan.activations,
         dataset,
-        observer=observer,
+        observer=name,
+        options=options,
         batch_size=batch_size or config.calibration.batch_size,
         on_progress=advance,
     )
-    return CalibrationStats(state.sha256, observer, seen, observers)
+    return CalibrationStats(state.sha256, name, seen, observers)
 
 
 def _activation_qparams(plan: QuantPlan, stats: CalibrationStats) -> dict[str, QParams]:
@@ -204,6 +212,7 @@ def quantize(
     stats_path: Path | str | None = None,
     data_dir: Path | str | None = None,
     observer: str | None = None,
+    observer_options: dict[str, Any] | None = None,
     batch_size: int | None = None,
     limit: int | None = None,
     evaluate: bool = True,
@@ -242,7 +251,14 @@ def quantize(
     else:
         assert data_dir is not None  # exactly one of the two, checked above
         stats = _calibrate(
-            state, config, data_dir, observer=observer, batch_size=batch_size, limit=limit, progress=progress
+            state,
+            config,
+            data_dir,
+            observer=observer,
+            observer_options=observer_options,
+            batch_size=batch_size,
+            limit=limit,
+            progress=progress,
         )
     act_qparams = _activation_qparams(state.plan, stats)
     quantized, rewrite_report = insert_qdq(state.prepared, state.plan, act_qparams)

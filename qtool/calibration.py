@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 
 from qtool.dataset import Dataset
 from qtool.errors import QtoolError
-from qtool.observers import Observer, observer_class
+from qtool.observers import Observer, create_observer
 from qtool.runtime import create_session, run_session
 
 STATS_FORMAT = "qtool-calibration-stats"
@@ -46,7 +46,7 @@ class CalibrationStats:
             "observer": self.observer,
             "samples": self.samples,
             "tensors": {
-                name: {"observer": obs.name, "axis": obs.axis, "state": obs.state()}
+                name: {"observer": obs.reference, "axis": obs.axis, "options": obs.options(), "state": obs.state()}
                 for name, obs in sorted(self.tensors.items())
             },
         }
@@ -68,7 +68,10 @@ class CalibrationStats:
         tensors: dict[str, Observer] = {}
         try:
             for name, entry in data["tensors"].items():
-                tensors[name] = observer_class(entry["observer"]).from_state(entry["state"], entry.get("axis"))
+                observer = create_observer(entry["observer"], entry.get("axis"), entry.get("options") or {})
+                if entry["state"]:
+                    observer.load_state(entry["state"])
+                tensors[name] = observer
             return cls(str(data["model_sha256"]), str(data["observer"]), int(data["samples"]), tensors)
         except QtoolError:
             raise
@@ -93,8 +96,7 @@ class CalibrationStats:
             raise QtoolError("cannot merge statistics of different models (model fingerprints differ)")
         merged: dict[str, Observer] = {}
         for name in sorted(set(self.tensors) | set(other.tensors)):
-            base = self.tensors.get(name) or other.tensors[name]
-            combined = type(base).from_state(base.state(), base.axis)
+            combined = (self.tensors.get(name) or other.tensors[name]).copy()
             if name in self.tensors and name in other.tensors:
                 combined.merge(other.tensors[name])
             merged[name] = combined
@@ -119,6 +121,7 @@ def collect_statistics(
     dataset: Dataset,
     *,
     observer: str,
+    options: dict[str, Any] | None = None,
     batch_size: int = 1,
     on_progress: ProgressCallback | None = None,
 ) -> tuple[dict[str, Observer], int]:
@@ -128,8 +131,7 @@ def collect_statistics(
         The observers by tensor name and the number of samples seen.
     """
     names = list(dict.fromkeys(tensors))
-    cls = observer_class(observer)
-    observers = {name: cls() for name in names}
+    observers = {name: create_observer(observer, None, options) for name in names}
     session = create_session(
         with_exposed_outputs(prepared, names),
         "the prepared float model",

@@ -97,6 +97,19 @@ def _run(action: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
+def _observer_options(pairs: list[str] | None) -> dict[str, Any]:
+    """Parse KEY=VALUE pairs; values are read as YAML scalars (numbers, booleans, strings)."""
+    import yaml
+
+    options: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise QtoolError(f"--observer-option expects KEY=VALUE, got '{pair}'")
+        options[key.strip()] = yaml.safe_load(value)
+    return options
+
+
 def _write_json(target: str, text: str) -> None:
     if target == "-":
         sys.stdout.write(text)
@@ -138,6 +151,13 @@ ObserverOption = Annotated[
         "--observer", help="Observer for activation ranges (default: calibration.observer of the config, minmax)."
     ),
 ]
+ObserverOptionsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--observer-option",
+        help="Observer option KEY=VALUE, repeatable (e.g. percentile=99.9, bins=4096); see 'qtool observers'.",
+    ),
+]
 BatchOption = Annotated[
     int | None,
     typer.Option(
@@ -167,6 +187,7 @@ def calibrate(
     output: Annotated[Path, typer.Option("--output", "-o", help="Statistics JSON file to write.")],
     config: ConfigOption = None,
     observer: ObserverOption = None,
+    observer_option: ObserverOptionsOption = None,
     batch_size: BatchOption = None,
     limit: LimitOption = None,
     json_out: JsonOption = None,
@@ -184,6 +205,7 @@ def calibrate(
                 data_dir,
                 config_path=config,
                 observer=observer,
+                observer_options=_observer_options(observer_option),
                 batch_size=batch_size,
                 limit=limit,
                 progress=progress,
@@ -215,6 +237,7 @@ def quantize(
         ),
     ] = None,
     observer: ObserverOption = None,
+    observer_option: ObserverOptionsOption = None,
     batch_size: BatchOption = None,
     limit: LimitOption = None,
     runs: RunsOption = 20,
@@ -236,6 +259,7 @@ def quantize(
                 stats_path=stats,
                 data_dir=data,
                 observer=observer,
+                observer_options=_observer_options(observer_option),
                 batch_size=batch_size,
                 limit=limit,
                 runs=runs,
@@ -279,15 +303,17 @@ def compare(
 
 
 @app.command()
-def observers() -> None:
-    """List the observers available to --observer and calibration.observer."""
+def observers(json_out: JsonOption = None) -> None:
+    """List the observers for --observer and calibration.observer: built-ins and installed plugins."""
 
     def action() -> None:
-        from qtool.observers import available_observers
+        from qtool.observers import describe_observers
+        from qtool.report import render_observers, to_json
 
-        for name, cls in available_observers().items():
-            summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-            out_console.print(f"[bold]{name}[/bold]  {summary}")
+        rows = describe_observers()
+        render_observers(err_console if json_out == "-" else out_console, rows)
+        if json_out:
+            _write_json(json_out, to_json({"schema_version": 1, "observers": rows}))
 
     _run(action)
 

@@ -63,6 +63,7 @@ class CalibrationSettings:
     observer: str
     batch_size: int
     limit: int | None
+    observer_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,30 @@ def _check_regex(doc: _Located, pattern: str, path: Path_, *, at_key: bool) -> N
             raise doc.error(path, f"invalid regular expression: {e}", at_key=at_key) from e
 
 
+def _split_observer(value: Any) -> tuple[str, dict[str, Any]]:
+    """``name`` or ``{name: ..., option: value}`` -> (name, options)."""
+    if isinstance(value, str):
+        return value, {}
+    options = dict(value)
+    return options.pop("name"), options
+
+
+def _check_observer(doc: _Located, value: Any, path: Path_) -> None:
+    """An observer is a name, or a mapping with ``name`` and its options; both must resolve."""
+    from qtool.observers import create_observer  # the registry imports nothing of config
+
+    if isinstance(value, dict):
+        if not isinstance(value.get("name"), str):
+            raise doc.error(path, "an observer mapping needs 'name: <observer>'")
+    elif not isinstance(value, str):
+        raise doc.error(path, f"expected an observer name or a mapping with 'name', got {value!r}")
+    name, options = _split_observer(value)
+    try:
+        create_observer(name, None, options)
+    except QtoolError as e:
+        raise doc.error(path, e.message, hint=e.hint) from e
+
+
 def _check_document(doc: _Located) -> None:
     value = _check_keys(doc, doc.value, (), _TOP_KEYS)
     if "version" in value and value["version"] != CONFIG_VERSION:
@@ -260,8 +285,8 @@ def _check_document(doc: _Located) -> None:
     calibration = value.get("calibration", {})
     if calibration is not None:
         _check_keys(doc, calibration, ("calibration",), _CALIBRATION_KEYS)
-        if "observer" in calibration and not isinstance(calibration["observer"], str):
-            raise doc.error(("calibration", "observer"), "expected an observer name")
+        if "observer" in calibration:
+            _check_observer(doc, calibration["observer"], ("calibration", "observer"))
         for key in ("batch_size", "limit"):
             number = calibration.get(key)
             if number is None and key == "limit":
@@ -321,7 +346,12 @@ def _build(raw: dict[str, Any], source: str) -> QConfig:
         op_type=dict(raw.get("op_type") or {}),
         node_name=dict(raw.get("node_name") or {}),
         exclude=tuple(raw.get("exclude") or ()),
-        calibration=CalibrationSettings(observer=cal["observer"], batch_size=cal["batch_size"], limit=cal["limit"]),
+        calibration=CalibrationSettings(
+            observer=_split_observer(cal["observer"])[0],
+            batch_size=cal["batch_size"],
+            limit=cal["limit"],
+            observer_options=_split_observer(cal["observer"])[1],
+        ),
         source=source,
         raw=raw,
     )

@@ -160,6 +160,18 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
         console.print(table)
 
 
+def render_observers(console: Console, rows: list[dict[str, Any]]) -> None:
+    """Print the observer listing."""
+    table = Table(title="observers", title_justify="left")
+    for column in ("name", "source", "options (defaults)", "what it does"):
+        table.add_column(column)
+    for row in rows:
+        options = row["options"]
+        shown = "see the plugin" if options is None else ", ".join(f"{k}={v}" for k, v in options.items()) or "-"
+        table.add_row(row["name"], row["source"], shown, row["summary"])
+    console.print(table)
+
+
 def render_quantize(console: Console, result: QuantizeResult) -> None:
     """Print what quantize did, then the comparison when there is one."""
     r = result.rewrite

@@ -2,32 +2,57 @@
 
 An observer only collects statistics of the tensors it is shown; turning its
 range into scale and zero point is :func:`qtool.qparams.compute_qparams`'s job.
-Observers must be mergeable (calibration shards combine exactly) and
-serialisable to JSON (statistics are written between ``calibrate`` and
-``quantize``).
+
+Contract (what a third-party observer implements):
+
+* ``name`` - a class attribute, the name users type.
+* ``__init__(self, axis=None, **options)`` - keyword options with defaults;
+  ``options()`` returns them so they can be written next to the state.
+* ``observe(batch)`` - update the statistics with one batch (a numpy array).
+* ``merge(other)`` - fold in another observer of the same kind and options.
+* ``state()`` / ``load_state(state)`` - JSON-serialisable statistics and back.
+* ``range(bits, symmetric)`` - the (min, max) to quantize to, scalars or one
+  value per channel when ``axis`` is set.
+
+Observers are found by built-in name, by the name of an installed plugin (the
+``qtool.observers`` entry-point group) or by a ``package.module:ClassName``
+reference. Plugins are imported only when a config or command names them.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import logging
 from abc import ABC, abstractmethod
+from importlib import metadata
 from typing import Any, ClassVar
 
 import numpy as np
 
 from qtool.errors import QtoolError
 
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "qtool.observers"
+
 
 class Observer(ABC):
     """Collects statistics of one tensor across calibration batches.
 
-    Subclasses set ``name`` and implement the abstract methods. ``axis`` selects
-    per-channel statistics along that axis; ``None`` means per-tensor.
+    ``axis`` selects per-channel statistics along that axis; ``None`` means
+    per-tensor.
     """
 
     name: ClassVar[str]
 
     def __init__(self, axis: int | None = None) -> None:
         self.axis = axis
+        self.reference = self.name  # how it was asked for: a name or package.module:ClassName
+
+    def options(self) -> dict[str, Any]:
+        """The keyword options this observer was built with (JSON-serialisable)."""
+        return {}
 
     @abstractmethod
     def observe(self, batch: np.ndarray) -> None:
@@ -39,26 +64,42 @@ class Observer(ABC):
 
     @abstractmethod
     def state(self) -> dict[str, Any]:
-        """JSON-serialisable state, restorable with :meth:`from_state`."""
+        """JSON-serialisable statistics; an empty dict before any data."""
 
-    @classmethod
     @abstractmethod
-    def from_state(cls, state: dict[str, Any], axis: int | None = None) -> Observer:
-        """Rebuild an observer from :meth:`state`'s output."""
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore statistics written by :meth:`state`."""
 
     @abstractmethod
     def range(self, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
         """The (min, max) range to quantize to ``bits`` bits; arrays per channel when ``axis`` is set."""
+
+    @classmethod
+    def from_state(
+        cls, state: dict[str, Any], axis: int | None = None, options: dict[str, Any] | None = None
+    ) -> Observer:
+        """Build an observer with ``options`` and load ``state`` into it."""
+        observer = cls(axis=axis, **(options or {}))
+        if state:
+            observer.load_state(state)
+        return observer
 
     @property
     def empty(self) -> bool:
         """True before the first batch was observed."""
         return not self.state()
 
+    def copy(self) -> Observer:
+        """An independent observer with the same options and statistics."""
+        twin = type(self).from_state(self.state(), self.axis, self.options())
+        twin.reference = self.reference
+        return twin
+
     def _check_same_kind(self, other: Observer) -> None:
-        if type(other) is not type(self) or other.axis != self.axis:
+        if type(other) is not type(self) or other.axis != self.axis or other.options() != self.options():
             raise QtoolError(
-                f"cannot merge observer '{other.name}' (axis={other.axis}) into '{self.name}' (axis={self.axis})",
+                f"cannot merge observer '{other.name}' (axis={other.axis}, {other.options()}) into "
+                f"'{self.name}' (axis={self.axis}, {self.options()})",
                 hint="merge statistics produced with the same observer settings",
             )
 
@@ -72,14 +113,100 @@ def register_observer(cls: type[Observer]) -> type[Observer]:
     return cls
 
 
-def available_observers() -> dict[str, type[Observer]]:
-    """All observers known by name, sorted by name."""
+def builtin_observers() -> dict[str, type[Observer]]:
+    """The observers shipped with qtool, sorted by name."""
     return dict(sorted(_BUILTIN.items()))
 
 
-def observer_class(name: str) -> type[Observer]:
-    """Find an observer class by name, with an error that lists the known ones."""
-    known = available_observers()
-    if name not in known:
-        raise QtoolError(f"unknown observer '{name}'", hint=f"available observers: {', '.join(known)}")
-    return known[name]
+def plugin_entry_points() -> dict[str, metadata.EntryPoint]:
+    """Installed observer plugins by name (read from package metadata, nothing imported)."""
+    found = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return dict(sorted(found.items()))
+
+
+def available_observers() -> dict[str, type[Observer]]:
+    """Built-in observers by name (plugins: see :func:`plugin_entry_points`)."""
+    return builtin_observers()
+
+
+def observer_options(cls: type[Observer]) -> dict[str, Any]:
+    """An observer class's keyword options and their defaults."""
+    parameters = inspect.signature(cls.__init__).parameters
+    return {
+        name: (None if p.default is inspect.Parameter.empty else p.default)
+        for name, p in parameters.items()
+        if name not in ("self", "axis") and p.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+
+
+def describe_observers() -> list[dict[str, Any]]:
+    """Built-in observers and installed plugins, for listings (plugins are not imported)."""
+    rows: list[dict[str, Any]] = []
+    for name, cls in builtin_observers().items():
+        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        rows.append({"name": name, "source": "built-in", "summary": summary, "options": observer_options(cls)})
+    for name, ep in plugin_entry_points().items():
+        dist = ep.dist.name if ep.dist is not None else "unknown package"
+        rows.append({"name": name, "source": f"plugin ({dist})", "summary": ep.value, "options": None})
+    return rows
+
+
+def _checked(cls: Any, reference: str) -> type[Observer]:
+    if not (inspect.isclass(cls) and issubclass(cls, Observer)):
+        raise QtoolError(f"observer '{reference}' is not a subclass of qtool.observers.Observer")
+    return cls
+
+
+def _import_reference(reference: str) -> type[Observer]:
+    module_name, _, attribute = reference.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # any import failure of user code is reported the same way
+        raise QtoolError(f"cannot import observer module '{module_name}': {type(e).__name__}: {e}") from e
+    try:
+        return _checked(getattr(module, attribute), reference)
+    except AttributeError:
+        raise QtoolError(f"module '{module_name}' has no observer class '{attribute}'") from None
+
+
+def observer_class(reference: str) -> type[Observer]:
+    """Find an observer by built-in name, plugin name or ``package.module:ClassName``.
+
+    Raises:
+        QtoolError: unknown name (the message lists the known ones) or a broken plugin.
+    """
+    if reference in _BUILTIN:
+        return _BUILTIN[reference]
+    if ":" in reference:
+        return _import_reference(reference)
+    plugins = plugin_entry_points()
+    if reference in plugins:
+        try:
+            return _checked(plugins[reference].load(), reference)
+        except QtoolError:
+            raise
+        except Exception as e:  # a broken plugin must not take qtool down with a traceback
+            raise QtoolError(f"observer plugin '{reference}' failed to load: {type(e).__name__}: {e}") from e
+    known = [*_BUILTIN, *plugins]
+    raise QtoolError(
+        f"unknown observer '{reference}'",
+        hint=f"available observers: {', '.join(sorted(known))}; or give package.module:ClassName",
+    )
+
+
+def create_observer(reference: str, axis: int | None = None, options: dict[str, Any] | None = None) -> Observer:
+    """Build an observer, with a clear error for options it does not take."""
+    cls = observer_class(reference)
+    accepted = list(observer_options(cls))
+    unknown = sorted(set(options or {}) - set(accepted))
+    if unknown:
+        raise QtoolError(
+            f"observer '{reference}' has no option '{unknown[0]}'",
+            hint=f"its options: {', '.join(accepted)}" if accepted else "it takes no options",
+        )
+    try:
+        observer = cls(axis=axis, **(options or {}))
+    except (TypeError, ValueError) as e:
+        raise QtoolError(f"observer '{reference}': {e}") from e
+    observer.reference = reference
+    return observer

@@ -120,8 +120,3 @@ class StreamingHistogram:
         flat = hist.counts.reshape(-1)
         flat[np.asarray(state["index"], dtype=np.int64)] = np.asarray(state["count"], dtype=np.int64)
         return hist
-
-
-def fold_to_magnitude(counts: np.ndarray, bins: int) -> np.ndarray:
-    """Counts of |x| over ``[0, R]`` in ``bins`` bins (negative half mirrored onto the positive)."""
-    return counts[..., bins:] + counts[..., :bins][..., ::-1]

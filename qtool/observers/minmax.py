@@ -1,4 +1,4 @@
-"""The min-max observer: the running minimum and maximum of everything seen."""
+"""Min-max observers: the exact running extremes, and their exponential moving average."""
 
 from __future__ import annotations
 
@@ -6,22 +6,13 @@ from typing import Any
 
 import numpy as np
 
+from qtool.observers._reduce import reduce_min_max
 from qtool.observers.base import Observer, register_observer
-
-
-def _reduce(batch: np.ndarray, axis: int | None, fn: Any) -> np.ndarray:
-    if axis is None:
-        return np.asarray(fn(batch), dtype=np.float64)
-    axes = tuple(i for i in range(batch.ndim) if i != axis % batch.ndim)
-    return np.asarray(fn(batch, axis=axes), dtype=np.float64)
 
 
 @register_observer
 class MinMaxObserver(Observer):
-    """Tracks the exact minimum and maximum; the range is those two values.
-
-    Exact and cheap, but one outlier stretches the range for every value.
-    """
+    """Exact running minimum and maximum; one outlier stretches the range for every value."""
 
     name = "minmax"
 
@@ -33,7 +24,7 @@ class MinMaxObserver(Observer):
     def observe(self, batch: np.ndarray) -> None:
         if batch.size == 0:
             return
-        lo, hi = _reduce(batch, self.axis, np.min), _reduce(batch, self.axis, np.max)
+        lo, hi = reduce_min_max(batch, self.axis)
         self.min = lo if self.min is None else np.minimum(self.min, lo)
         self.max = hi if self.max is None else np.maximum(self.max, hi)
 
@@ -50,13 +41,75 @@ class MinMaxObserver(Observer):
             return {}
         return {"min": self.min.tolist(), "max": self.max.tolist()}
 
-    @classmethod
-    def from_state(cls, state: dict[str, Any], axis: int | None = None) -> MinMaxObserver:
-        observer = cls(axis)
-        if state:
-            observer.min = np.asarray(state["min"], dtype=np.float64)
-            observer.max = np.asarray(state["max"], dtype=np.float64)
-        return observer
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.min = np.asarray(state["min"], dtype=np.float64)
+        self.max = np.asarray(state["max"], dtype=np.float64)
+
+    def range(self, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+        if self.min is None or self.max is None:
+            raise ValueError("range() called on an observer that saw no data")
+        return self.min, self.max
+
+
+@register_observer
+class MovingAverageObserver(Observer):
+    """Exponential moving average of each batch's min and max.
+
+    With averaging constant c (default 0.01):
+    ``range = (1 - c) * range + c * batch_range`` after the first batch, which
+    sets it. Damps batches with outliers; depends on batch order and size, so
+    merging two shards weights their averages by the number of batches each saw
+    (an approximation, unlike the histogram observers' exact merge).
+    """
+
+    name = "moving_average"
+
+    def __init__(self, axis: int | None = None, averaging_constant: float = 0.01) -> None:
+        super().__init__(axis)
+        if not 0.0 < averaging_constant <= 1.0:
+            raise ValueError(f"averaging_constant must be in (0, 1], got {averaging_constant}")
+        self.averaging_constant = float(averaging_constant)
+        self.min: np.ndarray | None = None
+        self.max: np.ndarray | None = None
+        self.batches = 0
+
+    def options(self) -> dict[str, Any]:
+        return {"averaging_constant": self.averaging_constant}
+
+    def observe(self, batch: np.ndarray) -> None:
+        if batch.size == 0:
+            return
+        lo, hi = reduce_min_max(batch, self.axis)
+        if self.min is None or self.max is None:
+            self.min, self.max = lo, hi
+        else:
+            c = self.averaging_constant
+            self.min = self.min + c * (lo - self.min)
+            self.max = self.max + c * (hi - self.max)
+        self.batches += 1
+
+    def merge(self, other: Observer) -> None:
+        self._check_same_kind(other)
+        assert isinstance(other, MovingAverageObserver)
+        if other.min is None or other.max is None:
+            return
+        if self.min is None or self.max is None:
+            self.min, self.max, self.batches = other.min.copy(), other.max.copy(), other.batches
+            return
+        total = self.batches + other.batches
+        self.min = (self.min * self.batches + other.min * other.batches) / total
+        self.max = (self.max * self.batches + other.max * other.batches) / total
+        self.batches = total
+
+    def state(self) -> dict[str, Any]:
+        if self.min is None or self.max is None:
+            return {}
+        return {"min": self.min.tolist(), "max": self.max.tolist(), "batches": self.batches}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.min = np.asarray(state["min"], dtype=np.float64)
+        self.max = np.asarray(state["max"], dtype=np.float64)
+        self.batches = int(state["batches"])
 
     def range(self, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
         if self.min is None or self.max is None:

@@ -1,0 +1,105 @@
+"""Shared machinery of the observers that choose a range from a histogram."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import numpy as np
+
+from qtool.observers._reduce import channels_first
+from qtool.observers.base import Observer
+from qtool.observers.histogram import DEFAULT_BINS, StreamingHistogram
+from qtool.observers.minmax import MinMaxObserver
+
+
+class HistogramObserver(Observer):
+    """Keeps a :class:`StreamingHistogram` (one per channel with ``axis``) and the exact min/max.
+
+    Subclasses implement :meth:`_range_1d`, which picks a range from one
+    histogram. Non-finite values are left out of the histogram; they still reach
+    the min/max, so the range becomes non-finite and quantization reports it.
+    ``bins`` counts the bins on each side of zero.
+    """
+
+    def __init__(self, axis: int | None = None, bins: int = DEFAULT_BINS) -> None:
+        super().__init__(axis)
+        StreamingHistogram(bins)  # validates bins before any data arrives
+        self.bins = int(bins)
+        self.histogram: StreamingHistogram | None = None
+        self.extremes = MinMaxObserver(axis)
+
+    def options(self) -> dict[str, Any]:
+        return {"bins": self.bins}
+
+    def observe(self, batch: np.ndarray) -> None:
+        if batch.size == 0:
+            return
+        flat = channels_first(batch, self.axis)
+        if self.histogram is None:
+            self.histogram = StreamingHistogram(self.bins, None if self.axis is None else flat.shape[0])
+        if not np.all(np.isfinite(flat)):
+            flat = np.where(np.isfinite(flat), flat, 0.0)
+        self.histogram.add(flat)
+        self.extremes.observe(batch)
+
+    def merge(self, other: Observer) -> None:
+        self._check_same_kind(other)
+        assert isinstance(other, HistogramObserver)
+        if other.histogram is None:
+            return
+        if self.histogram is None:
+            self.load_state(other.state())
+            return
+        self.histogram.merge(other.histogram)
+        self.extremes.merge(other.extremes)
+
+    def state(self) -> dict[str, Any]:
+        if self.histogram is None:
+            return {}
+        return {"histogram": self.histogram.state(), **self.extremes.state()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.histogram = StreamingHistogram.from_state(state["histogram"])
+        self.extremes.load_state(state)
+
+    def range(self, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+        if self.histogram is None:
+            raise ValueError("range() called on an observer that saw no data")
+        lo, hi = self.extremes.range(bits, symmetric)
+        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+            return lo, hi  # compute_qparams reports the non-finite range with the tensor's name
+        counts = self.histogram.counts
+        width = self.histogram.width
+        if self.axis is None:
+            low, high = self._range_1d(counts, width, float(lo), float(hi), bits, symmetric)
+            return np.asarray(low), np.asarray(high)
+        pairs = [
+            self._range_1d(counts[c], width, float(lo[c]), float(hi[c]), bits, symmetric) for c in range(len(counts))
+        ]
+        return np.asarray([p[0] for p in pairs]), np.asarray([p[1] for p in pairs])
+
+    @abstractmethod
+    def _range_1d(
+        self, counts: np.ndarray, width: float, lo: float, hi: float, bits: int, symmetric: bool
+    ) -> tuple[float, float]:
+        """Pick (min, max) from one histogram of ``2 * bins`` counts of bin ``width`` centred on zero."""
+
+
+def magnitude_counts(counts: np.ndarray, bins: int) -> np.ndarray:
+    """Counts of |x| in ``bins`` bins from 0 up (the negative half mirrored onto the positive)."""
+    return counts[bins:] + counts[:bins][::-1]
+
+
+def value_at_fraction(counts: np.ndarray, start: float, width: float, fraction: float) -> float:
+    """The value below which ``fraction`` of the histogram's mass lies (linear inside a bin)."""
+    total = counts.sum()
+    if total == 0:
+        return start
+    cdf = np.cumsum(counts)
+    target = fraction * total
+    index = int(np.searchsorted(cdf, target, side="left"))
+    index = min(index, len(counts) - 1)
+    before = cdf[index - 1] if index else 0
+    inside = (target - before) / counts[index] if counts[index] else 0.0
+    return start + (index + float(np.clip(inside, 0.0, 1.0))) * width
