@@ -117,10 +117,6 @@ def _prepare(model_path: Path, config: QConfig) -> _Prepared:
     return _Prepared(model, prepared, plan, report, file_sha256(model_path))
 
 
-def _dataset(model: onnx.ModelProto, data_dir: Path | str, limit: int | None) -> Dataset:
-    return Dataset(data_dir, model_inputs(model), limit=limit)
-
-
 def calibrate(
     model_path: Path | str,
     data_dir: Path | str,
@@ -130,6 +126,8 @@ def calibrate(
     observer_options: dict[str, Any] | None = None,
     batch_size: int | None = None,
     limit: int | None = None,
+    shard: tuple[int, int] | None = None,
+    skip_nonfinite: bool = False,
     progress: ProgressFactory | None = None,
 ) -> CalibrationStats:
     """Observe every activation the quantizer needs over a dataset.
@@ -142,6 +140,8 @@ def calibrate(
         observer_options: options for the observer, over those of the config.
         batch_size: overrides ``calibration.batch_size``.
         limit: overrides ``calibration.limit``.
+        shard: ``(k, n)``: observe only the k-th of n interleaved shards of the samples.
+        skip_nonfinite: skip samples with NaN/Inf (counted in ``stats.skipped``) instead of failing.
         progress: receives progress updates (the CLI draws a bar).
 
     Returns:
@@ -156,8 +156,15 @@ def calibrate(
         observer_options=observer_options,
         batch_size=batch_size,
         limit=limit,
+        shard=shard,
+        skip_nonfinite=skip_nonfinite,
         progress=progress,
     )
+
+
+def merge_stats(paths: list[Path | str]) -> CalibrationStats:
+    """Merge statistics files of dataset shards into the statistics of the whole dataset."""
+    return CalibrationStats.merge_all([CalibrationStats.read(p) for p in paths])
 
 
 def _calibrate(
@@ -170,12 +177,21 @@ def _calibrate(
     batch_size: int | None,
     limit: int | None,
     progress: ProgressFactory | None,
+    shard: tuple[int, int] | None = None,
+    skip_nonfinite: bool = False,
 ) -> CalibrationStats:
     name = observer or config.calibration.observer
     options = dict(config.calibration.observer_options) if name == config.calibration.observer else {}
     options.update(observer_options or {})
     create_observer(name, None, options)  # fail on an unknown name or option before any work
-    dataset = _dataset(state.model, data_dir, limit or config.calibration.limit)
+    dataset = Dataset(
+        data_dir,
+        model_inputs(state.model),
+        limit=limit or config.calibration.limit,
+        shard=shard,
+        preprocess=config.preprocess,
+        skip_nonfinite=skip_nonfinite,
+    )
     advance = (progress or _noop_progress)("calibrating", len(dataset))
     observers, seen = collect_statistics(
         state.prepared,
@@ -186,7 +202,9 @@ def _calibrate(
         batch_size=batch_size or config.calibration.batch_size,
         on_progress=advance,
     )
-    return CalibrationStats(state.sha256, name, seen, observers)
+    return CalibrationStats(
+        state.sha256, name, seen, observers, f"{shard[0]}/{shard[1]}" if shard else None, len(dataset.skipped)
+    )
 
 
 def _activation_qparams(plan: QuantPlan, stats: CalibrationStats) -> dict[str, QParams]:
@@ -215,6 +233,7 @@ def quantize(
     observer_options: dict[str, Any] | None = None,
     batch_size: int | None = None,
     limit: int | None = None,
+    skip_nonfinite: bool = False,
     evaluate: bool = True,
     runs: int = 20,
     warmup: int = 3,
@@ -259,6 +278,7 @@ def quantize(
             batch_size=batch_size,
             limit=limit,
             progress=progress,
+            skip_nonfinite=skip_nonfinite,
         )
     act_qparams = _activation_qparams(state.plan, stats)
     quantized, rewrite_report = insert_qdq(state.prepared, state.plan, act_qparams)
@@ -286,7 +306,16 @@ def quantize(
         result.notes.append(f"shape inference failed and was skipped: {state.report.shape_inference_error}")
     if data_dir is not None and evaluate:
         result.comparison = compare(
-            model_path, output_path, data_dir, runs=runs, warmup=warmup, threads=threads, limit=limit, progress=progress
+            model_path,
+            output_path,
+            data_dir,
+            runs=runs,
+            warmup=warmup,
+            threads=threads,
+            limit=limit,
+            config_path=config_path,
+            skip_nonfinite=skip_nonfinite,
+            progress=progress,
         )
     return result
 
@@ -300,6 +329,8 @@ def compare(
     warmup: int = 5,
     threads: int | None = None,
     limit: int | None = None,
+    config_path: Path | str | None = None,
+    skip_nonfinite: bool = False,
     progress: ProgressFactory | None = None,
 ) -> ComparisonResult:
     """Compare a candidate model with its reference: size, accuracy and CPU latency.
@@ -312,6 +343,8 @@ def compare(
         warmup: untimed runs per model before timing.
         threads: onnxruntime intra-op threads (None: onnxruntime's default).
         limit: use only the first N samples for accuracy.
+        config_path: a QConfigDict whose ``preprocess:`` block turns images into inputs.
+        skip_nonfinite: skip samples with NaN/Inf instead of failing.
         progress: receives progress updates.
     """
     if runs < 0 or warmup < 0:
@@ -326,7 +359,8 @@ def compare(
             f"{candidate_path} and {reference_path} have different inputs",
             hint="compare a quantized model with the float model it came from",
         )
-    dataset = Dataset(data_dir, inputs, limit=limit)
+    preprocess = load_config(config_path).preprocess if config_path else None
+    dataset = Dataset(data_dir, inputs, limit=limit, preprocess=preprocess, skip_nonfinite=skip_nonfinite)
     reference = create_session(reference_path, str(reference_path), threads=threads)
     candidate = create_session(candidate_path, str(candidate_path), threads=threads)
     factory = progress or _noop_progress

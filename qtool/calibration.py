@@ -37,6 +37,8 @@ class CalibrationStats:
     observer: str
     samples: int
     tensors: dict[str, Observer]
+    shard: str | None = None  # "K/N" for one shard of a dataset, None for a whole one
+    skipped: int = 0  # samples left out for holding NaN/Inf
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -45,6 +47,8 @@ class CalibrationStats:
             "model_sha256": self.model_sha256,
             "observer": self.observer,
             "samples": self.samples,
+            "shard": self.shard,
+            "skipped": self.skipped,
             "tensors": {
                 name: {"observer": obs.reference, "axis": obs.axis, "options": obs.options(), "state": obs.state()}
                 for name, obs in sorted(self.tensors.items())
@@ -72,7 +76,14 @@ class CalibrationStats:
                 if entry["state"]:
                     observer.load_state(entry["state"])
                 tensors[name] = observer
-            return cls(str(data["model_sha256"]), str(data["observer"]), int(data["samples"]), tensors)
+            return cls(
+                str(data["model_sha256"]),
+                str(data["observer"]),
+                int(data["samples"]),
+                tensors,
+                data.get("shard"),
+                int(data.get("skipped", 0)),
+            )
         except QtoolError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -90,17 +101,33 @@ class CalibrationStats:
             raise QtoolError(f"cannot read statistics file {path}: {e}") from e
         return cls.from_dict(data, str(path))
 
+    @classmethod
+    def merge_all(cls, parts: list[CalibrationStats]) -> CalibrationStats:
+        """Merge the statistics of several shards (in any order) into one."""
+        if not parts:
+            raise QtoolError("nothing to merge")
+        merged = parts[0]
+        for part in parts[1:]:
+            merged = merged.merge(part)
+        return CalibrationStats(
+            merged.model_sha256, merged.observer, merged.samples, merged.tensors, None, merged.skipped
+        )
+
     def merge(self, other: CalibrationStats) -> CalibrationStats:
         """Combine the statistics of two shards of one dataset into new stats."""
         if other.model_sha256 != self.model_sha256:
             raise QtoolError("cannot merge statistics of different models (model fingerprints differ)")
+        if other.observer != self.observer:
+            raise QtoolError(f"cannot merge statistics of observer '{other.observer}' into '{self.observer}'")
         merged: dict[str, Observer] = {}
         for name in sorted(set(self.tensors) | set(other.tensors)):
             combined = (self.tensors.get(name) or other.tensors[name]).copy()
             if name in self.tensors and name in other.tensors:
                 combined.merge(other.tensors[name])
             merged[name] = combined
-        return CalibrationStats(self.model_sha256, self.observer, self.samples + other.samples, merged)
+        return CalibrationStats(
+            self.model_sha256, self.observer, self.samples + other.samples, merged, None, self.skipped + other.skipped
+        )
 
 
 def with_exposed_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:

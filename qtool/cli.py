@@ -97,6 +97,15 @@ def _run(action: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
+def _shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    k, sep, n = text.partition("/")
+    if not sep or not k.strip().isdigit() or not n.strip().isdigit() or not 1 <= int(k) <= int(n):
+        raise QtoolError(f"--shard expects K/N with 1 <= K <= N, got '{text}'")
+    return int(k), int(n)
+
+
 def _observer_options(pairs: list[str] | None) -> dict[str, Any]:
     """Parse KEY=VALUE pairs; values are read as YAML scalars (numbers, booleans, strings)."""
     import yaml
@@ -151,6 +160,20 @@ ObserverOption = Annotated[
         "--observer", help="Observer for activation ranges (default: calibration.observer of the config, minmax)."
     ),
 ]
+ShardOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        help="Process only shard K/N of the samples (every N-th file from the K-th); merge the "
+        "shards' statistics with 'qtool merge'.",
+    ),
+]
+SkipNonfiniteOption = Annotated[
+    bool,
+    typer.Option(
+        "--skip-nonfinite", help="Skip samples holding NaN or Inf (counted in the summary) instead of failing."
+    ),
+]
 ObserverOptionsOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -190,6 +213,8 @@ def calibrate(
     observer_option: ObserverOptionsOption = None,
     batch_size: BatchOption = None,
     limit: LimitOption = None,
+    shard: ShardOption = None,
+    skip_nonfinite: SkipNonfiniteOption = False,
     json_out: JsonOption = None,
 ) -> None:
     """Run the float model over DATA_DIR and write activation statistics to -o STATS.json."""
@@ -208,10 +233,14 @@ def calibrate(
                 observer_options=_observer_options(observer_option),
                 batch_size=batch_size,
                 limit=limit,
+                shard=_shard(shard),
+                skip_nonfinite=skip_nonfinite,
                 progress=progress,
             )
         write_stats(stats, output)
         console = err_console if json_out == "-" else out_console
+        if stats.skipped:
+            console.print(f"[yellow]skipped[/yellow] {stats.skipped} samples holding NaN or Inf")
         console.print(
             f"[green]wrote[/green] {output}: {len(stats.tensors)} tensors observed with "
             f"'{stats.observer}' over {stats.samples} samples"
@@ -240,6 +269,7 @@ def quantize(
     observer_option: ObserverOptionsOption = None,
     batch_size: BatchOption = None,
     limit: LimitOption = None,
+    skip_nonfinite: SkipNonfiniteOption = False,
     runs: RunsOption = 20,
     warmup: WarmupOption = 3,
     threads: ThreadsOption = None,
@@ -262,6 +292,7 @@ def quantize(
                 observer_options=_observer_options(observer_option),
                 batch_size=batch_size,
                 limit=limit,
+                skip_nonfinite=skip_nonfinite,
                 runs=runs,
                 warmup=warmup,
                 threads=threads,
@@ -279,7 +310,11 @@ def compare(
     reference: Annotated[Path, typer.Argument(help="Reference (float) ONNX model.", show_default=False)],
     candidate: Annotated[Path, typer.Argument(help="Candidate (quantized) ONNX model.", show_default=False)],
     data: Annotated[Path, typer.Option("--data", help="Directory of evaluation samples.")],
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="QConfigDict YAML whose preprocess: block reads images.")
+    ] = None,
     limit: LimitOption = None,
+    skip_nonfinite: SkipNonfiniteOption = False,
     runs: RunsOption = 50,
     warmup: WarmupOption = 5,
     threads: ThreadsOption = None,
@@ -293,11 +328,40 @@ def compare(
 
         with _progress() as progress:
             result = run_compare(
-                reference, candidate, data, runs=runs, warmup=warmup, threads=threads, limit=limit, progress=progress
+                reference,
+                candidate,
+                data,
+                runs=runs,
+                warmup=warmup,
+                threads=threads,
+                limit=limit,
+                config_path=config,
+                skip_nonfinite=skip_nonfinite,
+                progress=progress,
             )
         render_comparison(err_console if json_out == "-" else out_console, result)
         if json_out:
             _write_json(json_out, to_json(comparison_to_dict(result)))
+
+    _run(action)
+
+
+@app.command()
+def merge(
+    stats: Annotated[list[Path], typer.Argument(help="Statistics files of shards of one dataset.", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Merged statistics JSON file to write.")],
+) -> None:
+    """Merge statistics of dataset shards (from 'qtool calibrate --shard K/N') into one file."""
+
+    def action() -> None:
+        from qtool.api import merge_stats, write_stats
+
+        merged = merge_stats(list(stats))
+        write_stats(merged, output)
+        out_console.print(
+            f"[green]wrote[/green] {output}: merged {len(stats)} files, "
+            f"{merged.samples} samples, {len(merged.tensors)} tensors"
+        )
 
     _run(action)
 

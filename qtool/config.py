@@ -23,7 +23,7 @@ from qtool.errors import QtoolError
 CONFIG_VERSION = 1
 _MAX_YAML_NODES = 100_000  # refuses alias bombs long before they exhaust memory
 
-_TOP_KEYS = {"version", "global", "op_type", "node_name", "exclude", "calibration"}
+_TOP_KEYS = {"version", "global", "op_type", "node_name", "exclude", "calibration", "preprocess"}
 _SCHEME_KEYS = {"weight", "activation"}
 _TENSOR_KEYS = {"dtype", "granularity", "symmetric"}
 _CALIBRATION_KEYS = {"observer", "batch_size", "limit"}
@@ -76,6 +76,7 @@ class QConfig:
     node_name: dict[str, dict[str, Any] | None]
     exclude: tuple[str, ...]
     calibration: CalibrationSettings
+    preprocess: dict[str, Any] | None
     source: str
     raw: dict[str, Any] = field(repr=False)
 
@@ -248,6 +249,36 @@ def _check_observer(doc: _Located, value: Any, path: Path_) -> None:
         raise doc.error(path, e.message, hint=e.hint) from e
 
 
+def _check_preprocess(doc: _Located, value: Any) -> None:
+    from qtool import preprocess as pre
+
+    _check_keys(doc, value, ("preprocess",), set(pre.KEYS))
+    choices = {"layout": pre.LAYOUTS, "channel_order": pre.CHANNEL_ORDERS, "dtype": pre.DTYPES}
+    for key, allowed in choices.items():
+        if key in value and value[key] not in allowed:
+            raise doc.error(("preprocess", key), f"expected one of {', '.join(allowed)}, got {value[key]!r}")
+    for key in ("resize", "center_crop"):
+        if key in value:
+            item = value[key]
+            ok_int = isinstance(item, int) and not isinstance(item, bool) and item > 0
+            ok_pair = isinstance(item, list) and len(item) == 2 and all(isinstance(v, int) and v > 0 for v in item)
+            if not (ok_int or ok_pair):
+                raise doc.error(("preprocess", key), f"expected a positive integer or [height, width], got {item!r}")
+    for key in ("mean", "std"):
+        if key in value:
+            item = value[key]
+            if (
+                not isinstance(item, list)
+                or len(item) not in (1, 3)
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in item)
+            ):
+                raise doc.error(("preprocess", key), f"expected a list of 1 or 3 numbers, got {item!r}")
+            if key == "std" and any(v == 0 for v in item):
+                raise doc.error(("preprocess", key), "std values must be non-zero")
+    if "scale" in value and (not isinstance(value["scale"], (int, float)) or isinstance(value["scale"], bool)):
+        raise doc.error(("preprocess", "scale"), f"expected a number, got {value['scale']!r}")
+
+
 def _check_document(doc: _Located) -> None:
     value = _check_keys(doc, doc.value, (), _TOP_KEYS)
     if "version" in value and value["version"] != CONFIG_VERSION:
@@ -282,6 +313,8 @@ def _check_document(doc: _Located) -> None:
                 hint=f"did you mean {', '.join(close)}?" if close else "op types are case-sensitive",
                 at_key=True,
             )
+    if value.get("preprocess") is not None:
+        _check_preprocess(doc, value["preprocess"])
     calibration = value.get("calibration", {})
     if calibration is not None:
         _check_keys(doc, calibration, ("calibration",), _CALIBRATION_KEYS)
@@ -346,6 +379,7 @@ def _build(raw: dict[str, Any], source: str) -> QConfig:
         op_type=dict(raw.get("op_type") or {}),
         node_name=dict(raw.get("node_name") or {}),
         exclude=tuple(raw.get("exclude") or ()),
+        preprocess=raw.get("preprocess"),
         calibration=CalibrationSettings(
             observer=_split_observer(cal["observer"])[0],
             batch_size=cal["batch_size"],

@@ -13,10 +13,12 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, helper, numpy_helper
 
 from qtool.errors import QtoolError
 
@@ -68,56 +70,132 @@ def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
     return specs
 
 
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+FORMATS = ("npy", "npz", "onnx-test-data", "images")
+
+
+def _detect(directory: Path) -> tuple[str, list[Path]]:
+    """Find the one sample format a directory holds, and its samples in sorted order."""
+    found = {
+        "npy": sorted(directory.glob("*.npy")),
+        "npz": sorted(directory.glob("*.npz")),
+        "onnx-test-data": sorted(p for p in directory.glob("test_data_set_*") if p.is_dir()),
+        "images": sorted(p for p in directory.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES),
+    }
+    present = [name for name, items in found.items() if items]
+    if len(present) > 1:
+        raise QtoolError(
+            f"{directory} mixes sample formats ({', '.join(present)})", hint="keep one format per directory"
+        )
+    if not present:
+        raise QtoolError(
+            f"data directory {directory} holds no samples",
+            hint="expected *.npy, *.npz, test_data_set_*/input_*.pb or *.png/*.jpg images",
+        )
+    return present[0], found[present[0]]
+
+
 class Dataset:
     """A directory of samples, validated against a model's inputs and read lazily.
+
+    Formats (auto-detected): ``*.npy`` (single-input models), ``*.npz`` (keys are
+    input names), ONNX test-data sets ``test_data_set_*/input_*.pb``, and images
+    (``*.png``, ``*.jpg``, ``*.jpeg``) turned into the model's single input by
+    :mod:`qtool.preprocess`.
 
     Args:
         directory: the dataset directory.
         inputs: the model's inputs (see :func:`model_inputs`).
-        limit: use only the first ``limit`` files (sorted by name).
+        limit: use only the first ``limit`` samples (sorted by name).
+        shard: ``(k, n)`` keeps every n-th of those samples starting with the k-th
+            (1-based), so ``n`` shards together cover each sample exactly once.
+        preprocess: the config's ``preprocess:`` block, for images.
+        skip_nonfinite: skip samples holding NaN or Inf (counted in
+            ``skipped``) instead of failing.
     """
 
-    def __init__(self, directory: Path | str, inputs: list[InputSpec], limit: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path | str,
+        inputs: list[InputSpec],
+        limit: int | None = None,
+        shard: tuple[int, int] | None = None,
+        preprocess: dict[str, Any] | None = None,
+        skip_nonfinite: bool = False,
+    ) -> None:
         self.directory = Path(directory)
         self.inputs = inputs
+        self.skip_nonfinite = skip_nonfinite
+        self.skipped: list[Path] = []
         if not self.directory.exists():
             raise QtoolError(f"data directory not found: {self.directory}")
         if not self.directory.is_dir():
             raise QtoolError(f"{self.directory} is not a directory")
-        npy = sorted(self.directory.glob("*.npy"))
-        npz = sorted(self.directory.glob("*.npz"))
-        if npy and npz:
-            raise QtoolError(f"{self.directory} mixes .npy and .npz files", hint="keep one format per directory")
-        files = npy or npz
-        if not files:
-            raise QtoolError(f"data directory {self.directory} holds no samples (*.npy or *.npz files)")
-        if npy and len(inputs) != 1:
+        self.format, items = _detect(self.directory)
+        if self.format in ("npy", "images") and len(inputs) != 1:
             names = ", ".join(i.name for i in inputs)
             raise QtoolError(
-                f"{self.directory}: .npy samples only fit single-input models, this model has inputs {names}",
+                f"{self.directory}: {self.format} samples only fit single-input models, this model has inputs {names}",
                 hint="store each sample as an .npz file whose keys are the input names",
             )
-        self.files = files[:limit] if limit else files
+        self.preprocess = None
+        if self.format == "images":
+            from qtool.preprocess import build_preprocess
+
+            self.preprocess = build_preprocess(preprocess, inputs[0].shape, inputs[0].dtype.name)
+        total = len(items)
+        items = items[:limit] if limit else items
+        if shard is not None:
+            k, n = shard
+            if not 1 <= k <= n:
+                raise QtoolError(f"shard {k}/{n} does not exist", hint="use K/N with 1 <= K <= N")
+            items = items[k - 1 :: n]
+            if not items:
+                raise QtoolError(f"shard {k}/{n} of {self.directory} holds no samples (of {total})")
+        self.files = items
 
     def __len__(self) -> int:
         return len(self.files)
 
     def _read(self, path: Path) -> Feed:
+        if self.format == "images":
+            assert self.preprocess is not None  # set for images in __init__
+            return {self.inputs[0].name: self.preprocess.apply(path)}
+        if self.format == "onnx-test-data":
+            return self._read_test_data_set(path)
         try:
-            if path.suffix == ".npy":
+            if self.format == "npy":
                 return {self.inputs[0].name: np.load(path, allow_pickle=False)}
             with np.load(path, allow_pickle=False) as archive:
                 return {key: archive[key] for key in archive.files}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
             raise QtoolError(f"{path}: cannot read sample: {e}") from e
 
-    def _validate(self, path: Path, feed: Feed) -> Feed:
+    def _read_test_data_set(self, directory: Path) -> Feed:
+        """``input_<k>.pb`` TensorProto files; a tensor without a known name feeds input k."""
+        files = sorted(directory.glob("input_*.pb"), key=lambda p: int(p.stem.split("_")[-1] or 0))
+        if not files:
+            raise QtoolError(f"{directory} holds no input_*.pb files")
+        feed: Feed = {}
+        names = [spec.name for spec in self.inputs]
+        for position, path in enumerate(files):
+            tensor = TensorProto()
+            try:
+                tensor.ParseFromString(path.read_bytes())
+                array = numpy_helper.to_array(tensor)
+            except (OSError, DecodeError, ValueError, TypeError) as e:
+                raise QtoolError(f"{path}: not a readable TensorProto: {e}") from e
+            name = tensor.name if tensor.name in names else names[position] if position < len(names) else tensor.name
+            feed[name] = array
+        return feed
+
+    def _validate(self, path: Path, feed: Feed) -> Feed | None:
         expected = {spec.name for spec in self.inputs}
         missing, extra = expected - set(feed), set(feed) - expected
         if missing or extra:
             raise QtoolError(
                 f"{path}: sample keys {sorted(feed)} do not match the model inputs {sorted(expected)}",
-                hint="name each array in the .npz file after a model input",
+                hint="name each array (or TensorProto) after a model input",
             )
         out: Feed = {}
         for spec in self.inputs:
@@ -133,18 +211,30 @@ class Dataset:
                     f"got [{', '.join(map(str, feed[spec.name].shape))}] {feed[spec.name].dtype}",
                     hint="samples may leave out the batch dimension; save them with the model's dtype",
                 )
+            if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
+                if self.skip_nonfinite:
+                    log.info("%s: skipped, input '%s' holds NaN or Inf", path, spec.name)
+                    self.skipped.append(path)
+                    return None
+                raise QtoolError(
+                    f"{path}: input '{spec.name}' holds NaN or Inf values",
+                    hint="fix the sample, or pass --skip-nonfinite to leave such samples out",
+                )
             out[spec.name] = array
         return out
 
     def samples(self) -> Iterator[tuple[Path, Feed]]:
-        """Yield (file, feed) for every sample, each with a batch dimension."""
+        """Yield (file, feed) for every usable sample, each with a batch dimension."""
+        self.skipped = []
         for path in self.files:
-            yield path, self._validate(path, self._read(path))
+            feed = self._validate(path, self._read(path))
+            if feed is not None:
+                yield path, feed
 
     def effective_batch_size(self, requested: int) -> int:
         """``requested`` when every input's batch dimension is dynamic, else 1 (with a note in the log)."""
         if requested > 1 and not all(spec.dynamic_batch for spec in self.inputs):
-            log.info("the model's batch dimension is fixed; calibrating with batch size 1")
+            log.warning("the model's batch dimension is fixed; calibrating with batch size 1")
             return 1
         return max(1, requested)
 

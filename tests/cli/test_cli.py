@@ -233,3 +233,38 @@ def test_debug_shows_the_traceback_of_user_errors(tmp_path):
     r = runner.invoke(app, ["--debug", "calibrate", str(tmp_path / "nope.onnx"), str(calib_dir("cnn")), "-o", "s.json"])
     assert r.exit_code == 2
     assert "Traceback" in r.stderr and "model file not found" in r.stderr
+
+
+def test_calibrate_and_compare_from_images_with_a_preprocess_block(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(images / f"{i}.png")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("preprocess: {resize: 36, center_crop: 32, mean: [0.45, 0.45, 0.45], std: [0.25, 0.25, 0.25]}\n")
+    stats, out = tmp_path / "s.json", tmp_path / "q.onnx"
+    r = invoke("calibrate", sample("cnn"), images, "-o", stats, "--config", cfg)
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(stats.read_text())["samples"] == 6
+    assert invoke("quantize", sample("cnn"), "--stats", stats, "-o", out, "--config", cfg).exit_code == 0
+    r = invoke("compare", sample("cnn"), out, "--data", images, "--config", cfg, "--runs", "0", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["data"]["samples"] == 6
+
+
+def test_nan_sample_fails_naming_file_and_input_unless_skipped(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for i, f in enumerate(sorted(calib_dir("mlp").glob("*.npy"))[:4]):
+        shutil.copy(f, data / f"{i}.npy")
+    bad = np.load(data / "2.npy")
+    bad[3] = np.inf
+    np.save(data / "2.npy", bad)
+    assert_user_error(invoke("calibrate", sample("mlp"), data, "-o", tmp_path / "s.json"), "2.npy", "'input'", "NaN")
+    r = invoke("calibrate", sample("mlp"), data, "-o", tmp_path / "s.json", "--skip-nonfinite")
+    assert r.exit_code == 0 and "skipped 1 samples" in r.stdout
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert (stats["samples"], stats["skipped"]) == (3, 1)

@@ -80,6 +80,10 @@ def test_exclude_list_keeps_nodes_in_float(tmp_path):
         ("global: {weight: {symmetric: maybe}}\n", ":1:30:", "expected true or false"),
         ("node_name: {'re:(': null}\n", ":1:13:", "invalid regular expression"),
         ("global: {weight: [}\n", ":1:", "invalid YAML"),
+        ("preprocess:\n  layout: CHW\n", ":2:11:", "expected one of NCHW, NHWC"),
+        ("preprocess:\n  mean: [1, 2]\n", ":2:9:", "list of 1 or 3 numbers"),
+        ("calibration:\n  observer: {name: percentile, percentil: 9}\n", ":2:13:", "has no option 'percentil'"),
+        ("calibration:\n  observer: magic\n", ":2:13:", "unknown observer 'magic'"),
     ],
 )
 def test_validation_errors_name_file_line_and_column(tmp_path, text, where, what):
@@ -104,3 +108,9 @@ def test_alias_bomb_is_refused_quickly(tmp_path):
     ]
     with pytest.raises(QtoolError, match="too large"):
         load_config(write(tmp_path, "\n".join(lines) + "\n"))
+
+
+def test_observer_with_options_in_config(tmp_path):
+    config = load_config(write(tmp_path, "calibration:\n  observer: {name: percentile, percentile: 99.9}\n"))
+    assert config.calibration.observer == "percentile"
+    assert config.calibration.observer_options == {"percentile": 99.9}
