@@ -154,6 +154,8 @@ def collect_statistics(
 ) -> tuple[dict[str, Observer], int]:
     """Run ``prepared`` over ``dataset`` and observe each tensor in ``tensors``.
 
+    Only one batch of activations is alive at a time, whatever the dataset size.
+
     Returns:
         The observers by tensor name and the number of samples seen.
     """
@@ -169,6 +171,7 @@ def collect_statistics(
         values = run_session(session, names, feed, f"the float model on samples of {dataset.directory}")
         for name, value in zip(names, values, strict=True):
             observers[name].observe(np.asarray(value))
+        del values  # drop this batch's activations before the next one is computed
         seen += count
         if on_progress:
             on_progress(count)

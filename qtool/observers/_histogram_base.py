@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from qtool.observers._reduce import channels_first
+from qtool.observers._reduce import channels_first, reduce_min_max
 from qtool.observers.base import Observer
 from qtool.observers.histogram import DEFAULT_BINS, StreamingHistogram
 from qtool.observers.minmax import MinMaxObserver
@@ -38,10 +38,13 @@ class HistogramObserver(Observer):
         flat = channels_first(batch, self.axis)
         if self.histogram is None:
             self.histogram = StreamingHistogram(self.bins, None if self.axis is None else flat.shape[0])
-        if not np.all(np.isfinite(flat)):
-            flat = np.where(np.isfinite(flat), flat, 0.0)
-        self.histogram.add(flat)
-        self.extremes.observe(batch)
+        lo, hi = reduce_min_max(batch, self.axis)
+        self.extremes.update(lo, hi)
+        if np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)):
+            self.histogram.add(flat, peak=max(-float(np.min(lo)), float(np.max(hi))))
+        else:  # NaN/Inf reach the extremes (and make the range non-finite), not the histogram
+            finite = np.where(np.isfinite(flat), flat, 0.0)
+            self.histogram.add(finite)
 
     def merge(self, other: Observer) -> None:
         self._check_same_kind(other)

@@ -63,25 +63,37 @@ class StreamingHistogram:
             self.counts = grown
             self.radius *= 2
 
-    def add(self, values: np.ndarray) -> None:
-        """Count ``values``: a flat array, or ``(channels, n)`` when per-channel."""
+    def add(self, values: np.ndarray, peak: float | None = None) -> None:
+        """Count finite ``values``: a flat array, or ``(channels, n)`` when per-channel.
+
+        ``peak`` (max |x|, if the caller already knows it) saves a pass over the data.
+        """
         if values.size == 0:
             return
-        peak = float(np.max(np.abs(values)))
+        if peak is None:
+            peak = float(max(-np.min(values), np.max(values)))
         if peak > 0:
             self._grow_to(_pow2_at_least(peak))
+        total = 2 * self.bins
+        rows = 1 if self.channels is None else self.channels
         if self.radius == 0.0:
             # Everything so far is exactly zero: count it in the bin just above zero.
-            index = np.full(values.shape, self.bins, dtype=np.int64)
-        else:
-            index = np.floor(values.astype(np.float64) * (1.0 / self.width)).astype(np.int64) + self.bins
-            np.clip(index, 0, 2 * self.bins - 1, out=index)  # x == R lands in the last bin
-        if self.channels is None:
-            self.counts += np.bincount(index.ravel(), minlength=2 * self.bins)
-        else:
-            offsets = (np.arange(self.channels, dtype=np.int64) * 2 * self.bins)[:, None]
-            flat = np.bincount((index + offsets).ravel(), minlength=self.channels * 2 * self.bins)
-            self.counts += flat.reshape(self.channels, 2 * self.bins)
+            self.counts.reshape(rows, total)[:, self.bins] += values.size // rows
+            return
+        # x / w is exact (w is a power of two), so float32 suffices; -R <= x <= R keeps the
+        # index in [0, 2 * bins], and only x == R lands on 2 * bins (folded back below).
+        inverse = 1.0 / self.width
+        # float32 is exact and fast while 1/w stays well inside its range; tiny radii need float64.
+        dtype = np.float32 if 2.0**-100 < inverse < 2.0**100 else np.float64
+        scaled = np.multiply(values, dtype(inverse), dtype=dtype)
+        np.floor(scaled, out=scaled)
+        index = scaled.astype(np.intp)
+        index += self.bins
+        if self.channels is not None:
+            index += (np.arange(self.channels, dtype=np.intp) * (total + 1))[:, None]
+        found = np.bincount(index.ravel(), minlength=rows * (total + 1)).reshape(rows, total + 1)
+        found[:, total - 1] += found[:, total]
+        self.counts += found[:, :total].reshape(self.counts.shape)
 
     def merge(self, other: StreamingHistogram) -> None:
         """Add another histogram's counts (same bins and channels) exactly."""

@@ -24,7 +24,10 @@ class MinMaxObserver(Observer):
     def observe(self, batch: np.ndarray) -> None:
         if batch.size == 0:
             return
-        lo, hi = reduce_min_max(batch, self.axis)
+        self.update(*reduce_min_max(batch, self.axis))
+
+    def update(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Fold in a batch's already computed extremes."""
         self.min = lo if self.min is None else np.minimum(self.min, lo)
         self.max = hi if self.max is None else np.maximum(self.max, hi)
 
