@@ -30,9 +30,10 @@ lint: dev  ## ruff + mypy
 	$(BIN)/ruff format --check qtool tests bench
 	$(BIN)/mypy
 
-bench: $(BIN)/python  ## qtool vs onnxruntime's quantize_static on the sample models
+bench: $(BIN)/python  ## qtool vs onnxruntime's quantizer and calibrators (sample + real PP-OCR models)
 	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/calibration.py
 
 samples: install  ## regenerate sample_models/ (seeded)
 	$(BIN)/python sample_models/generate.py

@@ -46,15 +46,20 @@ def done(start, **extra):
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra}))
 """
 
-QTOOL = PRELUDE + r"""
+QTOOL = (
+    PRELUDE
+    + r"""
 import qtool
 import qtool.api  # the public names import lazily: load them before the clock starts, as the others do
 start = time.perf_counter()
 stats = qtool.calibrate(model, calib, observer=method, limit=limit)
 done(start, tensors=len(stats.tensors))
 """
+)
 
-BARE = PRELUDE + r"""
+BARE = (
+    PRELUDE
+    + r"""
 from qtool.api import _prepare
 from qtool.calibration import with_exposed_outputs
 from qtool.config import load_config
@@ -70,8 +75,11 @@ for f in files:
     session.run(names, {feed_name: np.load(f)[None]})
 done(start, tensors=len(names))
 """
+)
 
-ONNXRUNTIME = PRELUDE + r"""
+ONNXRUNTIME = (
+    PRELUDE
+    + r"""
 import tempfile
 import onnxruntime as ort
 from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod, create_calibrator
@@ -94,12 +102,19 @@ with tempfile.TemporaryDirectory() as tmp:
     ranges = calibrator.compute_data()
 done(start, tensors=len(ranges.data))
 """
+)
 
 
 def _run(script: str, model: Path, calib: Path, method: str, limit: int, timeout: int) -> dict[str, object]:
     try:
-        proc = subprocess.run([sys.executable, "-c", script, str(model), str(calib), method, str(limit)],
-                              capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, "-c", script, str(model), str(calib), method, str(limit)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd=ROOT,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout} s"}
     if proc.returncode != 0:

@@ -42,15 +42,30 @@ class RealModel:
 
 
 MODELS = {
-    "ppocr_det": RealModel("rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
-                           "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
-                           320, 320, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-    "ppocr_cls": RealModel("rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
-                           "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
-                           48, 192, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
-    "ppocr_rec": RealModel("rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
-                           "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
-                           48, 320, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "ppocr_det": RealModel(
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+        "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+        320,
+        320,
+        (0.485, 0.456, 0.406),
+        (0.229, 0.224, 0.225),
+    ),
+    "ppocr_cls": RealModel(
+        "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+        48,
+        192,
+        (0.5, 0.5, 0.5),
+        (0.5, 0.5, 0.5),
+    ),
+    "ppocr_rec": RealModel(
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+        "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+        48,
+        320,
+        (0.5, 0.5, 0.5),
+        (0.5, 0.5, 0.5),
+    ),
 }
 
 # Calibration crops come from the first photos, evaluation crops from the others.
@@ -88,8 +103,12 @@ def _wheel(spec: str) -> Path:
     found = sorted(folder.glob(f"{prefix}-{spec.split('==')[1]}-*.whl"))
     if found:
         return found[0]
-    result = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", spec, "-d", str(folder)],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", spec, "-d", str(folder)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     found = sorted(folder.glob(f"{prefix}-{spec.split('==')[1]}-*.whl"))
     if result.returncode != 0 or not found:
         raise RegistryUnavailable(f"cannot download {spec}: {result.stderr.strip()[-300:]}")
@@ -123,10 +142,12 @@ def _crops(photos: list[str], model: RealModel, count: int, seed: int, out: Path
         width = int(height * aspect)
         top = int(rng.integers(0, image.height - height + 1))
         left = int(rng.integers(0, image.width - width + 1))
-        crop = image.crop((left, top, left + width, top + height)).resize((model.width, model.height),
-                                                                         Image.Resampling.BILINEAR)
+        crop = image.crop((left, top, left + width, top + height)).resize(
+            (model.width, model.height), Image.Resampling.BILINEAR
+        )
         pixels = (np.asarray(crop, np.float32) / 255.0 - np.asarray(model.mean, np.float32)) / np.asarray(
-            model.std, np.float32)
+            model.std, np.float32
+        )
         np.save(out / f"{i:04d}.npy", np.ascontiguousarray(pixels.transpose(2, 0, 1)))
     return out
 
