@@ -26,10 +26,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
 
-from real_data import MODELS as REAL_MODELS  # noqa: E402
-from real_data import RegistryUnavailable, real_model  # noqa: E402
+from bench.real_data import MODELS as REAL_MODELS  # noqa: E402
+from bench.real_data import RegistryUnavailable, real_model  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SAMPLE_MODELS = ("cnn", "mlp", "transformer")
