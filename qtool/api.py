@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,13 +14,14 @@ import onnx
 from qtool import __version__
 from qtool.calibration import CalibrationStats, collect_statistics
 from qtool.comparison import ErrorMetrics, LatencyComparison, measure_latency, output_metrics
-from qtool.config import QConfig, load_config
+from qtool.config import QConfig, load_config, split_observer
 from qtool.dataset import Dataset, model_inputs
 from qtool.errors import QtoolError
+from qtool.inspection import Inspection, inspect_plan
 from qtool.model_io import file_sha256, load_model, model_size_bytes, same_file, save_model, write_text
 from qtool.observers import create_observer
 from qtool.plan import QuantPlan, build_plan
-from qtool.prepare import PER_CHANNEL_MIN_OPSET, QDQ_MIN_OPSET, PrepareReport, prepare_model
+from qtool.prepare import PrepareReport, prepare_model
 from qtool.qparams import QParams
 from qtool.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
 from qtool.runtime import create_session
@@ -91,28 +93,21 @@ class _Prepared:
     sha256: str
 
 
-def _needs_per_channel(config: QConfig) -> bool:
-    entries = [config.raw["global"], *config.op_type.values(), *config.node_name.values()]
-    return any(
-        isinstance(e, dict) and isinstance(e.get("weight"), dict) and e["weight"].get("granularity") == "per_channel"
-        for e in entries
-    )
-
-
 def _prepare(model_path: Path, config: QConfig) -> _Prepared:
     model = load_model(model_path)
-    min_opset = PER_CHANNEL_MIN_OPSET if _needs_per_channel(config) else QDQ_MIN_OPSET
-    prepared, report = prepare_model(model, min_opset=min_opset)
+    prepared, report = prepare_model(model, min_opset=config.required_opset())
     plan = build_plan(prepared, config)
     node_names = [n.name for n in prepared.graph.node]
     unmatched = config.unmatched_node_patterns(node_names)
-    if unmatched:
-        import difflib
-
-        close = difflib.get_close_matches(unmatched[0].removeprefix("re:"), node_names, n=3)
+    for pattern in (p for p in unmatched if p.startswith("re:")):
+        # A pattern may be written for a family of models; an exact name that misses is a typo.
+        log.warning("%s: pattern '%s' matches no node of %s", config.source, pattern, model_path)
+    exact = [p for p in unmatched if not p.startswith("re:")]
+    if exact:
+        close = difflib.get_close_matches(exact[0], node_names, n=3)
         raise QtoolError(
-            f"{config.source}: node name '{unmatched[0]}' matches no node of {model_path}",
-            hint=f"closest node names: {', '.join(close)}" if close else "run qtool on the model to list its nodes",
+            f"{config.source}: node name '{exact[0]}' matches no node of {model_path}",
+            hint=f"closest node names: {', '.join(close)}" if close else f"run qtool inspect {model_path}",
         )
     return _Prepared(model, prepared, plan, report, file_sha256(model_path))
 
@@ -184,6 +179,8 @@ def _calibrate(
     options = dict(config.calibration.observer_options) if name == config.calibration.observer else {}
     options.update(observer_options or {})
     create_observer(name, None, options)  # fail on an unknown name or option before any work
+    if not state.plan.activations:  # weight-only: no activation needs a range, skip the float pass
+        return CalibrationStats(state.sha256, observer or config.calibration.observer, 0, {})
     dataset = Dataset(
         data_dir,
         model_inputs(state.model),
@@ -199,6 +196,11 @@ def _calibrate(
         dataset,
         observer=name,
         options=options,
+        per_tensor={
+            tensor: split_observer(scheme.observer)
+            for tensor, scheme in state.plan.activations.items()
+            if scheme.observer is not None
+        },
         batch_size=batch_size or config.calibration.batch_size,
         on_progress=advance,
     )
@@ -374,6 +376,13 @@ def compare(
     return ComparisonResult(
         ModelFile.of(reference_path), ModelFile.of(candidate_path), str(data_dir), samples, outputs, overall, latency
     )
+
+
+def inspect(model_path: Path | str, *, config_path: Path | str | None = None) -> Inspection:
+    """What quantize would do with this model and config: per-node schemes, float nodes, predicted size."""
+    config = load_config(config_path)
+    state = _prepare(Path(model_path), config)
+    return inspect_plan(str(model_path), model_size_bytes(model_path), state.prepared, state.plan, config)
 
 
 def write_stats(stats: CalibrationStats, path: Path | str) -> None:

@@ -149,6 +149,7 @@ def collect_statistics(
     *,
     observer: str,
     options: dict[str, Any] | None = None,
+    per_tensor: dict[str, tuple[str, dict[str, Any]]] | None = None,
     batch_size: int = 1,
     on_progress: ProgressCallback | None = None,
 ) -> tuple[dict[str, Observer], int]:
@@ -160,7 +161,11 @@ def collect_statistics(
         The observers by tensor name and the number of samples seen.
     """
     names = list(dict.fromkeys(tensors))
-    observers = {name: create_observer(observer, None, options) for name in names}
+    if not names:  # weight-only quantization: nothing to observe, and no reason to run the model
+        return {}, len(dataset)
+    default = (observer, options or {})
+    specs = {name: (per_tensor or {}).get(name, default) for name in names}
+    observers = {name: create_observer(spec[0], None, spec[1]) for name, spec in specs.items()}
     session = create_session(
         with_exposed_outputs(prepared, names),
         "the prepared float model",

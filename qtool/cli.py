@@ -347,6 +347,26 @@ def compare(
 
 
 @app.command()
+def inspect(
+    model: Annotated[Path, typer.Argument(help="ONNX model.", show_default=False)],
+    config: ConfigOption = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Show what quantize would do: every node's scheme and the rule behind it, sizes, and what stays float."""
+
+    def action() -> None:
+        from qtool.api import inspect as run_inspect
+        from qtool.report import inspection_to_dict, render_inspection, to_json
+
+        result = run_inspect(model, config_path=config)
+        render_inspection(err_console if json_out == "-" else out_console, result)
+        if json_out:
+            _write_json(json_out, to_json(inspection_to_dict(result)))
+
+    _run(action)
+
+
+@app.command()
 def merge(
     stats: Annotated[list[Path], typer.Argument(help="Statistics files of shards of one dataset.", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="Merged statistics JSON file to write.")],

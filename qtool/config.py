@@ -24,12 +24,15 @@ CONFIG_VERSION = 1
 _MAX_YAML_NODES = 100_000  # refuses alias bombs long before they exhaust memory
 
 _TOP_KEYS = {"version", "global", "op_type", "node_name", "exclude", "calibration", "preprocess"}
-_SCHEME_KEYS = {"weight", "activation"}
-_TENSOR_KEYS = {"dtype", "granularity", "symmetric"}
+_SCHEME_KEYS = {"weight", "activation", "weight_only"}
+_TENSOR_KEYS = {
+    "weight": {"dtype", "granularity", "symmetric", "block_size", "axis"},
+    "activation": {"dtype", "granularity", "symmetric", "observer"},
+}
 _CALIBRATION_KEYS = {"observer", "batch_size", "limit"}
-WEIGHT_DTYPES = ("int8", "uint8")
-ACTIVATION_DTYPES = ("uint8", "int8")
-GRANULARITIES = ("per_tensor", "per_channel")
+WEIGHT_DTYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "fp16")
+ACTIVATION_DTYPES = ("uint8", "int8", "uint16", "int16")  # what onnxruntime's QuantizeLinear executes on CPU
+GRANULARITIES = ("per_tensor", "per_channel", "per_block")
 
 Path_ = tuple[str, ...]
 _ONNX_OPS = sorted({schema.name for schema in onnx.defs.get_all_schemas()})
@@ -42,18 +45,38 @@ class TensorScheme:
     dtype: str
     granularity: str
     symmetric: bool
+    block_size: int | None = None  # per_block only
+    axis: int | None = None  # overrides the op's natural channel / block axis
+    observer: str | dict[str, Any] | None = None  # activations: overrides calibration.observer
 
     @property
     def per_channel(self) -> bool:
         return self.granularity == "per_channel"
 
+    @property
+    def per_block(self) -> bool:
+        return self.granularity == "per_block"
+
+    @property
+    def fp16(self) -> bool:
+        return self.dtype == "fp16"
+
+    def describe(self) -> str:
+        """Short text such as ``int4 per_block(32) sym``."""
+        if self.fp16:
+            return "fp16"
+        granularity = f"per_block({self.block_size})" if self.per_block else self.granularity
+        return f"{self.dtype} {granularity} {'sym' if self.symmetric else 'asym'}"
+
 
 @dataclass(frozen=True)
 class NodeScheme:
-    """The resolved quantization settings of one node."""
+    """The resolved quantization settings of one node, and the rule that decided them."""
 
     weight: TensorScheme
     activation: TensorScheme
+    weight_only: bool = False
+    rule: str = "global"
 
 
 @dataclass(frozen=True)
@@ -80,25 +103,62 @@ class QConfig:
     source: str
     raw: dict[str, Any] = field(repr=False)
 
-    def scheme_for(self, node_name: str, op_type: str) -> NodeScheme | None:
-        """Resolve a node's settings; ``None`` keeps the node in float."""
-        if any(_name_matches(pattern, node_name) for pattern in self.exclude):
-            return None
+    def resolve(self, node_name: str, op_type: str) -> tuple[NodeScheme | None, str]:
+        """A node's settings (``None``: keep it in float) and the most specific rule that decided them.
+
+        Rules read ``global``, ``op_type:<type>``, ``node_name:<pattern>`` or
+        ``exclude:<pattern>``.
+        """
+        for pattern in self.exclude:
+            if _name_matches(pattern, node_name):
+                return None, f"exclude:{pattern}"
         layers: list[dict[str, Any]] = [self.raw["global"]]
+        rule = "global"
         if op_type in self.op_type:
+            rule = f"op_type:{op_type}"
             entry = self.op_type[op_type]
             if entry is None:
-                return None
+                return None, rule
             layers.append(entry)
         for pattern, entry in self.node_name.items():
             if _name_matches(pattern, node_name):
+                rule = f"node_name:{pattern}"
                 if entry is None:
-                    return None
+                    return None, rule
                 layers.append(entry)
         merged: dict[str, Any] = {}
         for layer in layers:
             merged = _deep_merge(merged, layer)
-        return NodeScheme(weight=TensorScheme(**merged["weight"]), activation=TensorScheme(**merged["activation"]))
+        scheme = NodeScheme(
+            weight=TensorScheme(**merged["weight"]),
+            activation=TensorScheme(**merged["activation"]),
+            weight_only=bool(merged.get("weight_only", False)),
+            rule=rule,
+        )
+        return scheme, rule
+
+    def scheme_for(self, node_name: str, op_type: str) -> NodeScheme | None:
+        """Resolve a node's settings; ``None`` keeps the node in float."""
+        return self.resolve(node_name, op_type)[0]
+
+    def required_opset(self) -> int:
+        """The lowest default-domain opset every scheme this config can produce needs."""
+        entries = [self.raw["global"], *self.op_type.values(), *self.node_name.values()]
+        need = 10  # QuantizeLinear / DequantizeLinear
+        for entry in entries:
+            if not isinstance(entry, dict):
+                continue
+            weight = {**self.raw["global"]["weight"], **(entry.get("weight") or {})}
+            activation = {**self.raw["global"]["activation"], **(entry.get("activation") or {})}
+            if weight.get("dtype") in ("int2", "uint2"):
+                need = max(need, 25)
+            if weight.get("dtype") in ("int4", "uint4") or weight.get("granularity") == "per_block":
+                need = max(need, 21)
+            if activation.get("dtype") in ("int16", "uint16"):
+                need = max(need, 21)
+            if weight.get("granularity") == "per_channel":
+                need = max(need, 13)
+        return need
 
     def unmatched_node_patterns(self, node_names: list[str]) -> list[str]:
         """``node_name`` and ``exclude`` entries that match no node of the model."""
@@ -190,7 +250,7 @@ def _check_keys(doc: _Located, value: Any, path: Path_, allowed: set[str]) -> di
 
 
 def _check_tensor_scheme(doc: _Located, value: Any, path: Path_, role: str) -> None:
-    _check_keys(doc, value, path, _TENSOR_KEYS)
+    _check_keys(doc, value, path, _TENSOR_KEYS[role])
     dtypes = WEIGHT_DTYPES if role == "weight" else ACTIVATION_DTYPES
     if "dtype" in value and value["dtype"] not in dtypes:
         raise doc.error(
@@ -207,14 +267,33 @@ def _check_tensor_scheme(doc: _Located, value: Any, path: Path_, role: str) -> N
             raise doc.error((*path, "granularity"), "activations can only be quantized per_tensor")
     if "symmetric" in value and not isinstance(value["symmetric"], bool):
         raise doc.error((*path, "symmetric"), f"expected true or false, got {value['symmetric']!r}")
+    if "block_size" in value and value["block_size"] is not None:
+        size = value["block_size"]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 2:
+            raise doc.error(
+                (*path, "block_size"),
+                f"expected an integer >= 2, got {size!r}",
+                hint="onnxruntime's MatMulNBits wants a power of two >= 16, e.g. 32 or 128",
+            )
+    if (
+        "axis" in value
+        and value["axis"] is not None
+        and (not isinstance(value["axis"], int) or isinstance(value["axis"], bool))
+    ):
+        raise doc.error((*path, "axis"), f"expected an integer axis or null, got {value['axis']!r}")
+    if value.get("observer") is not None:
+        _check_observer(doc, value["observer"], (*path, "observer"))
 
 
 def _check_node_scheme(doc: _Located, value: Any, path: Path_) -> None:
     if value is None:
         return
     _check_keys(doc, value, path, _SCHEME_KEYS)
-    for role in _SCHEME_KEYS & set(value):
-        _check_tensor_scheme(doc, value[role], (*path, role), role)
+    for role in ("weight", "activation"):
+        if role in value:
+            _check_tensor_scheme(doc, value[role], (*path, role), role)
+    if "weight_only" in value and not isinstance(value["weight_only"], bool):
+        raise doc.error((*path, "weight_only"), f"expected true or false, got {value['weight_only']!r}")
 
 
 def _check_regex(doc: _Located, pattern: str, path: Path_, *, at_key: bool) -> None:
@@ -225,7 +304,7 @@ def _check_regex(doc: _Located, pattern: str, path: Path_, *, at_key: bool) -> N
             raise doc.error(path, f"invalid regular expression: {e}", at_key=at_key) from e
 
 
-def _split_observer(value: Any) -> tuple[str, dict[str, Any]]:
+def split_observer(value: Any) -> tuple[str, dict[str, Any]]:
     """``name`` or ``{name: ..., option: value}`` -> (name, options)."""
     if isinstance(value, str):
         return value, {}
@@ -242,7 +321,7 @@ def _check_observer(doc: _Located, value: Any, path: Path_) -> None:
             raise doc.error(path, "an observer mapping needs 'name: <observer>'")
     elif not isinstance(value, str):
         raise doc.error(path, f"expected an observer name or a mapping with 'name', got {value!r}")
-    name, options = _split_observer(value)
+    name, options = split_observer(value)
     try:
         create_observer(name, None, options)
     except QtoolError as e:
@@ -381,10 +460,10 @@ def _build(raw: dict[str, Any], source: str) -> QConfig:
         exclude=tuple(raw.get("exclude") or ()),
         preprocess=raw.get("preprocess"),
         calibration=CalibrationSettings(
-            observer=_split_observer(cal["observer"])[0],
+            observer=split_observer(cal["observer"])[0],
             batch_size=cal["batch_size"],
             limit=cal["limit"],
-            observer_options=_split_observer(cal["observer"])[1],
+            observer_options=split_observer(cal["observer"])[1],
         ),
         source=source,
         raw=raw,

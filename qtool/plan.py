@@ -16,6 +16,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from qtool.config import NodeScheme, QConfig, TensorScheme
+from qtool.errors import QtoolError
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +27,25 @@ _FUSABLE_ACTIVATIONS = {"Relu"}
 
 @dataclass(frozen=True)
 class WeightPlan:
-    """A constant weight input: its initializer and the per-channel axis."""
+    """A constant weight input: its initializer and where its scales lie.
+
+    ``axis`` None means one scale for the tensor; with ``block_size`` None it is
+    one scale per slice along ``axis`` (per channel), otherwise one per block of
+    ``block_size`` elements along ``axis``.
+    """
 
     name: str
-    axis: int | None  # channel axis for per-channel quantization; None: per-tensor only
+    axis: int | None
+    block_size: int | None = None
+
+
+@dataclass(frozen=True)
+class _WeightRoles:
+    """A constant weight and its natural axes: output channels, and the reduction (block) axis."""
+
+    name: str
+    channel_axis: int | None
+    block_axis: int | None
 
 
 @dataclass(frozen=True)
@@ -61,7 +77,7 @@ class QuantPlan:
 @dataclass(frozen=True)
 class _Roles:
     activations: tuple[str, ...]
-    weight: WeightPlan | None
+    weight: _WeightRoles | None
     bias: str | None
 
 
@@ -97,30 +113,31 @@ def _conv_roles(node: onnx.NodeProto, g: _Graph) -> _Roles | str:
     if node.input[1] not in g.initializers:
         return "the weight is not a constant initializer"
     bias = node.input[2] if len(node.input) > 2 and node.input[2] in g.initializers else None
-    return _Roles((node.input[0],), WeightPlan(node.input[1], 0), bias)
+    return _Roles((node.input[0],), _WeightRoles(node.input[1], 0, 1), bias)
 
 
 def _gemm_roles(node: onnx.NodeProto, g: _Graph) -> _Roles | str:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if node.input[1] not in g.initializers:
         return "input B is not a constant initializer"
-    axis = 0 if attrs.get("transB", 0) else 1
+    axis, reduction = (0, 1) if attrs.get("transB", 0) else (1, 0)
     bias = None
     if len(node.input) > 2 and node.input[2] in g.initializers:
         c = g.initializers[node.input[2]]
         n_out = g.initializers[node.input[1]].dims[axis]
         if attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0 and list(c.dims) == [n_out]:
             bias = node.input[2]
-    return _Roles((node.input[0],), WeightPlan(node.input[1], axis), bias)
+    return _Roles((node.input[0],), _WeightRoles(node.input[1], axis, reduction), bias)
 
 
 def _matmul_roles(node: onnx.NodeProto, g: _Graph) -> _Roles | str:
     a, b = node.input[0], node.input[1]
     if b in g.initializers:
-        axis = g.rank(b) - 1 if g.rank(b) >= 2 else None  # output columns
-        return _Roles((a,), WeightPlan(b, axis), None)
+        rank = g.rank(b)
+        # B is [..., K, N]: output columns are the last axis, the reduction runs along K.
+        return _Roles((a,), _WeightRoles(b, rank - 1 if rank >= 2 else None, rank - 2 if rank >= 2 else 0), None)
     if a in g.initializers:
-        return _Roles((b,), WeightPlan(a, None), None)
+        return _Roles((b,), _WeightRoles(a, None, g.rank(a) - 1), None)
     return _Roles((a, b), None, None)
 
 
@@ -129,6 +146,18 @@ HANDLERS: dict[str, Callable[[onnx.NodeProto, _Graph], _Roles | str]] = {
     "Gemm": _gemm_roles,
     "MatMul": _matmul_roles,
 }
+
+
+def weight_only_dtype(dtype: str) -> bool:
+    """Weights of this dtype run with float activations.
+
+    onnxruntime has integer kernels with quantized activations only for 8-bit
+    weights (QLinearConv, QGemm, QLinearMatMul, MatMulIntegerToFloat); it even
+    fuses 2-bit weights into those and then refuses the model. 4- and 2-bit
+    weights therefore dequantize into float compute, or, per block on MatMul,
+    into MatMulNBits - which takes float activations. fp16 weights are cast.
+    """
+    return dtype in ("int4", "uint4", "int2", "uint2", "fp16")
 
 
 def _sole_consumer(tensor: str, g: _Graph) -> onnx.NodeProto | None:
@@ -190,6 +219,14 @@ def build_plan(model: onnx.ModelProto, config: QConfig) -> QuantPlan:
         if not_float:
             skipped.append((name, f"input {not_float[0]} is not float32"))
             continue
+        float_activations = scheme.weight_only or weight_only_dtype(scheme.weight.dtype)
+        weight = _weight_plan(roles.weight, scheme, g, name) if roles.weight else None
+        if float_activations:
+            if weight is None:
+                skipped.append((name, "weight_only/fp16 asked for, but the node has no constant weight"))
+                continue
+            nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None))
+            continue
         output = _output_to_quantize(node, g)
         for tensor in (*roles.activations, *([output] if output else [])):
             chosen = activations.setdefault(tensor, scheme.activation)
@@ -201,8 +238,27 @@ def build_plan(model: onnx.ModelProto, config: QConfig) -> QuantPlan:
                     scheme.activation,
                     chosen,
                 )
-        weight = roles.weight
-        if weight and not scheme.weight.per_channel:
-            weight = WeightPlan(weight.name, None)
-        nodes.append(NodePlan(name, node.op_type, scheme, roles.activations, weight, roles.bias, output))
+        # An int32 bias needs one weight scale per output channel (or one for all): not per block.
+        bias = roles.bias if weight is not None and weight.block_size is None else None
+        nodes.append(NodePlan(name, node.op_type, scheme, roles.activations, weight, bias, output))
     return QuantPlan(tuple(nodes), activations, tuple(skipped))
+
+
+def _weight_plan(roles: _WeightRoles, scheme: NodeScheme, g: _Graph, node: str) -> WeightPlan:
+    """Where the weight's scales lie, from the scheme's granularity and the op's natural axes."""
+    spec = scheme.weight
+    if spec.fp16 or spec.granularity == "per_tensor":
+        return WeightPlan(roles.name, None)
+    natural = roles.block_axis if spec.per_block else roles.channel_axis
+    axis = spec.axis if spec.axis is not None else natural
+    if axis is None:
+        log.info("%s: %s weights along no axis; using per_tensor", node, spec.granularity)
+        return WeightPlan(roles.name, None)
+    rank = g.rank(roles.name)
+    if not -rank <= axis < rank:
+        raise QtoolError(
+            f"node {node}: weight axis {axis} is out of range for weight {roles.name} of rank {rank}",
+            hint=f"set axis between {-rank} and {rank - 1} (rule {scheme.rule})",
+        )
+    axis %= rank
+    return WeightPlan(roles.name, axis, (spec.block_size or 32) if spec.per_block else None)

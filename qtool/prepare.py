@@ -62,6 +62,9 @@ def prepare_model(model: onnx.ModelProto, *, min_opset: int = 0) -> tuple[onnx.M
     _name_unnamed_nodes(prepared.graph)
     if report.opset_before < min_opset:
         prepared = _upgrade_opset(prepared, report.opset_before, min_opset)
+        # The converter keeps the IR version, but opset 21 (INT4) needs IR 10 and opset 25 (INT2) IR 13.
+        opset = helper.make_opsetid("", min_opset)
+        prepared.ir_version = max(prepared.ir_version, helper.find_min_ir_version_for([opset]))
     report.opset_after = default_opset(prepared)
     report.folded_batchnorms = _fold_batchnorms(prepared.graph)
     report.removed_initializers = _remove_unused_initializers(prepared.graph)

@@ -21,7 +21,7 @@ class QuantType:
 
     name: str
     onnx_type: int
-    numpy_dtype: type[np.generic]
+    numpy_dtype: type[np.generic]  # the dtype values are computed in (4- and 2-bit ones are packed on storage)
     qmin: int
     qmax: int
 
@@ -29,12 +29,20 @@ class QuantType:
     def signed(self) -> bool:
         return self.qmin < 0
 
+    @property
+    def bits(self) -> int:
+        return int(self.qmax - self.qmin).bit_length()
+
 
 QUANT_TYPES: dict[str, QuantType] = {
     "int8": QuantType("int8", TensorProto.INT8, np.int8, -128, 127),
     "uint8": QuantType("uint8", TensorProto.UINT8, np.uint8, 0, 255),
     "int16": QuantType("int16", TensorProto.INT16, np.int16, -32768, 32767),
     "uint16": QuantType("uint16", TensorProto.UINT16, np.uint16, 0, 65535),
+    "int4": QuantType("int4", TensorProto.INT4, np.int8, -8, 7),
+    "uint4": QuantType("uint4", TensorProto.UINT4, np.uint8, 0, 15),
+    "int2": QuantType("int2", TensorProto.INT2, np.int8, -2, 1),
+    "uint2": QuantType("uint2", TensorProto.UINT2, np.uint8, 0, 3),
 }
 
 _INT32 = np.iinfo(np.int32)
@@ -52,20 +60,28 @@ def quant_type(name: str) -> QuantType:
 
 @dataclass(frozen=True)
 class QParams:
-    """Scale and zero point for one tensor; ``axis`` is set for per-channel parameters."""
+    """Scale and zero point for one tensor.
 
-    scale: np.ndarray  # float32, shape () or (channels,)
+    Per tensor: scalars. Per channel: 1-D along ``axis``. Per block: the
+    tensor's shape with ``axis`` divided (rounded up) by ``block_size``, as
+    opset-21 DequantizeLinear takes them.
+    """
+
+    scale: np.ndarray  # float32
     zero_point: np.ndarray  # qtype's dtype, same shape as scale
     qtype: QuantType
     axis: int | None = None
+    block_size: int | None = None
 
-    def broadcast_shape(self, ndim: int) -> tuple[int, ...]:
-        """Shape that makes scale/zero point broadcast against a tensor of rank ``ndim``."""
+    def expand(self, values: np.ndarray, ndim: int, length: int) -> np.ndarray:
+        """``values`` (scale or zero point) broadcastable against a tensor of rank ``ndim``."""
         if self.axis is None:
-            return ()
+            return values
+        if self.block_size is not None:
+            return np.repeat(values, self.block_size, axis=self.axis).take(range(length), axis=self.axis)
         shape = [1] * ndim
-        shape[self.axis] = self.scale.size
-        return tuple(shape)
+        shape[self.axis] = values.size
+        return values.reshape(shape)
 
 
 def compute_qparams(
@@ -133,28 +149,62 @@ def compute_qparams(
     )
 
 
+def _expanded(qp: QParams, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    length = x.shape[qp.axis] if qp.axis is not None else 0
+    return qp.expand(qp.scale, x.ndim, length), qp.expand(qp.zero_point.astype(np.int64), x.ndim, length)
+
+
 def quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
     """QuantizeLinear: float32 tensor -> integers of ``qp.qtype``."""
-    shape = qp.broadcast_shape(x.ndim)
-    scale = qp.scale.reshape(shape)
-    zero = qp.zero_point.astype(np.int64).reshape(shape)
+    scale, zero = _expanded(qp, x)
     q = np.rint(x.astype(np.float32) / scale).astype(np.int64) + zero
     return np.clip(q, qp.qtype.qmin, qp.qtype.qmax).astype(qp.qtype.numpy_dtype)
 
 
 def dequantize(q: np.ndarray, qp: QParams) -> np.ndarray:
     """DequantizeLinear: integers -> float32."""
-    shape = qp.broadcast_shape(q.ndim)
-    zero = qp.zero_point.astype(np.int64).reshape(shape)
-    return ((q.astype(np.int64) - zero).astype(np.float32) * qp.scale.reshape(shape)).astype(np.float32)
+    scale, zero = _expanded(qp, q)
+    return ((q.astype(np.int64) - zero).astype(np.float32) * scale).astype(np.float32)
 
 
-def weight_range(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Min and max of a weight, over the whole tensor or per slice along ``axis``."""
+def weight_range(weight: np.ndarray, axis: int | None, block_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Min and max of a weight: whole tensor, per slice along ``axis``, or per block of ``axis``.
+
+    Per block, the result has the weight's shape with ``axis`` divided by
+    ``block_size`` (rounded up; the last block may be shorter).
+    """
     if axis is None:
         return np.asarray(weight.min()), np.asarray(weight.max())
-    reduce_axes = tuple(i for i in range(weight.ndim) if i != axis)
-    return weight.min(axis=reduce_axes), weight.max(axis=reduce_axes)
+    if block_size is None:
+        reduce_axes = tuple(i for i in range(weight.ndim) if i != axis)
+        return weight.min(axis=reduce_axes), weight.max(axis=reduce_axes)
+    starts = np.arange(0, weight.shape[axis], block_size)
+    return np.minimum.reduceat(weight, starts, axis=axis), np.maximum.reduceat(weight, starts, axis=axis)
+
+
+def to_tensor_proto(values: np.ndarray, qtype: QuantType, name: str) -> TensorProto:
+    """An initializer of ``qtype`` holding integer ``values``; 4- and 2-bit types are packed.
+
+    Packing follows the ONNX spec: the first element in the lowest bits of each
+    byte, the last byte padded with zeros.
+    """
+    bits = qtype.bits
+    if bits >= 8:
+        from onnx import numpy_helper
+
+        return numpy_helper.from_array(values.astype(qtype.numpy_dtype), name)
+    per_byte = 8 // bits
+    flat = (values.astype(np.int64).ravel() & ((1 << bits) - 1)).astype(np.uint8)
+    flat = np.concatenate([flat, np.zeros((-flat.size) % per_byte, np.uint8)]).reshape(-1, per_byte)
+    packed = np.zeros(flat.shape[0], np.uint8)
+    for position in range(per_byte):
+        packed |= flat[:, position] << np.uint8(bits * position)
+    tensor = TensorProto()
+    tensor.name = name
+    tensor.data_type = qtype.onnx_type
+    tensor.dims.extend(values.shape)
+    tensor.raw_data = packed.tobytes()
+    return tensor
 
 
 def quantize_bias(bias: np.ndarray, input_scale: np.ndarray, weight_scale: np.ndarray) -> tuple[np.ndarray, QParams]:
@@ -170,3 +220,58 @@ def quantize_bias(bias: np.ndarray, input_scale: np.ndarray, weight_scale: np.nd
     int32 = QuantType("int32", TensorProto.INT32, np.int32, int(_INT32.min), int(_INT32.max))
     axis = 0 if scale.ndim == 1 else None
     return q, QParams(scale=scale, zero_point=np.zeros(scale.shape, np.int32), qtype=int32, axis=axis)
+
+
+def _grouped(weight: np.ndarray, axis: int | None, block_size: int | None) -> tuple[np.ndarray, tuple[int, ...]]:
+    """``weight`` as (groups, elements): one row per scale; plus the shape the per-group values take."""
+    w = weight.astype(np.float32)
+    if axis is None:
+        return w.reshape(1, -1), ()
+    moved = np.moveaxis(w, axis, -1)
+    if block_size is None:
+        moved = np.moveaxis(w, axis, 0)
+        return moved.reshape(moved.shape[0], -1), (moved.shape[0],)
+    pad = (-moved.shape[-1]) % block_size
+    if pad:  # zeros are exactly representable, so padding a short last block changes no error
+        moved = np.concatenate([moved, np.zeros((*moved.shape[:-1], pad), np.float32)], axis=-1)
+    blocks = moved.reshape(*moved.shape[:-1], moved.shape[-1] // block_size, block_size)
+    return blocks.reshape(-1, block_size), blocks.shape[:-1]
+
+
+def mse_weight_range(
+    weight: np.ndarray,
+    qtype: QuantType,
+    *,
+    symmetric: bool,
+    axis: int | None,
+    block_size: int | None = None,
+    candidates: int = 40,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-group clipping range that minimises the weight's quantization MSE.
+
+    Low-bit weights lose most of their precision to the few largest values when
+    the range is simply min..max; shrinking it (fractions 1/candidates .. 1 of the
+    min/max) trades clipping those for finer steps everywhere else. The result has
+    the same shapes as :func:`weight_range`.
+    """
+    groups, shape = _grouped(weight, axis, block_size)
+    lo_all, hi_all = groups.min(axis=1).astype(np.float64), groups.max(axis=1).astype(np.float64)
+    best_err = np.full(len(groups), np.inf)
+    best_lo, best_hi = lo_all.copy(), hi_all.copy()
+    for fraction in np.linspace(1.0 / candidates, 1.0, candidates):
+        lo, hi = lo_all * fraction, hi_all * fraction
+        qp = compute_qparams(lo, hi, qtype, symmetric=symmetric, narrow_range=symmetric)
+        scale = qp.scale[:, None]
+        zero = qp.zero_point.astype(np.float32)[:, None]
+        qmin = -qtype.qmax if symmetric and qtype.signed else qtype.qmin
+        q = np.clip(np.rint(groups / scale) + zero, qmin, qtype.qmax)
+        err = (((q - zero) * scale - groups) ** 2).sum(axis=1)
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        best_lo, best_hi = np.where(better, lo, best_lo), np.where(better, hi, best_hi)
+    if axis is not None and block_size is not None:
+        best_lo = np.moveaxis(best_lo.reshape(shape), -1, axis)
+        best_hi = np.moveaxis(best_hi.reshape(shape), -1, axis)
+    else:
+        best_lo, best_hi = best_lo.reshape(shape), best_hi.reshape(shape)
+    return best_lo, best_hi

@@ -13,6 +13,7 @@ from qtool import __version__
 from qtool.api import ComparisonResult, QuantizeResult
 from qtool.calibration import CalibrationStats
 from qtool.comparison import ErrorMetrics, LatencyStats
+from qtool.inspection import Inspection
 
 SCHEMA_VERSION = 1
 
@@ -170,6 +171,81 @@ def render_observers(console: Console, rows: list[dict[str, Any]]) -> None:
         shown = "see the plugin" if options is None else ", ".join(f"{k}={v}" for k, v in options.items()) or "-"
         table.add_row(row["name"], row["source"], shown, row["summary"])
     console.print(table)
+
+
+def inspection_to_dict(result: Inspection) -> dict[str, Any]:
+    """The ``qtool inspect --json`` document."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "qtool_version": __version__,
+        "model": {"path": result.model_path, "bytes": result.model_bytes},
+        "nodes": [
+            {
+                "name": r.name,
+                "op_type": r.op_type,
+                "rule": r.rule,
+                "weight": r.weight,
+                "activation": r.activation,
+                "weight_elements": r.weight_elements,
+                "float_bytes": r.float_bytes,
+                "quantized_bytes": r.quantized_bytes,
+            }
+            for r in result.rows
+        ],
+        "kept_float": [{"node": n, "op_type": op, "reason": why} for n, op, why in result.kept_float],
+        "passthrough_ops": result.passthrough,
+        "totals": {
+            "weight_elements": sum(r.weight_elements for r in result.rows),
+            "float_bytes": sum(r.float_bytes for r in result.rows),
+            "quantized_bytes": sum(r.quantized_bytes for r in result.rows),
+            "predicted_model_bytes": result.predicted_bytes,
+            "predicted_compression_ratio": result.predicted_ratio,
+        },
+    }
+
+
+def render_inspection(console: Console, result: Inspection) -> None:
+    """Print the per-node plan, what stays float, and the predicted compression."""
+    table = Table(title=f"qtool inspect {result.model_path}", title_justify="left")
+    for column in ("node", "op", "rule", "weight", "activation", "elements", "float B", "quantized B"):
+        table.add_column(column, justify="right" if column in ("elements", "float B", "quantized B") else "left")
+    for r in result.rows:
+        table.add_row(
+            r.name,
+            r.op_type,
+            r.rule,
+            r.weight,
+            r.activation,
+            f"{r.weight_elements:,}",
+            f"{r.float_bytes:,}",
+            f"{r.quantized_bytes:,}",
+        )
+    table.add_section()
+    table.add_row(
+        "total",
+        "",
+        "",
+        "",
+        "",
+        f"{sum(r.weight_elements for r in result.rows):,}",
+        f"{sum(r.float_bytes for r in result.rows):,}",
+        f"{sum(r.quantized_bytes for r in result.rows):,}",
+    )
+    console.print(table)
+    console.print(
+        f"model {_bytes(result.model_bytes)} -> predicted {_bytes(result.predicted_bytes)}, "
+        f"compression [bold]{result.predicted_ratio:.2f}x[/bold]"
+    )
+    if result.kept_float:
+        kept = Table(title="kept in float", title_justify="left")
+        for column in ("node", "op", "why"):
+            kept.add_column(column)
+        for name, op, why in result.kept_float:
+            kept.add_row(name, op, why)
+        console.print(kept)
+    if result.passthrough:
+        listed = ", ".join(f"{op} x{count}" for op, count in result.passthrough.items())
+        console.print(f"passed through untouched (not quantized by qtool): {listed}")
 
 
 def render_quantize(console: Console, result: QuantizeResult) -> None:

@@ -15,12 +15,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from qtool.config import TensorScheme
 from qtool.errors import QtoolError
 from qtool.plan import NodePlan, QuantPlan
-from qtool.qparams import QParams, compute_qparams, quant_type, quantize, quantize_bias, weight_range
+from qtool.qparams import (
+    QParams,
+    compute_qparams,
+    mse_weight_range,
+    quant_type,
+    quantize,
+    quantize_bias,
+    to_tensor_proto,
+    weight_range,
+)
 
 
 @dataclass
@@ -51,18 +60,38 @@ class _Names:
         return name
 
 
-def weight_qparams(weight: np.ndarray, scheme: TensorScheme, axis: int | None, what: str) -> QParams:
-    """Scale / zero point of a weight from its own values (symmetric weights use the narrow range)."""
-    lo, hi = weight_range(weight, axis)
-    return compute_qparams(
+def weight_qparams(
+    weight: np.ndarray, scheme: TensorScheme, axis: int | None, what: str, block_size: int | None = None
+) -> QParams:
+    """Scale / zero point of a weight from its own values (symmetric weights use the narrow range).
+
+    8-bit weights use their min/max; 4- and 2-bit weights the MSE-optimal clipping range.
+    """
+    qtype = quant_type(scheme.dtype)
+    if qtype.bits <= 4:
+        lo, hi = mse_weight_range(weight, qtype, symmetric=scheme.symmetric, axis=axis, block_size=block_size)
+    else:
+        lo, hi = weight_range(weight, axis, block_size)
+    qp = compute_qparams(
         lo,
         hi,
-        quant_type(scheme.dtype),
+        qtype,
         symmetric=scheme.symmetric,
         narrow_range=scheme.symmetric,
         axis=axis,
         what=what,
     )
+    return QParams(qp.scale, qp.zero_point, qp.qtype, axis, block_size)
+
+
+WeightKey = tuple[int | None, int | None, str, bool]  # axis, block size, dtype, symmetric
+
+
+def weight_key(node: NodePlan) -> WeightKey:
+    """What decides a weight's stored form for one node; nodes with equal keys share one copy."""
+    assert node.weight is not None
+    spec = node.scheme.weight
+    return (node.weight.axis, node.weight.block_size, spec.dtype, spec.symmetric)
 
 
 def activation_qparams(rmin: np.ndarray, rmax: np.ndarray, scheme: TensorScheme, what: str) -> QParams:
@@ -90,7 +119,7 @@ class _Rewriter:
         self.prologue: list[onnx.NodeProto] = []  # DQ of weights, Q/DQ of graph inputs and constants
         self.after: dict[str, list[onnx.NodeProto]] = {}  # tensor -> Q/DQ to emit after its producer
         self.replaced: set[str] = set()  # float initializers replaced by integer ones (dropped once unread)
-        self.weights: dict[tuple[str, int | None, str, bool], tuple[str, QParams]] = {}
+        self.weights: dict[tuple[str, WeightKey], tuple[str, QParams | None]] = {}
         self.report = RewriteReport()
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in self.graph.node:
@@ -105,20 +134,35 @@ class _Rewriter:
         self.graph.initializer.append(numpy_helper.from_array(qp.zero_point, zero))
         return scale, zero
 
-    def _dq_node(self, base: str, source: str, scale: str, zero: str, output: str, axis: int | None) -> onnx.NodeProto:
+    def _dq_node(
+        self, base: str, source: str, scale: str, zero: str, output: str, axis: int | None, block: int | None = None
+    ) -> onnx.NodeProto:
         node = helper.make_node(
             "DequantizeLinear", [source, scale, zero], [output], name=self.names.new(f"{base}/DequantizeLinear")
         )
         if axis is not None:
             node.attribute.append(helper.make_attribute("axis", axis))
+        if block is not None:
+            node.attribute.append(helper.make_attribute("block_size", block))
         return node
 
     def _replace_constant(self, name: str, values: np.ndarray, qp: QParams, output: str) -> None:
-        """Store ``values`` as integers and make a DequantizeLinear write ``output``."""
+        """Store ``values`` as integers (4- and 2-bit packed) and make a DequantizeLinear write ``output``."""
         stored = self.names.new(f"{name}/quantized")
-        self.graph.initializer.append(numpy_helper.from_array(values, stored))
-        scale, zero = self._add_qparam_inits(name, qp)
-        self.prologue.append(self._dq_node(name, stored, scale, zero, output, qp.axis))
+        self.graph.initializer.append(to_tensor_proto(values, qp.qtype, stored))
+        scale = self.names.new(f"{name}/scale")
+        zero = self.names.new(f"{name}/zero_point")
+        self.graph.initializer.append(numpy_helper.from_array(qp.scale.astype(np.float32), scale))
+        self.graph.initializer.append(to_tensor_proto(qp.zero_point, qp.qtype, zero))
+        self.prologue.append(self._dq_node(name, stored, scale, zero, output, qp.axis, qp.block_size))
+
+    def _replace_with_fp16(self, name: str, values: np.ndarray, output: str) -> None:
+        """Store ``values`` as float16 and make a Cast back to float write ``output``."""
+        stored = self.names.new(f"{name}/fp16")
+        self.graph.initializer.append(numpy_helper.from_array(values.astype(np.float16), stored))
+        self.prologue.append(
+            helper.make_node("Cast", [stored], [output], name=self.names.new(f"{name}/Cast"), to=TensorProto.FLOAT)
+        )
 
     def _rename_input(self, node: onnx.NodeProto, old: str, new: str) -> None:
         for i, name in enumerate(node.input):
@@ -160,52 +204,51 @@ class _Rewriter:
         target.append(self._dq_node(tensor, quantized, scale, zero, output, None))
         self.report.quantized_activations.append(tensor)
 
-    def _bias_scale_floor(self, weight: str, key: tuple[str, int | None, str, bool]) -> np.ndarray | None:
+    def _bias_scale_floor(self, weight: str, key: WeightKey) -> np.ndarray | None:
         """Smallest weight scale per channel that keeps every int32 bias using ``weight`` from saturating."""
         floor = None
         for node in self.plan.nodes:
             if node.weight is None or node.weight.name != weight or node.bias is None or not node.activations:
                 continue
-            if (node.weight.axis, node.scheme.weight.dtype, node.scheme.weight.symmetric) != key[1:]:
+            if weight_key(node) != key:
                 continue
             bias = np.abs(numpy_helper.to_array(self.inits[node.bias]).astype(np.float64))
             input_scale = float(self.act_qparams[node.activations[0]].scale)
             need = bias / (input_scale * _INT32_MAX * 0.5)  # keep half the int32 range as headroom
             floor = need if floor is None else np.maximum(floor, need)
-        if floor is not None and key[1] is None:
+        if floor is not None and key[0] is None:
             floor = np.asarray(floor.max())
         return floor
 
-    def quantize_weight(self, node: NodePlan, weight_name: str, axis: int | None) -> QParams:
-        scheme = node.scheme.weight
-        key = (weight_name, axis, scheme.dtype, scheme.symmetric)
-        if key not in self.weights:
+    def quantize_weight(self, node: NodePlan) -> QParams | None:
+        """Replace the node's weight by its stored form; returns its qparams (None for fp16)."""
+        assert node.weight is not None  # the caller checks
+        weight_name, key = node.weight.name, weight_key(node)
+        if (weight_name, key) not in self.weights:
             values = numpy_helper.to_array(self.inits[weight_name])
-            qp = weight_qparams(values, scheme, axis, what=f"weight {weight_name}")
-            floor = self._bias_scale_floor(weight_name, key)
-            if floor is not None and np.any(qp.scale < floor):
-                raised = np.maximum(qp.scale, floor).astype(np.float32)
-                qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis)
-            planned = {p.name for p in self.plan.nodes if p.weight and p.weight.name == weight_name}
+            planned = [p for p in self.plan.nodes if p.weight and p.weight.name == weight_name]
             readers = {n.name for n in self.consumers.get(weight_name, [])}
-            exclusive = readers <= planned and len(self._keys_for(weight_name)) == 1
-            # Only a weight read by nodes that all want the same scheme keeps its name.
+            exclusive = readers <= {p.name for p in planned} and len({weight_key(p) for p in planned}) == 1
+            # Only a weight read by nodes that all want the same form keeps its name.
             output = weight_name if exclusive else self.names.new(f"{weight_name}/dequantized")
-            self._replace_constant(weight_name, quantize(values, qp), qp, output)
+            qp: QParams | None = None
+            if node.scheme.weight.fp16:
+                self._replace_with_fp16(weight_name, values, output)
+            else:
+                axis, block = node.weight.axis, node.weight.block_size
+                qp = weight_qparams(values, node.scheme.weight, axis, f"weight {weight_name}", block)
+                floor = self._bias_scale_floor(weight_name, key)
+                if floor is not None and np.any(qp.scale < floor):
+                    raised = np.maximum(qp.scale, floor).astype(np.float32)
+                    qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size)
+                self._replace_constant(weight_name, quantize(values, qp), qp, output)
             self.replaced.add(weight_name)
-            self.weights[key] = (output, qp)
+            self.weights[(weight_name, key)] = (output, qp)
             self.report.quantized_weights.append(weight_name)
-        output, qp = self.weights[key]
+        output, stored_qp = self.weights[(weight_name, key)]
         if output != weight_name:
             self._rename_input(self.nodes[node.name], weight_name, output)
-        return qp
-
-    def _keys_for(self, weight_name: str) -> set[tuple[int | None, str, bool]]:
-        return {
-            (p.weight.axis, p.scheme.weight.dtype, p.scheme.weight.symmetric)
-            for p in self.plan.nodes
-            if p.weight and p.weight.name == weight_name
-        }
+        return stored_qp
 
     def quantize_bias(self, node: NodePlan, weight_qp: QParams) -> None:
         assert node.bias is not None  # the caller checks
@@ -231,8 +274,8 @@ class _Rewriter:
             self.quantize_activation(tensor, readers.get(tensor, []))
         for plan_node in self.plan.nodes:
             if plan_node.weight is not None:
-                weight_qp = self.quantize_weight(plan_node, plan_node.weight.name, plan_node.weight.axis)
-                if plan_node.bias is not None and plan_node.activations:
+                weight_qp = self.quantize_weight(plan_node)
+                if plan_node.bias is not None and plan_node.activations and weight_qp is not None:
                     self.quantize_bias(plan_node, weight_qp)
             self.report.quantized_nodes.append(plan_node.name)
         self._assemble()

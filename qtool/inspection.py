@@ -1,0 +1,102 @@
+"""What ``qtool quantize`` would do to a model, node by node, and the size it predicts."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from qtool.config import QConfig
+from qtool.plan import HANDLERS, NodePlan, QuantPlan
+from qtool.qparams import quant_type
+
+_FLOAT_BYTES = 4
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """One node qtool quantizes."""
+
+    name: str
+    op_type: str
+    rule: str
+    weight: str  # e.g. "int4 per_block(32) sym", or "-" without a constant weight
+    activation: str  # e.g. "uint8 per_tensor asym", or "float" for weight-only nodes
+    weight_elements: int
+    float_bytes: int
+    quantized_bytes: int
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """Per-node decisions, what stays float and why, and the predicted on-disk size."""
+
+    model_path: str
+    model_bytes: int
+    rows: list[NodeRow]
+    kept_float: list[tuple[str, str, str]]  # (node, op type, reason)
+    passthrough: dict[str, int] = field(default_factory=dict)  # op type -> count of untouched nodes
+
+    @property
+    def predicted_bytes(self) -> int:
+        saved = sum(r.float_bytes - r.quantized_bytes for r in self.rows)
+        return max(1, self.model_bytes - saved)
+
+    @property
+    def predicted_ratio(self) -> float:
+        return self.model_bytes / self.predicted_bytes
+
+
+def _stored_bytes(elements: int, groups: int, dtype: str) -> int:
+    """Bytes of a weight stored as ``dtype`` with ``groups`` scales (and zero points)."""
+    if dtype == "fp16":
+        return elements * 2
+    bits = quant_type(dtype).bits
+    return math.ceil(elements * bits / 8) + groups * _FLOAT_BYTES + math.ceil(groups * bits / 8)
+
+
+def _groups(shape: list[int], plan: NodePlan) -> int:
+    weight = plan.weight
+    if weight is None or weight.axis is None:
+        return 1
+    if weight.block_size is None:
+        return shape[weight.axis]
+    blocks = math.ceil(shape[weight.axis] / weight.block_size)
+    return int(np.prod(shape)) // shape[weight.axis] * blocks
+
+
+def inspect_plan(
+    model_path: str, model_bytes: int, prepared: onnx.ModelProto, plan: QuantPlan, config: QConfig
+) -> Inspection:
+    """Build the inspection of a prepared model and its plan."""
+    shapes = {init.name: list(init.dims) for init in prepared.graph.initializer}
+    rows = []
+    counted: set[tuple[str, str]] = set()
+    for node in plan.nodes:
+        weight_text, elements, float_bytes, stored = "-", 0, 0, 0
+        if node.weight is not None:
+            shape = shapes[node.weight.name]
+            elements = int(np.prod(shape))
+            spec = node.scheme.weight
+            weight_text = spec.describe()
+            key = (node.weight.name, weight_text)
+            if key not in counted:  # a weight shared by several nodes is stored once
+                counted.add(key)
+                float_bytes = elements * _FLOAT_BYTES
+                stored = _stored_bytes(elements, _groups(shape, node), spec.dtype)
+        activation = node.scheme.activation.describe() if node.activations else "float"
+        rows.append(
+            NodeRow(node.name, node.op_type, node.scheme.rule, weight_text, activation, elements, float_bytes, stored)
+        )
+    op_types = {n.name: n.op_type for n in prepared.graph.node}
+    kept = []
+    for name, reason in plan.skipped:
+        _, rule = config.resolve(name, op_types.get(name, ""))
+        kept.append((name, op_types.get(name, "?"), f"{reason} ({rule})" if "config" in reason else reason))
+    planned = {n.name for n in plan.nodes} | {name for name, _ in plan.skipped}
+    passthrough = Counter(n.op_type for n in prepared.graph.node if n.name not in planned)
+    unsupported = {op: count for op, count in sorted(passthrough.items()) if op not in HANDLERS}
+    return Inspection(model_path, model_bytes, rows, kept, unsupported)
