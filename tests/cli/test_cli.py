@@ -268,3 +268,20 @@ def test_nan_sample_fails_naming_file_and_input_unless_skipped(tmp_path):
     assert r.exit_code == 0 and "skipped 1 samples" in r.stdout
     stats = json.loads((tmp_path / "s.json").read_text())
     assert (stats["samples"], stats["skipped"]) == (3, 1)
+
+
+def test_inspect_lists_nodes_rules_and_predicted_compression_as_json(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("op_type: {Gemm: null}\nnode_name: {block1/conv: {weight: {dtype: int4}}}\n")
+    r = invoke("inspect", sample("cnn"), "--config", cfg, "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    nodes = {n["name"]: n for n in doc["nodes"]}
+    assert nodes["block1/conv"]["rule"] == "node_name:block1/conv" and nodes["block1/conv"]["weight"].startswith("int4")
+    assert nodes["block0/conv"]["rule"] == "global"
+    assert doc["kept_float"] == [
+        {"node": "head/gemm", "op_type": "Gemm", "reason": "kept in float by the config (op_type:Gemm)"}
+    ]
+    assert doc["passthrough_ops"]["Relu"] == 3
+    assert doc["totals"]["predicted_compression_ratio"] > 3.5
+    assert "kept in float" in r.stderr and "predicted" in r.stderr
