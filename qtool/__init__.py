@@ -15,6 +15,8 @@ _EXPORTS = {
     "calibrate": "qtool.api",
     "quantize": "qtool.api",
     "compare": "qtool.api",
+    "inspect": "qtool.api",
+    "merge_stats": "qtool.api",
     "write_stats": "qtool.api",
     "ComparisonResult": "qtool.api",
     "QuantizeResult": "qtool.api",
@@ -35,13 +37,24 @@ __all__ = [
     "__version__",
     "calibrate",
     "compare",
+    "inspect",
     "load_config",
+    "merge_stats",
     "quantize",
     "write_stats",
 ]
 
 if TYPE_CHECKING:
-    from qtool.api import ComparisonResult, QuantizeResult, calibrate, compare, quantize, write_stats
+    from qtool.api import (
+        ComparisonResult,
+        QuantizeResult,
+        calibrate,
+        compare,
+        inspect,
+        merge_stats,
+        quantize,
+        write_stats,
+    )
     from qtool.calibration import CalibrationStats
     from qtool.config import QConfig, load_config
     from qtool.errors import ExitCode, QtoolError

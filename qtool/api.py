@@ -5,23 +5,28 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from qtool import __version__
 from qtool.calibration import CalibrationStats, collect_statistics
-from qtool.comparison import ErrorMetrics, LatencyComparison, measure_latency, output_metrics
+from qtool.comparison import TASKS, Agreement, ErrorMetrics, LatencyComparison, measure_latency, output_metrics
 from qtool.config import QConfig, load_config, split_observer
 from qtool.dataset import Dataset, model_inputs
+from qtool.environment import cpu_info, files_digest, versions
 from qtool.errors import QtoolError
+from qtool.gates import Gate, GateResult, evaluate_gates
 from qtool.inspection import Inspection, inspect_plan
+from qtool.layers import LayerError, layer_errors
 from qtool.model_io import file_sha256, load_model, model_size_bytes, same_file, save_model, write_text
 from qtool.observers import create_observer
 from qtool.plan import QuantPlan, build_plan
 from qtool.prepare import PrepareReport, prepare_model
+from qtool.providers import session_providers, unavailable_reason
 from qtool.qparams import QParams
 from qtool.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
 from qtool.runtime import create_session
@@ -55,11 +60,40 @@ class ComparisonResult:
     samples: int
     outputs: list[ErrorMetrics]
     overall: ErrorMetrics
-    latency: LatencyComparison | None
+    latency: list[LatencyComparison] = field(default_factory=list)  # one per provider measured
+    skipped_providers: list[tuple[str, str]] = field(default_factory=list)  # (provider, reason)
+    agreement: list[Agreement] = field(default_factory=list)
+    task_note: str = ""
+    layers: list[LayerError] | None = None
+    gates: list[GateResult] = field(default_factory=list)
+    reproducibility: dict[str, Any] = field(default_factory=dict)
 
     @property
     def compression_ratio(self) -> float:
         return self.reference.size_bytes / self.candidate.size_bytes
+
+    @property
+    def primary_latency(self) -> LatencyComparison | None:
+        """The first provider measured (the one latency gates use)."""
+        return self.latency[0] if self.latency else None
+
+    @property
+    def gates_passed(self) -> bool:
+        return all(g.passed for g in self.gates)
+
+    def measured(self) -> dict[str, float | None]:
+        """The numbers gates can test, by metric name."""
+        lat = self.primary_latency
+        return {
+            "sqnr": self.overall.sqnr_db,
+            "cosine": self.overall.cosine,
+            "mse": self.overall.mse,
+            "max_abs_error": self.overall.max_abs_error,
+            "top1": min((a.top1 for a in self.agreement), default=None),
+            "top5": min((a.top5 for a in self.agreement), default=None),
+            "compression": self.compression_ratio,
+            "latency_ratio": lat.candidate.median_ms / lat.reference.median_ms if lat else None,
+        }
 
 
 @dataclass
@@ -333,26 +367,36 @@ def compare(
     limit: int | None = None,
     config_path: Path | str | None = None,
     skip_nonfinite: bool = False,
+    task: str = "auto",
+    per_layer: bool = False,
+    providers: list[str] | None = None,
+    gates: list[Gate] | None = None,
     progress: ProgressFactory | None = None,
 ) -> ComparisonResult:
-    """Compare a candidate model with its reference: size, accuracy and CPU latency.
+    """Compare a candidate model with its reference: size, accuracy, latency per provider, and gates.
 
     Args:
         reference_path: the float model.
         candidate_path: the quantized model.
         data_dir: evaluation samples for both models.
-        runs: timed runs per model (0 skips latency).
+        runs: timed runs per model and provider (0 skips latency).
         warmup: untimed runs per model before timing.
         threads: onnxruntime intra-op threads (None: onnxruntime's default).
         limit: use only the first N samples for accuracy.
         config_path: a QConfigDict whose ``preprocess:`` block turns images into inputs.
         skip_nonfinite: skip samples with NaN/Inf instead of failing.
+        task: "auto" (top-1/top-5 for 2-D [N, C] outputs), "classification" or "none".
+        per_layer: also pair every intermediate float tensor and report per-layer error.
+        providers: full onnxruntime provider names for latency (default CPU); unavailable ones are skipped.
+        gates: thresholds to judge (see :mod:`qtool.gates`).
         progress: receives progress updates.
     """
     if runs < 0 or warmup < 0:
         raise QtoolError("--runs and --warmup must be >= 0")
     if threads is not None and threads < 1:
         raise QtoolError("--threads must be >= 1")
+    if task not in TASKS:
+        raise QtoolError(f"unknown task '{task}'", hint=f"use one of: {', '.join(TASKS)}")
     reference_model, candidate_model = load_model(reference_path), load_model(candidate_path)
     inputs = model_inputs(reference_model)
     candidate_inputs = {(i.name, i.dtype) for i in model_inputs(candidate_model)}
@@ -366,23 +410,112 @@ def compare(
     reference = create_session(reference_path, str(reference_path), threads=threads)
     candidate = create_session(candidate_path, str(candidate_path), threads=threads)
     factory = progress or _noop_progress
-    outputs, overall, samples = output_metrics(reference, candidate, dataset, factory("accuracy", len(dataset)))
-    latency = None
-    if runs:
-        _, feed = next(iter(dataset.samples()))
-        latency = measure_latency(
-            reference, candidate, feed, runs=runs, warmup=warmup, threads=threads, on_progress=factory("latency", runs)
+    accuracy = output_metrics(reference, candidate, dataset, factory("accuracy", len(dataset)), task=task)
+    layers = None
+    if per_layer:
+        layers = layer_errors(
+            reference_model, candidate_model, dataset, threads=threads, on_progress=factory("per-layer", len(dataset))
         )
-    return ComparisonResult(
-        ModelFile.of(reference_path), ModelFile.of(candidate_path), str(data_dir), samples, outputs, overall, latency
+    chosen = providers or ["CPUExecutionProvider"]
+    latency, skipped = _latency_per_provider(
+        reference_path, candidate_path, dataset, chosen, runs, warmup, threads, factory
     )
+    result = ComparisonResult(
+        ModelFile.of(reference_path),
+        ModelFile.of(candidate_path),
+        str(data_dir),
+        accuracy.samples,
+        accuracy.outputs,
+        accuracy.overall,
+        latency,
+        skipped,
+        accuracy.agreement,
+        accuracy.task_note,
+        layers,
+        reproducibility=_reproducibility(dataset, config_path, threads, chosen, latency),
+    )
+    return replace(result, gates=evaluate_gates(gates or [], result.measured()))
+
+
+def _latency_per_provider(
+    reference_path: Path | str,
+    candidate_path: Path | str,
+    dataset: Dataset,
+    providers: list[str],
+    runs: int,
+    warmup: int,
+    threads: int | None,
+    factory: ProgressFactory,
+) -> tuple[list[LatencyComparison], list[tuple[str, str]]]:
+    """Interleaved latency on each provider; providers that cannot run are skipped with the reason."""
+    if not runs:
+        return [], []
+    _, feed = next(iter(dataset.samples()))
+    measured, skipped = [], []
+    for provider in providers:
+        reason = unavailable_reason(provider)
+        if reason is None:
+            try:
+                sessions = [
+                    create_session(path, str(path), threads=threads, providers=session_providers(provider))
+                    for path in (reference_path, candidate_path)
+                ]
+            except QtoolError as e:
+                reason = e.message
+            else:
+                if provider not in sessions[0].get_providers():
+                    reason = "onnxruntime could not start it and fell back to another provider"
+        if reason is not None:
+            log.warning("latency on %s skipped: %s", provider, reason)
+            skipped.append((provider, reason))
+            continue
+        measured.append(
+            measure_latency(
+                sessions[0],
+                sessions[1],
+                feed,
+                runs=runs,
+                warmup=warmup,
+                threads=threads,
+                provider=provider,
+                on_progress=factory(f"latency {provider.removesuffix('ExecutionProvider')}", runs),
+            )
+        )
+    return measured, skipped
+
+
+def _reproducibility(
+    dataset: Dataset,
+    config_path: Path | str | None,
+    threads: int | None,
+    providers: list[str],
+    latency: list[LatencyComparison],
+) -> dict[str, Any]:
+    return {
+        "config_sha256": file_sha256(config_path) if config_path else None,
+        "data": {"files": len(dataset.files), "sha256": files_digest(list(dataset.files))},
+        "versions": versions(),
+        "cpu": cpu_info(),
+        "threads": {"intra_op": threads, "onnxruntime_default": threads is None},
+        "providers_requested": providers,
+        "providers_measured": [lat.provider for lat in latency],
+    }
 
 
 def inspect(model_path: Path | str, *, config_path: Path | str | None = None) -> Inspection:
     """What quantize would do with this model and config: per-node schemes, float nodes, predicted size."""
     config = load_config(config_path)
     state = _prepare(Path(model_path), config)
-    return inspect_plan(str(model_path), model_size_bytes(model_path), state.prepared, state.plan, config)
+    result = inspect_plan(str(model_path), model_size_bytes(model_path), state.prepared, state.plan, config)
+    # The exact size comes from doing the rewrite with placeholder activation ranges: only scale values
+    # differ from the real run, and they take the same bytes.
+    placeholder = {
+        tensor: activation_qparams(np.asarray(-1.0), np.asarray(1.0), scheme, what=tensor)
+        for tensor, scheme in state.plan.activations.items()
+    }
+    rewritten, _ = insert_qdq(state.prepared, state.plan, placeholder)
+    rewritten.producer_name, rewritten.producer_version = "qtool", __version__
+    return replace(result, rewritten_bytes=rewritten.ByteSize())
 
 
 def write_stats(stats: CalibrationStats, path: Path | str) -> None:

@@ -8,6 +8,7 @@ shards of a dataset merge exactly.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ from qtool.dataset import Dataset
 from qtool.errors import QtoolError
 from qtool.observers import Observer, create_observer
 from qtool.runtime import create_session, run_session
+
+log = logging.getLogger(__name__)
 
 STATS_FORMAT = "qtool-calibration-stats"
 STATS_VERSION = 1
@@ -106,6 +109,13 @@ class CalibrationStats:
         """Merge the statistics of several shards (in any order) into one."""
         if not parts:
             raise QtoolError("nothing to merge")
+        shards = [p.shard for p in parts if p.shard]
+        if len(set(shards)) != len(shards):
+            duplicate = next(s for s in shards if shards.count(s) > 1)
+            raise QtoolError(f"shard {duplicate} is given twice", hint="merge each shard's statistics once")
+        counts = {int(s.split("/")[1]) for s in shards}
+        if shards and (len(counts) != 1 or len(shards) != next(iter(counts)) or len(shards) != len(parts)):
+            log.warning("merging shards %s: not a complete set of K/N shards", ", ".join(shards))
         merged = parts[0]
         for part in parts[1:]:
             merged = merged.merge(part)

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 
 from qtool import __version__
-from qtool.errors import ExitCode, QtoolError
+from qtool.errors import CheckFailedError, ExitCode, QtoolError
 
 app = typer.Typer(
     name="qtool",
@@ -315,17 +315,79 @@ def compare(
     ] = None,
     limit: LimitOption = None,
     skip_nonfinite: SkipNonfiniteOption = False,
+    task: Annotated[
+        str,
+        typer.Option(
+            "--task", help="auto: top-1/top-5 agreement for 2-D [N, C] outputs; classification: for every output; none."
+        ),
+    ] = "auto",
+    per_layer: Annotated[
+        bool, typer.Option("--per-layer", help="Pair every intermediate float tensor and report which layer hurts.")
+    ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Draw per-layer SQNR to this PNG (implies --per-layer; needs qtool[plot])."),
+    ] = None,
+    providers: Annotated[
+        str,
+        typer.Option(
+            "--providers",
+            help="Execution providers for latency, comma-separated: cpu, cuda, tensorrt "
+            "or full onnxruntime names. Unavailable ones are reported as skipped.",
+        ),
+    ] = "cpu",
     runs: RunsOption = 50,
     warmup: WarmupOption = 5,
     threads: ThreadsOption = None,
     json_out: JsonOption = None,
+    markdown: Annotated[
+        Path | None, typer.Option("--markdown", help="Write a Markdown report (e.g. to $GITHUB_STEP_SUMMARY).")
+    ] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write the gates as JUnit XML test cases.")] = None,
+    fail_under: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fail-under",
+            help="Gate METRIC=VALUE that fails below VALUE: sqnr, cosine, top1, top5, compression. Repeatable.",
+        ),
+    ] = None,
+    fail_over: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fail-over",
+            help="Gate METRIC=VALUE that fails above VALUE: mse, max_abs_error, latency_ratio. Repeatable.",
+        ),
+    ] = None,
+    min_compression: Annotated[
+        float | None, typer.Option("--min-compression", help="Gate: on-disk compression ratio must be at least this.")
+    ] = None,
+    max_latency_ratio: Annotated[
+        float | None,
+        typer.Option(
+            "--max-latency-ratio",
+            help="Gate: candidate/reference median latency on the first provider must be at most this.",
+        ),
+    ] = None,
 ) -> None:
-    """Compare CANDIDATE with REFERENCE: size, accuracy (MSE, SQNR, cosine) and CPU latency."""
+    """Compare CANDIDATE with REFERENCE: size, accuracy, per-layer error, latency per provider; judge gates.
+
+    Exit code 1 when any gate fails (after printing every gate), 2 on bad input.
+    """
 
     def action() -> None:
         from qtool.api import compare as run_compare
+        from qtool.ci_reports import to_junit, to_markdown
+        from qtool.gates import parse_gates
+        from qtool.model_io import write_text
+        from qtool.providers import parse_providers
         from qtool.report import comparison_to_dict, render_comparison, to_json
 
+        gates = parse_gates(fail_under, fail_over, min_compression, max_latency_ratio)
+        chosen = parse_providers(providers)
+        if plot is not None:
+            from qtool.plot import require_matplotlib
+
+            require_matplotlib()
         with _progress() as progress:
             result = run_compare(
                 reference,
@@ -337,11 +399,26 @@ def compare(
                 limit=limit,
                 config_path=config,
                 skip_nonfinite=skip_nonfinite,
+                task=task,
+                per_layer=per_layer or plot is not None,
+                providers=chosen,
+                gates=gates,
                 progress=progress,
             )
         render_comparison(err_console if json_out == "-" else out_console, result)
         if json_out:
             _write_json(json_out, to_json(comparison_to_dict(result)))
+        if markdown:
+            write_text(markdown, to_markdown(result))
+        if junit:
+            write_text(junit, to_junit(result))
+        if plot is not None:
+            from qtool.plot import plot_layers
+
+            plot_layers(result.layers or [], plot)
+        if not result.gates_passed:
+            failed = [g.gate.label for g in result.gates if not g.passed]
+            raise CheckFailedError(f"{len(failed)} of {len(result.gates)} gates failed: {', '.join(failed)}")
 
     _run(action)
 

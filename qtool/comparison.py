@@ -6,6 +6,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -28,7 +29,7 @@ class ErrorMetrics:
 
 
 @dataclass
-class _Accumulator:
+class ErrorAccumulator:
     """Streaming sums for the metrics, so no output is kept across samples."""
 
     sum_ref_sq: float = 0.0
@@ -49,7 +50,7 @@ class _Accumulator:
         self.max_abs = max(self.max_abs, float(np.abs(err).max(initial=0.0)))
         self.count += r.size
 
-    def merge(self, other: _Accumulator) -> None:
+    def merge(self, other: ErrorAccumulator) -> None:
         self.sum_ref_sq += other.sum_ref_sq
         self.sum_cand_sq += other.sum_cand_sq
         self.sum_dot += other.sum_dot
@@ -77,21 +78,85 @@ def _is_float(value: np.ndarray) -> bool:
     return np.issubdtype(np.asarray(value).dtype, np.floating)
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """How often the candidate picks the reference's class (classification outputs)."""
+
+    name: str
+    top1: float  # fraction of rows whose argmax matches the reference's
+    top5: float  # fraction of rows whose reference argmax is in the candidate's top 5
+    rows: int
+
+
+@dataclass
+class _AgreementCounter:
+    top1: int = 0
+    top5: int = 0
+    rows: int = 0
+
+    def add(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        ref2, cand2 = ref.reshape(-1, ref.shape[-1]), cand.reshape(-1, cand.shape[-1])
+        truth = ref2.argmax(axis=1)
+        k = min(5, cand2.shape[1])
+        top = np.argpartition(-cand2, k - 1, axis=1)[:, :k]
+        self.top1 += int((cand2.argmax(axis=1) == truth).sum())
+        self.top5 += int((top == truth[:, None]).any(axis=1).sum())
+        self.rows += len(truth)
+
+    def result(self, name: str) -> Agreement:
+        rows = max(self.rows, 1)
+        return Agreement(name, self.top1 / rows, self.top5 / rows, self.rows)
+
+
+TASKS = ("auto", "classification", "none")
+
+
+def _is_class_scores(shape: list[Any]) -> bool:
+    """A 2-D [N, C] output with C >= 2 classes looks like classification scores."""
+    return len(shape) == 2 and isinstance(shape[1], int) and shape[1] >= 2
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    """Accuracy of the candidate's outputs against the reference's."""
+
+    outputs: list[ErrorMetrics]
+    overall: ErrorMetrics
+    samples: int
+    agreement: list[Agreement]
+    task: str  # "classification" or "none"
+    task_note: str  # how the task was decided, for the report
+
+
 def output_metrics(
     reference: ort.InferenceSession,
     candidate: ort.InferenceSession,
     dataset: Dataset,
     on_progress: Callable[[int], None] | None = None,
-) -> tuple[list[ErrorMetrics], ErrorMetrics, int]:
+    task: str = "auto",
+) -> OutputComparison:
     """Run both sessions on every sample and compare their float outputs.
 
-    Returns:
-        Metrics per output, over all outputs together, and the number of samples.
+    With ``task`` "classification" every float output gets top-1/top-5
+    agreement; with "auto" only 2-D ``[N, C]`` outputs do (and the report says so).
     """
     names = [o.name for o in reference.get_outputs()]
     candidate_names = {o.name for o in candidate.get_outputs()}
     names = [n for n in names if n in candidate_names]
-    per_output = {name: _Accumulator() for name in names}
+    shapes = {o.name: list(o.shape) for o in reference.get_outputs()}
+    if task == "classification":
+        scored, note = names, "classification (--task classification)"
+    elif task == "auto":
+        scored = [n for n in names if _is_class_scores(shapes[n])]
+        note = (
+            f"classification, auto-detected from the 2-D [N, C] output {', '.join(scored)}"
+            if scored
+            else "none (no 2-D [N, C] score output; --task classification forces it)"
+        )
+    else:
+        scored, note = [], "none (--task none)"
+    per_output = {name: ErrorAccumulator() for name in names}
+    agreements = {name: _AgreementCounter() for name in scored}
     samples = 0
     for path, feed in dataset.samples():
         ref_values = run_session(reference, names, feed, f"the reference model on {path}")
@@ -106,14 +171,19 @@ def output_metrics(
                     hint="compare a quantized model with the float model it came from",
                 )
             per_output[name].add(np.asarray(r), np.asarray(c))
+            if name in agreements and np.ndim(r) >= 1 and np.shape(r)[-1] >= 2:
+                agreements[name].add(np.asarray(r), np.asarray(c))
         samples += 1
         if on_progress:
             on_progress(1)
-    overall = _Accumulator()
+    overall = ErrorAccumulator()
     for acc in per_output.values():
         overall.merge(acc)
     metrics = [acc.metrics(name) for name, acc in per_output.items() if acc.count]
-    return metrics, overall.metrics("overall"), samples
+    agreement = [counter.result(name) for name, counter in agreements.items() if counter.rows]
+    return OutputComparison(
+        metrics, overall.metrics("overall"), samples, agreement, "classification" if agreement else "none", note
+    )
 
 
 @dataclass(frozen=True)
@@ -122,13 +192,20 @@ class LatencyStats:
 
     median_ms: float
     p90_ms: float
+    p99_ms: float
     mean_ms: float
     runs: int
 
     @classmethod
     def from_seconds(cls, seconds: list[float]) -> LatencyStats:
         ms = np.asarray(seconds) * 1e3
-        return cls(float(np.median(ms)), float(np.percentile(ms, 90)), float(ms.mean()), len(seconds))
+        return cls(
+            float(np.median(ms)),
+            float(np.percentile(ms, 90)),
+            float(np.percentile(ms, 99)),
+            float(ms.mean()),
+            len(seconds),
+        )
 
 
 @dataclass(frozen=True)

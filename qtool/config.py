@@ -112,23 +112,19 @@ class QConfig:
         for pattern in self.exclude:
             if _name_matches(pattern, node_name):
                 return None, f"exclude:{pattern}"
-        layers: list[dict[str, Any]] = [self.raw["global"]]
-        rule = "global"
+        matches: list[tuple[str, dict[str, Any] | None]] = [("global", self.raw["global"])]
         if op_type in self.op_type:
-            rule = f"op_type:{op_type}"
-            entry = self.op_type[op_type]
-            if entry is None:
-                return None, rule
-            layers.append(entry)
+            matches.append((f"op_type:{op_type}", self.op_type[op_type]))
         for pattern, entry in self.node_name.items():
             if _name_matches(pattern, node_name):
-                rule = f"node_name:{pattern}"
-                if entry is None:
-                    return None, rule
-                layers.append(entry)
+                matches.append((f"node_name:{pattern}", entry))
+        rule, most_specific = matches[-1]
+        if most_specific is None:  # the most specific rule that matches says "keep in float"
+            return None, rule
         merged: dict[str, Any] = {}
-        for layer in layers:
-            merged = _deep_merge(merged, layer)
+        for _, layer in matches:
+            if layer is not None:
+                merged = _deep_merge(merged, layer)
         scheme = NodeScheme(
             weight=TensorScheme(**merged["weight"]),
             activation=TensorScheme(**merged["activation"]),
@@ -374,7 +370,8 @@ def _check_document(doc: _Located) -> None:
         entries = value.get(section, {})
         if entries is None:
             continue
-        _check_keys(doc, entries, (section,), set(entries))
+        if not isinstance(entries, dict):
+            raise doc.error((section,), f"expected a mapping of names to settings, got {type(entries).__name__}")
         for key, entry in entries.items():
             _check_node_scheme(doc, entry, (section, key))
             _check_regex(doc, key, (section, key), at_key=True)

@@ -34,13 +34,15 @@ class InputSpec:
 
     name: str
     dtype: np.dtype
-    shape: tuple[Dim, ...]
+    shape: tuple[Dim, ...] | None  # None: the model does not say (any rank)
 
     @property
     def dynamic_batch(self) -> bool:
-        return bool(self.shape) and not isinstance(self.shape[0], int)
+        return self.shape is None or (bool(self.shape) and not isinstance(self.shape[0], int))
 
     def describe(self) -> str:
+        if self.shape is None:
+            return f"any shape, {self.dtype}"
         dims = ", ".join("?" if d is None else str(d) for d in self.shape)
         return f"[{dims}] {self.dtype}"
 
@@ -60,6 +62,9 @@ def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
         except (KeyError, TypeError) as e:
             name = TensorProto.DataType.Name(tensor_type.elem_type)
             raise QtoolError(f"model input '{value.name}' has type {name}, which numpy samples cannot hold") from e
+        if not tensor_type.HasField("shape"):
+            specs.append(InputSpec(value.name, dtype, None))
+            continue
         dims: list[Dim] = []
         for d in tensor_type.shape.dim:
             if d.HasField("dim_value") and d.dim_value > 0:
@@ -142,7 +147,7 @@ class Dataset:
         if self.format == "images":
             from qtool.preprocess import build_preprocess
 
-            self.preprocess = build_preprocess(preprocess, inputs[0].shape, inputs[0].dtype.name)
+            self.preprocess = build_preprocess(preprocess, inputs[0].shape or (), inputs[0].dtype.name)
         total = len(items)
         items = items[:limit] if limit else items
         if shard is not None:
@@ -173,7 +178,12 @@ class Dataset:
 
     def _read_test_data_set(self, directory: Path) -> Feed:
         """``input_<k>.pb`` TensorProto files; a tensor without a known name feeds input k."""
-        files = sorted(directory.glob("input_*.pb"), key=lambda p: int(p.stem.split("_")[-1] or 0))
+
+        def order(path: Path) -> tuple[int, str]:
+            suffix = path.stem.rsplit("_", 1)[-1]
+            return (int(suffix), "") if suffix.isdigit() else (1 << 30, path.name)
+
+        files = sorted(directory.glob("input_*.pb"), key=order)
         if not files:
             raise QtoolError(f"{directory} holds no input_*.pb files")
         feed: Feed = {}
@@ -200,10 +210,13 @@ class Dataset:
         out: Feed = {}
         for spec in self.inputs:
             array = feed[spec.name]
-            if array.ndim == len(spec.shape) - 1:
+            if spec.shape is not None and array.ndim == len(spec.shape) - 1:
                 array = array[np.newaxis]
-            fits = array.ndim == len(spec.shape) and all(
-                not isinstance(d, int) or d == actual for d, actual in zip(spec.shape, array.shape, strict=False)
+            fits = spec.shape is None or (
+                array.ndim == len(spec.shape)
+                and all(
+                    not isinstance(d, int) or d == actual for d, actual in zip(spec.shape, array.shape, strict=False)
+                )
             )
             if not fits or array.dtype != spec.dtype:
                 raise QtoolError(
@@ -243,6 +256,10 @@ class Dataset:
         batch_size = self.effective_batch_size(batch_size)
         pending: list[Feed] = []
         for _, feed in self.samples():
+            if pending and any(feed[k].shape[1:] != pending[0][k].shape[1:] for k in feed):
+                # samples with other dynamic sizes cannot share a batch: run what is pending first
+                yield len(pending), _concat(pending)
+                pending = []
             pending.append(feed)
             if len(pending) == batch_size:
                 yield len(pending), _concat(pending)

@@ -39,9 +39,12 @@ class Inspection:
     rows: list[NodeRow]
     kept_float: list[tuple[str, str, str]]  # (node, op type, reason)
     passthrough: dict[str, int] = field(default_factory=dict)  # op type -> count of untouched nodes
+    rewritten_bytes: int | None = None  # size of the rewritten graph (exact up to scale values)
 
     @property
     def predicted_bytes(self) -> int:
+        if self.rewritten_bytes is not None:
+            return self.rewritten_bytes
         saved = sum(r.float_bytes - r.quantized_bytes for r in self.rows)
         return max(1, self.model_bytes - saved)
 

@@ -76,6 +76,10 @@ def atomic_writer(path: Path | str, mode: str = "wb") -> Iterator[IO[Any]]:
         raise QtoolError(f"output directory does not exist: {directory}")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
+        # mkstemp creates 0600 files; give the result the permissions any new file would get.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()

@@ -148,16 +148,16 @@ HANDLERS: dict[str, Callable[[onnx.NodeProto, _Graph], _Roles | str]] = {
 }
 
 
-def weight_only_dtype(dtype: str) -> bool:
-    """Weights of this dtype run with float activations.
+def runs_weight_only(spec: TensorScheme) -> bool:
+    """Weights stored this way run with float activations.
 
-    onnxruntime has integer kernels with quantized activations only for 8-bit
-    weights (QLinearConv, QGemm, QLinearMatMul, MatMulIntegerToFloat); it even
-    fuses 2-bit weights into those and then refuses the model. 4- and 2-bit
-    weights therefore dequantize into float compute, or, per block on MatMul,
-    into MatMulNBits - which takes float activations. fp16 weights are cast.
+    fp16 weights are cast back to float. Block-wise weights have no integer
+    kernel with quantized activations; on MatMul onnxruntime turns them into
+    MatMulNBits, which takes float activations. (4- and 2-bit weights per tensor
+    or per channel do get quantized activations: they are widened to 8 bits by a
+    Cast that onnxruntime folds at load, then run in the int8 kernels.)
     """
-    return dtype in ("int4", "uint4", "int2", "uint2", "fp16")
+    return spec.fp16 or spec.per_block
 
 
 def _sole_consumer(tensor: str, g: _Graph) -> onnx.NodeProto | None:
@@ -219,7 +219,7 @@ def build_plan(model: onnx.ModelProto, config: QConfig) -> QuantPlan:
         if not_float:
             skipped.append((name, f"input {not_float[0]} is not float32"))
             continue
-        float_activations = scheme.weight_only or weight_only_dtype(scheme.weight.dtype)
+        float_activations = scheme.weight_only or runs_weight_only(scheme.weight)
         weight = _weight_plan(roles.weight, scheme, g, name) if roles.weight else None
         if float_activations:
             if weight is None:
@@ -232,14 +232,16 @@ def build_plan(model: onnx.ModelProto, config: QConfig) -> QuantPlan:
             chosen = activations.setdefault(tensor, scheme.activation)
             if chosen != scheme.activation:
                 log.warning(
-                    "tensor %s: node %s asks for %s, but it is already quantized as %s (first use wins)",
+                    "tensor %s: node %s asks for %s, but an earlier reader already set %s (first use wins)",
                     tensor,
                     name,
-                    scheme.activation,
-                    chosen,
+                    scheme.activation.describe() + f" observer={scheme.activation.observer}",
+                    chosen.describe() + f" observer={chosen.observer}",
                 )
         # An int32 bias needs one weight scale per output channel (or one for all): not per block.
-        bias = roles.bias if weight is not None and weight.block_size is None else None
+        natural = roles.weight.channel_axis if roles.weight else None
+        bias_fits = weight is not None and weight.block_size is None and weight.axis in (None, natural)
+        bias = roles.bias if bias_fits else None
         nodes.append(NodePlan(name, node.op_type, scheme, roles.activations, weight, bias, output))
     return QuantPlan(tuple(nodes), activations, tuple(skipped))
 

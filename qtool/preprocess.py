@@ -65,6 +65,9 @@ class Preprocess:
         )
         if self.layout == "NCHW":
             normalised = normalised.transpose(2, 0, 1)
+        if np.issubdtype(np.dtype(self.dtype), np.integer):
+            info = np.iinfo(np.dtype(self.dtype))
+            normalised = np.clip(np.rint(normalised), info.min, info.max)
         return np.ascontiguousarray(normalised.astype(self.dtype))
 
     def _resize_size(self, size: tuple[int, int]) -> tuple[int, int]:
@@ -112,14 +115,16 @@ def build_preprocess(config: dict[str, Any] | None, shape: tuple[Any, ...], inpu
     std = tuple(float(v) for v in config.get("std", [1.0]))
     if any(s == 0 for s in std):
         raise QtoolError("preprocess.std: values must be non-zero")
+    dtype = str(config.get("dtype", input_dtype))
+    default_scale = 1.0 if np.issubdtype(np.dtype(dtype), np.integer) else 1.0 / 255.0  # integer inputs take pixels
     return Preprocess(
         resize=resize,
         center_crop=crop,
-        scale=float(config.get("scale", 1.0 / 255.0)),
+        scale=float(config.get("scale", default_scale)),
         mean=mean,
         std=std,
         channel_order=str(config.get("channel_order", "RGB")),
         layout=layout,
-        dtype=str(config.get("dtype", input_dtype)),
+        dtype=dtype,
         channels=1 if channels == 1 else 3,
     )

@@ -72,6 +72,11 @@ class QParams:
     qtype: QuantType
     axis: int | None = None
     block_size: int | None = None
+    narrow: bool = False  # signed symmetric narrow range: values clip at -qmax, not qmin
+
+    @property
+    def qmin(self) -> int:
+        return -self.qtype.qmax if self.narrow else self.qtype.qmin
 
     def expand(self, values: np.ndarray, ndim: int, length: int) -> np.ndarray:
         """``values`` (scale or zero point) broadcastable against a tensor of rank ``ndim``."""
@@ -146,6 +151,7 @@ def compute_qparams(
         zero_point=zero.astype(qtype.numpy_dtype),
         qtype=qtype,
         axis=axis,
+        narrow=bool(symmetric and narrow_range and qtype.signed),
     )
 
 
@@ -158,7 +164,7 @@ def quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
     """QuantizeLinear: float32 tensor -> integers of ``qp.qtype``."""
     scale, zero = _expanded(qp, x)
     q = np.rint(x.astype(np.float32) / scale).astype(np.int64) + zero
-    return np.clip(q, qp.qtype.qmin, qp.qtype.qmax).astype(qp.qtype.numpy_dtype)
+    return np.clip(q, qp.qmin, qp.qtype.qmax).astype(qp.qtype.numpy_dtype)
 
 
 def dequantize(q: np.ndarray, qp: QParams) -> np.ndarray:

@@ -14,8 +14,10 @@ from qtool.api import ComparisonResult, QuantizeResult
 from qtool.calibration import CalibrationStats
 from qtool.comparison import ErrorMetrics, LatencyStats
 from qtool.inspection import Inspection
+from qtool.layers import LayerError, largest_drop
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # inspect / quantize / calibrate documents
+COMPARE_SCHEMA_VERSION = 2  # 2: latency per provider, gates, per-layer, classification, reproducibility
 
 
 def _finite(value: float) -> float | None:
@@ -35,23 +37,20 @@ def _metrics_dict(m: ErrorMetrics) -> dict[str, Any]:
 
 
 def _latency_dict(stats: LatencyStats) -> dict[str, Any]:
-    return {"median_ms": stats.median_ms, "p90_ms": stats.p90_ms, "mean_ms": stats.mean_ms, "runs": stats.runs}
+    return {
+        "median_ms": stats.median_ms,
+        "p90_ms": stats.p90_ms,
+        "p99_ms": stats.p99_ms,
+        "mean_ms": stats.mean_ms,
+        "runs": stats.runs,
+    }
 
 
 def comparison_to_dict(result: ComparisonResult) -> dict[str, Any]:
     """The ``qtool compare --json`` document (schema described in the README)."""
-    latency = None
-    if result.latency is not None:
-        lat = result.latency
-        latency = {
-            "provider": lat.provider,
-            "threads": lat.threads,
-            "reference": _latency_dict(lat.reference),
-            "candidate": _latency_dict(lat.candidate),
-            "speedup": lat.speedup,
-        }
+    drop = largest_drop(result.layers or [])
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": COMPARE_SCHEMA_VERSION,
         "qtool_version": __version__,
         "models": {
             "reference": {"path": result.reference.path, "sha256": result.reference.sha256},
@@ -66,8 +65,62 @@ def comparison_to_dict(result: ComparisonResult) -> dict[str, Any]:
         "accuracy": {
             "overall": _metrics_dict(result.overall),
             "outputs": [_metrics_dict(m) for m in result.outputs],
+            "task": result.task_note,
+            "classification": [
+                {"output": a.name, "top1": a.top1, "top5": a.top5, "rows": a.rows} for a in result.agreement
+            ],
         },
-        "latency": latency,
+        "per_layer": None
+        if result.layers is None
+        else {
+            "largest_drop": None
+            if drop is None
+            else {"node": drop.node, "tensor": drop.tensor, "drop_db": drop.drop_db},
+            "layers": [
+                {
+                    "tensor": r.tensor,
+                    "node": r.node,
+                    "op_type": r.op_type,
+                    "sqnr_db": _finite(r.sqnr_db),
+                    "mse": r.mse,
+                    "cosine": r.cosine,
+                    "input_sqnr_db": r.input_sqnr_db,
+                    "drop_db": r.drop_db,
+                }
+                for r in result.layers
+            ],
+        },
+        "latency": [
+            {
+                "provider": lat.provider,
+                "threads": lat.threads,
+                "reference": _latency_dict(lat.reference),
+                "candidate": _latency_dict(lat.candidate),
+                "speedup": lat.speedup,
+            }
+            for lat in result.latency
+        ],
+        "skipped_providers": [{"provider": p, "reason": why} for p, why in result.skipped_providers],
+        "gates": {
+            "passed": result.gates_passed,
+            "results": [
+                {
+                    "gate": g.gate.label,
+                    "metric": g.gate.metric,
+                    "direction": g.gate.direction,
+                    "threshold": g.gate.threshold,
+                    "measured": None if g.measured is None else _finite(g.measured),
+                    "passed": g.passed,
+                    "note": g.note,
+                }
+                for g in result.gates
+            ],
+        },
+        "reproducibility": {
+            "reference_sha256": result.reference.sha256,
+            "candidate_sha256": result.candidate.sha256,
+            **result.reproducibility,
+        },
     }
 
 
@@ -129,8 +182,20 @@ def _db(value: float) -> str:
     return "inf" if math.isinf(value) and value > 0 else f"{value:.2f}"
 
 
+def _verdict(passed: bool) -> str:
+    return "[green]PASS[/green]" if passed else "[bold red]FAIL[/bold red]"
+
+
+def _value(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.4g}"
+
+
 def render_comparison(console: Console, result: ComparisonResult, title: str = "qtool compare") -> None:
-    """Print size, accuracy and latency tables."""
+    """Print size, accuracy, per-layer, latency and gate tables."""
     size = Table(title=title, title_justify="left", show_header=True)
     size.add_column("")
     size.add_column("reference", justify="right")
@@ -146,19 +211,53 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
     for m in [*result.outputs, result.overall] if len(result.outputs) > 1 else result.outputs:
         acc.add_row(m.name, _db(m.sqnr_db), f"{m.cosine:.6f}", f"{m.mse:.3e}", f"{m.max_abs_error:.3e}")
     console.print(acc)
+    console.print(f"task: {result.task_note}", highlight=False)
+    for a in result.agreement:
+        console.print(f"  {a.name}: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} over {a.rows} rows")
 
-    if result.latency is not None:
-        lat = result.latency
+    if result.layers is not None:
+        render_layers(console, result.layers)
+
+    for lat in result.latency:
         threads = lat.threads if lat.threads else "default"
         provider = lat.provider.removesuffix("ExecutionProvider")
         table = Table(title=f"latency, {provider}, threads={threads}, {lat.reference.runs} runs", title_justify="left")
-        for column in ("model", "median ms", "p90 ms"):
+        for column in ("model", "median ms", "p90 ms", "p99 ms"):
             table.add_column(column, justify="left" if column == "model" else "right")
-        table.add_row("reference", f"{lat.reference.median_ms:.3f}", f"{lat.reference.p90_ms:.3f}")
-        table.add_row("candidate", f"{lat.candidate.median_ms:.3f}", f"{lat.candidate.p90_ms:.3f}")
+        for label, stats in (("reference", lat.reference), ("candidate", lat.candidate)):
+            table.add_row(label, f"{stats.median_ms:.3f}", f"{stats.p90_ms:.3f}", f"{stats.p99_ms:.3f}")
         colour = "green" if lat.speedup >= 1 else "yellow"
-        table.add_row("speed-up", f"[{colour}]{lat.speedup:.2f}x[/{colour}]", "")
+        table.add_row("speed-up", f"[{colour}]{lat.speedup:.2f}x[/{colour}]", "", "")
         console.print(table)
+    for provider, reason in result.skipped_providers:
+        console.print(f"[yellow]latency on {provider} skipped[/yellow]: {reason}", highlight=False)
+
+    if result.gates:
+        gates = Table(title="gates", title_justify="left")
+        for column in ("gate", "measured", "verdict"):
+            gates.add_column(column)
+        for g in result.gates:
+            gates.add_row(g.gate.label, _value(g.measured) + (f" ({g.note})" if g.note else ""), _verdict(g.passed))
+        console.print(gates)
+
+
+def render_layers(console: Console, layers: list[LayerError], show: int = 15) -> None:
+    """Per-layer SQNR, worst first, and the layer that introduces the largest drop."""
+    table = Table(
+        title=f"per-layer error, worst {min(show, len(layers))} of {len(layers)} tensors", title_justify="left"
+    )
+    for column in ("tensor", "node", "op", "SQNR dB", "drop dB", "MSE"):
+        table.add_column(column, justify="right" if column in ("SQNR dB", "drop dB", "MSE") else "left")
+    for r in layers[:show]:
+        table.add_row(r.tensor, r.node, r.op_type, _db(r.sqnr_db), f"{r.drop_db:.2f}", f"{r.mse:.3e}")
+    console.print(table)
+    drop = largest_drop(layers)
+    if drop is not None:
+        console.print(
+            f"largest drop: [bold]{drop.node}[/bold] ({drop.op_type}) takes {drop.tensor} from "
+            f"{drop.input_sqnr_db:.1f} dB at its inputs to {_db(drop.sqnr_db)} dB ({drop.drop_db:.1f} dB lost)",
+            highlight=False,
+        )
 
 
 def render_observers(console: Console, rows: list[dict[str, Any]]) -> None:

@@ -81,7 +81,7 @@ def weight_qparams(
         axis=axis,
         what=what,
     )
-    return QParams(qp.scale, qp.zero_point, qp.qtype, axis, block_size)
+    return QParams(qp.scale, qp.zero_point, qp.qtype, axis, block_size, qp.narrow)
 
 
 WeightKey = tuple[int | None, int | None, str, bool]  # axis, block size, dtype, symmetric
@@ -147,17 +147,40 @@ class _Rewriter:
         return node
 
     def _replace_constant(self, name: str, values: np.ndarray, qp: QParams, output: str) -> None:
-        """Store ``values`` as integers (4- and 2-bit packed) and make a DequantizeLinear write ``output``."""
+        """Store ``values`` as integers (4- and 2-bit packed) and make a DequantizeLinear write ``output``.
+
+        A 4- or 2-bit weight with per-tensor/per-channel scales is first widened by
+        a Cast to its 8-bit type: onnxruntime folds that Cast at load and then runs
+        the node in its int8 kernels (it has none for narrower weights, and would
+        otherwise fuse them anyway and reject the model). Block-wise weights keep
+        a narrow DequantizeLinear, which onnxruntime turns into MatMulNBits.
+        """
         stored = self.names.new(f"{name}/quantized")
         self.graph.initializer.append(to_tensor_proto(values, qp.qtype, stored))
+        zero_type = qp.qtype
+        if qp.qtype.bits < 8 and qp.block_size is None:
+            zero_type = quant_type("int8" if qp.qtype.signed else "uint8")
+            widened = self.names.new(f"{name}/widened")
+            self.prologue.append(
+                helper.make_node(
+                    "Cast", [stored], [widened], name=self.names.new(f"{name}/Cast"), to=zero_type.onnx_type
+                )
+            )
+            stored = widened
         scale = self.names.new(f"{name}/scale")
         zero = self.names.new(f"{name}/zero_point")
         self.graph.initializer.append(numpy_helper.from_array(qp.scale.astype(np.float32), scale))
-        self.graph.initializer.append(to_tensor_proto(qp.zero_point, qp.qtype, zero))
+        self.graph.initializer.append(to_tensor_proto(qp.zero_point, zero_type, zero))
         self.prologue.append(self._dq_node(name, stored, scale, zero, output, qp.axis, qp.block_size))
 
     def _replace_with_fp16(self, name: str, values: np.ndarray, output: str) -> None:
         """Store ``values`` as float16 and make a Cast back to float write ``output``."""
+        peak = float(np.abs(values).max(initial=0.0))
+        if peak > float(np.finfo(np.float16).max):
+            raise QtoolError(
+                f"weight {name} holds {peak:g}, beyond float16's range (65504)",
+                hint="keep this node in float or quantize it to an integer dtype",
+            )
         stored = self.names.new(f"{name}/fp16")
         self.graph.initializer.append(numpy_helper.from_array(values.astype(np.float16), stored))
         self.prologue.append(
@@ -240,7 +263,7 @@ class _Rewriter:
                 floor = self._bias_scale_floor(weight_name, key)
                 if floor is not None and np.any(qp.scale < floor):
                     raised = np.maximum(qp.scale, floor).astype(np.float32)
-                    qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size)
+                    qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
                 self._replace_constant(weight_name, quantize(values, qp), qp, output)
             self.replaced.add(weight_name)
             self.weights[(weight_name, key)] = (output, qp)

@@ -23,11 +23,9 @@ import numpy as np
 DEFAULT_BINS = 2048
 
 
-def _pow2_at_least(value: float) -> float:
-    """Smallest power of two >= value (value > 0)."""
-    exponent = math.frexp(value)[1]  # value = m * 2**e with 0.5 <= m < 1
-    candidate = math.ldexp(1.0, exponent)
-    return candidate / 2 if candidate / 2 >= value else candidate
+def _pow2_above(value: float) -> float:
+    """Smallest power of two strictly greater than value (value > 0), so |x| < R for every x seen."""
+    return math.ldexp(1.0, math.frexp(value)[1])  # value = m * 2**e with 0.5 <= m < 1, so 2**e > value
 
 
 class StreamingHistogram:
@@ -73,15 +71,15 @@ class StreamingHistogram:
         if peak is None:
             peak = float(max(-np.min(values), np.max(values)))
         if peak > 0:
-            self._grow_to(_pow2_at_least(peak))
+            self._grow_to(_pow2_above(peak))
         total = 2 * self.bins
         rows = 1 if self.channels is None else self.channels
         if self.radius == 0.0:
             # Everything so far is exactly zero: count it in the bin just above zero.
             self.counts.reshape(rows, total)[:, self.bins] += values.size // rows
             return
-        # x / w is exact (w is a power of two), so float32 suffices; -R <= x <= R keeps the
-        # index in [0, 2 * bins], and only x == R lands on 2 * bins (folded back below).
+        # x / w is exact (w is a power of two), so float32 suffices; -R < x < R keeps the
+        # index in [0, 2 * bins).
         inverse = 1.0 / self.width
         # float32 is exact and fast while 1/w stays well inside its range; tiny radii need float64.
         dtype = np.float32 if 2.0**-100 < inverse < 2.0**100 else np.float64
@@ -90,10 +88,9 @@ class StreamingHistogram:
         index = scaled.astype(np.intp)
         index += self.bins
         if self.channels is not None:
-            index += (np.arange(self.channels, dtype=np.intp) * (total + 1))[:, None]
-        found = np.bincount(index.ravel(), minlength=rows * (total + 1)).reshape(rows, total + 1)
-        found[:, total - 1] += found[:, total]
-        self.counts += found[:, :total].reshape(self.counts.shape)
+            index += (np.arange(self.channels, dtype=np.intp) * total)[:, None]
+        found = np.bincount(index.ravel(), minlength=rows * total)
+        self.counts += found.reshape(self.counts.shape)
 
     def merge(self, other: StreamingHistogram) -> None:
         """Add another histogram's counts (same bins and channels) exactly."""

@@ -64,11 +64,13 @@ def test_calibrate_quantize_compare_end_to_end(tmp_path):
     )
     assert r.exit_code == 0, r.stderr
     report = json.loads(r.stdout)
-    assert report["schema_version"] == 1
+    assert report["schema_version"] == 2
     assert report["size"]["candidate_bytes"] == out.stat().st_size
     assert report["size"]["compression_ratio"] == pytest.approx(sample("cnn").stat().st_size / out.stat().st_size)
     assert report["accuracy"]["overall"]["sqnr_db"] > 25
-    assert report["latency"]["threads"] == 1 and report["latency"]["reference"]["runs"] == 3
+    (latency,) = report["latency"]
+    assert latency["threads"] == 1 and latency["reference"]["runs"] == 3
+    assert report["reproducibility"]["reference_sha256"] == report["models"]["reference"]["sha256"]
     assert "SQNR" in r.stderr  # the table went to stderr, keeping stdout pure JSON
 
 

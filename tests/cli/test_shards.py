@@ -55,3 +55,11 @@ def test_bad_shard_and_mismatched_merges_are_clear_errors(tmp_path):
         app, ["merge", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "-o", str(tmp_path / "m.json")]
     )
     assert r.exit_code == 2 and "cannot merge" in r.stderr
+
+
+def test_the_same_shard_twice_is_refused(tmp_path):
+    invoke("calibrate", sample("mlp"), calib_dir("mlp"), "-o", tmp_path / "s1.json", "--shard", "1/2")
+    r = runner.invoke(
+        app, ["merge", str(tmp_path / "s1.json"), str(tmp_path / "s1.json"), "-o", str(tmp_path / "m.json")]
+    )
+    assert r.exit_code == 2 and "shard 1/2 is given twice" in r.stderr

@@ -199,3 +199,14 @@ def test_corrupt_npz_sample_is_a_clear_error(tmp_path):
     (data / "a.npz").write_bytes(b"PK\x03\x04 not really a zip")
     with pytest.raises(QtoolError, match=r"a\.npz: cannot read sample"):
         qtool.calibrate(model, data)
+
+
+def test_weight_axis_override_keeps_the_bias_float_instead_of_mismatching_scales(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("op_type: {Conv: {weight: {axis: 1}}}\n")
+    from tests.conftest import calib_dir, sample
+
+    out = tmp_path / "q.onnx"
+    result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluate=False)
+    assert not any("conv" in b for b in result.rewrite.quantized_biases)
+    assert result.rewrite.quantized_biases == ["head.bias"]

@@ -189,15 +189,15 @@ def test_compare_reports_the_numbers_it_measures(quantized_samples):
     )
     assert result.overall.sqnr_db == pytest.approx(_sqnr_db("mlp", quantized_samples["mlp"]), abs=1e-6)
     assert 0.99 < result.overall.cosine <= 1.0
-    assert result.latency is not None and result.latency.reference.runs == 5
-    assert result.latency.speedup == pytest.approx(
-        result.latency.reference.median_ms / result.latency.candidate.median_ms
-    )
+    lat = result.primary_latency
+    assert lat is not None and lat.reference.runs == 5 and lat.provider == "CPUExecutionProvider"
+    assert lat.reference.median_ms <= lat.reference.p90_ms <= lat.reference.p99_ms
+    assert lat.speedup == pytest.approx(lat.reference.median_ms / lat.candidate.median_ms)
 
 
 def test_comparing_a_model_with_itself_is_exact():
     result = qtool.compare(sample("cnn"), sample("cnn"), eval_dir("cnn"), runs=0, limit=4)
-    assert result.overall.mse == 0.0 and result.overall.sqnr_db == float("inf") and result.latency is None
+    assert result.overall.mse == 0.0 and result.overall.sqnr_db == float("inf") and result.latency == []
 
 
 def test_batched_calibration_gives_the_same_ranges_as_one_by_one():

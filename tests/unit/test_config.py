@@ -121,3 +121,16 @@ def test_observer_with_options_in_config(tmp_path):
     config = load_config(write(tmp_path, "calibration:\n  observer: {name: percentile, percentile: 99.9}\n"))
     assert config.calibration.observer == "percentile"
     assert config.calibration.observer_options == {"percentile": 99.9}
+
+
+def test_a_node_name_rule_beats_an_op_type_null(tmp_path):
+    config = load_config(write(tmp_path, "op_type: {Conv: null}\nnode_name: {block1/conv: {weight: {dtype: int4}}}\n"))
+    scheme, rule = config.resolve("block1/conv", "Conv")
+    assert scheme is not None and scheme.weight.dtype == "int4" and rule == "node_name:block1/conv"
+    assert config.resolve("block0/conv", "Conv") == (None, "op_type:Conv")
+
+
+@pytest.mark.parametrize("text", ["op_type: 5\n", "node_name: [{x: null}]\n"])
+def test_sections_of_the_wrong_type_are_config_errors(tmp_path, text):
+    with pytest.raises(QtoolError, match="expected a mapping"):
+        load_config(write(tmp_path, text))

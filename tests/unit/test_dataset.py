@@ -106,3 +106,27 @@ def test_batches_concatenate_samples_when_the_batch_is_dynamic(tmp_path):
     assert sizes == [2, 2, 1]
     fixed = [InputSpec("image", np.dtype(np.float32), (1, 3, 8, 8))]
     assert [count for count, _ in Dataset(tmp_path, fixed).batches(4)] == [1] * 5
+
+
+def test_samples_with_different_dynamic_sizes_are_batched_separately(tmp_path):
+    spec = [InputSpec("x", np.dtype(np.float32), ("N", "L", 4))]
+    for i, length in enumerate([3, 3, 5, 5, 5]):
+        np.save(tmp_path / f"{i}.npy", np.zeros((length, 4), np.float32))
+    shapes = [feed["x"].shape for _, feed in Dataset(tmp_path, spec).batches(4)]
+    assert shapes == [(2, 3, 4), (3, 5, 4)]
+
+
+def test_an_input_without_shape_accepts_any_rank_and_odd_pb_names_do_not_crash(tmp_path):
+    spec = [InputSpec("x", np.dtype(np.float32), None)]
+    folder = tmp_path / "test_data_set_0"
+    folder.mkdir()
+    (folder / "input_x.pb").write_bytes(numpy_helper.from_array(np.ones((2, 3), np.float32), "x").SerializeToString())
+    ((_, feed),) = Dataset(tmp_path, spec).samples()
+    assert feed["x"].shape == (2, 3)
+
+
+def test_integer_image_inputs_take_raw_pixels(tmp_path):
+    write_image(tmp_path / "a.png", colour=(200, 100, 50))
+    spec = [InputSpec("image", np.dtype(np.uint8), (1, 8, 8, 3))]
+    ((_, feed),) = Dataset(tmp_path, spec).samples()
+    assert feed["image"].dtype == np.uint8 and feed["image"][0, 0, 0].tolist() == [200, 100, 50]

@@ -60,3 +60,13 @@ def test_per_channel_histograms_and_state_round_trip():
 def test_bins_must_be_a_power_of_two():
     with pytest.raises(ValueError, match="power of two"):
         StreamingHistogram(1000)
+
+
+def test_values_equal_to_a_power_of_two_merge_exactly():
+    whole, left, right = StreamingHistogram(8), StreamingHistogram(8), StreamingHistogram(8)
+    whole.add(np.array([1.0, 3.0]))
+    left.add(np.array([1.0]))
+    right.add(np.array([3.0]))
+    left.merge(right)
+    np.testing.assert_array_equal(left.counts, whole.counts)
+    assert whole.radius == 4.0  # strictly above the largest magnitude

@@ -110,3 +110,11 @@ def test_per_channel_quantize_matches_onnx_reference():
     np.testing.assert_array_equal(quantize(w, qp), _reference_quantize(w, qp.scale, qp.zero_point, axis=0))
     err = np.abs(dequantize(quantize(w, qp), qp) - w)
     assert np.all(err <= qp.scale[:, None, None, None] / 2 + 1e-7)
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "int2"])
+def test_symmetric_narrow_range_never_uses_the_most_negative_code(name):
+    qtype = QUANT_TYPES[name]
+    qp = compute_qparams(-1.0, 1.0, qtype, symmetric=True, narrow_range=True)
+    q = quantize(np.linspace(-3, 3, 101, dtype=np.float32), qp)
+    assert q.min() == -qtype.qmax and q.max() == qtype.qmax

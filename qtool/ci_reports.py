@@ -1,0 +1,113 @@
+"""Reports for CI systems: Markdown summaries and JUnit XML gates."""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+
+from qtool.api import ComparisonResult
+from qtool.layers import largest_drop
+
+
+def _num(value: float | None, spec: str = ".4g") -> str:
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return format(value, spec)
+
+
+def to_markdown(result: ComparisonResult) -> str:
+    """A Markdown report (for ``$GITHUB_STEP_SUMMARY`` and pull-request comments)."""
+    verdict = "passed" if result.gates_passed else "FAILED"
+    lines = [f"## qtool compare: {result.candidate.path}", ""]
+    if result.gates:
+        lines += [f"**Gates {verdict}** ({sum(g.passed for g in result.gates)}/{len(result.gates)})", ""]
+    lines += [
+        "| | reference | candidate |",
+        "|---|---:|---:|",
+        f"| file | `{result.reference.path}` | `{result.candidate.path}` |",
+        f"| bytes | {result.reference.size_bytes:,} | {result.candidate.size_bytes:,} |",
+        f"| compression | | **{result.compression_ratio:.2f}x** |",
+        "",
+        f"### Accuracy ({result.samples} samples of `{result.data_dir}`)",
+        "",
+        "| output | SQNR dB | cosine | MSE | max abs error |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    rows = [*result.outputs, result.overall] if len(result.outputs) > 1 else result.outputs
+    for m in rows:
+        lines.append(f"| {m.name} | {_num(m.sqnr_db, '.2f')} | {m.cosine:.6f} | {m.mse:.3e} | {m.max_abs_error:.3e} |")
+    lines += ["", f"Task: {result.task_note}."]
+    for a in result.agreement:
+        lines.append(f"- `{a.name}`: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} ({a.rows} rows)")
+    if result.layers is not None:
+        drop = largest_drop(result.layers)
+        lines += [
+            "",
+            "### Per-layer error (worst 10)",
+            "",
+            "| tensor | node | op | SQNR dB | drop dB |",
+            "|---|---|---|---:|---:|",
+        ]
+        for r in result.layers[:10]:
+            lines.append(f"| {r.tensor} | {r.node} | {r.op_type} | {_num(r.sqnr_db, '.2f')} | {r.drop_db:.2f} |")
+        if drop is not None:
+            lines += ["", f"Largest drop: **{drop.node}** ({drop.op_type}), {drop.drop_db:.1f} dB."]
+    if result.latency or result.skipped_providers:
+        lines += [
+            "",
+            "### Latency",
+            "",
+            "| provider | threads | reference median ms | candidate median ms | "
+            "p90 ms (ref / cand) | p99 ms (ref / cand) | speed-up |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for lat in result.latency:
+            lines.append(
+                f"| {lat.provider} | {lat.threads or 'default'} | {lat.reference.median_ms:.3f} | "
+                f"{lat.candidate.median_ms:.3f} | {lat.reference.p90_ms:.3f} / {lat.candidate.p90_ms:.3f} | "
+                f"{lat.reference.p99_ms:.3f} / {lat.candidate.p99_ms:.3f} | {lat.speedup:.2f}x |"
+            )
+        for provider, reason in result.skipped_providers:
+            lines.append(f"| {provider} | | skipped: {reason} | | | | |")
+    if result.gates:
+        lines += ["", "### Gates", "", "| gate | measured | verdict |", "|---|---:|---|"]
+        for g in result.gates:
+            mark = "pass" if g.passed else "**FAIL**"
+            lines.append(f"| `{g.gate.label}` | {_num(g.measured)}{' (' + g.note + ')' if g.note else ''} | {mark} |")
+    return "\n".join(lines) + "\n"
+
+
+def to_junit(result: ComparisonResult) -> str:
+    """The gates as a JUnit XML test suite: one test case per gate, a failed gate as a failure."""
+    failures = sum(not g.passed for g in result.gates)
+    suites = ET.Element("testsuites", name="qtool", tests=str(len(result.gates)), failures=str(failures))
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name="qtool compare",
+        tests=str(len(result.gates)),
+        failures=str(failures),
+        errors="0",
+        skipped="0",
+    )
+    props = ET.SubElement(suite, "properties")
+    for name, value in (
+        ("reference", result.reference.path),
+        ("candidate", result.candidate.path),
+        ("compression_ratio", f"{result.compression_ratio:.4f}"),
+    ):
+        ET.SubElement(props, "property", name=name, value=value)
+    for g in result.gates:
+        case = ET.SubElement(suite, "testcase", classname=f"qtool.gates.{g.gate.metric}", name=g.gate.label)
+        measured = _num(g.measured)
+        if not g.passed:
+            failure = ET.SubElement(
+                case, "failure", message=f"measured {measured}, required {g.gate.label}", type="GateFailed"
+            )
+            failure.text = f"{g.gate.metric} = {measured} ({g.note or 'threshold missed'}); gate {g.gate.label}"
+        else:
+            ET.SubElement(case, "system-out").text = f"{g.gate.metric} = {measured}"
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

@@ -1,0 +1,152 @@
+"""Per-layer error: which layer's quantization hurts (the quantization debugger).
+
+Both models run with their intermediate float tensors exposed. Every float
+tensor computed by a reference node is paired with the same-named tensor of the
+candidate (qtool's rewrite keeps float tensor names). Each pair gets SQNR and
+MSE; each candidate node gets the *drop* it introduces: the SQNR of the worst
+input it reads minus the SQNR of what it writes, so error that merely flows
+through a layer is not blamed on it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto
+
+from qtool.calibration import with_exposed_outputs
+from qtool.comparison import ErrorAccumulator
+from qtool.dataset import Dataset
+from qtool.runtime import create_session, run_session
+
+SQNR_CAP_DB = 100.0  # an exact match counts as 100 dB when differences are taken
+
+
+@dataclass(frozen=True)
+class LayerError:
+    """The error of one tensor, and of the node that writes it in the candidate."""
+
+    tensor: str
+    node: str  # the candidate node that computes it (Q/DQ looked through)
+    op_type: str
+    sqnr_db: float
+    mse: float
+    cosine: float
+    input_sqnr_db: float  # the worst SQNR among the node's float inputs (capped)
+    drop_db: float  # input_sqnr_db - sqnr_db (both capped at SQNR_CAP_DB)
+    position: int = 0  # order of the tensor in the reference graph
+
+
+def _capped(value: float) -> float:
+    return min(value, SQNR_CAP_DB) if not math.isnan(value) else -SQNR_CAP_DB
+
+
+def _float_tensors(model: onnx.ModelProto) -> list[str]:
+    """Outputs of the main graph's nodes that shape inference says are float32."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - best effort: without types we pair what the graph declares
+        inferred = model
+    types = {
+        v.name: v.type.tensor_type.elem_type
+        for v in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]
+        if v.type.HasField("tensor_type")
+    }
+    names: list[str] = []
+    for node in model.graph.node:
+        names += [o for o in node.output if o and types.get(o) == TensorProto.FLOAT]
+    return list(dict.fromkeys(names))
+
+
+class _Lineage:
+    """Looks through Q/DQ pairs in the candidate to the node that really computes a tensor."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.producer = {o: n for n in model.graph.node for o in n.output}
+
+    def compute_node(self, tensor: str) -> onnx.NodeProto | None:
+        """The node that really computes ``tensor`` (DequantizeLinear and QuantizeLinear looked through)."""
+        node = self.producer.get(tensor)
+        for _ in range(8):
+            if node is None or node.op_type not in ("DequantizeLinear", "QuantizeLinear"):
+                return node
+            node = self.producer.get(node.input[0])
+        return node
+
+
+def layer_errors(
+    reference: onnx.ModelProto,
+    candidate: onnx.ModelProto,
+    dataset: Dataset,
+    *,
+    threads: int | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> list[LayerError]:
+    """SQNR/MSE of every paired float tensor and the drop its candidate node introduces, worst SQNR first."""
+    candidate_names = {o for n in candidate.graph.node for o in n.output}
+    paired = [t for t in _float_tensors(reference) if t in candidate_names]
+    graph_inputs = {i.name for i in reference.graph.input}
+    # What a quantized graph input (or the output of a float node) really feeds the quantized nodes that
+    # read it: the candidate's "x/dequantized" against the reference's "x".
+    dequantized_inputs = {
+        f"{t}/dequantized": t for t in [*graph_inputs, *paired] if f"{t}/dequantized" in candidate_names
+    }
+    level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    ref_session = create_session(
+        with_exposed_outputs(reference, paired), "the reference model", threads=threads, level=level
+    )
+    exposed = [*paired, *dequantized_inputs]
+    cand_session = create_session(
+        with_exposed_outputs(candidate, exposed), "the candidate model", threads=threads, level=level
+    )
+    accumulators = {t: ErrorAccumulator() for t in exposed}
+    for path, feed in dataset.samples():
+        ref_run = run_session(ref_session, paired, feed, f"the reference model on {path}")
+        ref_values = dict(zip(paired, ref_run, strict=True))
+        cand_values = run_session(cand_session, exposed, feed, f"the candidate model on {path}")
+        for name, c in zip(exposed, cand_values, strict=True):
+            source = dequantized_inputs.get(name, name)
+            r = feed[source] if source in feed else ref_values[source]
+            if np.shape(r) == np.shape(c):
+                accumulators[name].add(np.asarray(r), np.asarray(c))
+        if on_progress:
+            on_progress(1)
+    measured = {t: acc.metrics(t) for t, acc in accumulators.items() if acc.count}
+    metrics = {t: m for t, m in measured.items() if t not in dequantized_inputs}
+    lineage = _Lineage(candidate)
+    order = {t: i for i, t in enumerate(paired)}
+    rows = []
+    for tensor, m in metrics.items():
+        node = lineage.compute_node(tensor)
+        # The error a node receives: each float input exactly as the candidate feeds it. Inputs that are
+        # neither measured nor graph inputs are weights or constants and do not count.
+        received = [
+            _capped(measured[i].sqnr_db) if i in measured else SQNR_CAP_DB
+            for i in (node.input if node is not None else [])
+            if i in measured or i in graph_inputs
+        ]
+        input_sqnr = min(received, default=SQNR_CAP_DB)
+        rows.append(
+            LayerError(
+                tensor=tensor,
+                node=node.name if node is not None else tensor,
+                op_type=node.op_type if node is not None else "?",
+                sqnr_db=m.sqnr_db,
+                mse=m.mse,
+                cosine=m.cosine,
+                input_sqnr_db=input_sqnr,
+                drop_db=input_sqnr - _capped(m.sqnr_db),
+                position=order[tensor],
+            )
+        )
+    return sorted(rows, key=lambda r: (_capped(r.sqnr_db), r.tensor))
+
+
+def largest_drop(rows: list[LayerError]) -> LayerError | None:
+    """The layer whose quantization introduces the most error."""
+    return max(rows, key=lambda r: (r.drop_db, -_capped(r.sqnr_db)), default=None)

@@ -1,0 +1,58 @@
+"""onnxruntime execution providers: short names, availability, and honest skipping."""
+
+from __future__ import annotations
+
+import onnxruntime as ort
+
+from qtool.errors import QtoolError
+
+ALIASES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "directml": "DmlExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+    "rocm": "ROCMExecutionProvider",
+    "migraphx": "MIGraphXExecutionProvider",
+    "qnn": "QNNExecutionProvider",
+    "xnnpack": "XnnpackExecutionProvider",
+}
+
+
+def parse_providers(text: str) -> list[str]:
+    """``"cpu,cuda"`` (short or full onnxruntime names) -> full names, in order, without duplicates.
+
+    Raises:
+        QtoolError: a name that is neither an alias nor an onnxruntime provider name.
+    """
+    known = set(ALIASES.values()) | set(ort.get_all_providers())
+    names: list[str] = []
+    for raw in (part.strip() for part in text.split(",")):
+        if not raw:
+            continue
+        name = ALIASES.get(raw.lower(), raw)
+        if name not in known:
+            raise QtoolError(
+                f"unknown execution provider '{raw}'",
+                hint=f"use one of {', '.join(sorted(set(ALIASES)))} or a full name like CUDAExecutionProvider",
+            )
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise QtoolError("--providers needs at least one provider")
+    return names
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why ``name`` cannot run in this onnxruntime build, or None when it is available."""
+    if name in ort.get_available_providers():
+        return None
+    return f"not available in this onnxruntime build (available: {', '.join(ort.get_available_providers())})"
+
+
+def session_providers(name: str) -> list[str]:
+    """The provider list for a session on ``name``: CPU takes the nodes the provider cannot run."""
+    return [name] if name == "CPUExecutionProvider" else [name, "CPUExecutionProvider"]
