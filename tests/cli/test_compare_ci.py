@@ -1,0 +1,241 @@
+"""compare for CI: per-layer debugging, classification agreement, providers, reports and gates."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import xml.etree.ElementTree as ET
+
+import onnxruntime as ort
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import qtool
+from qtool.cli import app
+from qtool.model_io import file_sha256
+from tests.conftest import ROOT, calib_dir, eval_dir, sample
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def cnn_with_one_int2_layer(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("int2")
+    config = folder / "c.yaml"
+    config.write_text("node_name: {block1/conv: {weight: {dtype: int2}}}\n")
+    out = folder / "cnn.onnx"
+    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluate=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cnn_int8(tmp_path_factory):
+    out = tmp_path_factory.mktemp("int8") / "cnn.onnx"
+    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), evaluate=False)
+    return out
+
+
+def test_per_layer_report_names_the_layer_forced_to_int2(cnn_with_one_int2_layer, tmp_path):
+    r = invoke(
+        "compare",
+        sample("cnn"),
+        cnn_with_one_int2_layer,
+        "--data",
+        eval_dir("cnn"),
+        "--per-layer",
+        "--runs",
+        "0",
+        "--json",
+        "-",
+    )
+    assert r.exit_code == 0, r.stderr
+    per_layer = json.loads(r.stdout)["per_layer"]
+    assert per_layer["largest_drop"]["node"] == "block1/conv"
+    layers = per_layer["layers"]
+    assert layers == sorted(layers, key=lambda x: x["sqnr_db"])  # worst first
+    by_tensor = {x["tensor"]: x for x in layers}
+    # the float names survive the rewrite: every stage of the CNN is paired
+    assert {"block0/relu_out", "block1/bn_out", "block2/relu_out", "gap_out", "logits"} <= set(by_tensor)
+    assert by_tensor["block0/relu_out"]["sqnr_db"] > 30 > by_tensor["block1/bn_out"]["sqnr_db"]
+    assert "largest drop: block1/conv" in r.stderr
+
+
+def test_plot_draws_a_png(cnn_with_one_int2_layer, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "layers.png"
+    r = invoke(
+        "compare", sample("cnn"), cnn_with_one_int2_layer, "--data", eval_dir("cnn"), "--runs", "0", "--plot", png
+    )
+    assert r.exit_code == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_plot_without_matplotlib_is_a_clear_error_before_any_work(cnn_int8, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    r = invoke("compare", sample("cnn"), cnn_int8, "--data", eval_dir("cnn"), "--plot", tmp_path / "p.png")
+    assert r.exit_code == 2 and "--plot needs matplotlib" in r.stderr and "qtool[plot]" in r.stderr
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_classification_is_auto_detected_on_the_cnn_and_not_on_the_transformer(cnn_int8, tmp_path):
+    result = qtool.compare(sample("cnn"), cnn_int8, eval_dir("cnn"), runs=0)
+    assert "auto-detected" in result.task_note
+    (agreement,) = result.agreement
+    assert agreement.name == "logits" and agreement.rows == 32 and 0.9 <= agreement.top1 <= agreement.top5 == 1.0
+    q = tmp_path / "t.onnx"
+    qtool.quantize(sample("transformer"), q, data_dir=calib_dir("transformer"), evaluate=False)
+    plain = qtool.compare(sample("transformer"), q, eval_dir("transformer"), runs=0)
+    assert plain.agreement == [] and plain.task_note.startswith("none")
+    forced = qtool.compare(sample("transformer"), q, eval_dir("transformer"), runs=0, task="classification")
+    assert forced.agreement and forced.agreement[0].rows == 32 * 16  # every [seq, d] row of every sample
+
+
+GATES = [
+    (["--fail-under", "sqnr=30"], ["--fail-under", "sqnr=60"]),
+    (["--fail-under", "cosine=0.99"], ["--fail-under", "cosine=0.999999"]),
+    (["--fail-under", "top1=0.9"], ["--fail-under", "top1=1.01"]),
+    (["--fail-under", "top5=1.0"], ["--fail-under", "top5=1.01"]),
+    (["--fail-over", "mse=1.0"], ["--fail-over", "mse=1e-9"]),
+    (["--fail-over", "max_abs_error=5"], ["--fail-over", "max_abs_error=1e-6"]),
+    (["--min-compression", "3.5"], ["--min-compression", "10"]),
+    (["--max-latency-ratio", "100"], ["--max-latency-ratio", "0.001"]),
+]
+
+
+@pytest.mark.parametrize(("passing", "failing"), GATES, ids=[g[0][1].split("=")[0] for g in GATES])
+def test_each_gate_passes_and_fires(cnn_int8, tmp_path, passing, failing):
+    base = ["compare", sample("cnn"), cnn_int8, "--data", eval_dir("cnn"), "--runs", "5", "--warmup", "1"]
+    ok = invoke(*base, *passing)
+    assert ok.exit_code == 0, ok.stderr
+    bad = invoke(*base, *failing, "--json", tmp_path / "r.json")
+    assert bad.exit_code == 1, bad.stderr
+    assert "FAIL" in bad.stdout and "gates failed" in bad.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["gates"]["passed"] is False and doc["gates"]["results"][0]["passed"] is False
+
+
+@pytest.mark.parametrize(
+    "gate",
+    [["--fail-under", "sqnr"], ["--fail-under", "speed=2"], ["--fail-over", "mse=abc"], ["--fail-over", "sqnr=1"]],
+)
+def test_malformed_gates_are_usage_errors(cnn_int8, gate):
+    r = invoke("compare", sample("cnn"), cnn_int8, "--data", eval_dir("cnn"), *gate)
+    assert r.exit_code == 2 and r.stderr.startswith("error: --fail-")
+
+
+def test_every_gate_is_printed_and_written_to_junit_and_markdown(cnn_int8, tmp_path):
+    junit, markdown = tmp_path / "gates.xml", tmp_path / "report.md"
+    r = invoke(
+        "compare",
+        sample("cnn"),
+        cnn_int8,
+        "--data",
+        eval_dir("cnn"),
+        "--runs",
+        "3",
+        "--fail-under",
+        "sqnr=25",
+        "--fail-under",
+        "sqnr=99",
+        "--min-compression",
+        "3",
+        "--junit",
+        junit,
+        "--markdown",
+        markdown,
+    )
+    assert r.exit_code == 1
+    suite = ET.parse(junit).getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == ["sqnr >= 25", "sqnr >= 99", "compression >= 3"]
+    assert [c.find("failure") is not None for c in cases] == [False, True, False]
+    assert suite.get("failures") == "1" and suite.get("tests") == "3"
+    text = markdown.read_text()
+    assert "**Gates FAILED** (2/3)" in text and "| `sqnr >= 99` |" in text and "### Latency" in text
+
+
+def test_unavailable_providers_are_skipped_with_a_reason_and_unknown_ones_refused(cnn_int8):
+    r = invoke(
+        "compare",
+        sample("cnn"),
+        cnn_int8,
+        "--data",
+        eval_dir("cnn"),
+        "--runs",
+        "3",
+        "--providers",
+        "cpu,cuda,TensorrtExecutionProvider",
+        "--json",
+        "-",
+    )
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    measured = [lat["provider"] for lat in doc["latency"]]
+    skipped = {s["provider"]: s["reason"] for s in doc["skipped_providers"]}
+    available = ort.get_available_providers()
+    for name in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
+        assert (name in measured) == (name in available) and (name in skipped) == (name not in available)
+    assert measured[0] == "CPUExecutionProvider"
+    r = invoke("compare", sample("cnn"), cnn_int8, "--data", eval_dir("cnn"), "--providers", "cpu,quantum")
+    assert r.exit_code == 2 and "unknown execution provider 'quantum'" in r.stderr
+
+
+def test_json_carries_the_reproducibility_block(cnn_int8, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\n")
+    r = invoke(
+        "compare",
+        sample("cnn"),
+        cnn_int8,
+        "--data",
+        eval_dir("cnn"),
+        "--runs",
+        "2",
+        "--threads",
+        "1",
+        "--config",
+        config,
+        "--json",
+        "-",
+    )
+    repro = json.loads(r.stdout)["reproducibility"]
+    assert repro["reference_sha256"] == file_sha256(sample("cnn"))
+    assert repro["config_sha256"] == file_sha256(config)
+    assert len(repro["data"]["sha256"]) == 64 and repro["data"]["files"] == 32
+    assert set(repro["versions"]) >= {"qtool", "onnx", "onnxruntime", "numpy"}
+    assert repro["cpu"]["model"] and isinstance(repro["cpu"]["flags"], list)
+    assert repro["threads"]["intra_op"] == 1 and repro["providers_measured"] == ["CPUExecutionProvider"]
+    again = json.loads(
+        invoke("compare", sample("cnn"), cnn_int8, "--data", eval_dir("cnn"), "--runs", "0", "--json", "-").stdout
+    )["reproducibility"]
+    assert again["data"]["sha256"] == repro["data"]["sha256"]
+
+
+@pytest.mark.gpu
+def test_cuda_latency_is_measured_on_a_gpu_machine(cnn_int8):
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("no CUDA execution provider here (CI has no GPU)")
+    result = qtool.compare(sample("cnn"), cnn_int8, eval_dir("cnn"), runs=20, providers=["CUDAExecutionProvider"])
+    assert [lat.provider for lat in result.latency] == ["CUDAExecutionProvider"]
+    assert result.latency[0].reference.median_ms > 0
+
+
+def test_github_actions_example_is_valid_and_runs_real_commands():
+    workflow = yaml.safe_load((ROOT / "examples" / "github-actions.yml").read_text())
+    steps = workflow["jobs"]["quantize"]["steps"]
+    commands = [s["run"] for s in steps if "run" in s and s["run"].lstrip().startswith("qtool")]
+    assert {c.split()[1] for c in commands} == {"calibrate", "quantize", "compare"}
+    assert any(s.get("uses", "").startswith("actions/upload-artifact") for s in steps)
+    for command in commands:
+        words = shlex.split(command.replace("\n", " "))
+        subcommand = words[1]
+        help_text = invoke(subcommand, "--help").stdout
+        for option in (w.split("=")[0] for w in words if w.startswith("--")):
+            assert option in help_text, f"{subcommand} has no option {option}"
