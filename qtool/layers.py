@@ -47,7 +47,7 @@ def _capped(value: float) -> float:
 
 
 def _float_tensors(model: onnx.ModelProto) -> list[str]:
-    """Outputs of the main graph's nodes that shape inference says are float32."""
+    """Float32 outputs of the main graph's nodes that depend on a graph input (in graph order)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 - best effort: without types we pair what the graph declares
@@ -57,8 +57,14 @@ def _float_tensors(model: onnx.ModelProto) -> list[str]:
         for v in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]
         if v.type.HasField("tensor_type")
     }
+    # Only tensors computed from the inputs: weights in Constant nodes (which graph preparation folds
+    # BatchNormalization into) and shape arithmetic are not layers.
+    dynamic = {i.name for i in model.graph.input}
     names: list[str] = []
     for node in model.graph.node:
+        if not any(i in dynamic for i in node.input):
+            continue
+        dynamic.update(node.output)
         names += [o for o in node.output if o and types.get(o) == TensorProto.FLOAT]
     return list(dict.fromkeys(names))
 
@@ -130,7 +136,8 @@ def layer_errors(
             for i in (node.input if node is not None else [])
             if i in measured or i in graph_inputs
         ]
-        input_sqnr = min(received, default=SQNR_CAP_DB)
+        # A node none of whose inputs could be measured is not blamed: its drop counts as 0.
+        input_sqnr = min(received, default=_capped(m.sqnr_db))
         rows.append(
             LayerError(
                 tensor=tensor,

@@ -59,13 +59,13 @@ def prepare_model(model: onnx.ModelProto, *, min_opset: int = 0) -> tuple[onnx.M
     report = PrepareReport(opset_before=default_opset(prepared))
     report.constants_to_initializers = _constants_to_initializers(prepared.graph)
     report.initializers_removed_from_inputs = _initializers_out_of_inputs(prepared)
-    _name_unnamed_nodes(prepared.graph)
     if report.opset_before < min_opset:
         prepared = _upgrade_opset(prepared, report.opset_before, min_opset)
         # The converter keeps the IR version, but opset 21 (INT4) needs IR 10 and opset 25 (INT2) IR 13.
         opset = helper.make_opsetid("", min_opset)
         prepared.ir_version = max(prepared.ir_version, helper.find_min_ir_version_for([opset]))
     report.opset_after = default_opset(prepared)
+    _name_unnamed_nodes(prepared.graph)  # after the upgrade: the version converter adds unnamed nodes
     report.folded_batchnorms = _fold_batchnorms(prepared.graph)
     report.removed_initializers = _remove_unused_initializers(prepared.graph)
     prepared, report.shape_inference_error = _infer_shapes(prepared)
