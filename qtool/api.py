@@ -24,7 +24,7 @@ from qtool.inspection import Inspection, inspect_plan
 from qtool.layers import LayerError, layer_errors
 from qtool.model_io import file_sha256, load_model, model_size_bytes, same_file, save_model, write_text
 from qtool.observers import create_observer
-from qtool.plan import QuantPlan, build_plan
+from qtool.plan import QuantPlan, build_plan, static_elements
 from qtool.prepare import PrepareReport, prepare_model
 from qtool.providers import session_providers, unavailable_reason
 from qtool.qparams import QParams
@@ -224,7 +224,7 @@ def _calibrate(
         skip_nonfinite=skip_nonfinite,
     )
     advance = (progress or _noop_progress)("calibrating", len(dataset))
-    observers, seen = collect_statistics(
+    observers, seen, elements = collect_statistics(
         state.prepared,
         state.plan.activations,
         dataset,
@@ -239,7 +239,13 @@ def _calibrate(
         on_progress=advance,
     )
     return CalibrationStats(
-        state.sha256, name, seen, observers, f"{shard[0]}/{shard[1]}" if shard else None, len(dataset.skipped)
+        state.sha256,
+        name,
+        seen,
+        observers,
+        f"{shard[0]}/{shard[1]}" if shard else None,
+        len(dataset.skipped),
+        elements,
     )
 
 
@@ -316,8 +322,10 @@ def quantize(
             progress=progress,
             skip_nonfinite=skip_nonfinite,
         )
-    act_qparams = _activation_qparams(state.plan, stats)
-    quantized, rewrite_report = insert_qdq(state.prepared, state.plan, act_qparams)
+    # With tensor sizes known, placement "auto" can now choose integer kernels or storage per node.
+    plan = build_plan(state.prepared, config, {**static_elements(state.prepared), **stats.elements})
+    act_qparams = _activation_qparams(plan, stats)
+    quantized, rewrite_report = insert_qdq(state.prepared, plan, act_qparams)
     quantized.producer_name = "qtool"
     quantized.producer_version = __version__
     check_note = check_quantized_model(quantized, state.prepared)
@@ -328,7 +336,7 @@ def quantize(
         output=ModelFile.of(output_path),
         prepare=state.report,
         rewrite=rewrite_report,
-        skipped=list(state.plan.skipped),
+        skipped=list(plan.skipped),
         calibration_samples=stats.samples,
     )
     if check_note:
@@ -506,6 +514,8 @@ def inspect(model_path: Path | str, *, config_path: Path | str | None = None) ->
     """What quantize would do with this model and config: per-node schemes, float nodes, predicted size."""
     config = load_config(config_path)
     state = _prepare(Path(model_path), config)
+    plan = build_plan(state.prepared, config, static_elements(state.prepared))
+    state = replace(state, plan=plan)
     result = inspect_plan(str(model_path), model_size_bytes(model_path), state.prepared, state.plan, config)
     # The exact size comes from doing the rewrite with placeholder activation ranges: only scale values
     # differ from the real run, and they take the same bytes.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ class CalibrationStats:
     tensors: dict[str, Observer]
     shard: str | None = None  # "K/N" for one shard of a dataset, None for a whole one
     skipped: int = 0  # samples left out for holding NaN/Inf
+    elements: dict[str, int] = field(default_factory=dict)  # per-sample element count of each tensor
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +53,7 @@ class CalibrationStats:
             "samples": self.samples,
             "shard": self.shard,
             "skipped": self.skipped,
+            "elements": dict(sorted(self.elements.items())),
             "tensors": {
                 name: {"observer": obs.reference, "axis": obs.axis, "options": obs.options(), "state": obs.state()}
                 for name, obs in sorted(self.tensors.items())
@@ -86,6 +88,7 @@ class CalibrationStats:
                 tensors,
                 data.get("shard"),
                 int(data.get("skipped", 0)),
+                {str(k): int(v) for k, v in (data.get("elements") or {}).items()},
             )
         except QtoolError:
             raise
@@ -120,7 +123,7 @@ class CalibrationStats:
         for part in parts[1:]:
             merged = merged.merge(part)
         return CalibrationStats(
-            merged.model_sha256, merged.observer, merged.samples, merged.tensors, None, merged.skipped
+            merged.model_sha256, merged.observer, merged.samples, merged.tensors, None, merged.skipped, merged.elements
         )
 
     def merge(self, other: CalibrationStats) -> CalibrationStats:
@@ -136,7 +139,13 @@ class CalibrationStats:
                 combined.merge(other.tensors[name])
             merged[name] = combined
         return CalibrationStats(
-            self.model_sha256, self.observer, self.samples + other.samples, merged, None, self.skipped + other.skipped
+            self.model_sha256,
+            self.observer,
+            self.samples + other.samples,
+            merged,
+            None,
+            self.skipped + other.skipped,
+            {**other.elements, **self.elements},
         )
 
 
@@ -162,17 +171,18 @@ def collect_statistics(
     per_tensor: dict[str, tuple[str, dict[str, Any]]] | None = None,
     batch_size: int = 1,
     on_progress: ProgressCallback | None = None,
-) -> tuple[dict[str, Observer], int]:
+) -> tuple[dict[str, Observer], int, dict[str, int]]:
     """Run ``prepared`` over ``dataset`` and observe each tensor in ``tensors``.
 
     Only one batch of activations is alive at a time, whatever the dataset size.
 
     Returns:
-        The observers by tensor name and the number of samples seen.
+        The observers by tensor name, the number of samples seen, and each tensor's
+        element count per sample (from the first batch).
     """
     names = list(dict.fromkeys(tensors))
     if not names:  # weight-only quantization: nothing to observe, and no reason to run the model
-        return {}, len(dataset)
+        return {}, len(dataset), {}
     default = (observer, options or {})
     specs = {name: (per_tensor or {}).get(name, default) for name in names}
     observers = {name: create_observer(spec[0], None, spec[1]) for name, spec in specs.items()}
@@ -182,12 +192,14 @@ def collect_statistics(
         level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
     )
     seen = 0
+    elements: dict[str, int] = {}
     for count, feed in dataset.batches(batch_size):
         values = run_session(session, names, feed, f"the float model on samples of {dataset.directory}")
         for name, value in zip(names, values, strict=True):
             observers[name].observe(np.asarray(value))
+            elements.setdefault(name, int(np.asarray(value).size) // count)
         del values  # drop this batch's activations before the next one is computed
         seen += count
         if on_progress:
             on_progress(count)
-    return observers, seen
+    return observers, seen, elements

@@ -24,7 +24,8 @@ CONFIG_VERSION = 1
 _MAX_YAML_NODES = 100_000  # refuses alias bombs long before they exhaust memory
 
 _TOP_KEYS = {"version", "global", "op_type", "node_name", "exclude", "calibration", "preprocess"}
-_SCHEME_KEYS = {"weight", "activation", "weight_only"}
+_SCHEME_KEYS = {"weight", "activation", "weight_only", "placement"}
+PLACEMENTS = ("auto", "integer", "storage")
 _TENSOR_KEYS = {
     "weight": {"dtype", "granularity", "symmetric", "block_size", "axis"},
     "activation": {"dtype", "granularity", "symmetric", "observer"},
@@ -77,6 +78,7 @@ class NodeScheme:
     activation: TensorScheme
     weight_only: bool = False
     rule: str = "global"
+    placement: str = "auto"  # integer kernels, storage-only compression, or decided per node
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ class QConfig:
             weight=TensorScheme(**merged["weight"]),
             activation=TensorScheme(**merged["activation"]),
             weight_only=bool(merged.get("weight_only", False)),
+            placement=str(merged.get("placement", "auto")),
             rule=rule,
         )
         return scheme, rule
@@ -290,6 +293,8 @@ def _check_node_scheme(doc: _Located, value: Any, path: Path_) -> None:
             _check_tensor_scheme(doc, value[role], (*path, role), role)
     if "weight_only" in value and not isinstance(value["weight_only"], bool):
         raise doc.error((*path, "weight_only"), f"expected true or false, got {value['weight_only']!r}")
+    if "placement" in value and value["placement"] not in PLACEMENTS:
+        raise doc.error((*path, "placement"), f"expected one of {', '.join(PLACEMENTS)}, got {value['placement']!r}")
 
 
 def _check_regex(doc: _Located, pattern: str, path: Path_, *, at_key: bool) -> None:

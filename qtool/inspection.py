@@ -28,6 +28,8 @@ class NodeRow:
     weight_elements: int
     float_bytes: int
     quantized_bytes: int
+    placement: str = "integer"  # integer | storage | weight_only
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,18 @@ def inspect_plan(
                 stored = _stored_bytes(elements, _groups(shape, node), spec.dtype)
         activation = node.scheme.activation.describe() if node.activations else "float"
         rows.append(
-            NodeRow(node.name, node.op_type, node.scheme.rule, weight_text, activation, elements, float_bytes, stored)
+            NodeRow(
+                node.name,
+                node.op_type,
+                node.scheme.rule,
+                weight_text,
+                activation,
+                elements,
+                float_bytes,
+                stored,
+                node.placement,
+                node.reason,
+            )
         )
     op_types = {n.name: n.op_type for n in prepared.graph.node}
     kept = []

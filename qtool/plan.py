@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -59,6 +60,8 @@ class NodePlan:
     weight: WeightPlan | None
     bias: str | None  # 1-D initializer quantized to int32 (needs activations[0] and weight)
     output: str | None  # tensor quantized after the node (after a folded Relu)
+    placement: str = "integer"  # "integer" (Q/DQ), "storage" (restored to float at load) or "weight_only"
+    reason: str = ""  # why this placement
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,10 @@ class _Graph:
                 self.elem_types[value.name] = value.type.tensor_type.elem_type
         for init in graph.initializer:
             self.elem_types[init.name] = init.data_type
+        self.shapes: dict[str, list[int | str]] = {}
+        for value in [*graph.input, *graph.value_info, *graph.output]:
+            if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+                self.shapes[value.name] = [d.dim_value or d.dim_param for d in value.type.tensor_type.shape.dim]
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:
             for name in node.input:
@@ -186,11 +193,85 @@ def _output_to_quantize(node: onnx.NodeProto, g: _Graph) -> str | None:
     return out
 
 
-def build_plan(model: onnx.ModelProto, config: QConfig) -> QuantPlan:
+# A node runs as an integer kernel under placement "auto" only when it does at least this many
+# multiply-accumulates per sample: below it, onnxruntime spends more on Quantize/DequantizeLinear and
+# kernel dispatch than the int8 kernel saves (the sample MLP and transformer run 0.7x with every
+# node integer; the sample CNN, whose convolutions are 0.9-4.7 M MACs, 1.4x).
+AUTO_MIN_MACS = 500_000
+
+
+def _node_macs(node: onnx.NodeProto, roles: _Roles, g: _Graph, elements: dict[str, int]) -> int | None:
+    """Multiply-accumulates per sample, from the output's element count and the reduction length."""
+    out = elements.get(node.output[0])
+    if out is None:
+        return None
+    if roles.weight is not None:
+        dims = list(g.initializers[roles.weight.name].dims)
+        if node.op_type == "Conv":
+            reduction = int(np.prod(dims[1:]))
+        elif roles.weight.block_axis is not None and roles.weight.block_axis < len(dims):
+            reduction = dims[roles.weight.block_axis]
+        else:
+            return None
+        return out * reduction
+    shape = g.shapes.get(node.input[0])
+    if shape and isinstance(shape[-1], int):
+        return out * shape[-1]
+    return None
+
+
+def _is_depthwise(node: onnx.NodeProto, roles: _Roles, g: _Graph) -> bool:
+    if node.op_type != "Conv" or roles.weight is None:
+        return False
+    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    return group > 1 and g.initializers[roles.weight.name].dims[1] == 1
+
+
+def _placement(
+    node: onnx.NodeProto, roles: _Roles, scheme: NodeScheme, g: _Graph, elements: dict[str, int] | None
+) -> tuple[str, str]:
+    """("integer" | "storage" | "float", why) for one node."""
+    if scheme.placement == "integer":
+        return "integer", f"placement: integer ({scheme.rule})"
+    if scheme.placement == "storage":
+        return "storage", f"placement: storage ({scheme.rule})"
+    if elements is None:
+        return "integer", "auto without tensor sizes (decided when quantizing with data)"
+    if _is_depthwise(node, roles, g):
+        return "storage", "auto: depthwise convolution does too little work per value for int8 kernels"
+    macs = _node_macs(node, roles, g, elements)
+    if macs is None:
+        return "integer", "auto: size unknown, integer kernel assumed"
+    if macs < AUTO_MIN_MACS:
+        small = f"{macs:,} MACs per sample < {AUTO_MIN_MACS:,}, Q/DQ would cost more than int8 saves"
+        # without a constant weight there is nothing to store: the node simply stays float
+        return ("storage", f"auto: {small}") if roles.weight is not None else ("float", f"auto: kept float, {small}")
+    return "integer", f"auto: {macs:,} MACs per sample"
+
+
+def static_elements(model: onnx.ModelProto) -> dict[str, int]:
+    """Per-sample element counts of tensors whose shapes shape inference fixed (a symbolic batch counts as 1)."""
+    counts: dict[str, int] = {}
+    for value in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        if not (value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape")):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+        if dims and dims[0] is None:
+            dims[0] = 1
+        known = [d for d in dims if isinstance(d, int) and d > 0]
+        if len(known) == len(dims):
+            counts[value.name] = int(np.prod(known)) if known else 1
+    return counts
+
+
+def build_plan(model: onnx.ModelProto, config: QConfig, elements: dict[str, int] | None = None) -> QuantPlan:
     """Decide, node by node, what to quantize (see :class:`QuantPlan`).
 
     ``model`` should be the prepared model (see :func:`qtool.prepare.prepare_model`)
-    so that tensor types are known.
+    so that tensor types are known. ``elements`` (per-sample element counts of
+    tensors, from calibration or static shapes) lets ``placement: auto`` choose
+    between integer kernels and storage-only compression; without it every
+    auto node is planned as integer, so calibration observes everything it may need.
     """
     g = _Graph(model)
     nodes: list[NodePlan] = []
@@ -225,7 +306,15 @@ def build_plan(model: onnx.ModelProto, config: QConfig) -> QuantPlan:
             if weight is None:
                 skipped.append((name, "weight_only/fp16 asked for, but the node has no constant weight"))
                 continue
-            nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None))
+            why = "fp16" if scheme.weight.fp16 else "per_block weights" if weight.block_size else "weight_only"
+            nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "weight_only", why))
+            continue
+        placement, why = _placement(node, roles, scheme, g, elements)
+        if placement == "float":
+            skipped.append((name, why))
+            continue
+        if placement == "storage":
+            nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "storage", why))
             continue
         output = _output_to_quantize(node, g)
         for tensor in (*roles.activations, *([output] if output else [])):
@@ -242,7 +331,7 @@ def build_plan(model: onnx.ModelProto, config: QConfig) -> QuantPlan:
         natural = roles.weight.channel_axis if roles.weight else None
         bias_fits = weight is not None and weight.block_size is None and weight.axis in (None, natural)
         bias = roles.bias if bias_fits else None
-        nodes.append(NodePlan(name, node.op_type, scheme, roles.activations, weight, bias, output))
+        nodes.append(NodePlan(name, node.op_type, scheme, roles.activations, weight, bias, output, "integer", why))
     return QuantPlan(tuple(nodes), activations, tuple(skipped))
 
 

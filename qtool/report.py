@@ -288,6 +288,8 @@ def inspection_to_dict(result: Inspection) -> dict[str, Any]:
                 "weight_elements": r.weight_elements,
                 "float_bytes": r.float_bytes,
                 "quantized_bytes": r.quantized_bytes,
+                "placement": r.placement,
+                "placement_reason": r.reason,
             }
             for r in result.rows
         ],
@@ -306,7 +308,7 @@ def inspection_to_dict(result: Inspection) -> dict[str, Any]:
 def render_inspection(console: Console, result: Inspection) -> None:
     """Print the per-node plan, what stays float, and the predicted compression."""
     table = Table(title=f"qtool inspect {result.model_path}", title_justify="left")
-    for column in ("node", "op", "rule", "weight", "activation", "elements", "float B", "quantized B"):
+    for column in ("node", "op", "rule", "weight", "activation", "runs as", "elements", "float B", "quantized B"):
         table.add_column(column, justify="right" if column in ("elements", "float B", "quantized B") else "left")
     for r in result.rows:
         table.add_row(
@@ -315,26 +317,29 @@ def render_inspection(console: Console, result: Inspection) -> None:
             r.rule,
             r.weight,
             r.activation,
+            r.placement,
             f"{r.weight_elements:,}",
             f"{r.float_bytes:,}",
             f"{r.quantized_bytes:,}",
         )
     table.add_section()
-    table.add_row(
-        "total",
-        "",
-        "",
-        "",
-        "",
-        f"{sum(r.weight_elements for r in result.rows):,}",
-        f"{sum(r.float_bytes for r in result.rows):,}",
-        f"{sum(r.quantized_bytes for r in result.rows):,}",
-    )
+    total = [
+        f"{sum(getattr(r, k) for r in result.rows):,}" for k in ("weight_elements", "float_bytes", "quantized_bytes")
+    ]
+    table.add_row("total", "", "", "", "", "", *total)
     console.print(table)
     console.print(
         f"model {_bytes(result.model_bytes)} -> predicted {_bytes(result.predicted_bytes)}, "
         f"compression [bold]{result.predicted_ratio:.2f}x[/bold]"
     )
+    reasons = [r for r in result.rows if r.reason]
+    if reasons:
+        placement = Table(title="placement", title_justify="left")
+        for column in ("node", "runs as", "why"):
+            placement.add_column(column)
+        for r in reasons:
+            placement.add_row(r.name, r.placement, r.reason)
+        console.print(placement)
     if result.kept_float:
         kept = Table(title="kept in float", title_justify="left")
         for column in ("node", "op", "why"):

@@ -84,14 +84,14 @@ def weight_qparams(
     return QParams(qp.scale, qp.zero_point, qp.qtype, axis, block_size, qp.narrow)
 
 
-WeightKey = tuple[int | None, int | None, str, bool]  # axis, block size, dtype, symmetric
+WeightKey = tuple[int | None, int | None, str, bool, bool]  # axis, block size, dtype, symmetric, stored only
 
 
 def weight_key(node: NodePlan) -> WeightKey:
     """What decides a weight's stored form for one node; nodes with equal keys share one copy."""
     assert node.weight is not None
     spec = node.scheme.weight
-    return (node.weight.axis, node.weight.block_size, spec.dtype, spec.symmetric)
+    return (node.weight.axis, node.weight.block_size, spec.dtype, spec.symmetric, node.placement == "storage")
 
 
 def activation_qparams(rmin: np.ndarray, rmax: np.ndarray, scheme: TensorScheme, what: str) -> QParams:
@@ -172,6 +172,43 @@ class _Rewriter:
         self.graph.initializer.append(numpy_helper.from_array(qp.scale.astype(np.float32), scale))
         self.graph.initializer.append(to_tensor_proto(qp.zero_point, zero_type, zero))
         self.prologue.append(self._dq_node(name, stored, scale, zero, output, qp.axis, qp.block_size))
+
+    def _replace_with_storage(self, name: str, values: np.ndarray, qp: QParams, output: str, ndim: int) -> None:
+        """Store integers and restore float with Cast/Sub/Mul on constants, which onnxruntime folds at load.
+
+        The file keeps the quantized size; inference runs the float kernel with
+        no Quantize/DequantizeLinear cost (placement "storage").
+        """
+        stored = self.names.new(f"{name}/quantized")
+        self.graph.initializer.append(to_tensor_proto(values, qp.qtype, stored))
+        source = stored
+        if qp.qtype.bits < 8:  # widen first: Cast from 4/2-bit to float is not foldable everywhere
+            widened = self.names.new(f"{name}/widened")
+            wide = TensorProto.INT8 if qp.qtype.signed else TensorProto.UINT8
+            self.prologue.append(
+                helper.make_node("Cast", [source], [widened], name=self.names.new(f"{name}/Widen"), to=wide)
+            )
+            source = widened
+        as_float = self.names.new(f"{name}/as_float")
+        self.prologue.append(
+            helper.make_node("Cast", [source], [as_float], name=self.names.new(f"{name}/Cast"), to=TensorProto.FLOAT)
+        )
+        length = values.shape[qp.axis] if qp.axis is not None else 0
+        scale = qp.expand(qp.scale, ndim, length).astype(np.float32)
+        zero = qp.expand(qp.zero_point.astype(np.float32), ndim, length).astype(np.float32)
+        if np.any(zero != 0):
+            zero_name = self.names.new(f"{name}/zero_point")
+            self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(zero), zero_name))
+            centred = self.names.new(f"{name}/centred")
+            self.prologue.append(
+                helper.make_node("Sub", [as_float, zero_name], [centred], name=self.names.new(f"{name}/Sub"))
+            )
+            as_float = centred
+        scale_name = self.names.new(f"{name}/scale")
+        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(scale), scale_name))
+        self.prologue.append(
+            helper.make_node("Mul", [as_float, scale_name], [output], name=self.names.new(f"{name}/Mul"))
+        )
 
     def _replace_with_fp16(self, name: str, values: np.ndarray, output: str) -> None:
         """Store ``values`` as float16 and make a Cast back to float write ``output``."""
@@ -264,7 +301,10 @@ class _Rewriter:
                 if floor is not None and np.any(qp.scale < floor):
                     raised = np.maximum(qp.scale, floor).astype(np.float32)
                     qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
-                self._replace_constant(weight_name, quantize(values, qp), qp, output)
+                if node.placement == "storage":
+                    self._replace_with_storage(weight_name, quantize(values, qp), qp, output, values.ndim)
+                else:
+                    self._replace_constant(weight_name, quantize(values, qp), qp, output)
             self.replaced.add(weight_name)
             self.weights[(weight_name, key)] = (output, qp)
             self.report.quantized_weights.append(weight_name)

@@ -13,6 +13,7 @@ import qtool
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
 SAMPLE_NAMES = ("cnn", "mlp", "transformer")
+INTEGER = ROOT / "configs" / "integer.yaml"  # every node as an integer kernel (placement: integer)
 
 
 def sample(name: str) -> Path:
@@ -38,11 +39,11 @@ def run_model(path: Path | str | bytes, feed: dict[str, np.ndarray]) -> list[np.
 
 @pytest.fixture(scope="session")
 def quantized_samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each sample model quantized with the default config from its calibration set."""
+    """Each sample model quantized with every node as an integer kernel, from its calibration set."""
     out = tmp_path_factory.mktemp("quantized")
     result = {}
     for name in SAMPLE_NAMES:
         target = out / f"{name}.int8.onnx"
-        qtool.quantize(sample(name), target, data_dir=calib_dir(name), evaluate=False)
+        qtool.quantize(sample(name), target, data_dir=calib_dir(name), config_path=INTEGER, evaluate=False)
         result[name] = target
     return result

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qtool
 from qtool.errors import QtoolError
-from tests.conftest import run_model
+from tests.conftest import INTEGER, run_model
 
 RNG = np.random.default_rng(7)
 
@@ -59,7 +59,7 @@ def test_weight_shared_by_ops_that_need_different_axes(tmp_path):
     )
     data = make_data(tmp_path, (8,))
     out = tmp_path / "q.onnx"
-    qtool.quantize(model, out, data_dir=data, evaluate=False)
+    qtool.quantize(model, out, data_dir=data, config_path=INTEGER, evaluate=False)
     q = onnx.load(str(out))
     # before the fix the Gemm read the MatMul's axis-1 scales: about 100 % error
     axes = sorted(
@@ -203,7 +203,7 @@ def test_corrupt_npz_sample_is_a_clear_error(tmp_path):
 
 def test_weight_axis_override_keeps_the_bias_float_instead_of_mismatching_scales(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("op_type: {Conv: {weight: {axis: 1}}}\n")
+    config.write_text("global: {placement: integer}\nop_type: {Conv: {weight: {axis: 1}}}\n")
     from tests.conftest import calib_dir, sample
 
     out = tmp_path / "q.onnx"

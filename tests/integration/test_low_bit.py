@@ -176,7 +176,7 @@ def test_weight_axis_out_of_range_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("dtype", ["int4", "int2"])
 def test_narrow_per_channel_weights_run_in_int8_kernels_with_quantized_activations(tmp_path, dtype):
     """The packed weight is widened by a Cast that onnxruntime folds, so QLinearConv/QGemm still run."""
-    out = quantize_with(tmp_path, "cnn", f"global: {{weight: {{dtype: {dtype}}}}}\n")
+    out = quantize_with(tmp_path, "cnn", f"global: {{weight: {{dtype: {dtype}}}, placement: integer}}\n")
     model = onnx.load(str(out))
     casts = [n for n in model.graph.node if n.op_type == "Cast"]
     assert len(casts) == 4 and all({a.name: a.i for a in n.attribute}["to"] == TensorProto.INT8 for n in casts)

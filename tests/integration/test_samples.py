@@ -13,7 +13,7 @@ from onnx.reference import ReferenceEvaluator
 
 import qtool
 from qtool.dataset import Dataset, model_inputs
-from tests.conftest import SAMPLE_NAMES, calib_dir, eval_dir, run_model, sample
+from tests.conftest import INTEGER, SAMPLE_NAMES, calib_dir, eval_dir, run_model, sample
 
 SQNR_FLOOR_DB = {"cnn": 30.0, "mlp": 30.0, "transformer": 25.0}
 QUANTIZABLE = {"Conv", "MatMul", "Gemm"}
@@ -153,18 +153,18 @@ def test_weight_dominated_samples_compress_at_least_3_5x(name, quantized_samples
 
 def test_quantizing_twice_gives_byte_identical_files(tmp_path, quantized_samples):
     again = tmp_path / "again.onnx"
-    qtool.quantize(sample("transformer"), again, data_dir=calib_dir("transformer"), evaluate=False)
+    qtool.quantize(sample("transformer"), again, data_dir=calib_dir("transformer"), config_path=INTEGER, evaluate=False)
     assert again.read_bytes() == quantized_samples["transformer"].read_bytes()
 
 
 def test_calibrate_then_quantize_equals_quantize_with_data(tmp_path, quantized_samples):
     stats_path = tmp_path / "cnn.stats.json"
-    stats = qtool.calibrate(sample("cnn"), calib_dir("cnn"))
+    stats = qtool.calibrate(sample("cnn"), calib_dir("cnn"), config_path=INTEGER)
     qtool.write_stats(stats, stats_path)
     reread = qtool.CalibrationStats.read(stats_path)
     assert reread.to_json() == stats.to_json() and reread.samples == 64
     out = tmp_path / "cnn.onnx"
-    qtool.quantize(sample("cnn"), out, stats_path=stats_path)
+    qtool.quantize(sample("cnn"), out, stats_path=stats_path, config_path=INTEGER)
     assert out.read_bytes() == quantized_samples["cnn"].read_bytes()
 
 

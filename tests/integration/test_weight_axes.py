@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import qtool
-from tests.conftest import run_model
+from tests.conftest import INTEGER, run_model
 
 
 def _build(
@@ -73,7 +73,7 @@ def test_per_channel_axis_is_the_output_axis(tmp_path, case):
     node, weight, x_shape, y_shape, axis = CASES[case]
     model_path, data = _build(tmp_path, node, weight, x_shape, y_shape)
     out = tmp_path / "q.onnx"
-    qtool.quantize(model_path, out, data_dir=data, evaluate=False)
+    qtool.quantize(model_path, out, data_dir=data, config_path=INTEGER, evaluate=False)
     model = onnx.load(str(out))
     inits = {i.name: i for i in model.graph.initializer}
     dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "w")
@@ -97,7 +97,7 @@ def test_opset_11_model_is_upgraded_for_per_axis_dequantize(tmp_path):
     node, weight, x_shape, y_shape, _ = CASES["conv"]
     model_path, data = _build(tmp_path, node, weight, x_shape, y_shape, opset=11)
     out = tmp_path / "q.onnx"
-    result = qtool.quantize(model_path, out, data_dir=data, evaluate=False)
+    result = qtool.quantize(model_path, out, data_dir=data, config_path=INTEGER, evaluate=False)
     assert (result.prepare.opset_before, result.prepare.opset_after) == (11, 13)
     model = onnx.load(str(out))
     assert model.opset_import[0].version == 13
@@ -137,7 +137,7 @@ def test_weights_in_constant_nodes_are_quantized_like_initializers(tmp_path):
     for i in range(4):
         np.save(data / f"{i}.npy", rng.normal(size=(256,)).astype(np.float32))
     out = tmp_path / "q.onnx"
-    result = qtool.quantize(model_path, out, data_dir=data, evaluate=False)
+    result = qtool.quantize(model_path, out, data_dir=data, config_path=INTEGER, evaluate=False)
     assert result.prepare.constants_to_initializers == 1 and result.rewrite.quantized_weights == ["w"]
     model = onnx.load(str(out))
     assert not [n for n in model.graph.node if n.op_type == "Constant"]
