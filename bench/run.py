@@ -28,15 +28,18 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("cnn", "mlp", "transformer")
 RESULTS = ROOT / "bench" / "results"
+# qtool-integer: every node as an integer kernel, like onnxruntime; qtool: the default (placement auto)
+TOOLS = ("onnxruntime", "qtool-integer", "qtool")
 
 WORKER = r"""
 import json, resource, sys, time
 from pathlib import Path
 tool, model, calib, out = sys.argv[1:5]
 start = time.perf_counter()
-if tool == "qtool":
+if tool.startswith("qtool"):
     import qtool
-    qtool.quantize(model, out, data_dir=calib, evaluate=False)
+    config = None if tool == "qtool" else sys.argv[5]
+    qtool.quantize(model, out, data_dir=calib, config_path=config, evaluate=False)
 else:
     import numpy as np
     import onnx
@@ -65,7 +68,7 @@ print(json.dumps({"seconds": elapsed, "peak_rss_mb": resource.getrusage(resource
 
 def _run_tool(tool: str, model: Path, calib: Path, out: Path) -> dict[str, float]:
     proc = subprocess.run(
-        [sys.executable, "-c", WORKER, tool, str(model), str(calib), str(out)],
+        [sys.executable, "-c", WORKER, tool, str(model), str(calib), str(out), str(ROOT / "configs" / "integer.yaml")],
         capture_output=True,
         text=True,
         check=False,
@@ -122,7 +125,7 @@ def main() -> None:
         for name in MODELS:
             model = ROOT / "sample_models" / name / "model.onnx"
             calib, evaluation = model.parent / "calib", model.parent / "eval"
-            outs = {tool: Path(tmp) / f"{name}.{tool}.onnx" for tool in ("onnxruntime", "qtool")}
+            outs = {tool: Path(tmp) / f"{name}.{tool}.onnx" for tool in TOOLS}
             fp32 = _session(model, args.threads)
             row: dict[str, object] = {"model": name, "fp32_bytes": model.stat().st_size}
             for tool, out in outs.items():
@@ -134,10 +137,8 @@ def main() -> None:
                     "bytes": out.stat().st_size,
                     "compression": model.stat().st_size / out.stat().st_size,
                 }
-            fp32_ms, ort_ms, qtool_ms = _latency(
-                [model, outs["onnxruntime"], outs["qtool"]], evaluation, args.threads, args.runs
-            )
-            row["latency_ms"] = {"fp32": fp32_ms, "onnxruntime": ort_ms, "qtool": qtool_ms}
+            medians = _latency([model, *outs.values()], evaluation, args.threads, args.runs)
+            row["latency_ms"] = dict(zip(["fp32", *outs], medians, strict=True))
             rows.append(row)
             print(f"{name}: done", file=sys.stderr)
     document = {
@@ -158,7 +159,7 @@ def main() -> None:
     ]
     for row in rows:
         lat = row["latency_ms"]
-        for tool in ("onnxruntime", "qtool"):
+        for tool in TOOLS:
             r = row[tool]
             lines.append(
                 f"| {row['model']} | {tool} | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | {r['compression']:.2f}x "

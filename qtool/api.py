@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -108,6 +109,7 @@ class QuantizeResult:
     calibration_samples: int
     comparison: ComparisonResult | None = None
     notes: list[str] = field(default_factory=list)
+    placements: dict[str, int] = field(default_factory=dict)  # integer / storage / weight_only -> nodes
 
     @property
     def compression_ratio(self) -> float:
@@ -337,6 +339,7 @@ def quantize(
         prepare=state.report,
         rewrite=rewrite_report,
         skipped=list(plan.skipped),
+        placements=dict(sorted(Counter(node.placement for node in plan.nodes).items())),
         calibration_samples=stats.samples,
     )
     if check_note:

@@ -140,6 +140,7 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
             "activations": result.rewrite.quantized_activations,
         },
         "skipped": [{"node": node, "reason": reason} for node, reason in result.skipped],
+        "placements": result.placements,
         "prepare": {
             "constants_to_initializers": result.prepare.constants_to_initializers,
             "folded_batchnorms": result.prepare.folded_batchnorms,
@@ -362,6 +363,8 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         f"{_bytes(result.source.size_bytes)} -> {_bytes(result.output.size_bytes)}, "
         f"compression [bold]{result.compression_ratio:.2f}x[/bold]"
     )
+    if result.placements:
+        console.print("runs as: " + ", ".join(f"{count} {kind}" for kind, count in result.placements.items()))
     p = result.prepare
     done = []
     if p.folded_batchnorms:
