@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,8 @@ PLUGIN = ROOT / "tests" / "plugins" / "qtool-plugin-example"
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     target = tmp_path_factory.mktemp("site")
+    source = tmp_path_factory.mktemp("plugin") / PLUGIN.name
+    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))  # builds leave files
     subprocess.run(
         [
             sys.executable,
@@ -29,7 +32,7 @@ def plugin_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "--no-build-isolation",
             "--target",
             str(target),
-            str(PLUGIN),
+            str(source),
         ],
         check=True,
         capture_output=True,
