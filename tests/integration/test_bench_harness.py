@@ -1,0 +1,38 @@
+"""The benchmark harness runs end to end on one small model (it measures; it asserts nothing itself)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_bench_runs_on_the_sample_mlp(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "run.py"),
+            "--models",
+            "mlp",
+            "--quick",
+            "--runs",
+            "3",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    document = json.loads((tmp_path / "latest.json").read_text())
+    runs = document["rows"][0]["runs"]
+    assert set(runs) == {"onnxruntime | minmax per-channel", "qtool | minmax per-channel", "qtool | default", "fp32"}
+    for key in ("onnxruntime | minmax per-channel", "qtool | minmax per-channel"):
+        assert runs[key]["sqnr_db"] > 30 and runs[key]["integer_fraction"] == 1.0
+        assert runs[key]["speedup_1t"] > 0 and runs[key]["compression"] > 3
+    assert document["versions"]["onnxruntime"] and document["machine"]["model"]
+    assert "| mlp | qtool | default |" in (tmp_path / "latest.md").read_text()
