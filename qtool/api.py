@@ -20,6 +20,7 @@ from qtool.config import QConfig, load_config, split_observer
 from qtool.dataset import Dataset, model_inputs
 from qtool.environment import cpu_info, files_digest, versions
 from qtool.errors import QtoolError
+from qtool.fusion import predict_kernels
 from qtool.gates import Gate, GateResult, evaluate_gates
 from qtool.inspection import Inspection, inspect_plan
 from qtool.layers import LayerError, layer_errors
@@ -110,6 +111,7 @@ class QuantizeResult:
     comparison: ComparisonResult | None = None
     notes: list[str] = field(default_factory=list)
     placements: dict[str, int] = field(default_factory=dict)  # integer / storage / weight_only -> nodes
+    kernels: dict[str, int] = field(default_factory=dict)  # kernel onnxruntime (CPU) is predicted to run -> nodes
 
     @property
     def compression_ratio(self) -> float:
@@ -340,6 +342,7 @@ def quantize(
         rewrite=rewrite_report,
         skipped=list(plan.skipped),
         placements=dict(sorted(Counter(node.placement for node in plan.nodes).items())),
+        kernels=dict(sorted(Counter(k.kernel for k in predict_kernels(state.prepared, plan).values()).items())),
         calibration_samples=stats.samples,
     )
     if check_note:

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 
 from qtool.config import QConfig
+from qtool.fusion import predict_kernels
 from qtool.plan import HANDLERS, NodePlan, QuantPlan
 from qtool.qparams import quant_type
 
@@ -30,6 +31,8 @@ class NodeRow:
     quantized_bytes: int
     placement: str = "integer"  # integer | storage | weight_only
     reason: str = ""
+    kernel: str = ""  # what onnxruntime's CPU provider is predicted to run
+    kernel_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ def inspect_plan(
 ) -> Inspection:
     """Build the inspection of a prepared model and its plan."""
     shapes = {init.name: list(init.dims) for init in prepared.graph.initializer}
+    kernels = predict_kernels(prepared, plan)
     rows = []
     counted: set[tuple[str, str]] = set()
     for node in plan.nodes:
@@ -105,6 +109,8 @@ def inspect_plan(
                 stored,
                 node.placement,
                 node.reason,
+                kernels[node.name].kernel,
+                kernels[node.name].reason,
             )
         )
     op_types = {n.name: n.op_type for n in prepared.graph.node}

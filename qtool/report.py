@@ -141,6 +141,7 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
         },
         "skipped": [{"node": node, "reason": reason} for node, reason in result.skipped],
         "placements": result.placements,
+        "predicted_kernels": result.kernels,
         "prepare": {
             "constants_to_initializers": result.prepare.constants_to_initializers,
             "folded_batchnorms": result.prepare.folded_batchnorms,
@@ -291,6 +292,9 @@ def inspection_to_dict(result: Inspection) -> dict[str, Any]:
                 "quantized_bytes": r.quantized_bytes,
                 "placement": r.placement,
                 "placement_reason": r.reason,
+                "predicted_kernel": r.kernel,
+                "integer_kernel": not r.kernel.startswith("float"),
+                "kernel_reason": r.kernel_reason,
             }
             for r in result.rows
         ],
@@ -335,11 +339,12 @@ def render_inspection(console: Console, result: Inspection) -> None:
     )
     reasons = [r for r in result.rows if r.reason]
     if reasons:
-        placement = Table(title="placement", title_justify="left")
-        for column in ("node", "runs as", "why"):
+        placement = Table(title="placement and the kernel onnxruntime (CPU) is predicted to run", title_justify="left")
+        for column in ("node", "runs as", "why", "predicted kernel", "because"):
             placement.add_column(column)
         for r in reasons:
-            placement.add_row(r.name, r.placement, r.reason)
+            colour = "red" if r.kernel.startswith("float") and r.placement == "integer" else "green"
+            placement.add_row(r.name, r.placement, r.reason, f"[{colour}]{r.kernel}[/{colour}]", r.kernel_reason)
         console.print(placement)
     if result.kept_float:
         kept = Table(title="kept in float", title_justify="left")
@@ -365,6 +370,9 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
     )
     if result.placements:
         console.print("runs as: " + ", ".join(f"{count} {kind}" for kind, count in result.placements.items()))
+    if result.kernels:
+        listed = ", ".join(f"{count} {kernel}" for kernel, count in result.kernels.items())
+        console.print(f"onnxruntime (CPU) is predicted to run: {listed}", highlight=False)
     p = result.prepare
     done = []
     if p.folded_batchnorms:

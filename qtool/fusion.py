@@ -1,0 +1,124 @@
+"""Predict which kernel onnxruntime's CPU execution provider will run for each quantized node.
+
+A quantized ONNX model is only faster if onnxruntime fuses its QuantizeLinear /
+DequantizeLinear groups into integer kernels; a group it cannot fuse runs in
+float with the Q/DQ cost on top. These rules follow onnxruntime's QDQ selectors
+and graph transformers (onnxruntime 1.2x-1.3x, CPU EP):
+
+* Conv: DQ on input and weight, Q on the output, 8-bit types -> QLinearConv.
+* Gemm: DQ on A and B (8-bit), optional int32 bias -> QGemm.
+* MatMul with a constant weight: a MatMul + bias Add on 2-D input is first fused
+  into Gemm (MatMulAddFusion) -> QGemm; otherwise -> MatMulIntegerToFloat
+  (qtool quantizes MatMul outputs after the bias, so no Q follows the MatMul).
+* MatMul of two activations with Q on the output -> QLinearMatMul.
+* A block-wise 4/2-bit constant weight along K with float activations ->
+  MatMulNBits, when the block size is a power of two >= 16 - unless the 2-D
+  MatMul + Add is fused into Gemm first.
+* 16-bit activations have no integer kernels on CPU.
+
+The benchmark checks these predictions against the optimized graphs
+onnxruntime writes (``bench/run.py`` prints the agreement).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+
+from qtool.plan import NodePlan, QuantPlan
+
+
+@dataclass(frozen=True)
+class KernelPrediction:
+    """The kernel onnxruntime is expected to run for one node, and why."""
+
+    node: str
+    kernel: str  # e.g. "QLinearConv", or "float Conv"
+    integer: bool
+    reason: str
+
+
+def _gemm_fusable_add(
+    node: onnx.NodeProto, consumers: dict[str, list[onnx.NodeProto]], constants: set[str], final_outputs: set[str]
+) -> bool:
+    """A constant bias Add after the MatMul that onnxruntime's MatMulAddFusion turns into Gemm.
+
+    It leaves the pair alone when the Add writes a graph output directly.
+    """
+    users = consumers.get(node.output[0], [])
+    if len(users) != 1 or users[0].op_type != "Add" or users[0].output[0] in final_outputs:
+        return False
+    other = [i for i in users[0].input if i != node.output[0]]
+    return bool(other) and other[0] in constants
+
+
+def predict_kernels(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, KernelPrediction]:
+    """One prediction per planned node of the prepared ``model``."""
+    nodes = {n.name: n for n in model.graph.node}
+    constants = {i.name for i in model.graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
+    # graph outputs still written by the float node itself (a quantized one is written by its DequantizeLinear)
+    final_outputs = {o.name for o in model.graph.output} - set(plan.activations)
+    ranks = {
+        v.name: len(v.type.tensor_type.shape.dim)
+        for v in [*model.graph.input, *model.graph.value_info]
+        if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")
+    }
+    return {p.name: _predict(p, nodes[p.name], consumers, constants, final_outputs, ranks) for p in plan.nodes}
+
+
+def _predict(
+    p: NodePlan,
+    node: onnx.NodeProto,
+    consumers: dict[str, list[onnx.NodeProto]],
+    constants: set[str],
+    final_outputs: set[str],
+    ranks: dict[str, int],
+) -> KernelPrediction:
+    op = p.op_type
+    fused_with_add = ranks.get(node.input[0]) == 2 and _gemm_fusable_add(node, consumers, constants, final_outputs)
+    if p.placement == "storage":
+        return KernelPrediction(p.name, f"float {op}", False, "placement storage: weights restored to float at load")
+    spec = p.scheme.weight
+    if p.placement == "weight_only":
+        if spec.fp16:
+            return KernelPrediction(p.name, f"float {op}", False, "fp16 weights are cast to float at load")
+        block = p.weight.block_size if p.weight else None
+        if op == "MatMul" and block is not None:
+            if block < 16 or block & (block - 1):
+                return KernelPrediction(
+                    p.name, "float MatMul", False, f"MatMulNBits needs a power-of-two block_size >= 16, not {block}"
+                )
+            if p.weight is not None and p.weight.axis != 0:
+                return KernelPrediction(p.name, "float MatMul", False, "MatMulNBits needs blocks along K (axis 0)")
+            if fused_with_add:
+                return KernelPrediction(
+                    p.name,
+                    "float Gemm",
+                    False,
+                    "2-D MatMul + bias Add is fused into Gemm before MatMulNBits can apply; "
+                    "DequantizeLinear runs on every call",
+                )
+            return KernelPrediction(p.name, "MatMulNBits", True, f"{spec.dtype} blocks of {block} along K")
+        return KernelPrediction(p.name, f"float {op}", False, "weight-only: DequantizeLinear runs on every call")
+    if p.scheme.activation.dtype not in ("uint8", "int8"):
+        return KernelPrediction(
+            p.name, f"float {op}", False, f"{p.scheme.activation.dtype} activations have no integer kernels on CPU"
+        )
+    if op == "Conv":
+        if p.output is None:
+            return KernelPrediction(p.name, "float Conv", False, "the output is not quantized")
+        return KernelPrediction(p.name, "QLinearConv", True, "DQ inputs and weight, Q output")
+    if op == "Gemm":
+        return KernelPrediction(p.name, "QGemm", True, "DQ inputs and weight")
+    if p.weight is None:
+        if p.output is None:
+            return KernelPrediction(p.name, "float MatMul", False, "the output is not quantized")
+        return KernelPrediction(p.name, "QLinearMatMul", True, "both inputs and the output quantized")
+    if fused_with_add:
+        return KernelPrediction(p.name, "QGemm", True, "2-D MatMul + bias Add fused into Gemm, then QGemm")
+    return KernelPrediction(p.name, "MatMulIntegerToFloat", True, "DQ inputs and weight, float output")

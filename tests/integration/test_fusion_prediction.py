@@ -1,0 +1,49 @@
+"""qtool's prediction of onnxruntime's kernels against the optimized graph onnxruntime writes."""
+
+from __future__ import annotations
+
+import collections
+
+import onnx
+import onnxruntime as ort
+import pytest
+
+import qtool
+from tests.conftest import ROOT, calib_dir, sample
+
+INTEGER_KERNELS = {"QLinearConv", "QGemm", "QLinearMatMul", "MatMulIntegerToFloat", "MatMulNBits"}
+
+
+def actual_kernels(path, tmp_path) -> collections.Counter:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
+    return collections.Counter({k: v for k, v in ops.items() if k in INTEGER_KERNELS})
+
+
+CASES = [
+    ("cnn", "integer.yaml"),
+    ("mlp", "integer.yaml"),
+    ("transformer", "integer.yaml"),
+    ("cnn", "default.yaml"),
+    ("mlp", "default.yaml"),
+    ("transformer", "int4_blockwise.yaml"),
+    ("mlp", "int4_blockwise.yaml"),
+    ("cnn", "w8a16.yaml"),
+    ("cnn", "int2.yaml"),
+]
+
+
+@pytest.mark.parametrize(("name", "config"), CASES, ids=[f"{n}-{c.removesuffix('.yaml')}" for n, c in CASES])
+def test_predicted_integer_kernels_match_onnxruntime(tmp_path, name, config):
+    out = tmp_path / "q.onnx"
+    result = qtool.quantize(
+        sample(name), out, data_dir=calib_dir(name), config_path=ROOT / "configs" / config, evaluate=False
+    )
+    inspection = qtool.inspect(sample(name), config_path=ROOT / "configs" / config)
+    predicted = collections.Counter(r.kernel for r in inspection.rows if not r.kernel.startswith("float"))
+    # inspect decides placement from static shapes, quantize from the calibration data: they must agree
+    assert dict(collections.Counter(r.placement for r in inspection.rows)) == result.placements
+    assert predicted == actual_kernels(out, tmp_path)
