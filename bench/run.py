@@ -163,12 +163,25 @@ def _accuracy(model: Path, candidate: Path, eval_dir: Path) -> dict[str, float]:
     }
 
 
-def _integer_fraction(model: Path, candidate: Path, tmp: Path) -> float:
+def _integer_kernels(model: Path, candidate: Path, tmp: Path) -> tuple[float, collections.Counter[str]]:
+    """Fraction of the float model's Conv/MatMul/Gemm that run as integer kernels, and those kernels by type."""
     compute = sum(1 for n in onnx.load(str(model)).graph.node if n.op_type in COMPUTE_OPS)
     optimized = tmp / f"{candidate.stem}.optimized.onnx"
     _session(candidate, 1, optimized)
-    ops = collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
-    return min(1.0, sum(ops[k] for k in INTEGER_KERNELS) / compute) if compute else 0.0
+    ops = collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node if n.op_type in INTEGER_KERNELS)
+    return (min(1.0, sum(ops.values()) / compute) if compute else 0.0), ops
+
+
+def _predicted_kernels(model: Path, setting: str, tmp: Path) -> collections.Counter[str]:
+    """What ``qtool inspect`` predicts onnxruntime will run, integer kernels only."""
+    import qtool
+
+    config = None
+    if setting != "default":
+        config = tmp / "predict.yaml"
+        config.write_text(setting)
+    rows = qtool.inspect(model, config_path=config).rows
+    return collections.Counter(r.kernel for r in rows if not r.kernel.startswith("float"))
 
 
 def _latency(paths: dict[str, Path], feed_dir: Path, threads: int, runs: int) -> dict[str, float]:
@@ -234,7 +247,13 @@ def main() -> None:
                 if "error" not in result:
                     result.update(_accuracy(model, out, evaluation))
                     result["compression"] = model.stat().st_size / out.stat().st_size
-                    result["integer_fraction"] = _integer_fraction(model, out, tmp)
+                    fraction, kernels = _integer_kernels(model, out, tmp)
+                    result["integer_fraction"] = fraction
+                    if tool == "qtool":
+                        predicted = _predicted_kernels(model, setting, tmp)
+                        result["kernels"] = dict(kernels)
+                        result["predicted_kernels"] = dict(predicted)
+                        result["prediction_agrees"] = predicted == kernels
                     outputs[key] = out
                 runs[key] = result
                 print(f"{name} {key}: {result}", file=sys.stderr)
@@ -281,6 +300,12 @@ def main() -> None:
                 f"{_fmt(r['cosine'], '.5f')} | {_fmt(100 * r['integer_fraction'], '.0f')} % | "
                 f"{_fmt(r.get('speedup_1t'), '.2f')}x | {_fmt(r.get('speedup_2t'), '.2f')}x |"
             )
+    predictions = [r["prediction_agrees"] for row in rows for r in row["runs"].values() if "prediction_agrees" in r]
+    lines += [
+        "",
+        f"qtool inspect's kernel prediction matched onnxruntime's optimized graph for "
+        f"{sum(predictions)} of {len(predictions)} qtool models.",
+    ]
     table = "\n".join(lines) + "\n"
     (args.out / "latest.md").write_text(table)
     print(table)
