@@ -41,9 +41,16 @@ from pathlib import Path
 import numpy as np
 model, calib, method, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 files = sorted(Path(calib).glob("*.npy"))[:limit]
+def peak_rss_kb():
+    # VmHWM belongs to this process's own address space; ru_maxrss would also count the parent's
+    # memory at fork time, which Linux carries across exec.
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 def done(start, **extra):
     print(json.dumps({"seconds": time.perf_counter() - start,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra}))
+                      "peak_rss_mb": peak_rss_kb() / 1024, **extra}))
 """
 
 QTOOL = (

@@ -112,8 +112,15 @@ else:
     quantize_static(source, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=settings["per_channel"],
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                     calibrate_method=getattr(CalibrationMethod, settings["method"]))
+def peak_rss_kb():
+    # VmHWM belongs to this process's own address space; ru_maxrss would also count the parent's
+    # memory at fork time, which Linux carries across exec.
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 elapsed = time.perf_counter() - start
-print(json.dumps({"seconds": elapsed, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"seconds": elapsed, "peak_rss_mb": peak_rss_kb() / 1024,
                   "note": note}))
 """
 

@@ -14,8 +14,15 @@ from tests.conftest import ROOT, sample
 CHILD = r"""
 import json, resource, sys
 import qtool
+def peak_rss_kb():
+    # VmHWM belongs to this process's own address space; ru_maxrss would also count the parent's
+    # memory at fork time, which Linux carries across exec.
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 stats = qtool.calibrate(sys.argv[1], sys.argv[2], observer=sys.argv[3])
-print(json.dumps({"samples": stats.samples, "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+print(json.dumps({"samples": stats.samples, "peak_rss_kb": peak_rss_kb()}))
 """
 
 
