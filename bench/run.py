@@ -179,7 +179,7 @@ def _integer_kernels(model: Path, candidate: Path, tmp: Path) -> tuple[float, co
     return (min(1.0, sum(ops.values()) / compute) if compute else 0.0), ops
 
 
-def _predicted_kernels(model: Path, setting: str, tmp: Path) -> collections.Counter[str]:
+def _predicted_kernels(model: Path, setting: str, tmp: Path, calib: Path) -> collections.Counter[str]:
     """What ``qtool inspect`` predicts onnxruntime will run, integer kernels only."""
     import qtool
 
@@ -187,7 +187,7 @@ def _predicted_kernels(model: Path, setting: str, tmp: Path) -> collections.Coun
     if setting != "default":
         config = tmp / "predict.yaml"
         config.write_text(setting)
-    rows = qtool.inspect(model, config_path=config).rows
+    rows = qtool.inspect(model, config_path=config, data_dir=calib).rows
     return collections.Counter(r.kernel for r in rows if not r.kernel.startswith("float"))
 
 
@@ -257,7 +257,7 @@ def main() -> None:
                     fraction, kernels = _integer_kernels(model, out, tmp)
                     result["integer_fraction"] = fraction
                     if tool == "qtool":
-                        predicted = _predicted_kernels(model, setting, tmp)
+                        predicted = _predicted_kernels(model, setting, tmp, calib)
                         result["kernels"] = dict(kernels)
                         result["predicted_kernels"] = dict(predicted)
                         result["prediction_agrees"] = predicted == kernels

@@ -516,11 +516,26 @@ def _reproducibility(
     }
 
 
-def inspect(model_path: Path | str, *, config_path: Path | str | None = None) -> Inspection:
-    """What quantize would do with this model and config: per-node schemes, float nodes, predicted size."""
+def inspect(
+    model_path: Path | str, *, config_path: Path | str | None = None, data_dir: Path | str | None = None
+) -> Inspection:
+    """What quantize would do with this model and config: per-node schemes, float nodes, predicted size.
+
+    Args:
+        model_path: the float model.
+        config_path: a QConfigDict YAML file; None for the built-in default.
+        data_dir: a sample directory; its first sample gives tensor sizes that the model's
+            dynamic shapes leave open, so ``placement: auto`` decides as quantize will.
+    """
     config = load_config(config_path)
     state = _prepare(Path(model_path), config)
-    plan = build_plan(state.prepared, config, static_elements(state.prepared))
+    elements = static_elements(state.prepared)
+    if data_dir is not None:
+        sized = _calibrate(
+            state, config, data_dir, observer="minmax", observer_options={}, batch_size=1, limit=1, progress=None
+        )
+        elements.update(sized.elements)
+    plan = build_plan(state.prepared, config, elements)
     state = replace(state, plan=plan)
     result = inspect_plan(str(model_path), model_size_bytes(model_path), state.prepared, state.plan, config)
     # The exact size comes from doing the rewrite with placeholder activation ranges: only scale values

@@ -427,6 +427,14 @@ def compare(
 def inspect(
     model: Annotated[Path, typer.Argument(help="ONNX model.", show_default=False)],
     config: ConfigOption = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="Sample directory: its first sample sizes the tensors that dynamic shapes leave "
+            "open, so placement 'auto' decides exactly as quantize will.",
+        ),
+    ] = None,
     json_out: JsonOption = None,
 ) -> None:
     """Show what quantize would do: every node's scheme and the rule behind it, sizes, and what stays float."""
@@ -435,7 +443,7 @@ def inspect(
         from qtool.api import inspect as run_inspect
         from qtool.report import inspection_to_dict, render_inspection, to_json
 
-        result = run_inspect(model, config_path=config)
+        result = run_inspect(model, config_path=config, data_dir=data)
         render_inspection(err_console if json_out == "-" else out_console, result)
         if json_out:
             _write_json(json_out, to_json(inspection_to_dict(result)))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 from qtool.plan import NodePlan, QuantPlan
@@ -68,6 +69,20 @@ def predict_kernels(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, Kernel
         for v in [*model.graph.input, *model.graph.value_info]
         if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")
     }
+    producers = {o: n for n in model.graph.node for o in n.output}
+    shapes = {i.name: list(i.dims) for i in model.graph.initializer}
+    for value in model.graph.value_info:  # 1-D shape tensors computed at run time (Shape -> Concat)
+        dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []
+        if len(dims) == 1 and dims[0].HasField("dim_value"):
+            shapes.setdefault(value.name, [dims[0].dim_value])
+    for name, producer in producers.items():
+        if name in ranks:
+            continue
+        # shape inference may leave dynamic-shape models without ranks; two producers make them obvious
+        if producer.op_type == "Flatten":
+            ranks[name] = 2
+        elif producer.op_type == "Reshape" and len(producer.input) > 1 and producer.input[1] in shapes:
+            ranks[name] = int(np.prod(shapes[producer.input[1]]))
     return {p.name: _predict(p, nodes[p.name], consumers, constants, final_outputs, ranks) for p in plan.nodes}
 
 
