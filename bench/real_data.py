@@ -2,8 +2,10 @@
 
 The PP-OCR models ship in ``rapidocr-onnxruntime``; the photos in
 ``scikit-image``. Calibration and evaluation sets are seeded random crops of
-different photos (so the two sets are disjoint), resized to each model's input
-and normalised the way the model expects. Everything lands in
+different photos, half of them of the scanned page (the upper part for
+calibration, the lower part for evaluation), so the two sets are disjoint and
+the OCR models see text; crops are resized to each model's input and
+normalised the way the model expects. Everything lands in
 ``$QTOOL_REAL_CACHE`` (default ``~/.cache/qtool-real``).
 
 Usage from code: ``real_model("ppocr_det")`` -> (model path, calib dir, eval dir).
@@ -88,8 +90,12 @@ PHOTOS = {
     "gravel.png": "c48615b451bf1e606fbd72c0aa9f8cc0f068ab7111ef7d93bb9b0f2586440c12",
     "ihc.png": "f8dd1aa387ddd1f49d8ad13b50921b237df8e9b262606d258770687b0ef93cef",
 }
-CALIB_PHOTOS = list(PHOTOS)[:10]
+CALIB_PHOTOS = [p for p in list(PHOTOS)[:10] if p != "page.png"]
 EVAL_PHOTOS = list(PHOTOS)[10:]
+# The OCR models need text to respond to: half of every set are crops of the scanned page, the
+# calibration set from its upper part and the evaluation set from its lower part, so they stay disjoint.
+TEXT_PAGE = "page.png"
+PAGE_SPLIT = 0.55
 
 
 def _sha256(path: Path) -> str:
@@ -127,7 +133,7 @@ def _extract(spec: str, member: str, sha256: str) -> Path:
     return target
 
 
-def _crops(photos: list[str], model: RealModel, count: int, seed: int, out: Path) -> Path:
+def _crops(photos: list[str], model: RealModel, count: int, seed: int, out: Path, page_part: str) -> Path:
     from PIL import Image
 
     if out.exists() and len(list(out.glob("*.npy"))) == count:
@@ -135,9 +141,14 @@ def _crops(photos: list[str], model: RealModel, count: int, seed: int, out: Path
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     images = [Image.open(_extract(SKIMAGE, f"skimage/data/{name}", PHOTOS[name])).convert("RGB") for name in photos]
+    page = Image.open(_extract(SKIMAGE, f"skimage/data/{TEXT_PAGE}", PHOTOS[TEXT_PAGE])).convert("RGB")
+    split = int(page.height * PAGE_SPLIT)
+    page = (
+        page.crop((0, 0, page.width, split)) if page_part == "top" else page.crop((0, split, page.width, page.height))
+    )
     aspect = model.width / model.height
     for i in range(count):
-        image = images[int(rng.integers(len(images)))]
+        image = page if i % 2 == 0 else images[int(rng.integers(len(images)))]
         height = int(rng.uniform(0.4, 1.0) * min(image.height, image.width / aspect))
         width = int(height * aspect)
         top = int(rng.integers(0, image.height - height + 1))
@@ -157,8 +168,8 @@ def real_model(name: str, n_calib: int = 64, n_eval: int = 32) -> tuple[Path, Pa
     model = MODELS[name]
     path = _extract(RAPIDOCR, model.member, model.sha256)
     base = CACHE / "data" / name
-    calib = _crops(CALIB_PHOTOS, model, n_calib, 1000, base / f"calib{n_calib}")
-    evaluation = _crops(EVAL_PHOTOS, model, n_eval, 2000, base / f"eval{n_eval}")
+    calib = _crops(CALIB_PHOTOS, model, n_calib, 1000, base / f"text-calib{n_calib}", "top")
+    evaluation = _crops(EVAL_PHOTOS, model, n_eval, 2000, base / f"text-eval{n_eval}", "bottom")
     return path, calib, evaluation
 
 
