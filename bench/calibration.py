@@ -36,18 +36,12 @@ SAMPLE_MODELS = ("cnn", "mlp", "transformer")
 METHODS = ("minmax", "entropy", "percentile")
 
 PRELUDE = r"""
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 import numpy as np
 model, calib, method, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 files = sorted(Path(calib).glob("*.npy"))[:limit]
-def peak_rss_kb():
-    # VmHWM belongs to this process's own address space; ru_maxrss would also count the parent's
-    # memory at fork time, which Linux carries across exec.
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+from bench.measure import peak_rss_kb
 def done(start, **extra):
     print(json.dumps({"seconds": time.perf_counter() - start,
                       "peak_rss_mb": peak_rss_kb() / 1024, **extra}))
@@ -155,6 +149,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join([*SAMPLE_MODELS, *REAL_MODELS]))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per run before it is reported as timeout")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for calibration.json and calibration.md")
     args = parser.parse_args()
     rows = []
     for name, (model, calib) in _models(args.models.split(","), args.samples).items():
@@ -171,8 +166,8 @@ def main() -> None:
                 row["overhead_vs_bare"] = q["seconds"] / bare["seconds"] - 1.0
             rows.append(row)
             print(f"{name} {method}: qtool {q} | onnxruntime {o}", file=sys.stderr)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "calibration.json").write_text(json.dumps({"samples": args.samples, "rows": rows}, indent=2) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "calibration.json").write_text(json.dumps({"samples": args.samples, "rows": rows}, indent=2) + "\n")
     lines = [
         f"Calibration over {args.samples} samples per model (batch 1, CPU). Ratios are qtool / onnxruntime; "
         "overhead is qtool's time over the bare float pass with the same tensors exposed.",
@@ -192,7 +187,7 @@ def main() -> None:
             f"{_fmt(100 * row['overhead_vs_bare'], '.0f') + ' %' if 'overhead_vs_bare' in row else '-'} |"
         )
     table = "\n".join(lines) + "\n"
-    (RESULTS / "calibration.md").write_text(table)
+    (args.out / "calibration.md").write_text(table)
     print(table)
 
 

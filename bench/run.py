@@ -75,7 +75,7 @@ INTEGER_KERNELS = {
 COMPUTE_OPS = {"Conv", "MatMul", "Gemm"}
 
 WORKER = r"""
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 tool, model, calib, out, setting = sys.argv[1:6]
 start = time.perf_counter()
@@ -112,13 +112,7 @@ else:
     quantize_static(source, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=settings["per_channel"],
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                     calibrate_method=getattr(CalibrationMethod, settings["method"]))
-def peak_rss_kb():
-    # VmHWM belongs to this process's own address space; ru_maxrss would also count the parent's
-    # memory at fork time, which Linux carries across exec.
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+from bench.measure import peak_rss_kb
 elapsed = time.perf_counter() - start
 print(json.dumps({"seconds": elapsed, "peak_rss_mb": peak_rss_kb() / 1024,
                   "note": note}))

@@ -12,21 +12,15 @@ import pytest
 from tests.conftest import ROOT, sample
 
 CHILD = r"""
-import json, resource, sys
+import json, sys
 import qtool
-def peak_rss_kb():
-    # VmHWM belongs to this process's own address space; ru_maxrss would also count the parent's
-    # memory at fork time, which Linux carries across exec.
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+from bench.measure import peak_rss_kb
 stats = qtool.calibrate(sys.argv[1], sys.argv[2], observer=sys.argv[3])
 print(json.dumps({"samples": stats.samples, "peak_rss_kb": peak_rss_kb()}))
 """
 
 
-def peak_rss_kb(data_dir, observer: str) -> tuple[int, int]:
+def measure_peak_kb(data_dir, observer: str) -> tuple[int, int]:
     r = subprocess.run(
         [sys.executable, "-c", CHILD, str(sample("cnn")), str(data_dir), observer],
         capture_output=True,
@@ -49,8 +43,8 @@ def test_peak_rss_of_n_and_8n_samples_differs_by_less_than_10_percent(tmp_path, 
         np.save(large / f"{i:04d}.npy", x)
         if i < 32:
             np.save(small / f"{i:04d}.npy", x)
-    n_small, rss_small = peak_rss_kb(small, observer)
-    n_large, rss_large = peak_rss_kb(large, observer)
+    n_small, rss_small = measure_peak_kb(small, observer)
+    n_large, rss_large = measure_peak_kb(large, observer)
     assert (n_small, n_large) == (32, 256)
     # Keeping every activation (as onnxruntime's histogram calibrators do) would add ~100 MB for 224 samples.
     assert rss_large < 1.10 * rss_small, (rss_small, rss_large)
