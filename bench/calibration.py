@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.measure import run_worker  # noqa: E402
 from bench.real_data import MODELS as REAL_MODELS  # noqa: E402
 from bench.real_data import RegistryUnavailable, real_model  # noqa: E402
 
@@ -107,21 +107,7 @@ done(start, tensors=len(ranges.data))
 
 
 def _run(script: str, model: Path, calib: Path, method: str, limit: int, timeout: int) -> dict[str, object]:
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", script, str(model), str(calib), method, str(limit)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            cwd=ROOT,
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout} s"}
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        return {"error": tail[0][:200]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_worker(script, [str(model), str(calib), method, str(limit)], timeout, str(ROOT))
 
 
 def _models(selected: list[str], samples: int) -> dict[str, tuple[Path, Path]]:

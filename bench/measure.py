@@ -19,3 +19,24 @@ def peak_rss_kb() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def run_worker(script: str, args: list[str], timeout: int, cwd: str) -> dict[str, object]:
+    """Run ``python -c script *args`` in its own process; its last stdout line is a JSON result.
+
+    A timeout or a failure comes back as ``{"error": ...}`` with the last line of stderr.
+    """
+    import json
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout} s"}
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        return {"error": (lines[-1] if lines else f"exit {proc.returncode}")[:240]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])

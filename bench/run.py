@@ -27,7 +27,6 @@ import collections
 import datetime
 import json
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.measure import run_worker  # noqa: E402
 from bench.real_data import MODELS as REAL_MODELS  # noqa: E402
 from bench.real_data import RegistryUnavailable, real_model  # noqa: E402
 from qtool.environment import cpu_info  # noqa: E402
@@ -120,21 +120,7 @@ print(json.dumps({"seconds": elapsed, "peak_rss_mb": peak_rss_kb() / 1024,
 
 
 def _quantize(tool: str, setting: str, model: Path, calib: Path, out: Path, timeout: int) -> dict[str, object]:
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", WORKER, tool, str(model), str(calib), str(out), setting],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            cwd=ROOT,
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout} s"}
-    if proc.returncode != 0:
-        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        return {"error": (lines[-1] if lines else f"exit {proc.returncode}")[:240]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_worker(WORKER, [tool, str(model), str(calib), str(out), setting], timeout, str(ROOT))
 
 
 def _session(path: Path, threads: int, optimized: Path | None = None) -> ort.InferenceSession:

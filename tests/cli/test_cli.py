@@ -6,7 +6,6 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -213,10 +212,6 @@ def test_help_documents_every_option():
         for line in r.stdout.splitlines():
             if line.strip().startswith("--") and "--help" not in line:
                 assert len(line.split()) > 2, f"{command}: undocumented option: {line}"
-
-
-def test_paths_are_reported_relative_to_what_the_user_typed(tmp_path):
-    assert Path(sample("cnn")).exists()
 
 
 def test_interrupted_write_leaves_neither_output_nor_temp_file(tmp_path, monkeypatch):
