@@ -32,6 +32,7 @@ from qtool.providers import session_providers, unavailable_reason
 from qtool.qparams import QParams
 from qtool.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
 from qtool.runtime import create_session
+from qtool.sensitivity import PATIENCE, FallbackResult, search_fallback
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class QuantizeResult:
     notes: list[str] = field(default_factory=list)
     placements: dict[str, int] = field(default_factory=dict)  # integer / storage / weight_only -> nodes
     kernels: dict[str, int] = field(default_factory=dict)  # kernel onnxruntime (CPU) is predicted to run -> nodes
+    fallback: FallbackResult | None = None  # the sensitivity search, when a target SQNR was given
 
     @property
     def compression_ratio(self) -> float:
@@ -268,6 +270,54 @@ def _activation_qparams(plan: QuantPlan, stats: CalibrationStats) -> dict[str, Q
     return result
 
 
+def _quantize_in_memory(
+    state: _Prepared, config: QConfig, stats: CalibrationStats
+) -> tuple[QuantPlan, onnx.ModelProto, RewriteReport]:
+    # With tensor sizes known, placement "auto" can now choose integer kernels or storage per node.
+    plan = build_plan(state.prepared, config, {**static_elements(state.prepared), **stats.elements})
+    quantized, report = insert_qdq(state.prepared, plan, _activation_qparams(plan, stats))
+    return plan, quantized, report
+
+
+def _search_fallback(
+    state: _Prepared,
+    config: QConfig,
+    stats: CalibrationStats,
+    data_dir: Path | str,
+    target_sqnr_db: float,
+    max_float_nodes: int,
+    samples: int,
+    threads: int | None,
+    skip_nonfinite: bool,
+    progress: ProgressFactory | None,
+) -> tuple[QConfig, FallbackResult]:
+    if max_float_nodes < 1 or samples < 1:
+        raise QtoolError("--max-float-nodes and --search-samples must be >= 1")
+    dataset = Dataset(
+        data_dir, model_inputs(state.model), limit=samples, preprocess=config.preprocess, skip_nonfinite=skip_nonfinite
+    )
+
+    def build(cfg: QConfig) -> tuple[onnx.ModelProto, set[str]]:
+        plan, model, _ = _quantize_in_memory(state, cfg, stats)
+        # Only nodes placed by "auto" may move: an explicit placement is the user's decision.
+        return model, {n.name for n in plan.nodes if n.placement == "integer" and n.scheme.placement == "auto"}
+
+    total = max_float_nodes + PATIENCE + 1  # rounds when every candidate helps; fewer when the target is met
+    advance = (progress or _noop_progress)("sensitivity", total)
+    searched, result = search_fallback(
+        state.prepared,
+        config,
+        build,
+        dataset,
+        target_sqnr_db=target_sqnr_db,
+        max_nodes=max_float_nodes,
+        threads=threads,
+        on_round=advance,
+    )
+    advance(max(0, total - 1 - len(result.steps)))  # the bar ends full however early the search stopped
+    return searched, result
+
+
 def quantize(
     model_path: Path | str,
     output_path: Path | str,
@@ -285,12 +335,22 @@ def quantize(
     warmup: int = 3,
     threads: int | None = None,
     progress: ProgressFactory | None = None,
+    search: bool = True,
+    target_sqnr_db: float | None = None,
+    max_float_nodes: int | None = None,
+    search_samples: int | None = None,
+    search_data: Path | str | None = None,
 ) -> QuantizeResult:
     """Quantize a float model to int8 QDQ and write it atomically.
 
     Exactly one of ``stats_path`` (from ``qtool calibrate``) and ``data_dir``
     (calibrate now) must be given. With ``data_dir`` and ``evaluate``, the result
     is compared with the float model on the same data.
+
+    With samples (``data_dir`` or ``search_data``) and ``search``, the sensitivity
+    search of :mod:`qtool.sensitivity` runs when the config's
+    ``accuracy.target_sqnr_db`` (or ``target_sqnr_db``) is set; ``max_float_nodes``
+    and ``search_samples`` override ``accuracy.max_float_nodes`` / ``samples``.
 
     Raises:
         QtoolError: bad input; nothing is written in that case.
@@ -326,10 +386,23 @@ def quantize(
             progress=progress,
             skip_nonfinite=skip_nonfinite,
         )
-    # With tensor sizes known, placement "auto" can now choose integer kernels or storage per node.
-    plan = build_plan(state.prepared, config, {**static_elements(state.prepared), **stats.elements})
-    act_qparams = _activation_qparams(plan, stats)
-    quantized, rewrite_report = insert_qdq(state.prepared, plan, act_qparams)
+    fallback = None
+    search_dir = search_data or data_dir
+    target = config.accuracy.target_sqnr_db if target_sqnr_db is None else target_sqnr_db
+    if search and search_dir is not None and target is not None:
+        config, fallback = _search_fallback(
+            state,
+            config,
+            stats,
+            search_dir,
+            target,
+            max_float_nodes or config.accuracy.max_float_nodes,
+            search_samples or config.accuracy.samples,
+            threads,
+            skip_nonfinite,
+            progress,
+        )
+    plan, quantized, rewrite_report = _quantize_in_memory(state, config, stats)
     quantized.producer_name = "qtool"
     quantized.producer_version = __version__
     check_note = check_quantized_model(quantized, state.prepared)
@@ -344,6 +417,7 @@ def quantize(
         placements=dict(sorted(Counter(node.placement for node in plan.nodes).items())),
         kernels=dict(sorted(Counter(k.kernel for k in predict_kernels(state.prepared, plan).values()).items())),
         calibration_samples=stats.samples,
+        fallback=fallback,
     )
     if check_note:
         result.notes.append(check_note)

@@ -273,6 +273,24 @@ def quantize(
     runs: RunsOption = 20,
     warmup: WarmupOption = 3,
     threads: ThreadsOption = None,
+    target_sqnr: Annotated[
+        float | None,
+        typer.Option(
+            "--target-sqnr",
+            help="Sensitivity search target in dB (default: the config's accuracy.target_sqnr_db, 30): "
+            "the integer nodes that hurt most get float activations until the outputs reach it.",
+        ),
+    ] = None,
+    max_float_nodes: Annotated[
+        int | None, typer.Option("--max-float-nodes", help="At most this many nodes get float activations.")
+    ] = None,
+    search_data: Annotated[
+        Path | None,
+        typer.Option(
+            "--search-data", help="Samples for the sensitivity search (default: --data; needed with --stats)."
+        ),
+    ] = None,
+    no_search: Annotated[bool, typer.Option("--no-search", help="Skip the sensitivity search.")] = False,
     json_out: JsonOption = None,
 ) -> None:
     """Quantize MODEL to int8 QDQ using --stats or --data, and write it to -o OUT.onnx."""
@@ -297,6 +315,10 @@ def quantize(
                 warmup=warmup,
                 threads=threads,
                 progress=progress,
+                search=not no_search,
+                target_sqnr_db=target_sqnr,
+                max_float_nodes=max_float_nodes,
+                search_data=search_data,
             )
         render_quantize(err_console if json_out == "-" else out_console, result)
         if json_out:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -23,7 +23,7 @@ from qtool.errors import QtoolError
 CONFIG_VERSION = 1
 _MAX_YAML_NODES = 100_000  # refuses alias bombs long before they exhaust memory
 
-_TOP_KEYS = {"version", "global", "op_type", "node_name", "exclude", "calibration", "preprocess"}
+_TOP_KEYS = {"version", "global", "op_type", "node_name", "exclude", "calibration", "accuracy", "preprocess"}
 _SCHEME_KEYS = {"weight", "activation", "weight_only", "placement"}
 PLACEMENTS = ("auto", "integer", "storage")
 _TENSOR_KEYS = {
@@ -31,6 +31,7 @@ _TENSOR_KEYS = {
     "activation": {"dtype", "granularity", "symmetric", "observer"},
 }
 _CALIBRATION_KEYS = {"observer", "batch_size", "limit"}
+_ACCURACY_KEYS = {"target_sqnr_db", "max_float_nodes", "samples"}
 WEIGHT_DTYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "fp16")
 ACTIVATION_DTYPES = ("uint8", "int8", "uint16", "int16")  # what onnxruntime's QuantizeLinear executes on CPU
 GRANULARITIES = ("per_tensor", "per_channel", "per_block")
@@ -92,6 +93,15 @@ class CalibrationSettings:
 
 
 @dataclass(frozen=True)
+class AccuracySettings:
+    """The sensitivity search ``quantize`` runs when it has samples (see :mod:`qtool.sensitivity`)."""
+
+    target_sqnr_db: float | None  # None: no search
+    max_float_nodes: int
+    samples: int
+
+
+@dataclass(frozen=True)
 class QConfig:
     """A validated QConfigDict. Build it with :func:`load_config`."""
 
@@ -101,9 +111,11 @@ class QConfig:
     node_name: dict[str, dict[str, Any] | None]
     exclude: tuple[str, ...]
     calibration: CalibrationSettings
+    accuracy: AccuracySettings
     preprocess: dict[str, Any] | None
     source: str
     raw: dict[str, Any] = field(repr=False)
+    sensitive_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: activations kept float
 
     def resolve(self, node_name: str, op_type: str) -> tuple[NodeScheme | None, str]:
         """A node's settings (``None``: keep it in float) and the most specific rule that decided them.
@@ -134,6 +146,9 @@ class QConfig:
             placement=str(merged.get("placement", "auto")),
             rule=rule,
         )
+        if node_name in self.sensitive_nodes and not scheme.weight_only:
+            # Float activations, weights still stored quantized: the accuracy of float, most of the size gain.
+            return replace(scheme, placement="storage", rule="sensitivity"), "sensitivity"
         return scheme, rule
 
     def scheme_for(self, node_name: str, op_type: str) -> NodeScheme | None:
@@ -407,6 +422,16 @@ def _check_document(doc: _Located) -> None:
                 continue
             if key in calibration and (not isinstance(number, int) or isinstance(number, bool) or number < 1):
                 raise doc.error(("calibration", key), f"expected a positive integer, got {number!r}")
+    accuracy = value.get("accuracy", {})
+    if accuracy is not None:
+        _check_keys(doc, accuracy, ("accuracy",), _ACCURACY_KEYS)
+        target = accuracy.get("target_sqnr_db")
+        if target is not None and (not isinstance(target, int | float) or isinstance(target, bool)):
+            raise doc.error(("accuracy", "target_sqnr_db"), f"expected a number of dB or null, got {target!r}")
+        for key in ("max_float_nodes", "samples"):
+            number = accuracy.get(key)
+            if key in accuracy and (not isinstance(number, int) or isinstance(number, bool) or number < 1):
+                raise doc.error(("accuracy", key), f"expected a positive integer, got {number!r}")
 
 
 def _builtin_default_text() -> str:
@@ -454,6 +479,7 @@ def load_config(path: Path | str | None = None) -> QConfig:
 def _build(raw: dict[str, Any], source: str) -> QConfig:
     g = raw["global"]
     cal = raw["calibration"]
+    acc = raw["accuracy"]
     return QConfig(
         version=raw["version"],
         global_scheme=NodeScheme(weight=TensorScheme(**g["weight"]), activation=TensorScheme(**g["activation"])),
@@ -466,6 +492,11 @@ def _build(raw: dict[str, Any], source: str) -> QConfig:
             batch_size=cal["batch_size"],
             limit=cal["limit"],
             observer_options=split_observer(cal["observer"])[1],
+        ),
+        accuracy=AccuracySettings(
+            target_sqnr_db=None if acc["target_sqnr_db"] is None else float(acc["target_sqnr_db"]),
+            max_float_nodes=acc["max_float_nodes"],
+            samples=acc["samples"],
         ),
         source=source,
         raw=raw,

@@ -40,6 +40,12 @@ class LayerError:
     input_sqnr_db: float  # the worst SQNR among the node's float inputs (capped)
     drop_db: float  # input_sqnr_db - sqnr_db (both capped at SQNR_CAP_DB)
     position: int = 0  # order of the tensor in the reference graph
+    source_sqnr_db: float = SQNR_CAP_DB  # like input_sqnr_db, but before the node's own input Q/DQ
+
+    @property
+    def drop_with_inputs_db(self) -> float:
+        """The error the node adds including the quantization of its inputs (what float activations undo)."""
+        return self.source_sqnr_db - _capped(self.sqnr_db)
 
 
 def _capped(value: float) -> float:
@@ -83,6 +89,16 @@ class _Lineage:
                 return node
             node = self.producer.get(node.input[0])
         return node
+
+    def float_source(self, tensor: str) -> str:
+        """The float tensor that ``tensor`` is a quantized-and-dequantized copy of (itself if none)."""
+        node = self.producer.get(tensor)
+        for _ in range(8):
+            if node is None or node.op_type not in ("DequantizeLinear", "QuantizeLinear"):
+                return tensor
+            tensor = node.input[0]
+            node = self.producer.get(tensor)
+        return tensor
 
 
 def layer_errors(
@@ -138,6 +154,15 @@ def layer_errors(
         ]
         # A node none of whose inputs could be measured is not blamed: its drop counts as 0.
         input_sqnr = min(received, default=_capped(m.sqnr_db))
+        sources = [lineage.float_source(i) for i in (node.input if node is not None else [])]
+        source_sqnr = min(
+            (
+                _capped(measured[i].sqnr_db) if i in measured else SQNR_CAP_DB
+                for i in sources
+                if i in measured or i in graph_inputs
+            ),
+            default=input_sqnr,
+        )
         rows.append(
             LayerError(
                 tensor=tensor,
@@ -149,6 +174,7 @@ def layer_errors(
                 input_sqnr_db=input_sqnr,
                 drop_db=input_sqnr - _capped(m.sqnr_db),
                 position=order[tensor],
+                source_sqnr_db=source_sqnr,
             )
         )
     return sorted(rows, key=lambda r: (_capped(r.sqnr_db), r.tensor))

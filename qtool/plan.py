@@ -62,6 +62,7 @@ class NodePlan:
     output: str | None  # tensor quantized after the node (after a folded Relu)
     placement: str = "integer"  # "integer" (Q/DQ), "storage" (restored to float at load) or "weight_only"
     reason: str = ""  # why this placement
+    macs: int | None = None  # multiply-accumulates per sample (integer nodes, when sizes are known)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class _Graph:
         for value in [*graph.input, *graph.value_info, *graph.output]:
             if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
                 self.shapes[value.name] = [d.dim_value or d.dim_param for d in value.type.tensor_type.shape.dim]
+        self.nodes = list(graph.node)
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:
             for name in node.input:
@@ -198,11 +200,25 @@ def _output_to_quantize(node: onnx.NodeProto, g: _Graph) -> str | None:
 # kernel dispatch than the int8 kernel saves (the sample MLP and transformer run 0.7x with every
 # node integer; the sample CNN, whose convolutions are 0.9-4.7 M MACs, 1.4x).
 AUTO_MIN_MACS = 500_000
+# ... and only when it does at least this many multiply-accumulates per value that must cross between a
+# float and an integer region for it (a QuantizeLinear on an input a float node wrote, a
+# DequantizeLinear on an output a float node reads). Chains of integer nodes pay at their ends only;
+# an isolated pointwise convolution in a MobileNetV3 block (HardSwish on both sides) pays both ways.
+
+AUTO_MIN_INTENSITY = 48
 
 
 def _node_macs(node: onnx.NodeProto, roles: _Roles, g: _Graph, elements: dict[str, int]) -> int | None:
     """Multiply-accumulates per sample, from the output's element count and the reduction length."""
     out = elements.get(node.output[0])
+    if out is None and roles.weight is not None and elements.get(roles.activations[0]):
+        # Only the input was observed: Conv output ~ input / C_in * C_out (exact at stride 1),
+        # MatMul/Gemm output = input / K * N.
+        dims = list(g.initializers[roles.weight.name].dims)
+        channel, reduction = roles.weight.channel_axis, roles.weight.block_axis
+        if channel is not None and reduction is not None and len(dims) >= 2:
+            width = dims[1] * node_group(node) if node.op_type == "Conv" else dims[reduction]
+            out = elements[roles.activations[0]] // max(width, 1) * dims[channel]
     if out is None:
         return None
     if roles.weight is not None:
@@ -220,10 +236,15 @@ def _node_macs(node: onnx.NodeProto, roles: _Roles, g: _Graph, elements: dict[st
     return None
 
 
+def node_group(node: onnx.NodeProto) -> int:
+    """A Conv's ``group`` attribute (1 when absent)."""
+    return next((a.i for a in node.attribute if a.name == "group"), 1)
+
+
 def _is_depthwise(node: onnx.NodeProto, roles: _Roles, g: _Graph) -> bool:
     if node.op_type != "Conv" or roles.weight is None:
         return False
-    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    group = node_group(node)
     return group > 1 and g.initializers[roles.weight.name].dims[1] == 1
 
 
@@ -274,6 +295,72 @@ def build_plan(model: onnx.ModelProto, config: QConfig, elements: dict[str, int]
     auto node is planned as integer, so calibration observes everything it may need.
     """
     g = _Graph(model)
+    plan = _plan_nodes(model, config, g, elements, {})
+    demoted = _isolated_integer_nodes(plan, g, elements) if elements is not None else {}
+    return _plan_nodes(model, config, g, elements, demoted) if demoted else plan
+
+
+# Ops onnxruntime runs on the quantized values between integer kernels (or that only move data):
+# a tensor that reaches an integer node through them crosses no float/integer boundary.
+_TRANSPARENT = {"MaxPool", "Relu", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"}
+
+
+def _isolated_integer_nodes(plan: QuantPlan, g: _Graph, elements: dict[str, int]) -> dict[str, str]:
+    """Auto-placed integer nodes whose work per value crossing a float/integer boundary is too low.
+
+    Demoting a node turns its neighbours' shared tensors into boundaries, so this repeats until
+    no node falls below :data:`AUTO_MIN_INTENSITY`.
+    """
+    source: dict[str, str] = {}  # a transparent op's output -> its data input
+    for node in g.nodes:
+        if node.op_type in _TRANSPARENT and node.input and node.output:
+            source[node.output[0]] = node.input[0]
+
+    def origin(tensor: str) -> str:
+        while tensor in source:
+            tensor = source[tensor]
+        return tensor
+
+    def readers(tensor: str) -> list[tuple[str, str]]:
+        """(node, tensor) for every non-transparent reader, looking through transparent ops."""
+        found = []
+        for user in g.consumers.get(tensor, []):
+            if user.op_type in _TRANSPARENT and user.input[0] == tensor:
+                found += readers(user.output[0]) if user.output[0] not in g.graph_outputs else [("", tensor)]
+            else:
+                found.append((user.name, tensor))
+        return found
+
+    integer = {n.name: n for n in plan.nodes if n.placement == "integer"}
+    demoted: dict[str, str] = {}
+    while True:
+        fed = {origin(n.output) for n in integer.values() if n.output}
+        newly = {}
+        for node in integer.values():
+            if node.scheme.placement != "auto" or node.macs is None:
+                continue
+            crossing = sum(elements.get(t, 0) for t in node.activations if origin(t) not in fed)
+            out = node.output
+            if out and (
+                out in g.graph_outputs
+                or any(name not in integer or t not in integer[name].activations for name, t in readers(out))
+            ):
+                crossing += elements.get(out, 0)
+            if crossing and node.macs < AUTO_MIN_INTENSITY * crossing:
+                newly[node.name] = (
+                    f"auto: {node.macs / crossing:.0f} MACs per value converted at its float/integer "
+                    f"boundaries < {AUTO_MIN_INTENSITY}, Q/DQ would cost more than int8 saves"
+                )
+        if not newly:
+            return demoted
+        demoted.update(newly)
+        for name in newly:
+            del integer[name]
+
+
+def _plan_nodes(
+    model: onnx.ModelProto, config: QConfig, g: _Graph, elements: dict[str, int] | None, demoted: dict[str, str]
+) -> QuantPlan:
     nodes: list[NodePlan] = []
     activations: dict[str, TensorScheme] = {}
     skipped: list[tuple[str, str]] = []
@@ -310,6 +397,8 @@ def build_plan(model: onnx.ModelProto, config: QConfig, elements: dict[str, int]
             nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "weight_only", why))
             continue
         placement, why = _placement(node, roles, scheme, g, elements)
+        if name in demoted:
+            placement, why = ("storage" if weight is not None else "float"), demoted[name]
         if placement == "float":
             skipped.append((name, why))
             continue
@@ -331,7 +420,10 @@ def build_plan(model: onnx.ModelProto, config: QConfig, elements: dict[str, int]
         natural = roles.weight.channel_axis if roles.weight else None
         bias_fits = weight is not None and weight.block_size is None and weight.axis in (None, natural)
         bias = roles.bias if bias_fits else None
-        nodes.append(NodePlan(name, node.op_type, scheme, roles.activations, weight, bias, output, "integer", why))
+        macs = _node_macs(node, roles, g, elements) if elements is not None else None
+        nodes.append(
+            NodePlan(name, node.op_type, scheme, roles.activations, weight, bias, output, "integer", why, macs)
+        )
     return QuantPlan(tuple(nodes), activations, tuple(skipped))
 
 

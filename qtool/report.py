@@ -15,6 +15,7 @@ from qtool.calibration import CalibrationStats
 from qtool.comparison import ErrorMetrics, LatencyStats
 from qtool.inspection import Inspection
 from qtool.layers import LayerError, largest_drop
+from qtool.sensitivity import FallbackResult
 
 SCHEMA_VERSION = 1  # inspect / quantize / calibrate documents
 COMPARE_SCHEMA_VERSION = 2  # 2: latency per provider, gates, per-layer, classification, reproducibility
@@ -149,8 +150,25 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
             "opset_after": result.prepare.opset_after,
             "shape_inference_error": result.prepare.shape_inference_error,
         },
+        "sensitivity": _fallback_dict(result.fallback) if result.fallback else None,
         "notes": result.notes,
         "comparison": comparison_to_dict(result.comparison) if result.comparison else None,
+    }
+
+
+def _fallback_dict(f: FallbackResult) -> dict[str, Any]:
+    return {
+        "target_sqnr_db": f.target_sqnr_db,
+        "max_float_nodes": f.max_nodes,
+        "samples": f.samples,
+        "initial_sqnr_db": _finite(f.initial_sqnr_db),
+        "final_sqnr_db": _finite(f.final_sqnr_db),
+        "reached": f.reached,
+        "float_activation_nodes": f.float_nodes,
+        "steps": [
+            {"node": s.node, "op_type": s.op_type, "drop_db": s.drop_db, "sqnr_db": _finite(s.sqnr_db), "kept": s.kept}
+            for s in f.steps
+        ],
     }
 
 
@@ -358,6 +376,21 @@ def render_inspection(console: Console, result: Inspection) -> None:
         console.print(f"passed through untouched (not quantized by qtool): {listed}")
 
 
+def _render_fallback(console: Console, f: FallbackResult) -> None:
+    verdict = "[green]reached[/green]" if f.reached else "[yellow]not reached[/yellow]"
+    console.print(
+        f"sensitivity search on {f.samples} samples: worst output {f.initial_sqnr_db:.2f} -> "
+        f"{f.final_sqnr_db:.2f} dB, target {f.target_sqnr_db:g} dB {verdict}",
+        highlight=False,
+    )
+    for step in f.steps:
+        outcome = "float activations" if step.kept else "no gain, kept integer"
+        console.print(
+            f"  {step.node} ({step.op_type}, drop {step.drop_db:.1f} dB): {outcome}, output {step.sqnr_db:.2f} dB",
+            highlight=False,
+        )
+
+
 def render_quantize(console: Console, result: QuantizeResult) -> None:
     """Print what quantize did, then the comparison when there is one."""
     r = result.rewrite
@@ -385,6 +418,8 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         console.print("prepared: " + "; ".join(done))
     for node, reason in result.skipped:
         console.print(f"[yellow]kept in float[/yellow] {node}: {reason}")
+    if result.fallback is not None:
+        _render_fallback(console, result.fallback)
     for note in result.notes:
         console.print(f"[yellow]note[/yellow] {note}")
     if result.comparison is not None:

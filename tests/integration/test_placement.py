@@ -62,3 +62,56 @@ def test_placement_can_be_forced_and_is_validated(tmp_path):
     config.write_text("global: {placement: fastest}\n")
     with pytest.raises(qtool.QtoolError, match=r"c.yaml:1:21: global.placement: expected one of auto, integer"):
         qtool.load_config(config)
+
+
+def _pointwise_model(path, *, isolated: bool) -> None:
+    """Two 1x1 convolutions, 64 -> 64 channels on 64x64: separated by HardSigmoid*x (float) or by a Relu."""
+    rng = np.random.default_rng(0)
+    inits = [
+        onnx.numpy_helper.from_array(rng.normal(0, 0.3, (64, 64, 1, 1)).astype(np.float32), f"w{i}") for i in (1, 2)
+    ]
+    between = (
+        [onnx.helper.make_node("HardSigmoid", ["a"], ["g"]), onnx.helper.make_node("Mul", ["a", "g"], ["b"])]
+        if isolated
+        else [onnx.helper.make_node("Relu", ["a"], ["b"])]
+    )
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1"),
+        *between,
+        onnx.helper.make_node("Conv", ["b", "w2"], ["c"], name="conv2"),
+        onnx.helper.make_node("HardSigmoid", ["c"], ["y"]),
+    ]
+    value = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph(
+        nodes,
+        "pointwise",
+        [value("x", onnx.TensorProto.FLOAT, [1, 64, 64, 64])],
+        [value("y", onnx.TensorProto.FLOAT, [1, 64, 64, 64])],
+        inits,
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)], ir_version=8)
+    onnx.save(model, str(path))
+    data = path.parent / "data"
+    data.mkdir(exist_ok=True)
+    for i in range(4):
+        np.save(data / f"{i}.npy", rng.normal(0, 1, (1, 64, 64, 64)).astype(np.float32))
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+def test_auto_counts_the_float_integer_boundaries_a_node_would_add(tmp_path, isolated):
+    # 64 x 64 x 4096 = 16.8 M MACs each, far above AUTO_MIN_MACS; but alone between float ops a 1x1 conv
+    # with 64 channels does 64 * 64 / (64 + 64) = 32 MACs per value it converts, too few for its Q/DQ.
+    model = tmp_path / "m.onnx"
+    _pointwise_model(model, isolated=isolated)
+    out = tmp_path / "q.onnx"
+    result = qtool.quantize(model, out, data_dir=tmp_path / "data", evaluate=False, search=False)
+    placement = {r.name: (r.placement, r.reason) for r in qtool.inspect(model).rows}
+    if isolated:
+        assert result.placements == {"storage": 2}
+        assert all("boundaries < 48" in reason for _, reason in placement.values()), placement
+        assert optimized_ops(out, tmp_path)["QLinearConv"] == 0
+    else:
+        # conv1 -> Relu -> conv2 is one integer region: each conv converts only at its outer end,
+        # 64 MACs per value
+        assert result.placements == {"integer": 2}, placement
+        assert optimized_ops(out, tmp_path)["QLinearConv"] == 2
