@@ -27,7 +27,7 @@ from qtool.layers import LayerError, layer_errors
 from qtool.model_io import file_sha256, load_model, model_size_bytes, same_file, save_model, write_text
 from qtool.observers import create_observer
 from qtool.plan import QuantPlan, build_plan, static_elements
-from qtool.prepare import PrepareReport, prepare_model
+from qtool.prepare import PrepareReport, prepare_model, refuse_quantized
 from qtool.providers import session_providers, unavailable_reason
 from qtool.qparams import QParams
 from qtool.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
@@ -135,6 +135,7 @@ class _Prepared:
 
 def _prepare(model_path: Path, config: QConfig) -> _Prepared:
     model = load_model(model_path)
+    refuse_quantized(model, str(model_path))
     prepared, report = prepare_model(model, min_opset=config.required_opset())
     plan = build_plan(prepared, config)
     node_names = [n.name for n in prepared.graph.node]
@@ -417,7 +418,7 @@ def quantize(
         placements=dict(sorted(Counter(node.placement for node in plan.nodes).items())),
         kernels=dict(sorted(Counter(k.kernel for k in predict_kernels(state.prepared, plan).values()).items())),
         calibration_samples=stats.samples,
-        fallback=fallback,
+        fallback=fallback if fallback is not None and fallback.samples else None,  # None: nothing could move
     )
     if check_note:
         result.notes.append(check_note)

@@ -12,6 +12,7 @@ from typing import IO, Any
 
 import onnx
 from google.protobuf.message import DecodeError
+from onnx import external_data_helper
 
 from qtool.errors import QtoolError
 
@@ -30,7 +31,7 @@ def load_model(path: Path | str) -> onnx.ModelProto:
     if path.stat().st_size == 0:
         raise QtoolError(f"{path} is empty (0 bytes), not an ONNX model")
     try:
-        model = onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError) as e:
         raise QtoolError(f"{path} is not a valid ONNX model: {e}") from e
     except OSError as e:
@@ -38,7 +39,57 @@ def load_model(path: Path | str) -> onnx.ModelProto:
     # Random bytes can decode as an (almost) empty protobuf message.
     if model.ir_version <= 0 or not model.opset_import or not model.HasField("graph") or not model.graph.node:
         raise QtoolError(f"{path} is not an ONNX model (no IR version, opset or graph nodes found)")
+    _load_external_data(model, path)
     return model
+
+
+def _all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Initializers and tensor attributes (Constant values), subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                yield from _all_tensors(sub)
+
+
+def _external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    return (t for t in _all_tensors(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL)
+
+
+def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """Read tensors stored beside the model, refusing locations outside the model's directory.
+
+    A model from someone else must not make qtool read ``/etc/shadow`` or ``../../secrets`` into
+    the quantized output: absolute locations, ``..`` and symlinks that leave the directory are refused.
+    """
+    base = path.parent.resolve()
+    for tensor in _external_tensors(model):
+        entries = {e.key: e.value for e in tensor.external_data}
+        location = entries.get("location", "")
+        where = f"{path}: tensor '{tensor.name}' has external data at '{location}'"
+        if not location or Path(location).is_absolute() or ".." in Path(location).parts:
+            raise QtoolError(f"{where}, which is outside the model's directory; refused")
+        target = (base / location).resolve()
+        if not target.is_relative_to(base):
+            raise QtoolError(f"{where}, a link leading outside the model's directory ({target}); refused")
+        if not target.is_file():
+            raise QtoolError(f"{where}, which does not exist", hint="copy the data file next to the model")
+        size = target.stat().st_size
+        offset, length = int(entries.get("offset", 0) or 0), int(entries.get("length", 0) or 0)
+        if offset < 0 or length < 0 or offset + length > size:
+            raise QtoolError(f"{where} (offset {offset}, length {length}), beyond the file's {size} bytes")
+    external = list(_external_tensors(model))
+    if not external:
+        return
+    try:
+        external_data_helper.load_external_data_for_model(model, str(base))
+    except (OSError, ValueError) as e:
+        raise QtoolError(f"cannot read the external data of {path}: {e}") from e
+    for tensor in external:  # as if it had been embedded: same bytes out, whichever way the model was saved
+        tensor.ClearField("data_location")
 
 
 def file_sha256(path: Path | str) -> str:

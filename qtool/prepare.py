@@ -36,6 +36,47 @@ class PrepareReport:
     shape_inference_error: str | None = None
 
 
+# Ops that only appear in models something has already quantized (ONNX and onnxruntime's contrib ops).
+QUANTIZED_OPS = {
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "QLinearConv",
+    "QLinearMatMul",
+    "ConvInteger",
+    "MatMulInteger",
+    "QGemm",
+    "QLinearAdd",
+    "QLinearMul",
+    "MatMulIntegerToFloat",
+    "DynamicQuantizeMatMul",
+    "MatMulNBits",
+}
+
+
+def refuse_quantized(model: onnx.ModelProto, source: str) -> None:
+    """Raise when ``model`` already holds quantization ops: quantizing twice compounds the error.
+
+    Raises:
+        QtoolError: naming the first such node.
+    """
+    for node in _all_nodes(model.graph):
+        if node.op_type in QUANTIZED_OPS:
+            raise QtoolError(
+                f"{source} is already quantized (node '{node.name or node.output[0]}' is {node.op_type})",
+                hint="give qtool the float model it came from",
+            )
+
+
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    nodes = list(graph.node)
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                nodes += _all_nodes(sub)
+    return nodes
+
+
 def default_opset(model: onnx.ModelProto) -> int:
     """The model's opset for the default ("" / ai.onnx) domain."""
     for entry in model.opset_import:

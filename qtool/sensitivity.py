@@ -99,6 +99,8 @@ def search_fallback(
             on_round(1)
         return output_sqnr(rows, outputs), rows, quantized
 
+    if not quantize(config)[1]:  # no node the search may move: skip the measurement altogether
+        return config, FallbackResult(target_sqnr_db, max_nodes, 0, math.nan, math.nan)
     sqnr, rows, quantized = measure(config)
     result = FallbackResult(target_sqnr_db, max_nodes, len(dataset), sqnr, sqnr)
     tried: set[str] = set()

@@ -1,0 +1,113 @@
+"""Models from elsewhere: external data (and where it may live), already-quantized and damaged files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+import qtool
+from qtool.cli import app
+from tests.conftest import calib_dir, sample
+
+runner = CliRunner()
+
+
+def quantize_cli(model, out, *extra):
+    return runner.invoke(app, ["quantize", str(model), "--data", str(calib_dir("cnn")), "-o", str(out), *extra])
+
+
+def external_copy(folder, location="weights.bin"):
+    """The sample CNN saved with every weight in one external file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model = onnx.load(str(sample("cnn")))
+    path = folder / "model.onnx"
+    onnx.save(
+        model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=location, size_threshold=0
+    )
+    return path
+
+
+def test_external_data_model_quantizes_like_the_embedded_one(tmp_path):
+    path = external_copy(tmp_path / "ext")
+    assert (tmp_path / "ext" / "weights.bin").stat().st_size > 300_000  # the weights really are outside
+    before = {p.name: p.read_bytes() for p in (tmp_path / "ext").iterdir()}
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    qtool.quantize(path, a, data_dir=calib_dir("cnn"), evaluate=False)
+    qtool.quantize(sample("cnn"), b, data_dir=calib_dir("cnn"), evaluate=False)
+    assert a.read_bytes() == b.read_bytes()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ext").iterdir()} == before  # inputs untouched
+
+
+def _point_weights_at(path, location):
+    model = onnx.load(str(path), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("kind", ["absolute", "dotdot", "symlink"])
+def test_external_data_outside_the_model_directory_is_refused(tmp_path, kind):
+    path = external_copy(tmp_path / "ext")
+    secret = tmp_path / "secret.bin"
+    shutil.copy(tmp_path / "ext" / "weights.bin", secret)
+    if kind == "absolute":
+        _point_weights_at(path, str(secret))
+    elif kind == "dotdot":
+        _point_weights_at(path, "../secret.bin")
+    else:
+        (tmp_path / "ext" / "weights.bin").unlink()
+        os.symlink(secret, tmp_path / "ext" / "weights.bin")
+    out = tmp_path / "q.onnx"
+    r = quantize_cli(path, out)
+    assert r.exit_code == 2, r.output
+    assert "outside the model's directory" in r.stderr and "refused" in r.stderr
+    assert "Traceback" not in r.output and not out.exists()
+
+
+def test_external_data_that_is_missing_or_too_short_is_a_clear_error(tmp_path):
+    path = external_copy(tmp_path / "ext")
+    data = tmp_path / "ext" / "weights.bin"
+    data.write_bytes(data.read_bytes()[:1000])
+    r = quantize_cli(path, tmp_path / "q.onnx")
+    assert r.exit_code == 2 and "beyond the file's 1000 bytes" in r.stderr
+    data.unlink()
+    r = quantize_cli(path, tmp_path / "q.onnx")
+    assert r.exit_code == 2 and "does not exist" in r.stderr and not (tmp_path / "q.onnx").exists()
+
+
+def test_an_already_quantized_model_is_refused(tmp_path):
+    once = tmp_path / "once.onnx"
+    qtool.quantize(sample("cnn"), once, data_dir=calib_dir("cnn"), evaluate=False)
+    for command in (
+        ["quantize", str(once), "--data", str(calib_dir("cnn")), "-o", str(tmp_path / "twice.onnx")],
+        ["calibrate", str(once), str(calib_dir("cnn")), "-o", str(tmp_path / "s.json")],
+        ["inspect", str(once)],
+    ):
+        r = runner.invoke(app, command)
+        assert r.exit_code == 2, (command, r.output)
+        assert "already quantized" in r.stderr and "is QuantizeLinear" in r.stderr
+    assert not (tmp_path / "twice.onnx").exists() and not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "random"])
+def test_damaged_model_files_are_clear_errors(tmp_path, damage):
+    data = sample("cnn").read_bytes()
+    bad = tmp_path / "bad.onnx"
+    if damage == "empty":
+        bad.write_bytes(b"")
+    elif damage == "truncated":
+        bad.write_bytes(data[: len(data) // 3])
+    else:
+        bad.write_bytes(np.random.default_rng(0).integers(0, 256, 50_000, dtype=np.uint8).tobytes())
+    out = tmp_path / "q.onnx"
+    r = quantize_cli(bad, out)
+    assert r.exit_code == 2, r.output
+    assert str(bad) in r.stderr and "Traceback" not in r.output and not out.exists()
+    assert len(r.stderr.strip().splitlines()) <= 3  # one line, and at most a hint
