@@ -291,9 +291,9 @@ def _search_fallback(
     threads: int | None,
     skip_nonfinite: bool,
     progress: ProgressFactory | None,
-) -> tuple[QConfig, FallbackResult]:
+) -> tuple[QConfig, FallbackResult | None]:
     if max_float_nodes < 1 or samples < 1:
-        raise QtoolError("--max-float-nodes and --search-samples must be >= 1")
+        raise QtoolError("--max-float-nodes and the number of search samples must be >= 1")
     dataset = Dataset(
         data_dir, model_inputs(state.model), limit=samples, preprocess=config.preprocess, skip_nonfinite=skip_nonfinite
     )
@@ -315,7 +315,7 @@ def _search_fallback(
         threads=threads,
         on_round=advance,
     )
-    advance(max(0, total - 1 - len(result.steps)))  # the bar ends full however early the search stopped
+    advance(max(0, total - (1 + len(result.steps) if result else 0)))  # the bar ends full, however early it stopped
     return searched, result
 
 
@@ -397,8 +397,8 @@ def quantize(
             stats,
             search_dir,
             target,
-            max_float_nodes or config.accuracy.max_float_nodes,
-            search_samples or config.accuracy.samples,
+            config.accuracy.max_float_nodes if max_float_nodes is None else max_float_nodes,
+            config.accuracy.samples if search_samples is None else search_samples,
             threads,
             skip_nonfinite,
             progress,
@@ -418,7 +418,7 @@ def quantize(
         placements=dict(sorted(Counter(node.placement for node in plan.nodes).items())),
         kernels=dict(sorted(Counter(k.kernel for k in predict_kernels(state.prepared, plan).values()).items())),
         calibration_samples=stats.samples,
-        fallback=fallback if fallback is not None and fallback.samples else None,  # None: nothing could move
+        fallback=fallback,
     )
     if check_note:
         result.notes.append(check_note)

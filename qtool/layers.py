@@ -83,12 +83,7 @@ class _Lineage:
 
     def compute_node(self, tensor: str) -> onnx.NodeProto | None:
         """The node that really computes ``tensor`` (DequantizeLinear and QuantizeLinear looked through)."""
-        node = self.producer.get(tensor)
-        for _ in range(8):
-            if node is None or node.op_type not in ("DequantizeLinear", "QuantizeLinear"):
-                return node
-            node = self.producer.get(node.input[0])
-        return node
+        return self.producer.get(self.float_source(tensor))
 
     def float_source(self, tensor: str) -> str:
         """The float tensor that ``tensor`` is a quantized-and-dequantized copy of (itself if none)."""
@@ -141,28 +136,24 @@ def layer_errors(
     measured = {t: acc.metrics(t) for t, acc in accumulators.items() if acc.count}
     metrics = {t: m for t, m in measured.items() if t not in dequantized_inputs}
     lineage = _Lineage(candidate)
+
+    def worst_received(names: list[str], default: float) -> float:
+        """The worst capped SQNR among ``names``; weights and constants (neither measured nor inputs) do not count."""
+        received = (_capped(measured[i].sqnr_db) if i in measured else SQNR_CAP_DB for i in names)
+        return min(
+            (s for s, i in zip(received, names, strict=True) if i in measured or i in graph_inputs), default=default
+        )
+
     order = {t: i for i, t in enumerate(paired)}
     rows = []
     for tensor, m in metrics.items():
         node = lineage.compute_node(tensor)
         # The error a node receives: each float input exactly as the candidate feeds it. Inputs that are
         # neither measured nor graph inputs are weights or constants and do not count.
-        received = [
-            _capped(measured[i].sqnr_db) if i in measured else SQNR_CAP_DB
-            for i in (node.input if node is not None else [])
-            if i in measured or i in graph_inputs
-        ]
+        inputs = list(node.input) if node is not None else []
         # A node none of whose inputs could be measured is not blamed: its drop counts as 0.
-        input_sqnr = min(received, default=_capped(m.sqnr_db))
-        sources = [lineage.float_source(i) for i in (node.input if node is not None else [])]
-        source_sqnr = min(
-            (
-                _capped(measured[i].sqnr_db) if i in measured else SQNR_CAP_DB
-                for i in sources
-                if i in measured or i in graph_inputs
-            ),
-            default=input_sqnr,
-        )
+        input_sqnr = worst_received(inputs, default=_capped(m.sqnr_db))
+        source_sqnr = worst_received([lineage.float_source(i) for i in inputs], default=input_sqnr)
         rows.append(
             LayerError(
                 tensor=tensor,

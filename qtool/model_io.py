@@ -66,7 +66,8 @@ def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
     the quantized output: absolute locations, ``..`` and symlinks that leave the directory are refused.
     """
     base = path.parent.resolve()
-    for tensor in _external_tensors(model):
+    external = list(_external_tensors(model))
+    for tensor in external:
         entries = {e.key: e.value for e in tensor.external_data}
         location = entries.get("location", "")
         where = f"{path}: tensor '{tensor.name}' has external data at '{location}'"
@@ -81,7 +82,6 @@ def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
         offset, length = int(entries.get("offset", 0) or 0), int(entries.get("length", 0) or 0)
         if offset < 0 or length < 0 or offset + length > size:
             raise QtoolError(f"{where} (offset {offset}, length {length}), beyond the file's {size} bytes")
-    external = list(_external_tensors(model))
     if not external:
         return
     try:

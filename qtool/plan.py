@@ -204,7 +204,6 @@ AUTO_MIN_MACS = 500_000
 # float and an integer region for it (a QuantizeLinear on an input a float node wrote, a
 # DequantizeLinear on an output a float node reads). Chains of integer nodes pay at their ends only;
 # an isolated pointwise convolution in a MobileNetV3 block (HardSwish on both sides) pays both ways.
-
 AUTO_MIN_INTENSITY = 48
 
 

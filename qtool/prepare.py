@@ -68,13 +68,19 @@ def refuse_quantized(model: onnx.ModelProto, source: str) -> None:
             )
 
 
+def _subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """The If/Loop/Scan bodies of ``graph``'s nodes (one level down)."""
+    return [
+        sub
+        for node in graph.node
+        for attr in node.attribute
+        for sub in ([attr.g] if attr.HasField("g") else attr.graphs)
+    ]
+
+
 def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    nodes = list(graph.node)
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                nodes += _all_nodes(sub)
-    return nodes
+    """The nodes of ``graph`` and of every subgraph in it."""
+    return [*graph.node, *(node for sub in _subgraphs(graph) for node in _all_nodes(sub))]
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -252,12 +258,7 @@ def _remove_unused_initializers(graph: onnx.GraphProto) -> int:
 
 def _subgraph_inputs(graph: onnx.GraphProto) -> set[str]:
     """Names read inside If/Loop/Scan bodies, which may refer to outer-scope initializers."""
-    names: set[str] = set()
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                names |= {name for n in sub.node for name in n.input} | _subgraph_inputs(sub)
-    return names
+    return {name for sub in _subgraphs(graph) for node in _all_nodes(sub) for name in node.input}
 
 
 def _unique_name(base: str, graph: onnx.GraphProto) -> str:

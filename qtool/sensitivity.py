@@ -74,7 +74,7 @@ def search_fallback(
     max_nodes: int,
     threads: int | None = None,
     on_round: Callable[[int], None] | None = None,
-) -> tuple[QConfig, FallbackResult]:
+) -> tuple[QConfig, FallbackResult | None]:
     """Give float activations to the nodes with the largest SQNR drop until the outputs reach the target.
 
     Args:
@@ -88,20 +88,21 @@ def search_fallback(
         on_round: called once per measured round.
 
     Returns:
-        The config with the chosen nodes in ``sensitive_nodes``, and what was measured.
+        The config with the chosen nodes in ``sensitive_nodes``, and what was measured
+        (None when no node may move: then nothing is measured).
     """
     outputs = [o.name for o in reference.graph.output]
 
-    def measure(cfg: QConfig) -> tuple[float, list[LayerError], set[str]]:
-        model, quantized = quantize(cfg)
+    def measure(model: onnx.ModelProto) -> tuple[float, list[LayerError]]:
         rows = layer_errors(reference, model, dataset, threads=threads)
         if on_round:
             on_round(1)
-        return output_sqnr(rows, outputs), rows, quantized
+        return output_sqnr(rows, outputs), rows
 
-    if not quantize(config)[1]:  # no node the search may move: skip the measurement altogether
-        return config, FallbackResult(target_sqnr_db, max_nodes, 0, math.nan, math.nan)
-    sqnr, rows, quantized = measure(config)
+    model, quantized = quantize(config)
+    if not quantized:  # no node the search may move: nothing to measure
+        return config, None
+    sqnr, rows = measure(model)
     result = FallbackResult(target_sqnr_db, max_nodes, len(dataset), sqnr, sqnr)
     tried: set[str] = set()
     rejected_in_a_row = 0
@@ -112,7 +113,8 @@ def search_fallback(
         worst = max(candidates, key=lambda r: (r.drop_with_inputs_db, -r.position))
         tried.add(worst.node)
         trial = replace(config, sensitive_nodes=config.sensitive_nodes | {worst.node})
-        trial_sqnr, trial_rows, trial_quantized = measure(trial)
+        trial_model, trial_quantized = quantize(trial)
+        trial_sqnr, trial_rows = measure(trial_model)
         kept = trial_sqnr >= sqnr + MIN_GAIN_DB
         result.steps.append(FallbackStep(worst.node, worst.op_type, worst.drop_with_inputs_db, trial_sqnr, kept))
         if kept:

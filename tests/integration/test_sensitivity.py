@@ -106,6 +106,20 @@ def test_accuracy_section_is_validated(tmp_path):
         ],
     )
     assert r.exit_code == 2 and f"{config}:3:" in r.stderr and "positive integer" in r.stderr
+    r = CliRunner().invoke(
+        app,
+        [
+            "quantize",
+            str(sample("cnn")),
+            "--data",
+            str(calib_dir("cnn")),
+            "--max-float-nodes",
+            "0",
+            "-o",
+            str(tmp_path / "q.onnx"),
+        ],
+    )
+    assert r.exit_code == 2 and "--max-float-nodes" in r.stderr  # 0 is refused, not read as "use the default"
     config.write_text("accuracy: {target_sqnr_db: high}\n")
     r = CliRunner().invoke(app, ["inspect", str(sample("cnn")), "-c", str(config)])
     assert r.exit_code == 2 and "target_sqnr_db" in r.stderr and not (tmp_path / "q.onnx").exists()
