@@ -33,6 +33,7 @@ from qtool.qparams import QParams
 from qtool.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
 from qtool.runtime import create_session
 from qtool.sensitivity import PATIENCE, FallbackResult, search_fallback
+from qtool.weights import Weights
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class QuantizeResult:
     placements: dict[str, int] = field(default_factory=dict)  # integer / storage / weight_only -> nodes
     kernels: dict[str, int] = field(default_factory=dict)  # kernel onnxruntime (CPU) is predicted to run -> nodes
     fallback: FallbackResult | None = None  # the sensitivity search, when a target SQNR was given
+    data_files: list[str] = field(default_factory=list)  # external data written beside the output
 
     @property
     def compression_ratio(self) -> float:
@@ -131,12 +133,14 @@ class _Prepared:
     plan: QuantPlan
     report: PrepareReport
     sha256: str
+    weights: Weights  # the values of the prepared model's large initializers
 
 
 def _prepare(model_path: Path, config: QConfig) -> _Prepared:
-    model = load_model(model_path)
+    weights = Weights()
+    model = load_model(model_path, weights)
     refuse_quantized(model, str(model_path))
-    prepared, report = prepare_model(model, min_opset=config.required_opset())
+    prepared, report = prepare_model(model, weights, min_opset=config.required_opset())
     plan = build_plan(prepared, config)
     node_names = [n.name for n in prepared.graph.node]
     unmatched = config.unmatched_node_patterns(node_names)
@@ -150,7 +154,7 @@ def _prepare(model_path: Path, config: QConfig) -> _Prepared:
             f"{config.source}: node name '{exact[0]}' matches no node of {model_path}",
             hint=f"closest node names: {', '.join(close)}" if close else f"run qtool inspect {model_path}",
         )
-    return _Prepared(model, prepared, plan, report, file_sha256(model_path))
+    return _Prepared(model, prepared, plan, report, file_sha256(model_path), weights)
 
 
 def calibrate(
@@ -244,6 +248,7 @@ def _calibrate(
         },
         batch_size=batch_size or config.calibration.batch_size,
         on_progress=advance,
+        weights=state.weights,
     )
     return CalibrationStats(
         state.sha256,
@@ -276,7 +281,7 @@ def _quantize_in_memory(
 ) -> tuple[QuantPlan, onnx.ModelProto, RewriteReport]:
     # With tensor sizes known, placement "auto" can now choose integer kernels or storage per node.
     plan = build_plan(state.prepared, config, {**static_elements(state.prepared), **stats.elements})
-    quantized, report = insert_qdq(state.prepared, plan, _activation_qparams(plan, stats))
+    quantized, report = insert_qdq(state.prepared, plan, _activation_qparams(plan, stats), state.weights)
     return plan, quantized, report
 
 
@@ -314,6 +319,7 @@ def _search_fallback(
         max_nodes=max_float_nodes,
         threads=threads,
         on_round=advance,
+        weights=state.weights,
     )
     advance(max(0, total - (1 + len(result.steps) if result else 0)))  # the bar ends full, however early it stopped
     return searched, result
@@ -341,6 +347,7 @@ def quantize(
     max_float_nodes: int | None = None,
     search_samples: int | None = None,
     search_data: Path | str | None = None,
+    external_data: bool | None = None,
 ) -> QuantizeResult:
     """Quantize a float model to int8 QDQ and write it atomically.
 
@@ -352,6 +359,10 @@ def quantize(
     search of :mod:`qtool.sensitivity` runs when the config's
     ``accuracy.target_sqnr_db`` (or ``target_sqnr_db``) is set; ``max_float_nodes``
     and ``search_samples`` override ``accuracy.max_float_nodes`` / ``samples``.
+
+    ``external_data``: True writes the weights to a data file beside the output
+    (``OUTPUT.onnx.<digest>.data``), False embeds them, None (default) embeds them
+    unless the model would exceed protobuf's 2 GiB limit.
 
     Raises:
         QtoolError: bad input; nothing is written in that case.
@@ -404,11 +415,12 @@ def quantize(
             progress,
         )
     plan, quantized, rewrite_report = _quantize_in_memory(state, config, stats)
+    state.weights.retain(quantized)  # the float weights the output replaced: freed before it is checked and written
     quantized.producer_name = "qtool"
     quantized.producer_version = __version__
     check_note = check_quantized_model(quantized, state.prepared)
-    create_session(quantized, "the quantized model")  # proves onnxruntime loads it before we write it
-    save_model(quantized, output_path)
+    create_session(quantized, "the quantized model", weights=state.weights)  # onnxruntime loads it: write it
+    written = save_model(quantized, output_path, state.weights, external=external_data)
     result = QuantizeResult(
         source=ModelFile.of(model_path),
         output=ModelFile.of(output_path),
@@ -419,6 +431,7 @@ def quantize(
         kernels=dict(sorted(Counter(k.kernel for k in predict_kernels(state.prepared, plan).values()).items())),
         calibration_samples=stats.samples,
         fallback=fallback,
+        data_files=[str(p) for p in written[1:]],
     )
     if check_note:
         result.notes.append(check_note)
@@ -619,9 +632,9 @@ def inspect(
         tensor: activation_qparams(np.asarray(-1.0), np.asarray(1.0), scheme, what=tensor)
         for tensor, scheme in state.plan.activations.items()
     }
-    rewritten, _ = insert_qdq(state.prepared, state.plan, placeholder)
+    rewritten, _ = insert_qdq(state.prepared, state.plan, placeholder, state.weights)
     rewritten.producer_name, rewritten.producer_version = "qtool", __version__
-    return replace(result, rewritten_bytes=rewritten.ByteSize())
+    return replace(result, rewritten_bytes=state.weights.embedded_size(rewritten))
 
 
 def write_stats(stats: CalibrationStats, path: Path | str) -> None:

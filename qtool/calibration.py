@@ -23,6 +23,7 @@ from qtool.dataset import Dataset
 from qtool.errors import QtoolError
 from qtool.observers import Observer, create_observer
 from qtool.runtime import create_session, run_session
+from qtool.weights import Weights
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,7 @@ def collect_statistics(
     per_tensor: dict[str, tuple[str, dict[str, Any]]] | None = None,
     batch_size: int = 1,
     on_progress: ProgressCallback | None = None,
+    weights: Weights | None = None,
 ) -> tuple[dict[str, Observer], int, dict[str, int]]:
     """Run ``prepared`` over ``dataset`` and observe each tensor in ``tensors``.
 
@@ -190,6 +192,7 @@ def collect_statistics(
         with_exposed_outputs(prepared, names),
         "the prepared float model",
         level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        weights=weights,
     )
     seen = 0
     elements: dict[str, int] = {}

@@ -291,6 +291,15 @@ def quantize(
         ),
     ] = None,
     no_search: Annotated[bool, typer.Option("--no-search", help="Skip the sensitivity search.")] = False,
+    external_data: Annotated[
+        bool | None,
+        typer.Option(
+            "--external-data/--embed-data",
+            help="Write the weights to OUT.onnx.<digest>.data beside the model, or embed them "
+            "(default: embed, unless the model would exceed protobuf's 2 GiB limit).",
+            show_default=False,
+        ),
+    ] = None,
     json_out: JsonOption = None,
 ) -> None:
     """Quantize MODEL to int8 QDQ using --stats or --data, and write it to -o OUT.onnx."""
@@ -319,6 +328,7 @@ def quantize(
                 target_sqnr_db=target_sqnr,
                 max_float_nodes=max_float_nodes,
                 search_data=search_data,
+                external_data=external_data,
             )
         render_quantize(err_console if json_out == "-" else out_console, result)
         if json_out:

@@ -6,6 +6,7 @@ float with the Q/DQ cost on top. These rules follow onnxruntime's QDQ selectors
 and graph transformers (onnxruntime 1.2x-1.3x, CPU EP):
 
 * Conv: DQ on input and weight, Q on the output, 8-bit types -> QLinearConv.
+* ConvTranspose: no integer kernel on CPU (the Q/DQ groups stay, around a float ConvTranspose).
 * Gemm: DQ on A and B (8-bit), optional int32 bias -> QGemm.
 * MatMul with a constant weight: a MatMul + bias Add on 2-D input is first fused
   into Gemm (MatMulAddFusion) -> QGemm; otherwise -> MatMulIntegerToFloat
@@ -123,6 +124,10 @@ def _predict(
     if p.scheme.activation.dtype not in ("uint8", "int8"):
         return KernelPrediction(
             p.name, f"float {op}", False, f"{p.scheme.activation.dtype} activations have no integer kernels on CPU"
+        )
+    if op == "ConvTranspose":
+        return KernelPrediction(
+            p.name, "float ConvTranspose", False, "no integer ConvTranspose kernel: Q/DQ run around a float one"
         )
     if op == "Conv":
         if p.output is None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,7 +10,7 @@ import onnx
 
 from qtool.config import QConfig
 from qtool.fusion import predict_kernels
-from qtool.plan import HANDLERS, NodePlan, QuantPlan
+from qtool.plan import NodePlan, QuantPlan, passthrough_ops
 from qtool.qparams import quant_type
 
 _FLOAT_BYTES = 4
@@ -118,7 +117,4 @@ def inspect_plan(
     for name, reason in plan.skipped:
         _, rule = config.resolve(name, op_types.get(name, ""))
         kept.append((name, op_types.get(name, "?"), f"{reason} ({rule})" if "config" in reason else reason))
-    planned = {n.name for n in plan.nodes} | {name for name, _ in plan.skipped}
-    passthrough = Counter(n.op_type for n in prepared.graph.node if n.name not in planned)
-    unsupported = {op: count for op, count in sorted(passthrough.items()) if op not in HANDLERS}
-    return Inspection(model_path, model_bytes, rows, kept, unsupported)
+    return Inspection(model_path, model_bytes, rows, kept, passthrough_ops(prepared, plan))

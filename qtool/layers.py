@@ -23,6 +23,7 @@ from qtool.calibration import with_exposed_outputs
 from qtool.comparison import ErrorAccumulator
 from qtool.dataset import Dataset
 from qtool.runtime import create_session, run_session
+from qtool.weights import Weights
 
 SQNR_CAP_DB = 100.0  # an exact match counts as 100 dB when differences are taken
 
@@ -103,8 +104,12 @@ def layer_errors(
     *,
     threads: int | None = None,
     on_progress: Callable[[int], None] | None = None,
+    weights: Weights | None = None,
 ) -> list[LayerError]:
-    """SQNR/MSE of every paired float tensor and the drop its candidate node introduces, worst SQNR first."""
+    """SQNR/MSE of every paired float tensor and the drop its candidate node introduces, worst SQNR first.
+
+    ``weights`` holds the detached values both models use (see :mod:`qtool.weights`).
+    """
     candidate_names = {o for n in candidate.graph.node for o in n.output}
     paired = [t for t in _float_tensors(reference) if t in candidate_names]
     graph_inputs = {i.name for i in reference.graph.input}
@@ -115,11 +120,11 @@ def layer_errors(
     }
     level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     ref_session = create_session(
-        with_exposed_outputs(reference, paired), "the reference model", threads=threads, level=level
+        with_exposed_outputs(reference, paired), "the reference model", threads=threads, level=level, weights=weights
     )
     exposed = [*paired, *dequantized_inputs]
     cand_session = create_session(
-        with_exposed_outputs(candidate, exposed), "the candidate model", threads=threads, level=level
+        with_exposed_outputs(candidate, exposed), "the candidate model", threads=threads, level=level, weights=weights
     )
     accumulators = {t: ErrorAccumulator() for t in exposed}
     for path, feed in dataset.samples():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import tempfile
@@ -10,15 +11,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import external_data_helper
+from onnx import external_data_helper, numpy_helper
 
 from qtool.errors import QtoolError
+from qtool.weights import DETACH_MIN_BYTES, Weights, detachable, is_detached, mark_detached, numpy_dtype
 
 
-def load_model(path: Path | str) -> onnx.ModelProto:
+def load_model(path: Path | str, weights: Weights | None = None) -> onnx.ModelProto:
     """Read an ONNX model, with a clear error for missing, empty or non-ONNX files.
+
+    With ``weights``, large initializers (embedded or external) go into that store instead
+    of the protobuf (see :mod:`qtool.weights`); external data is then read straight into
+    numpy arrays, so a model over 2 GiB never becomes one protobuf message.
 
     Raises:
         QtoolError: the file cannot be read or does not hold an ONNX model.
@@ -39,8 +46,65 @@ def load_model(path: Path | str) -> onnx.ModelProto:
     # Random bytes can decode as an (almost) empty protobuf message.
     if model.ir_version <= 0 or not model.opset_import or not model.HasField("graph") or not model.graph.node:
         raise QtoolError(f"{path} is not an ONNX model (no IR version, opset or graph nodes found)")
-    _load_external_data(model, path)
+    if model.ir_version > onnx.IR_VERSION:
+        raise QtoolError(
+            f"{path} has ONNX IR version {model.ir_version}, newer than onnx {onnx.__version__} reads "
+            f"(IR version {onnx.IR_VERSION} at most)",
+            hint="upgrade onnx and onnxruntime, or export the model with an older onnx",
+        )
+    _check_decoded(model, path)
+    _load_external_data(model, path, weights)
+    if weights is not None and weights.detach(model.graph):
+        slim = onnx.ModelProto()  # a fresh message: the parsed one keeps the detached bytes until freed
+        slim.CopyFrom(model)
+        return slim
     return model
+
+
+def _check_decoded(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse what protobuf decodes without complaint: text that is not UTF-8, tensors at odds with their dims.
+
+    Both come from damaged or hostile files and would otherwise fail deep inside a later stage. Each
+    embedded tensor is read the way every later stage reads it, which costs no more than its bytes:
+    a tensor claiming dims of 2**40 x 2**40 with 16 bytes of data fails the reshape, it allocates nothing.
+    """
+    field = _non_utf8_field(model)
+    if field is not None:
+        raise QtoolError(f"{path} is not a valid ONNX model: its field {field} is not UTF-8 text")
+    for tensor in _all_tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            continue  # checked against its data file when that is read
+        known = tensor.data_type in onnx.TensorProto.DataType.values()
+        dtype = onnx.TensorProto.DataType.Name(tensor.data_type) if known else f"unknown type {tensor.data_type}"
+        where = f"{path}: tensor '{tensor.name}' ({dtype}, dims {list(tensor.dims)})"
+        if any(d < 0 for d in tensor.dims):
+            raise QtoolError(f"{where} has a negative dimension", hint="the file is damaged; export the model again")
+        try:
+            numpy_helper.to_array(tensor)
+        except (ValueError, TypeError, KeyError) as e:  # size mismatch, undefined or unknown data type
+            raise QtoolError(
+                f"{where} does not hold the data its dims and type claim: {e}",
+                hint="the file is damaged; export the model again",
+            ) from e
+
+
+def _non_utf8_field(message: Any) -> str | None:
+    """The path of the first text field in ``message`` (recursively) that is not UTF-8.
+
+    protobuf hands such a field over as ``bytes`` instead of ``str``; bytes fields are never read here.
+    """
+    for field in message.DESCRIPTOR.fields:
+        if field.type == field.TYPE_STRING:
+            value = getattr(message, field.name)
+            if any(isinstance(item, bytes) for item in (value if field.is_repeated else [value])):
+                return field.name
+        elif field.type == field.TYPE_MESSAGE and (field.is_repeated or message.HasField(field.name)):
+            value = getattr(message, field.name)
+            for item in value if field.is_repeated else [value]:
+                inner = _non_utf8_field(item)
+                if inner is not None:
+                    return f"{field.name}.{inner}"
+    return None
 
 
 def _all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
@@ -59,51 +123,108 @@ def _external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     return (t for t in _all_tensors(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL)
 
 
-def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
+def _load_external_data(model: onnx.ModelProto, path: Path, weights: Weights | None) -> None:
     """Read tensors stored beside the model, refusing locations outside the model's directory.
 
     A model from someone else must not make qtool read ``/etc/shadow`` or ``../../secrets`` into
     the quantized output: absolute locations, ``..`` and symlinks that leave the directory are refused.
+    Large top-level initializers go straight into ``weights`` when it is given.
     """
     base = path.parent.resolve()
-    external = list(_external_tensors(model))
-    for tensor in external:
-        entries = {e.key: e.value for e in tensor.external_data}
-        location = entries.get("location", "")
-        where = f"{path}: tensor '{tensor.name}' has external data at '{location}'"
-        if not location or Path(location).is_absolute() or ".." in Path(location).parts:
-            raise QtoolError(f"{where}, which is outside the model's directory; refused")
-        target = (base / location).resolve()
-        if not target.is_relative_to(base):
-            raise QtoolError(f"{where}, a link leading outside the model's directory ({target}); refused")
-        if not target.is_file():
-            raise QtoolError(f"{where}, which does not exist", hint="copy the data file next to the model")
-        size = target.stat().st_size
-        offset, length = int(entries.get("offset", 0) or 0), int(entries.get("length", 0) or 0)
-        if offset < 0 or length < 0 or offset + length > size:
-            raise QtoolError(f"{where} (offset {offset}, length {length}), beyond the file's {size} bytes")
-    if not external:
-        return
-    try:
-        external_data_helper.load_external_data_for_model(model, str(base))
-    except (OSError, ValueError) as e:
-        raise QtoolError(f"cannot read the external data of {path}: {e}") from e
-    for tensor in external:  # as if it had been embedded: same bytes out, whichever way the model was saved
+    if weights is not None:
+        for tensor in model.graph.initializer:
+            if tensor.data_location != onnx.TensorProto.EXTERNAL or not detachable(tensor):
+                continue
+            target, offset, length = _external_location(tensor, base, path)
+            if length >= DETACH_MIN_BYTES:
+                weights.arrays[tensor.name] = _read_array(tensor, target, offset, length, path)
+                mark_detached(tensor)
+    for tensor in _external_tensors(model):
+        if is_detached(tensor):
+            continue
+        _external_location(tensor, base, path)
+        try:
+            external_data_helper.load_external_data_for_tensor(tensor, str(base))
+        except (OSError, ValueError) as e:
+            raise QtoolError(f"cannot read the external data of tensor '{tensor.name}' of {path}: {e}") from e
+        # As if it had been embedded: same bytes out, whichever way the model was saved.
         tensor.ClearField("data_location")
+        tensor.ClearField("external_data")
+
+
+def _external_location(tensor: onnx.TensorProto, base: Path, path: Path) -> tuple[Path, int, int]:
+    """The checked file, offset and length of an external tensor's data."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    location = entries.get("location", "")
+    where = f"{path}: tensor '{tensor.name}' has external data at '{location}'"
+    if not location or Path(location).is_absolute() or ".." in Path(location).parts:
+        raise QtoolError(f"{where}, which is outside the model's directory; refused")
+    target = (base / location).resolve()
+    if not target.is_relative_to(base):
+        raise QtoolError(f"{where}, a link leading outside the model's directory ({target}); refused")
+    if not target.is_file():
+        raise QtoolError(f"{where}, which does not exist", hint="copy the data file next to the model")
+    size = target.stat().st_size
+    try:
+        offset = int(entries.get("offset") or 0)
+        length = int(entries["length"]) if entries.get("length") else size - offset
+    except ValueError as e:
+        raise QtoolError(f"{where} with an offset or length that is not a number") from e
+    if offset < 0 or length < 0 or offset + length > size:
+        raise QtoolError(f"{where} (offset {offset}, length {length}), beyond the file's {size} bytes")
+    return target, offset, length
+
+
+def _read_array(tensor: onnx.TensorProto, target: Path, offset: int, length: int, path: Path) -> np.ndarray:
+    """Read an external tensor into a numpy array, checking its length against its dims."""
+    dtype = numpy_dtype(tensor)
+    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+    if any(d < 0 for d in tensor.dims) or count * dtype.itemsize != length:
+        raise QtoolError(
+            f"{path}: tensor '{tensor.name}' claims dims {list(tensor.dims)} ({dtype.name}) "
+            f"but its external data holds {length} bytes"
+        )
+    with open(target, "rb") as f:
+        f.seek(offset)
+        values = np.fromfile(f, dtype=dtype, count=count)
+    return values.reshape(tuple(tensor.dims))
 
 
 def file_sha256(path: Path | str) -> str:
-    """Hex SHA-256 of a file's bytes, read in chunks."""
+    """Hex SHA-256 of a file's bytes, read in chunks; for a model, its external data files too."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    for part in [Path(path), *_data_files(Path(path))]:
+        with open(part, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
     return digest.hexdigest()
 
 
 def model_size_bytes(path: Path | str) -> int:
-    """On-disk size of a model file."""
-    return Path(path).stat().st_size
+    """On-disk size of a model file and of the external data files it names."""
+    return sum(part.stat().st_size for part in [Path(path), *_data_files(Path(path))])
+
+
+# A model file this large holds its weights itself; parsing it just to list data files would cost its size in memory.
+_SCAN_MAX_BYTES = 256 << 20
+
+
+def _data_files(path: Path) -> list[Path]:
+    """The external data files a model names that exist in its directory, in order of first use."""
+    if path.suffix.lower() != ".onnx" or not path.is_file() or path.stat().st_size > _SCAN_MAX_BYTES:
+        return []
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not a model (a stats file, a damaged model): it names no data files
+        return []
+    base = path.parent.resolve()
+    found: dict[Path, None] = {}
+    for tensor in _external_tensors(model):
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        target = (base / location).resolve()
+        if location and target.is_relative_to(base) and target.is_file() and target != path.resolve():
+            found[target] = None
+    return list(found)
 
 
 def same_file(a: Path | str, b: Path | str) -> bool:
@@ -112,6 +233,13 @@ def same_file(a: Path | str, b: Path | str) -> bool:
     if a.exists() and b.exists():
         return os.path.samefile(a, b)
     return a.resolve() == b.resolve()
+
+
+def _chmod_like_new_file(path: Path) -> None:
+    """Give ``path`` the permissions any new file would get (mkstemp creates 0600 files)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 @contextmanager
@@ -127,10 +255,7 @@ def atomic_writer(path: Path | str, mode: str = "wb") -> Iterator[IO[Any]]:
         raise QtoolError(f"output directory does not exist: {directory}")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
-        # mkstemp creates 0600 files; give the result the permissions any new file would get.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        _chmod_like_new_file(Path(tmp))
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
@@ -141,11 +266,114 @@ def atomic_writer(path: Path | str, mode: str = "wb") -> Iterator[IO[Any]]:
         raise
 
 
-def save_model(model: onnx.ModelProto, path: Path | str) -> None:
-    """Serialise a model deterministically and write it atomically."""
-    data = model.SerializeToString(deterministic=True)
+# Protobuf refuses messages over 2 GiB; past this size the weights are written to a data file beside the model.
+EMBED_MAX_BYTES = (2 << 30) - (64 << 20)
+EXTERNAL_MIN_BYTES = 1024  # tensors at least this large go to the data file; smaller ones stay in the model
+_ALIGN = 4096  # data file offsets are page aligned, so onnxruntime can map the tensors
+
+
+def save_model(
+    model: onnx.ModelProto, path: Path | str, weights: Weights | None = None, *, external: bool | None = None
+) -> list[Path]:
+    """Serialise a model deterministically and write it atomically; returns the files written.
+
+    Args:
+        model: the model; its detached initializers take their values from ``weights``.
+        path: the ``.onnx`` file to write.
+        weights: the store of ``model``'s detached values (see :mod:`qtool.weights`).
+        external: True to write tensors to a data file beside the model, False to embed them,
+            None to use a data file only when the model would exceed protobuf's 2 GiB limit.
+
+    Raises:
+        QtoolError: the model must be embedded but exceeds 2 GiB, or the output cannot be written.
+    """
+    path = Path(path)
+    weights = weights or Weights()
+    size = model.ByteSize() + weights.nbytes(model)
+    if external is None:
+        external = size > EMBED_MAX_BYTES
+    if not external:
+        if size > EMBED_MAX_BYTES:
+            raise QtoolError(
+                f"{path}: the model holds {size / 2**30:.2f} GiB, over protobuf's 2 GiB limit",
+                hint="write it with external data",
+            )
+        data = weights.embedded(model).SerializeToString(deterministic=True)
+        with atomic_writer(path) as f:
+            f.write(data)
+        _remove_stale_data_files(path, keep=None)
+        return [path]
+    return _save_with_external_data(model, path, weights)
+
+
+def _save_with_external_data(model: onnx.ModelProto, path: Path, weights: Weights) -> list[Path]:
+    """Write tensors to ``<model>.<digest>.data`` and the graph to ``path``, both atomically.
+
+    The data file is named by its content, so it is in place before the model that refers to
+    it is renamed into place: an interrupted save leaves the previous output whole.
+    """
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model)
+    pending = "qtool-pending.data"  # the real name depends on the content, known once written
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".data.tmp", dir=directory)
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as f:
+            offset = 0
+            for tensor in skeleton.graph.initializer:
+                data = _tensor_bytes(tensor, weights)
+                if data is None or len(data) < EXTERNAL_MIN_BYTES:
+                    continue
+                padding = -offset % _ALIGN
+                f.write(b"\0" * padding)
+                digest.update(b"\0" * padding)
+                offset += padding
+                f.write(data)
+                digest.update(data)
+                for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+                    tensor.ClearField(field)
+                del tensor.external_data[:]
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                for key, value in (("location", pending), ("offset", str(offset)), ("length", str(len(data)))):
+                    entry = tensor.external_data.add()
+                    entry.key, entry.value = key, value
+                offset += len(data)
+            f.flush()
+            os.fsync(f.fileno())
+        data_path = path.with_name(f"{path.name}.{digest.hexdigest()[:16]}.data")
+        for tensor in skeleton.graph.initializer:
+            for entry in tensor.external_data:
+                if entry.key == "location" and entry.value == pending:
+                    entry.value = data_path.name
+        _chmod_like_new_file(Path(tmp))
+        os.replace(tmp, data_path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     with atomic_writer(path) as f:
-        f.write(data)
+        f.write(skeleton.SerializeToString(deterministic=True))
+    _remove_stale_data_files(path, keep=data_path)
+    return [path, data_path]
+
+
+def _tensor_bytes(tensor: onnx.TensorProto, weights: Weights) -> bytes | None:
+    """The raw little-endian bytes of an initializer's values; None when it has none to move."""
+    if is_detached(tensor):
+        return weights.arrays[tensor.name].astype(numpy_dtype(tensor), copy=False).tobytes()
+    if tensor.HasField("raw_data"):
+        return tensor.raw_data
+    if tensor.data_location == onnx.TensorProto.EXTERNAL or not detachable(tensor):
+        return None
+    return numpy_helper.to_array(tensor).astype(numpy_dtype(tensor), copy=False).tobytes()
+
+
+def _remove_stale_data_files(path: Path, keep: Path | None) -> None:
+    """Delete data files an earlier save of ``path`` wrote (its name, a 16-digit digest, .data)."""
+    for old in path.parent.glob(f"{glob.escape(path.name)}.*.data"):
+        digest = old.name[len(path.name) + 1 : -len(".data")]
+        if old != keep and len(digest) == 16 and all(c in "0123456789abcdef" for c in digest):
+            old.unlink(missing_ok=True)
 
 
 def write_text(path: Path | str, text: str) -> None:

@@ -9,6 +9,7 @@ activation, weight and bias.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from onnx import TensorProto, helper
 
 from qtool.config import NodeScheme, QConfig, TensorScheme
 from qtool.errors import QtoolError
+from qtool.prepare import all_nodes, node_subgraphs, subgraph_reads
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +92,9 @@ class _Graph:
 
     def __init__(self, model: onnx.ModelProto) -> None:
         graph = model.graph
-        input_names = {i.name for i in graph.input}
+        self.inputs = {i.name for i in graph.input}
         # An initializer that is also a graph input can be overridden at run time: not a constant.
-        self.initializers = {i.name: i for i in graph.initializer if i.name not in input_names}
+        self.initializers = {i.name: i for i in graph.initializer if i.name not in self.inputs}
         self.graph_outputs = {o.name for o in graph.output}
         self.elem_types: dict[str, int] = {}
         for value in [*graph.input, *graph.value_info, *graph.output]:
@@ -107,7 +109,8 @@ class _Graph:
         self.nodes = list(graph.node)
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:
-            for name in node.input:
+            # an If/Loop/Scan also reads, implicitly, every outer tensor its bodies use
+            for name in dict.fromkeys([*node.input, *sorted(subgraph_reads(node))]):
                 if name:
                     self.consumers.setdefault(name, []).append(node)
 
@@ -118,15 +121,36 @@ class _Graph:
         return len(self.initializers[name].dims)
 
 
+def _fed_at_run_time(what: str, name: str) -> str:
+    """Why a node whose weight is a graph input stays float."""
+    return f"{what} {name} is a graph input, not a constant: weights fed at run time are not quantized, node left float"
+
+
 def _conv_roles(node: onnx.NodeProto, g: _Graph) -> _Roles | str:
+    if node.input[1] in g.inputs:
+        return _fed_at_run_time("the weight", node.input[1])
     if node.input[1] not in g.initializers:
         return "the weight is not a constant initializer"
     bias = node.input[2] if len(node.input) > 2 and node.input[2] in g.initializers else None
     return _Roles((node.input[0],), _WeightRoles(node.input[1], 0, 1), bias)
 
 
+def _conv_transpose_roles(node: onnx.NodeProto, g: _Graph) -> _Roles | str:
+    if node.input[1] in g.inputs:
+        return _fed_at_run_time("the weight", node.input[1])
+    if node.input[1] not in g.initializers:
+        return "the weight is not a constant initializer"
+    # The weight is [C_in, C_out / group, kH, kW]: output channels lie along axis 1, the reduction along 0.
+    # With groups, axis 1 holds C_out / group scales, not one per output channel, so an int32 bias
+    # (scaled per output channel) would not match: it stays float then.
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] in g.initializers else None
+    return _Roles((node.input[0],), _WeightRoles(node.input[1], 1, 0), bias if node_group(node) == 1 else None)
+
+
 def _gemm_roles(node: onnx.NodeProto, g: _Graph) -> _Roles | str:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.input[1] in g.inputs:
+        return _fed_at_run_time("input B", node.input[1])
     if node.input[1] not in g.initializers:
         return "input B is not a constant initializer"
     axis, reduction = (0, 1) if attrs.get("transB", 0) else (1, 0)
@@ -143,15 +167,23 @@ def _matmul_roles(node: onnx.NodeProto, g: _Graph) -> _Roles | str:
     a, b = node.input[0], node.input[1]
     if b in g.initializers:
         rank = g.rank(b)
-        # B is [..., K, N]: output columns are the last axis, the reduction runs along K.
-        return _Roles((a,), _WeightRoles(b, rank - 1 if rank >= 2 else None, rank - 2 if rank >= 2 else 0), None)
+        # B is [..., K, N]: output columns are the last axis, the reduction runs along K. A stack of
+        # matrices (rank > 2) is quantized per tensor: per-column scales would have to be [..., 1, N],
+        # which a DequantizeLinear axis cannot express, and onnxruntime fuses a 1-D [N] one into a
+        # QLinearMatMul that then fails at run time.
+        return _Roles((a,), _WeightRoles(b, rank - 1 if rank == 2 else None, rank - 2 if rank >= 2 else 0), None)
     if a in g.initializers:
         return _Roles((b,), _WeightRoles(a, None, g.rank(a) - 1), None)
+    if b in g.inputs:
+        # MatMul(x, w) with w fed by the caller is a layer whose weights live outside the model, not a
+        # product of two activations: its calibration range says nothing about the weights used later.
+        return _fed_at_run_time("input B", b)
     return _Roles((a, b), None, None)
 
 
 HANDLERS: dict[str, Callable[[onnx.NodeProto, _Graph], _Roles | str]] = {
     "Conv": _conv_roles,
+    "ConvTranspose": _conv_transpose_roles,
     "Gemm": _gemm_roles,
     "MatMul": _matmul_roles,
 }
@@ -209,6 +241,11 @@ AUTO_MIN_INTENSITY = 48
 
 def _node_macs(node: onnx.NodeProto, roles: _Roles, g: _Graph, elements: dict[str, int]) -> int | None:
     """Multiply-accumulates per sample, from the output's element count and the reduction length."""
+    if node.op_type == "ConvTranspose":
+        # Every input value is multiplied by the C_out / group x kH x kW weights of its channel.
+        inp = elements.get(roles.activations[0]) if roles.weight is not None else None
+        weight_dims = list(g.initializers[roles.weight.name].dims) if roles.weight is not None else []
+        return inp * int(np.prod(weight_dims[1:])) if inp else None
     out = elements.get(node.output[0])
     if out is None and roles.weight is not None and elements.get(roles.activations[0]):
         # Only the input was observed: Conv output ~ input / C_in * C_out (exact at stride 1),
@@ -236,7 +273,7 @@ def _node_macs(node: onnx.NodeProto, roles: _Roles, g: _Graph, elements: dict[st
 
 
 def node_group(node: onnx.NodeProto) -> int:
-    """A Conv's ``group`` attribute (1 when absent)."""
+    """A Conv's or ConvTranspose's ``group`` attribute (1 when absent)."""
     return next((a.i for a in node.attribute if a.name == "group"), 1)
 
 
@@ -259,6 +296,8 @@ def _placement(
         return "integer", "auto without tensor sizes (decided when quantizing with data)"
     if _is_depthwise(node, roles, g):
         return "storage", "auto: depthwise convolution does too little work per value for int8 kernels"
+    if node.op_type == "ConvTranspose":
+        return "storage", "auto: onnxruntime (CPU) has no integer ConvTranspose kernel"
     macs = _node_macs(node, roles, g, elements)
     if macs is None:
         return "integer", "auto: size unknown, integer kernel assumed"
@@ -364,6 +403,10 @@ def _plan_nodes(
     activations: dict[str, TensorScheme] = {}
     skipped: list[tuple[str, str]] = []
     for node in model.graph.node:
+        bodies = node_subgraphs(node)
+        if bodies:
+            skipped.append((node.name, _bodies_left_float(node, bodies)))
+            continue
         handler = HANDLERS.get(node.op_type)
         if handler is None or node.domain not in ("", "ai.onnx"):
             continue
@@ -424,6 +467,25 @@ def _plan_nodes(
             NodePlan(name, node.op_type, scheme, roles.activations, weight, bias, output, "integer", why, macs)
         )
     return QuantPlan(tuple(nodes), activations, tuple(skipped))
+
+
+def _bodies_left_float(node: onnx.NodeProto, bodies: list[onnx.GraphProto]) -> str:
+    """Why an If/Loop/Scan is left as it is.
+
+    Calibration can only observe tensors of the main graph (a body's tensors cannot be graph
+    outputs), so qtool quantizes no node inside a body; what a body reads from the outer scope
+    stays available in float (see :mod:`qtool.rewrite`).
+    """
+    count = sum(len(all_nodes(body)) for body in bodies)
+    where = f"{node.op_type} {'bodies' if len(bodies) > 1 else 'body'}"
+    return f"{count} node{'' if count == 1 else 's'} inside its {where} left float (qtool does not quantize subgraphs)"
+
+
+def passthrough_ops(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, int]:
+    """Op type -> number of main-graph nodes qtool has no quantization for and leaves untouched."""
+    decided = {n.name for n in plan.nodes} | {name for name, _ in plan.skipped}
+    counts = Counter(n.op_type for n in model.graph.node if n.name not in decided and n.op_type not in HANDLERS)
+    return dict(sorted(counts.items()))
 
 
 def _weight_plan(roles: _WeightRoles, scheme: NodeScheme, g: _Graph, node: str) -> WeightPlan:

@@ -15,6 +15,7 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from qtool.errors import QtoolError
+from qtool.weights import Weights
 
 log = logging.getLogger(__name__)
 
@@ -58,29 +59,38 @@ def refuse_quantized(model: onnx.ModelProto, source: str) -> None:
     """Raise when ``model`` already holds quantization ops: quantizing twice compounds the error.
 
     Raises:
-        QtoolError: naming the first such node.
+        QtoolError: naming the first such node, or qtool as the model's producer.
     """
-    for node in _all_nodes(model.graph):
+    for node in all_nodes(model.graph):
         if node.op_type in QUANTIZED_OPS:
             raise QtoolError(
                 f"{source} is already quantized (node '{node.name or node.output[0]}' is {node.op_type})",
                 hint="give qtool the float model it came from",
             )
+    if model.producer_name == "qtool":  # weight-only outputs hold Cast/Mul, not Q/DQ, but are quantized all the same
+        raise QtoolError(
+            f"{source} is already quantized (its producer is qtool)",
+            hint="give qtool the float model it came from",
+        )
 
 
-def _subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
-    """The If/Loop/Scan bodies of ``graph``'s nodes (one level down)."""
-    return [
-        sub
-        for node in graph.node
-        for attr in node.attribute
-        for sub in ([attr.g] if attr.HasField("g") else attr.graphs)
-    ]
+def node_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The bodies of one If/Loop/Scan (or any node with graph attributes)."""
+    return [sub for attr in node.attribute for sub in ([attr.g] if attr.HasField("g") else attr.graphs)]
 
 
-def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+def all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """The nodes of ``graph`` and of every subgraph in it."""
-    return [*graph.node, *(node for sub in _subgraphs(graph) for node in _all_nodes(sub))]
+    return [*graph.node, *(inner for node in graph.node for sub in node_subgraphs(node) for inner in all_nodes(sub))]
+
+
+def subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Names read inside ``node``'s bodies, at any depth: the outer-scope values it uses implicitly.
+
+    Names local to the bodies are included too; ONNX forbids a body to reuse an outer name, so
+    such a name never stands for an outer tensor.
+    """
+    return {name for sub in node_subgraphs(node) for inner in all_nodes(sub) for name in inner.input if name}
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -91,12 +101,15 @@ def default_opset(model: onnx.ModelProto) -> int:
     return 1
 
 
-def prepare_model(model: onnx.ModelProto, *, min_opset: int = 0) -> tuple[onnx.ModelProto, PrepareReport]:
+def prepare_model(
+    model: onnx.ModelProto, weights: Weights | None = None, *, min_opset: int = 0
+) -> tuple[onnx.ModelProto, PrepareReport]:
     """Return a copy of ``model`` ready for calibration and Q/DQ insertion.
 
     Steps: Constant nodes become initializers; the opset is raised to
     ``min_opset`` when lower; BatchNormalization is folded into the Conv before
-    it; ONNX shape inference annotates tensor types where it can.
+    it; ONNX shape inference annotates tensor types where it can. Detached values
+    (see :mod:`qtool.weights`) are read from ``weights``; folded ones replace them there.
 
     Raises:
         QtoolError: the opset cannot be upgraded.
@@ -104,7 +117,12 @@ def prepare_model(model: onnx.ModelProto, *, min_opset: int = 0) -> tuple[onnx.M
     prepared = onnx.ModelProto()
     prepared.CopyFrom(model)
     report = PrepareReport(opset_before=default_opset(prepared))
+    weights = weights if weights is not None else Weights()
     report.constants_to_initializers = _constants_to_initializers(prepared.graph)
+    if report.constants_to_initializers and weights.detach(prepared.graph):
+        slim = onnx.ModelProto()  # large Constant values now live in the store: drop their protobuf copies
+        slim.CopyFrom(prepared)
+        prepared = slim
     report.initializers_removed_from_inputs = _initializers_out_of_inputs(prepared)
     if report.opset_before < min_opset:
         prepared = _upgrade_opset(prepared, report.opset_before, min_opset)
@@ -113,7 +131,7 @@ def prepare_model(model: onnx.ModelProto, *, min_opset: int = 0) -> tuple[onnx.M
         prepared.ir_version = max(prepared.ir_version, helper.find_min_ir_version_for([opset]))
     report.opset_after = default_opset(prepared)
     _name_unnamed_nodes(prepared.graph)  # after the upgrade: the version converter adds unnamed nodes
-    report.folded_batchnorms = _fold_batchnorms(prepared.graph)
+    report.folded_batchnorms = _fold_batchnorms(prepared.graph, weights)
     report.removed_initializers = _remove_unused_initializers(prepared.graph)
     prepared, report.shape_inference_error = _infer_shapes(prepared)
     return prepared, report
@@ -194,7 +212,7 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     return result
 
 
-def _fold_batchnorms(graph: onnx.GraphProto) -> list[str]:
+def _fold_batchnorms(graph: onnx.GraphProto, weights: Weights) -> list[str]:
     """Fold inference-mode BatchNormalization into a Conv whose only consumer it is."""
     inits = {init.name: init for init in graph.initializer}
     consumers = _consumers(graph)
@@ -218,16 +236,16 @@ def _fold_batchnorms(graph: onnx.GraphProto) -> list[str]:
         if attrs.get("training_mode", 0) or attrs.get("spatial", 1) == 0:
             continue
         eps = float(attrs.get("epsilon", 1e-5))
-        gamma, beta, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in bn.input[1:])
-        weight = numpy_helper.to_array(inits[conv.input[1]])
+        gamma, beta, mean, var = (weights.value(inits[n]).astype(np.float64) for n in bn.input[1:])
+        weight = weights.value(inits[conv.input[1]])
         has_bias = len(conv.input) > 2 and bool(conv.input[2])
-        bias = numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(weight.shape[0])
+        bias = weights.value(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(weight.shape[0])
         factor = gamma / np.sqrt(var + eps)
         new_weight = (weight.astype(np.float64) * factor.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
         new_bias = ((bias - mean) * factor + beta).astype(weight.dtype)
-        inits[conv.input[1]].CopyFrom(numpy_helper.from_array(new_weight, conv.input[1]))
+        weights.replace(inits[conv.input[1]], new_weight)
         if has_bias and len(consumers.get(conv.input[2], [])) == 1 and conv.input[2] not in outputs:
-            inits[conv.input[2]].CopyFrom(numpy_helper.from_array(new_bias, conv.input[2]))
+            weights.replace(inits[conv.input[2]], new_bias)
         else:
             bias_name = _unique_name(f"{conv.name or conv.output[0]}/folded_bias", graph)
             graph.initializer.append(numpy_helper.from_array(new_bias, bias_name))
@@ -258,7 +276,7 @@ def _remove_unused_initializers(graph: onnx.GraphProto) -> int:
 
 def _subgraph_inputs(graph: onnx.GraphProto) -> set[str]:
     """Names read inside If/Loop/Scan bodies, which may refer to outer-scope initializers."""
-    return {name for sub in _subgraphs(graph) for node in _all_nodes(sub) for name in node.input}
+    return {name for node in graph.node for name in subgraph_reads(node)}
 
 
 def _unique_name(base: str, graph: onnx.GraphProto) -> str:

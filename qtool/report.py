@@ -131,7 +131,12 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "qtool_version": __version__,
         "input": {"path": result.source.path, "bytes": result.source.size_bytes, "sha256": result.source.sha256},
-        "output": {"path": result.output.path, "bytes": result.output.size_bytes, "sha256": result.output.sha256},
+        "output": {
+            "path": result.output.path,
+            "bytes": result.output.size_bytes,  # the model file and its external data files
+            "sha256": result.output.sha256,
+            "data_files": result.data_files,
+        },
         "compression_ratio": result.compression_ratio,
         "calibration_samples": result.calibration_samples,
         "quantized": {
@@ -141,6 +146,7 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
             "activations": result.rewrite.quantized_activations,
         },
         "skipped": [{"node": node, "reason": reason} for node, reason in result.skipped],
+        "passthrough_ops": result.rewrite.passthrough,
         "placements": result.placements,
         "predicted_kernels": result.kernels,
         "prepare": {
@@ -401,6 +407,8 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         f"{_bytes(result.source.size_bytes)} -> {_bytes(result.output.size_bytes)}, "
         f"compression [bold]{result.compression_ratio:.2f}x[/bold]"
     )
+    if result.data_files:
+        console.print(f"weights written as external data to {', '.join(result.data_files)}", highlight=False)
     if result.placements:
         console.print("runs as: " + ", ".join(f"{count} {kind}" for kind, count in result.placements.items()))
     if result.kernels:
@@ -418,6 +426,9 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         console.print("prepared: " + "; ".join(done))
     for node, reason in result.skipped:
         console.print(f"[yellow]kept in float[/yellow] {node}: {reason}")
+    if r.passthrough:
+        listed = ", ".join(f"{op} x{count}" for op, count in r.passthrough.items())
+        console.print(f"passed through untouched (not quantized by qtool): {listed}", highlight=False)
     if result.fallback is not None:
         _render_fallback(console, result.fallback)
     for note in result.notes:

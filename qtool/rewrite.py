@@ -19,7 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qtool.config import TensorScheme
 from qtool.errors import QtoolError
-from qtool.plan import NodePlan, QuantPlan
+from qtool.plan import NodePlan, QuantPlan, passthrough_ops
+from qtool.prepare import all_nodes, subgraph_reads
 from qtool.qparams import (
     QParams,
     compute_qparams,
@@ -30,6 +31,7 @@ from qtool.qparams import (
     to_tensor_proto,
     weight_range,
 )
+from qtool.weights import Weights, checkable
 
 
 @dataclass
@@ -40,6 +42,7 @@ class RewriteReport:
     quantized_weights: list[str] = field(default_factory=list)
     quantized_biases: list[str] = field(default_factory=list)
     quantized_activations: list[str] = field(default_factory=list)
+    passthrough: dict[str, int] = field(default_factory=dict)  # op type -> nodes left untouched (no quantization)
 
 
 class _Names:
@@ -47,7 +50,8 @@ class _Names:
 
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.taken = {i.name for i in graph.initializer} | {i.name for i in graph.input}
-        for node in graph.node:
+        for node in all_nodes(graph):  # a body may not reuse an outer name, so its names are taken too
+            self.taken.update(node.input)
             self.taken.update(node.output)
             self.taken.add(node.name)
 
@@ -105,7 +109,10 @@ _INT32_MAX = float(np.iinfo(np.int32).max)
 class _Rewriter:
     """One rewrite of one model; see the module docstring for the naming rules."""
 
-    def __init__(self, model: onnx.ModelProto, plan: QuantPlan, act_qparams: dict[str, QParams]) -> None:
+    def __init__(
+        self, model: onnx.ModelProto, plan: QuantPlan, act_qparams: dict[str, QParams], store: Weights
+    ) -> None:
+        self.store = store  # the values of detached initializers
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
         self.graph = self.model.graph
@@ -123,7 +130,9 @@ class _Rewriter:
         self.report = RewriteReport()
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in self.graph.node:
-            for name in node.input:
+            # An If/Loop/Scan reads what its bodies use from the outer scope: such a weight is not
+            # exclusive to its quantized readers, so it keeps its float initializer under its name.
+            for name in dict.fromkeys([*node.input, *sorted(subgraph_reads(node))]):
                 self.consumers.setdefault(name, []).append(node)
 
     # -- helpers ------------------------------------------------------------
@@ -272,7 +281,7 @@ class _Rewriter:
                 continue
             if weight_key(node) != key:
                 continue
-            bias = np.abs(numpy_helper.to_array(self.inits[node.bias]).astype(np.float64))
+            bias = np.abs(self.store.value(self.inits[node.bias]).astype(np.float64))
             input_scale = float(self.act_qparams[node.activations[0]].scale)
             need = bias / (input_scale * _INT32_MAX * 0.5)  # keep half the int32 range as headroom
             floor = need if floor is None else np.maximum(floor, need)
@@ -285,7 +294,7 @@ class _Rewriter:
         assert node.weight is not None  # the caller checks
         weight_name, key = node.weight.name, weight_key(node)
         if (weight_name, key) not in self.weights:
-            values = numpy_helper.to_array(self.inits[weight_name])
+            values = self.store.value(self.inits[weight_name])
             planned = [p for p in self.plan.nodes if p.weight and p.weight.name == weight_name]
             readers = {n.name for n in self.consumers.get(weight_name, [])}
             exclusive = readers <= {p.name for p in planned} and len({weight_key(p) for p in planned}) == 1
@@ -316,7 +325,7 @@ class _Rewriter:
     def quantize_bias(self, node: NodePlan, weight_qp: QParams) -> None:
         assert node.bias is not None  # the caller checks
         input_qp = self.act_qparams[node.activations[0]]
-        values = numpy_helper.to_array(self.inits[node.bias])
+        values = self.store.value(self.inits[node.bias])
         q, qp = quantize_bias(values, input_qp.scale, weight_qp.scale)
         if self._sole_reader(node.bias, node.name):
             output = node.bias
@@ -341,6 +350,7 @@ class _Rewriter:
                 if plan_node.bias is not None and plan_node.activations and weight_qp is not None:
                     self.quantize_bias(plan_node, weight_qp)
             self.report.quantized_nodes.append(plan_node.name)
+        self.report.passthrough = passthrough_ops(self.model, self.plan)
         self._assemble()
         return self.model, self.report
 
@@ -351,7 +361,8 @@ class _Rewriter:
             nodes.append(node)
             for name in produced:
                 nodes.extend(self.after.get(name, []))
-        read = {name for node in nodes for name in node.input} | {o.name for o in self.graph.output}
+        read = {name for node in nodes for name in [*node.input, *subgraph_reads(node)]}
+        read |= {o.name for o in self.graph.output}
         written = {name for node in nodes for name in node.output}
         # A replaced float weight stays only while a float node still reads it under its own name.
         kept_inits = [
@@ -368,7 +379,7 @@ class _Rewriter:
 
 
 def insert_qdq(
-    model: onnx.ModelProto, plan: QuantPlan, act_qparams: dict[str, QParams]
+    model: onnx.ModelProto, plan: QuantPlan, act_qparams: dict[str, QParams], weights: Weights | None = None
 ) -> tuple[onnx.ModelProto, RewriteReport]:
     """Return a copy of ``model`` with Q/DQ nodes and integer weights as ``plan`` says.
 
@@ -376,6 +387,7 @@ def insert_qdq(
         model: the prepared float model the plan was built from.
         plan: what to quantize.
         act_qparams: scale / zero point of every tensor in ``plan.activations``.
+        weights: the values of ``model``'s detached initializers; the result shares them.
 
     Raises:
         QtoolError: an activation in the plan has no qparams.
@@ -386,12 +398,12 @@ def insert_qdq(
             f"no statistics for tensor '{missing[0]}' ({len(missing)} tensors missing)",
             hint="re-run qtool calibrate with the same model and config",
         )
-    return _Rewriter(model, plan, act_qparams).run()
+    return _Rewriter(model, plan, act_qparams, weights if weights is not None else Weights()).run()
 
 
 def _full_check_error(model: onnx.ModelProto) -> str | None:
     try:
-        onnx.checker.check_model(model, full_check=True)
+        onnx.checker.check_model(checkable(model), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         return str(e).strip().splitlines()[0]
     return None
@@ -411,7 +423,7 @@ def check_quantized_model(model: onnx.ModelProto, source: onnx.ModelProto) -> st
     if source_error is None:
         raise RuntimeError(f"qtool produced a model that fails onnx.checker: {error}")
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(checkable(model))
     except onnx.checker.ValidationError as e:
         raise RuntimeError(f"qtool produced a model that fails onnx.checker: {e}") from e
     return f"the input model fails onnx's full check ({source_error}); the output passed the basic check"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import onnxruntime as ort
 
 from qtool.dataset import Feed
 from qtool.errors import QtoolError
+from qtool.weights import Weights
 
 
 def _first_line(error: Exception) -> str:
@@ -36,15 +38,56 @@ def create_session(
     threads: int | None = None,
     level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     providers: list[str] | None = None,
+    weights: Weights | None = None,
 ) -> ort.InferenceSession:
-    """An onnxruntime CPU session, with a QtoolError naming ``what`` if onnxruntime refuses the model."""
-    source: str | bytes = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
+    """An onnxruntime CPU session, with a QtoolError naming ``what`` if onnxruntime refuses the model.
+
+    A ModelProto's detached initializers (see :mod:`qtool.weights`) take their values from ``weights``.
+    """
+    if isinstance(model, (str, Path)):
+        return _session(str(model), session_options(threads=threads, level=level), providers, what)
+    source = model.SerializeToString()
+    store = weights or Weights()
+    options = session_options(threads=threads, level=level)
+    shared = store.session_options(model, options)
+    if not shared:
+        return _session(source, options, providers, what)
+    # onnxruntime reads shared arrays in place, but its constant folding would try to read them from
+    # the placeholder location: it is turned off, and a model that still needs them read gets copies.
+    options.log_severity_level = 4  # a refusal here is expected and handled: not an error to show
+    try:
+        session = _session(source, options, providers, what, disabled=["ConstantFolding"])
+    except QtoolError:
+        options = session_options(threads=threads, level=level)
+        shared = store.session_options(model, options, copy=True)
+        session = _session(source, options, providers, what)
+    session._qtool_initializers = shared  # onnxruntime reads these arrays: they live as long as the session
+    return session
+
+
+def _session(
+    source: str | bytes,
+    options: ort.SessionOptions,
+    providers: list[str] | None,
+    what: str,
+    disabled: list[str] | None = None,
+) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(
-            source, session_options(threads=threads, level=level), providers=providers or ["CPUExecutionProvider"]
+            source, options, providers=providers or ["CPUExecutionProvider"], disabled_optimizers=disabled
         )
     except Exception as e:  # onnxruntime raises its own untyped exception family
+        versions = _IR_VERSION_ERROR.search(str(e))
+        if versions:
+            raise QtoolError(
+                f"{what} has ONNX IR version {versions[1]}, newer than onnxruntime {ort.__version__} loads "
+                f"(IR version {versions[2]} at most)",
+                hint="upgrade onnxruntime, or export the model with an older onnx",
+            ) from e
         raise QtoolError(f"onnxruntime cannot load {what}: {_first_line(e)}") from e
+
+
+_IR_VERSION_ERROR = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
 
 
 def run_session(session: ort.InferenceSession, names: list[str] | None, feed: Feed, what: str) -> list[Any]:

@@ -22,6 +22,7 @@ import onnx
 from qtool.config import QConfig
 from qtool.dataset import Dataset
 from qtool.layers import LayerError, layer_errors
+from qtool.weights import Weights
 
 PATIENCE = 2  # the search stops after this many candidates in a row that did not help
 MIN_GAIN_DB = 0.1  # a node gets float activations only if the worst output gains at least this much
@@ -74,6 +75,7 @@ def search_fallback(
     max_nodes: int,
     threads: int | None = None,
     on_round: Callable[[int], None] | None = None,
+    weights: Weights | None = None,
 ) -> tuple[QConfig, FallbackResult | None]:
     """Give float activations to the nodes with the largest SQNR drop until the outputs reach the target.
 
@@ -86,6 +88,7 @@ def search_fallback(
         max_nodes: at most this many nodes are kept in float.
         threads: onnxruntime intra-op threads for the measurements (None: its default).
         on_round: called once per measured round.
+        weights: the detached values the models use (see :mod:`qtool.weights`).
 
     Returns:
         The config with the chosen nodes in ``sensitive_nodes``, and what was measured
@@ -94,7 +97,7 @@ def search_fallback(
     outputs = [o.name for o in reference.graph.output]
 
     def measure(model: onnx.ModelProto) -> tuple[float, list[LayerError]]:
-        rows = layer_errors(reference, model, dataset, threads=threads)
+        rows = layer_errors(reference, model, dataset, threads=threads, weights=weights)
         if on_round:
             on_round(1)
         return output_sqnr(rows, outputs), rows
