@@ -30,10 +30,11 @@ lint: dev  ## ruff + mypy
 	$(BIN)/ruff format --check qtool tests bench
 	$(BIN)/mypy
 
-bench: $(BIN)/python  ## qtool vs onnxruntime's quantizer and calibrators (sample + real PP-OCR models)
+bench: $(BIN)/python  ## qtool vs onnxruntime: quantizer, calibrators (sample + real PP-OCR models), 1 GiB model memory
 	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/calibration.py
+	$(BIN)/python bench/large_model.py
 
 samples: install  ## regenerate sample_models/ (seeded)
 	$(BIN)/python sample_models/generate.py

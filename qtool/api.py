@@ -31,7 +31,7 @@ from qtool.prepare import PrepareReport, prepare_model, refuse_quantized
 from qtool.providers import session_providers, unavailable_reason
 from qtool.qparams import QParams
 from qtool.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
-from qtool.runtime import create_session
+from qtool.runtime import check_runtime_support, create_session
 from qtool.sensitivity import PATIENCE, FallbackResult, search_fallback
 from qtool.weights import Weights
 
@@ -140,6 +140,7 @@ def _prepare(model_path: Path, config: QConfig) -> _Prepared:
     weights = Weights()
     model = load_model(model_path, weights)
     refuse_quantized(model, str(model_path))
+    check_runtime_support(model, str(model_path))
     prepared, report = prepare_model(model, weights, min_opset=config.required_opset())
     plan = build_plan(prepared, config)
     node_names = [n.name for n in prepared.graph.node]

@@ -494,6 +494,13 @@ def _weight_plan(roles: _WeightRoles, scheme: NodeScheme, g: _Graph, node: str) 
     if spec.fp16 or spec.granularity == "per_tensor":
         return WeightPlan(roles.name, None)
     natural = roles.block_axis if spec.per_block else roles.channel_axis
+    if natural is None and spec.axis is not None and not spec.per_block:
+        # A stack of matrices, or a constant on MatMul's left: onnxruntime's integer MatMul takes no
+        # per-channel scales there, and the model would load but fail when run.
+        raise QtoolError(
+            f"node {node}: weight {roles.name} has no per-channel axis onnxruntime can run (axis {spec.axis} asked)",
+            hint=f"use granularity: per_tensor for it (rule {scheme.rule})",
+        )
     axis = spec.axis if spec.axis is not None else natural
     if axis is None:
         log.info("%s: %s weights along no axis; using per_tensor", node, spec.granularity)

@@ -8,9 +8,11 @@ from typing import Any
 
 import onnx
 import onnxruntime as ort
+from onnx import helper
 
 from qtool.dataset import Feed
 from qtool.errors import QtoolError
+from qtool.prepare import QDQ_MIN_OPSET
 from qtool.weights import Weights
 
 
@@ -88,6 +90,45 @@ def _session(
 
 
 _IR_VERSION_ERROR = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
+
+
+def check_runtime_support(model: onnx.ModelProto, source: str) -> None:
+    """Fail early, naming ``source``, when onnxruntime cannot load this IR version or opset at all.
+
+    A one-node model with the same IR version and default-domain opset is all it takes to ask.
+
+    Raises:
+        QtoolError: naming the versions onnxruntime refused.
+    """
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        return
+    opset = max(opset, QDQ_MIN_OPSET)  # older models are upgraded before onnxruntime sees them
+    probe = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["y"])],
+            "probe",
+            [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+        ),
+        opset_imports=[helper.make_opsetid("", opset)],
+        ir_version=model.ir_version,
+    )
+    try:
+        ort.InferenceSession(probe.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own untyped exception family
+        versions = _IR_VERSION_ERROR.search(str(e))
+        if versions:
+            raise QtoolError(
+                f"{source} has ONNX IR version {versions[1]}, newer than onnxruntime {ort.__version__} loads "
+                f"(IR version {versions[2]} at most)",
+                hint="upgrade onnxruntime, or export the model with an older onnx",
+            ) from e
+        raise QtoolError(
+            f"onnxruntime {ort.__version__} cannot load {source} (IR version {model.ir_version}, opset {opset}): "
+            f"{_first_line(e)}",
+            hint="upgrade onnxruntime, or export the model with an older opset",
+        ) from e
 
 
 def run_session(session: ort.InferenceSession, names: list[str] | None, feed: Feed, what: str) -> list[Any]:

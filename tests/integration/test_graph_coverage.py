@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 import qtool
 from qtool.cli import app
+from qtool.errors import QtoolError
 from qtool.report import quantize_to_dict, render_quantize
 from tests.conftest import INTEGER, run_model
 
@@ -463,6 +464,23 @@ def test_matmul_with_the_constant_on_either_side_and_batched(tmp_path):
     # a stack of weight matrices is per tensor: onnxruntime's QLinearMatMul takes no 1-D per-column scales for it
     assert _weight_axis(quantized, _node(quantized, "mm_3d_weight").input[1]) is None
     assert _sqnr(model, out, feeds) > 30
+
+
+def test_a_per_channel_axis_forced_on_a_stacked_weight_is_refused(tmp_path):
+    model = _save(
+        tmp_path,
+        [helper.make_node("MatMul", ["x", "w_3d"], ["y"], name="mm_3d_weight")],
+        [_value("x", FLOAT, [2, 7, 8])],
+        [_value("y", FLOAT, [2, 7, 4])],
+        [_weight("w_3d", 2, 8, 4)],
+    )
+    data, _ = _data(tmp_path, lambda i: {"x": _normal(2, 7, 8)})
+    config = tmp_path / "axis.yaml"
+    config.write_text("global: {placement: integer}\nop_type: {MatMul: {weight: {axis: 2}}}\n")
+    out = tmp_path / "q.onnx"
+    with pytest.raises(QtoolError, match="mm_3d_weight: weight w_3d has no per-channel axis"):
+        qtool.quantize(model, out, data_dir=data, config_path=config, evaluate=False)
+    assert not out.exists()
 
 
 # -- ops qtool does not quantize -------------------------------------------------------------------

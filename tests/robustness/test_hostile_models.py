@@ -111,3 +111,44 @@ def test_damaged_model_files_are_clear_errors(tmp_path, damage):
     assert r.exit_code == 2, r.output
     assert str(bad) in r.stderr and "Traceback" not in r.output and not out.exists()
     assert len(r.stderr.strip().splitlines()) <= 3  # one line, and at most a hint
+
+
+def _identity_model(path, *, ir_version, opset=17):
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=ir_version)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def test_an_ir_version_newer_than_onnx_reads_is_a_clear_error(tmp_path):
+    path = _identity_model(tmp_path / "new.onnx", ir_version=onnx.IR_VERSION + 1)
+    r = runner.invoke(app, ["quantize", str(path), "--data", str(tmp_path), "-o", str(tmp_path / "q.onnx")])
+    assert r.exit_code == 2, r.output
+    assert f"IR version {onnx.IR_VERSION + 1}" in r.stderr and f"IR version {onnx.IR_VERSION} at most" in r.stderr
+    assert str(path) in r.stderr and "Traceback" not in r.output
+
+
+def test_an_ir_version_newer_than_onnxruntime_loads_names_both_versions(tmp_path):
+    import onnxruntime as ort
+
+    path = _identity_model(tmp_path / "new.onnx", ir_version=onnx.IR_VERSION)
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        pytest.skip(f"onnxruntime {ort.__version__} loads IR version {onnx.IR_VERSION}, the newest onnx writes")
+    except Exception:  # noqa: BLE001 - the refusal this test is about
+        pass
+    (tmp_path / "data").mkdir()
+    np.save(tmp_path / "data" / "0.npy", np.ones((1, 4), np.float32))
+    for command in (
+        ["quantize", str(path), "--data", str(tmp_path / "data"), "-o", str(tmp_path / "q.onnx")],
+        ["calibrate", str(path), str(tmp_path / "data"), "-o", str(tmp_path / "s.json")],
+    ):
+        r = runner.invoke(app, command)
+        assert r.exit_code == 2, r.output
+        assert f"{path} has ONNX IR version {onnx.IR_VERSION}, newer than onnxruntime" in r.stderr, r.stderr
+    assert not (tmp_path / "q.onnx").exists() and not (tmp_path / "s.json").exists()
