@@ -7,12 +7,15 @@ exit code; anything else is a bug and is shown with a traceback (exit 70).
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -78,8 +81,23 @@ def _fail(message: str, code: ExitCode) -> None:
     raise typer.Exit(int(code))
 
 
-def _run(action: Callable[[], T]) -> T:
-    """Run a command body, mapping errors to messages and exit codes."""
+def _run(action: Callable[[], T], outputs: tuple[Path, ...] = ()) -> T:
+    """Run a command body, mapping errors to messages and exit codes.
+
+    ``outputs`` are the files the command writes: after an interruption the message says which of
+    them were already complete (each is written atomically, so none is ever partial).
+    """
+    started = time.time_ns()
+    interrupted = False
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        interrupted = True
+        raise KeyboardInterrupt
+
+    previous = (
+        signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
+    )
     try:
         return action()
     except QtoolError as e:
@@ -87,14 +105,32 @@ def _run(action: Callable[[], T]) -> T:
             traceback.print_exc()
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt:
-        err_console.print("[red]interrupted[/red]: no output was written")
-        raise typer.Exit(130) from None
+        _interrupted(outputs, started)
     except typer.Exit:
         raise
     except Exception:  # noqa: BLE001 - anything else is a qtool bug: show it, ask for a report
+        if interrupted:  # Ctrl-C inside native code (onnxruntime's import) surfaces as its own error type
+            _interrupted(outputs, started)
         traceback.print_exc()
         _fail(f"internal error in qtool {__version__}; please report it with the traceback above", ExitCode.INTERNAL)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     raise AssertionError("unreachable")
+
+
+def _outputs(*paths: Path | str | None) -> tuple[Path, ...]:
+    """The files among a command's output options (``-`` is stdout, not a file)."""
+    return tuple(Path(p) for p in paths if p is not None and str(p) != "-")
+
+
+def _interrupted(outputs: tuple[Path, ...], started: int) -> NoReturn:
+    written = [str(p) for p in outputs if p.is_file() and p.stat().st_mtime_ns >= started]
+    if written:
+        err_console.print(f"[red]interrupted[/red] after writing {', '.join(written)} (complete)", highlight=False)
+    else:
+        err_console.print("[red]interrupted[/red]: no output was written")
+    raise typer.Exit(130)
 
 
 def _shard(text: str | None) -> tuple[int, int] | None:
@@ -248,7 +284,7 @@ def calibrate(
         if json_out:
             _write_json(json_out, to_json(stats_summary_dict(stats, str(output))))
 
-    _run(action)
+    _run(action, _outputs(output, json_out))
 
 
 @app.command()
@@ -334,7 +370,7 @@ def quantize(
         if json_out:
             _write_json(json_out, to_json(quantize_to_dict(result)))
 
-    _run(action)
+    _run(action, _outputs(output, json_out))
 
 
 @app.command()
@@ -452,7 +488,7 @@ def compare(
             failed = [g.gate.label for g in result.gates if not g.passed]
             raise CheckFailedError(f"{len(failed)} of {len(result.gates)} gates failed: {', '.join(failed)}")
 
-    _run(action)
+    _run(action, _outputs(json_out, markdown, junit, plot))
 
 
 @app.command()
@@ -480,7 +516,7 @@ def inspect(
         if json_out:
             _write_json(json_out, to_json(inspection_to_dict(result)))
 
-    _run(action)
+    _run(action, _outputs(json_out))
 
 
 @app.command()
@@ -500,7 +536,7 @@ def merge(
             f"{merged.samples} samples, {len(merged.tensors)} tensors"
         )
 
-    _run(action)
+    _run(action, _outputs(output))
 
 
 @app.command()
@@ -516,7 +552,7 @@ def observers(json_out: JsonOption = None) -> None:
         if json_out:
             _write_json(json_out, to_json({"schema_version": 1, "observers": rows}))
 
-    _run(action)
+    _run(action, _outputs(json_out))
 
 
 def main(argv: list[str] | None = None) -> Any:

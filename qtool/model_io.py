@@ -13,7 +13,7 @@ from typing import IO, Any
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, numpy_helper
 
 from qtool.errors import QtoolError
@@ -71,6 +71,10 @@ def _check_decoded(model: onnx.ModelProto, path: Path) -> None:
     field = _non_utf8_field(model)
     if field is not None:
         raise QtoolError(f"{path} is not a valid ONNX model: its field {field} is not UTF-8 text")
+    names = [t.name for t in model.graph.initializer]
+    if len(set(names)) != len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise QtoolError(f"{path} is not a valid ONNX model: two initializers are named '{twice}'")
     for tensor in _all_tensors(model.graph):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             continue  # checked against its data file when that is read
@@ -93,14 +97,17 @@ def _non_utf8_field(message: Any) -> str | None:
 
     protobuf hands such a field over as ``bytes`` instead of ``str``; bytes fields are never read here.
     """
+    # Whether a field is repeated is read off its value: protobuf 7 dropped FieldDescriptor.label.
     for field in message.DESCRIPTOR.fields:
         if field.type == field.TYPE_STRING:
             value = getattr(message, field.name)
-            if any(isinstance(item, bytes) for item in (value if field.is_repeated else [value])):
+            if any(isinstance(item, bytes) for item in ([value] if isinstance(value, (str, bytes)) else value)):
                 return field.name
-        elif field.type == field.TYPE_MESSAGE and (field.is_repeated or message.HasField(field.name)):
+        elif field.type == field.TYPE_MESSAGE:
             value = getattr(message, field.name)
-            for item in value if field.is_repeated else [value]:
+            if isinstance(value, Message):  # a single message, walked only when set: defaults nest without end
+                value = [value] if message.HasField(field.name) else []
+            for item in value:
                 inner = _non_utf8_field(item)
                 if inner is not None:
                     return f"{field.name}.{inner}"

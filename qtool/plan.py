@@ -415,7 +415,7 @@ def _plan_nodes(
         if scheme is None:
             skipped.append((name, "kept in float by the config"))
             continue
-        roles = handler(node, g)
+        roles = handler(node, g) if len(node.input) >= 2 else "it has fewer than two inputs"
         if isinstance(roles, str):
             skipped.append((name, roles))
             continue
@@ -428,6 +428,9 @@ def _plan_nodes(
             not_float.append(roles.weight.name)
         if not_float:
             skipped.append((name, f"input {not_float[0]} is not float32"))
+            continue
+        if roles.weight and 0 in g.initializers[roles.weight.name].dims:
+            skipped.append((name, f"its weight {roles.weight.name} is empty"))
             continue
         float_activations = scheme.weight_only or runs_weight_only(scheme.weight)
         weight = _weight_plan(roles.weight, scheme, g, name) if roles.weight else None

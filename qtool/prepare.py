@@ -228,18 +228,25 @@ def _fold_batchnorms(graph: onnx.GraphProto, weights: Weights) -> list[str]:
             continue
         if len(consumers.get(conv.output[0], [])) != 1 or not all(n in inits for n in bn.input[1:]):
             continue
-        if conv.input[1] not in inits or (len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits):
+        if len(conv.input) < 2 or conv.input[1] not in inits:
+            continue
+        if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits:
             continue
         if len(consumers.get(conv.input[1], [])) != 1 or conv.input[1] in outputs:
             continue  # the weight is shared with another node: folding would change that node too
         attrs = {a.name: helper.get_attribute_value(a) for a in bn.attribute}
         if attrs.get("training_mode", 0) or attrs.get("spatial", 1) == 0:
             continue
-        eps = float(attrs.get("epsilon", 1e-5))
+        eps = attrs.get("epsilon", 1e-5)
+        if not isinstance(eps, float):
+            continue  # a malformed attribute: leave the node for onnxruntime to judge
         gamma, beta, mean, var = (weights.value(inits[n]).astype(np.float64) for n in bn.input[1:])
         weight = weights.value(inits[conv.input[1]])
         has_bias = len(conv.input) > 2 and bool(conv.input[2])
-        bias = weights.value(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(weight.shape[0])
+        bias = weights.value(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(weight.shape[:1])
+        channels = weight.shape[0] if weight.ndim >= 2 else -1
+        if channels <= 0 or any(p.shape != (channels,) for p in (gamma, beta, mean, var, bias)):
+            continue  # shapes that do not match: nothing to fold safely
         factor = gamma / np.sqrt(var + eps)
         new_weight = (weight.astype(np.float64) * factor.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
         new_bias = ((bias - mean) * factor + beta).astype(weight.dtype)

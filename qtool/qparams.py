@@ -163,7 +163,9 @@ def _expanded(qp: QParams, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
     """QuantizeLinear: float32 tensor -> integers of ``qp.qtype``."""
     scale, zero = _expanded(qp, x)
-    q = np.rint(x.astype(np.float32) / scale).astype(np.int64) + zero
+    # Clipped in float first: +-inf and values beyond int64 would wrap around in the integer cast.
+    steps = np.clip(np.rint(x.astype(np.float32) / scale), qp.qmin - zero, qp.qtype.qmax - zero)
+    q = steps.astype(np.int64) + zero
     return np.clip(q, qp.qmin, qp.qtype.qmax).astype(qp.qtype.numpy_dtype)
 
 

@@ -423,6 +423,10 @@ def check_quantized_model(model: onnx.ModelProto, source: onnx.ModelProto) -> st
     if source_error is None:
         raise RuntimeError(f"qtool produced a model that fails onnx.checker: {error}")
     try:
+        onnx.checker.check_model(checkable(source))
+    except onnx.checker.ValidationError as e:  # the input itself is invalid: the user's to fix, not a qtool bug
+        raise QtoolError(f"the input model fails onnx's checker: {str(e).strip().splitlines()[0]}") from e
+    try:
         onnx.checker.check_model(checkable(model))
     except onnx.checker.ValidationError as e:
         raise RuntimeError(f"qtool produced a model that fails onnx.checker: {e}") from e

@@ -206,7 +206,7 @@ def create_observer(reference: str, axis: int | None = None, options: dict[str, 
         )
     try:
         observer = cls(axis=axis, **(options or {}))
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise QtoolError(f"observer '{reference}': {e}") from e
     observer.reference = reference
     return observer

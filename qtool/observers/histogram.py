@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 DEFAULT_BINS = 2048
+MAX_BINS = 1 << 20  # 16 MiB of counts per histogram: more says nothing more about a range
 
 
 def _pow2_above(value: float) -> float:
@@ -37,8 +38,8 @@ class StreamingHistogram:
     """
 
     def __init__(self, bins: int = DEFAULT_BINS, channels: int | None = None) -> None:
-        if bins < 8 or bins & (bins - 1):
-            raise ValueError(f"histogram bins must be a power of two >= 8, got {bins}")
+        if bins < 8 or bins & (bins - 1) or bins > MAX_BINS:
+            raise ValueError(f"histogram bins must be a power of two from 8 to {MAX_BINS}, got {bins}")
         self.bins = bins
         self.channels = channels
         self.radius = 0.0  # R; 0 until a non-zero value is seen
