@@ -70,7 +70,7 @@ start = time.perf_counter()
 state = _prepare(Path(model), load_config())
 names = list(state.plan.activations)
 session = create_session(with_exposed_outputs(state.prepared, names), "bare",
-                         level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+                         level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, weights=state.weights)
 feed_name = session.get_inputs()[0].name
 for f in files:
     session.run(names, {feed_name: np.load(f)[None]})
