@@ -24,7 +24,7 @@ from qtool.fusion import predict_kernels
 from qtool.gates import Gate, GateResult, evaluate_gates
 from qtool.inspection import Inspection, inspect_plan
 from qtool.layers import LayerError, layer_errors
-from qtool.model_io import file_sha256, load_model, model_size_bytes, same_file, save_model, write_text
+from qtool.model_io import file_sha256, files_sha256, load_model, model_files, same_file, save_model, write_text
 from qtool.observers import create_observer
 from qtool.plan import QuantPlan, build_plan, static_elements
 from qtool.prepare import PrepareReport, prepare_model, refuse_quantized
@@ -51,7 +51,9 @@ class ModelFile:
 
     @classmethod
     def of(cls, path: Path | str) -> ModelFile:
-        return cls(str(path), model_size_bytes(path), file_sha256(path))
+        """Size and digest of the model file and the external data files it names."""
+        files = model_files(path)
+        return cls(str(path), sum(f.stat().st_size for f in files), files_sha256(files))
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ class _Prepared:
     prepared: onnx.ModelProto
     plan: QuantPlan
     report: PrepareReport
-    sha256: str
+    source: ModelFile  # the input model as read: its digest ties statistics to it
     weights: Weights  # the values of the prepared model's large initializers
 
 
@@ -155,7 +157,7 @@ def _prepare(model_path: Path, config: QConfig) -> _Prepared:
             f"{config.source}: node name '{exact[0]}' matches no node of {model_path}",
             hint=f"closest node names: {', '.join(close)}" if close else f"run qtool inspect {model_path}",
         )
-    return _Prepared(model, prepared, plan, report, file_sha256(model_path), weights)
+    return _Prepared(model, prepared, plan, report, ModelFile.of(model_path), weights)
 
 
 def calibrate(
@@ -226,7 +228,7 @@ def _calibrate(
     options.update(observer_options or {})
     create_observer(name, None, options)  # fail on an unknown name or option before any work
     if not state.plan.activations:  # weight-only: no activation needs a range, skip the float pass
-        return CalibrationStats(state.sha256, observer or config.calibration.observer, 0, {})
+        return CalibrationStats(state.source.sha256, observer or config.calibration.observer, 0, {})
     dataset = Dataset(
         data_dir,
         model_inputs(state.model),
@@ -252,7 +254,7 @@ def _calibrate(
         weights=state.weights,
     )
     return CalibrationStats(
-        state.sha256,
+        state.source.sha256,
         name,
         seen,
         observers,
@@ -381,7 +383,7 @@ def quantize(
     state = _prepare(model_path, config)
     if stats_path is not None:
         stats = CalibrationStats.read(stats_path)
-        if stats.model_sha256 != state.sha256:
+        if stats.model_sha256 != state.source.sha256:
             raise QtoolError(
                 f"{stats_path} was computed for a different model than {model_path}",
                 hint="re-run qtool calibrate on this model",
@@ -423,7 +425,7 @@ def quantize(
     create_session(quantized, "the quantized model", weights=state.weights)  # onnxruntime loads it: write it
     written = save_model(quantized, output_path, state.weights, external=external_data)
     result = QuantizeResult(
-        source=ModelFile.of(model_path),
+        source=state.source,
         output=ModelFile.of(output_path),
         prepare=state.report,
         rewrite=rewrite_report,
@@ -626,7 +628,7 @@ def inspect(
         elements.update(sized.elements)
     plan = build_plan(state.prepared, config, elements)
     state = replace(state, plan=plan)
-    result = inspect_plan(str(model_path), model_size_bytes(model_path), state.prepared, state.plan, config)
+    result = inspect_plan(str(model_path), state.source.size_bytes, state.prepared, state.plan, config)
     # The exact size comes from doing the rewrite with placeholder activation ranges: only scale values
     # differ from the real run, and they take the same bytes.
     placeholder = {

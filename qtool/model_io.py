@@ -17,7 +17,15 @@ from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, numpy_helper
 
 from qtool.errors import QtoolError
-from qtool.weights import DETACH_MIN_BYTES, Weights, detachable, is_detached, mark_detached, numpy_dtype
+from qtool.weights import (
+    DETACH_MIN_BYTES,
+    Weights,
+    clear_values,
+    detachable,
+    is_detached,
+    mark_detached,
+    numpy_dtype,
+)
 
 
 def load_model(path: Path | str, weights: Weights | None = None) -> onnx.ModelProto:
@@ -198,18 +206,23 @@ def _read_array(tensor: onnx.TensorProto, target: Path, offset: int, length: int
 
 
 def file_sha256(path: Path | str) -> str:
-    """Hex SHA-256 of a file's bytes, read in chunks; for a model, its external data files too."""
+    """Hex SHA-256 of a file's bytes; for a model, of its external data files too."""
+    return files_sha256(model_files(path))
+
+
+def files_sha256(files: list[Path]) -> str:
+    """Hex SHA-256 of the bytes of ``files`` one after the other, read in chunks."""
     digest = hashlib.sha256()
-    for part in [Path(path), *_data_files(Path(path))]:
+    for part in files:
         with open(part, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()
 
 
-def model_size_bytes(path: Path | str) -> int:
-    """On-disk size of a model file and of the external data files it names."""
-    return sum(part.stat().st_size for part in [Path(path), *_data_files(Path(path))])
+def model_files(path: Path | str) -> list[Path]:
+    """A model file followed by the external data files it names (just the file for anything else)."""
+    return [Path(path), *_data_files(Path(path))]
 
 
 # A model file this large holds its weights itself; parsing it just to list data files would cost its size in memory.
@@ -338,9 +351,7 @@ def _save_with_external_data(model: onnx.ModelProto, path: Path, weights: Weight
                 offset += padding
                 f.write(data)
                 digest.update(data)
-                for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
-                    tensor.ClearField(field)
-                del tensor.external_data[:]
+                clear_values(tensor)
                 tensor.data_location = onnx.TensorProto.EXTERNAL
                 for key, value in (("location", pending), ("offset", str(offset)), ("length", str(len(data)))):
                     entry = tensor.external_data.add()

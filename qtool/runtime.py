@@ -79,17 +79,22 @@ def _session(
             source, options, providers=providers or ["CPUExecutionProvider"], disabled_optimizers=disabled
         )
     except Exception as e:  # onnxruntime raises its own untyped exception family
-        versions = _IR_VERSION_ERROR.search(str(e))
-        if versions:
-            raise QtoolError(
-                f"{what} has ONNX IR version {versions[1]}, newer than onnxruntime {ort.__version__} loads "
-                f"(IR version {versions[2]} at most)",
-                hint="upgrade onnxruntime, or export the model with an older onnx",
-            ) from e
+        _raise_if_ir_too_new(e, what)
         raise QtoolError(f"onnxruntime cannot load {what}: {_first_line(e)}") from e
 
 
 _IR_VERSION_ERROR = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
+
+
+def _raise_if_ir_too_new(error: Exception, what: str) -> None:
+    """Turn onnxruntime's refusal of a newer IR version into a QtoolError naming both versions."""
+    versions = _IR_VERSION_ERROR.search(str(error))
+    if versions:
+        raise QtoolError(
+            f"{what} has ONNX IR version {versions[1]}, newer than onnxruntime {ort.__version__} loads "
+            f"(IR version {versions[2]} at most)",
+            hint="upgrade onnxruntime, or export the model with an older onnx",
+        ) from error
 
 
 def check_runtime_support(model: onnx.ModelProto, source: str) -> None:
@@ -117,13 +122,7 @@ def check_runtime_support(model: onnx.ModelProto, source: str) -> None:
     try:
         ort.InferenceSession(probe.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime raises its own untyped exception family
-        versions = _IR_VERSION_ERROR.search(str(e))
-        if versions:
-            raise QtoolError(
-                f"{source} has ONNX IR version {versions[1]}, newer than onnxruntime {ort.__version__} loads "
-                f"(IR version {versions[2]} at most)",
-                hint="upgrade onnxruntime, or export the model with an older onnx",
-            ) from e
+        _raise_if_ir_too_new(e, source)
         raise QtoolError(
             f"onnxruntime {ort.__version__} cannot load {source} (IR version {model.ir_version}, opset {opset}): "
             f"{_first_line(e)}",

@@ -60,10 +60,15 @@ def is_detached(tensor: TensorProto) -> bool:
     )
 
 
-def mark_detached(tensor: TensorProto) -> None:
-    """Drop ``tensor``'s values from the protobuf, keeping its name, type and dims."""
+def clear_values(tensor: TensorProto) -> None:
+    """Drop ``tensor``'s values (embedded or external), keeping its name, type and dims."""
     for name in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "external_data"):
         tensor.ClearField(name)
+
+
+def mark_detached(tensor: TensorProto) -> None:
+    """Drop ``tensor``'s values from the protobuf, keeping its name, type and dims."""
+    clear_values(tensor)
     tensor.data_location = TensorProto.EXTERNAL
     entry = tensor.external_data.add()
     entry.key, entry.value = "location", DETACHED_LOCATION
