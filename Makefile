@@ -3,18 +3,20 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO   := out/demo
+LOCK   := requirements.lock
+LATEST := .venv-latest
 
-.PHONY: demo install dev test lint bench golden samples clean
+.PHONY: demo install dev test test-latest lock lint bench golden samples clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-install: $(BIN)/python  ## create .venv and install qtool into it
-	$(BIN)/pip install --quiet -e .
+install: $(BIN)/python  ## create .venv and install qtool into it, at the locked versions
+	$(BIN)/pip install --quiet -c $(LOCK) -e .
 
-dev: $(BIN)/python  ## install qtool with the dev extras
-	$(BIN)/pip install --quiet -e ".[dev]"
+dev: $(BIN)/python  ## install qtool with the dev extras, at the locked versions
+	$(BIN)/pip install --quiet -c $(LOCK) -e ".[dev]"
 
 demo: install  ## calibrate + quantize the sample CNN, then print the comparison report
 	@mkdir -p $(DEMO)
@@ -22,8 +24,19 @@ demo: install  ## calibrate + quantize the sample CNN, then print the comparison
 	$(BIN)/qtool quantize sample_models/cnn/model.onnx --stats $(DEMO)/cnn.stats.json -o $(DEMO)/cnn.int8.onnx
 	$(BIN)/qtool compare sample_models/cnn/model.onnx $(DEMO)/cnn.int8.onnx --data sample_models/cnn/eval
 
-test: dev  ## run the whole test suite
+test: dev  ## run the whole test suite (dependencies from requirements.lock)
 	$(BIN)/python -m pytest -q
+
+test-latest:  ## the suite on the newest release of every dependency, in .venv-latest (not run by CI)
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST)/bin/pip install --quiet --upgrade --upgrade-strategy eager -e ".[dev]"
+	$(LATEST)/bin/pip list --format freeze | grep -iE '^(onnx|onnxruntime|numpy|typer|rich|pyyaml|pillow)=='
+	$(LATEST)/bin/python -m pytest -q
+
+lock: dev  ## re-resolve requirements.lock from pyproject.toml's ranges (uv pip compile, newest compatible)
+	$(BIN)/uv pip compile pyproject.toml --extra dev --universal --python-version 3.10 \
+		--upgrade --custom-compile-command "make lock" --quiet -o $(LOCK)
 
 lint: dev  ## ruff + mypy
 	$(BIN)/ruff check qtool tests bench
@@ -31,7 +44,7 @@ lint: dev  ## ruff + mypy
 	$(BIN)/mypy
 
 bench: $(BIN)/python  ## qtool vs onnxruntime: quantizer, calibrators (sample + real PP-OCR models), 1 GiB model memory
-	$(BIN)/pip install --quiet -e ".[bench]"
+	$(BIN)/pip install --quiet -c $(LOCK) -e ".[bench]"
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/large_model.py
@@ -40,4 +53,4 @@ samples: install  ## regenerate sample_models/ (seeded)
 	$(BIN)/python sample_models/generate.py
 
 clean:
-	rm -rf $(VENV) out build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LATEST) out build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -21,19 +21,32 @@ def peak_rss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def run_worker(script: str, args: list[str], timeout: int, cwd: str) -> dict[str, object]:
+def run_worker(script: str, args: list[str], timeout: int, root: str) -> dict[str, object]:
     """Run ``python -c script *args`` in its own process; its last stdout line is a JSON result.
 
+    The process runs in a fresh temporary directory, with ``root`` (the repository) importable: tools
+    that leave files in the working directory (onnxruntime's quant_pre_process writes
+    ``sym_shape_infer_temp.onnx``) litter nothing. Paths in ``args`` must be absolute.
     A timeout or a failure comes back as ``{"error": ...}`` with the last line of stderr.
     """
     import json
+    import os
     import subprocess
     import sys
+    import tempfile
 
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd
-        )
+        with tempfile.TemporaryDirectory(prefix="qtool-bench-") as scratch:
+            proc = subprocess.run(
+                [sys.executable, "-c", script, *args],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                cwd=scratch,
+                env=env,
+            )
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout} s"}
     if proc.returncode != 0:

@@ -26,8 +26,9 @@ from qtool.inspection import Inspection, inspect_plan
 from qtool.layers import LayerError, layer_errors
 from qtool.model_io import file_sha256, files_sha256, load_model, model_files, same_file, save_model, write_text
 from qtool.observers import create_observer
+from qtool.opsets import choose_opset, runtime_qdq_limit
 from qtool.plan import QuantPlan, build_plan, static_elements
-from qtool.prepare import PrepareReport, prepare_model, refuse_quantized
+from qtool.prepare import PrepareReport, default_opset, prepare_model, refuse_quantized
 from qtool.providers import session_providers, unavailable_reason
 from qtool.qparams import QParams
 from qtool.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
@@ -138,12 +139,14 @@ class _Prepared:
     weights: Weights  # the values of the prepared model's large initializers
 
 
-def _prepare(model_path: Path, config: QConfig) -> _Prepared:
+def _prepare(model_path: Path, config: QConfig, opset: int | None = None) -> _Prepared:
     weights = Weights()
     model = load_model(model_path, weights)
     refuse_quantized(model, str(model_path))
-    check_runtime_support(model, str(model_path))
-    prepared, report = prepare_model(model, weights, min_opset=config.required_opset())
+    limit = runtime_qdq_limit(*config.quantized_dtypes())
+    target = choose_opset(default_opset(model), config.opset_requirement(), limit, opset, source=str(model_path))
+    check_runtime_support(model, str(model_path), target)
+    prepared, report = prepare_model(model, weights, target_opset=target, source=str(model_path))
     plan = build_plan(prepared, config)
     node_names = [n.name for n in prepared.graph.node]
     unmatched = config.unmatched_node_patterns(node_names)
@@ -351,6 +354,7 @@ def quantize(
     search_samples: int | None = None,
     search_data: Path | str | None = None,
     external_data: bool | None = None,
+    opset: int | None = None,
 ) -> QuantizeResult:
     """Quantize a float model to int8 QDQ and write it atomically.
 
@@ -367,6 +371,9 @@ def quantize(
     (``OUTPUT.onnx.<digest>.data``), False embeds them, None (default) embeds them
     unless the model would exceed protobuf's 2 GiB limit.
 
+    ``opset``: the output's default-domain opset (None: the model's own, raised to what the config
+    needs and lowered to the newest at which onnxruntime has Q/DQ kernels; see :mod:`qtool.opsets`).
+
     Raises:
         QtoolError: bad input; nothing is written in that case.
     """
@@ -380,7 +387,7 @@ def quantize(
             f"output {output_path} is the input model; qtool never overwrites its input", hint="choose another -o path"
         )
     config = load_config(config_path)
-    state = _prepare(model_path, config)
+    state = _prepare(model_path, config, opset)
     if stats_path is not None:
         stats = CalibrationStats.read(stats_path)
         if stats.model_sha256 != state.source.sha256:

@@ -336,6 +336,16 @@ def quantize(
             show_default=False,
         ),
     ] = None,
+    opset: Annotated[
+        int | None,
+        typer.Option(
+            "--opset",
+            min=1,
+            help="Default-domain opset of the output (default: the model's, raised to what the config needs and "
+            "lowered to the newest at which onnxruntime has QuantizeLinear/DequantizeLinear kernels).",
+            show_default=False,
+        ),
+    ] = None,
     json_out: JsonOption = None,
 ) -> None:
     """Quantize MODEL to int8 QDQ using --stats or --data, and write it to -o OUT.onnx."""
@@ -365,6 +375,7 @@ def quantize(
                 max_float_nodes=max_float_nodes,
                 search_data=search_data,
                 external_data=external_data,
+                opset=opset,
             )
         render_quantize(err_console if json_out == "-" else out_console, result)
         if json_out:
@@ -394,7 +405,7 @@ def compare(
     ] = False,
     plot: Annotated[
         Path | None,
-        typer.Option("--plot", help="Draw per-layer SQNR to this PNG (implies --per-layer; needs qtool[plot])."),
+        typer.Option("--plot", help="Draw per-layer SQNR to this PNG (implies --per-layer; needs qtool-onnx[plot])."),
     ] = None,
     providers: Annotated[
         str,

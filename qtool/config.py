@@ -26,8 +26,9 @@ _MAX_YAML_NODES = 100_000  # refuses alias bombs long before they exhaust memory
 _TOP_KEYS = {"version", "global", "op_type", "node_name", "exclude", "calibration", "accuracy", "preprocess"}
 _SCHEME_KEYS = {"weight", "activation", "weight_only", "placement"}
 PLACEMENTS = ("auto", "integer", "storage")
+SATURATION_GUARDS = ("uint8", "reduce_range", "ignore")
 _TENSOR_KEYS = {
-    "weight": {"dtype", "granularity", "symmetric", "block_size", "axis"},
+    "weight": {"dtype", "granularity", "symmetric", "block_size", "axis", "saturation"},
     "activation": {"dtype", "granularity", "symmetric", "observer"},
 }
 _CALIBRATION_KEYS = {"observer", "batch_size", "limit"}
@@ -50,6 +51,7 @@ class TensorScheme:
     block_size: int | None = None  # per_block only
     axis: int | None = None  # overrides the op's natural channel / block axis
     observer: str | dict[str, Any] | None = None  # activations: overrides calibration.observer
+    saturation: str = "uint8"  # weights: uint8 | reduce_range | ignore (see qtool.plan.guard_saturation)
 
     @property
     def per_channel(self) -> bool:
@@ -157,22 +159,44 @@ class QConfig:
 
     def required_opset(self) -> int:
         """The lowest default-domain opset every scheme this config can produce needs."""
+        return self.opset_requirement()[0]
+
+    def opset_requirement(self) -> tuple[int, str]:
+        """The lowest default-domain opset this config needs, and what needs it (for messages)."""
+        need, why = 10, "QuantizeLinear/DequantizeLinear"
+        for weight, activation in self._tensor_settings():
+            for opset, reason in (
+                (25, weight.get("dtype") in ("int2", "uint2") and f"{weight.get('dtype')} weights"),
+                (21, weight.get("dtype") in ("int4", "uint4") and f"{weight.get('dtype')} weights"),
+                (21, weight.get("granularity") == "per_block" and "per-block weights"),
+                (21, activation.get("dtype") in ("int16", "uint16") and f"{activation.get('dtype')} activations"),
+                (13, weight.get("granularity") == "per_channel" and "per-channel weights"),
+            ):
+                if reason and opset > need:
+                    need, why = opset, reason
+        return need, why
+
+    def quantized_dtypes(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(activation dtypes, weight dtypes) that Q/DQ nodes of this config can carry (fp16 excluded)."""
+        activations: set[str] = set()
+        weights: set[str] = set()
+        for weight, activation in self._tensor_settings():
+            if weight.get("dtype") != "fp16":
+                weights.add(str(weight.get("dtype")))
+            activations.add(str(activation.get("dtype")))
+        return frozenset(activations), frozenset(weights)
+
+    def _tensor_settings(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Each rule's weight and activation settings, completed by ``global``."""
         entries = [self.raw["global"], *self.op_type.values(), *self.node_name.values()]
-        need = 10  # QuantizeLinear / DequantizeLinear
-        for entry in entries:
-            if not isinstance(entry, dict):
-                continue
-            weight = {**self.raw["global"]["weight"], **(entry.get("weight") or {})}
-            activation = {**self.raw["global"]["activation"], **(entry.get("activation") or {})}
-            if weight.get("dtype") in ("int2", "uint2"):
-                need = max(need, 25)
-            if weight.get("dtype") in ("int4", "uint4") or weight.get("granularity") == "per_block":
-                need = max(need, 21)
-            if activation.get("dtype") in ("int16", "uint16"):
-                need = max(need, 21)
-            if weight.get("granularity") == "per_channel":
-                need = max(need, 13)
-        return need
+        return [
+            (
+                {**self.raw["global"]["weight"], **(entry.get("weight") or {})},
+                {**self.raw["global"]["activation"], **(entry.get("activation") or {})},
+            )
+            for entry in entries
+            if isinstance(entry, dict)
+        ]
 
     def unmatched_node_patterns(self, node_names: list[str]) -> list[str]:
         """``node_name`` and ``exclude`` entries that match no node of the model."""
@@ -303,6 +327,12 @@ def _check_tensor_scheme(doc: _Located, value: Any, path: Path_, role: str) -> N
             raise doc.error((*path, "granularity"), "activations can only be quantized per_tensor")
     if "symmetric" in value and not isinstance(value["symmetric"], bool):
         raise doc.error((*path, "symmetric"), f"expected true or false, got {value['symmetric']!r}")
+    if "saturation" in value and value["saturation"] not in SATURATION_GUARDS:
+        raise doc.error(
+            (*path, "saturation"),
+            f"unknown saturation guard {value['saturation']!r}",
+            hint=f"choose one of: {', '.join(SATURATION_GUARDS)}",
+        )
     if "block_size" in value and value["block_size"] is not None:
         size = value["block_size"]
         if not isinstance(size, int) or isinstance(size, bool) or size < 2:

@@ -1,4 +1,4 @@
-"""Per-layer SQNR as a bar chart (needs the optional matplotlib extra: ``pip install 'qtool[plot]'``)."""
+"""Per-layer SQNR as a bar chart (needs the optional matplotlib extra: ``pip install 'qtool-onnx[plot]'``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as e:
-        raise QtoolError("--plot needs matplotlib", hint="pip install 'qtool[plot]'") from e
+        raise QtoolError("--plot needs matplotlib", hint="pip install 'qtool-onnx[plot]'") from e
 
 
 def plot_layers(layers: list[LayerError], path: Path | str, title: str = "per-layer SQNR") -> None:
@@ -26,7 +26,7 @@ def plot_layers(layers: list[LayerError], path: Path | str, title: str = "per-la
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise QtoolError("--plot needs matplotlib", hint="pip install 'qtool[plot]'") from e
+        raise QtoolError("--plot needs matplotlib", hint="pip install 'qtool-onnx[plot]'") from e
     if not layers:
         raise QtoolError("--plot: no paired layers to draw")
     worst = max(layers, key=lambda r: r.drop_db)

@@ -102,17 +102,23 @@ def default_opset(model: onnx.ModelProto) -> int:
 
 
 def prepare_model(
-    model: onnx.ModelProto, weights: Weights | None = None, *, min_opset: int = 0
+    model: onnx.ModelProto,
+    weights: Weights | None = None,
+    *,
+    min_opset: int = 0,
+    target_opset: int | None = None,
+    source: str = "the model",
 ) -> tuple[onnx.ModelProto, PrepareReport]:
     """Return a copy of ``model`` ready for calibration and Q/DQ insertion.
 
-    Steps: Constant nodes become initializers; the opset is raised to
-    ``min_opset`` when lower; BatchNormalization is folded into the Conv before
+    Steps: Constant nodes become initializers; the opset is converted to
+    ``target_opset`` (raised or lowered), or raised to ``min_opset`` when lower
+    (see :mod:`qtool.opsets`); BatchNormalization is folded into the Conv before
     it; ONNX shape inference annotates tensor types where it can. Detached values
     (see :mod:`qtool.weights`) are read from ``weights``; folded ones replace them there.
 
     Raises:
-        QtoolError: the opset cannot be upgraded.
+        QtoolError: onnx's version converter cannot reach the opset; the message names ``source``.
     """
     prepared = onnx.ModelProto()
     prepared.CopyFrom(model)
@@ -124,10 +130,11 @@ def prepare_model(
         slim.CopyFrom(prepared)
         prepared = slim
     report.initializers_removed_from_inputs = _initializers_out_of_inputs(prepared)
-    if report.opset_before < min_opset:
-        prepared = _upgrade_opset(prepared, report.opset_before, min_opset)
+    target = target_opset if target_opset is not None else max(report.opset_before, min_opset)
+    if target != report.opset_before:
+        prepared = _convert_opset(prepared, report.opset_before, target, source)
         # The converter keeps the IR version, but opset 21 (INT4) needs IR 10 and opset 25 (INT2) IR 13.
-        opset = helper.make_opsetid("", min_opset)
+        opset = helper.make_opsetid("", target)
         prepared.ir_version = max(prepared.ir_version, helper.find_min_ir_version_for([opset]))
     report.opset_after = default_opset(prepared)
     _name_unnamed_nodes(prepared.graph)  # after the upgrade: the version converter adds unnamed nodes
@@ -191,17 +198,32 @@ def _name_unnamed_nodes(graph: onnx.GraphProto) -> None:
         taken.add(name)
 
 
-def _upgrade_opset(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto:
+def _convert_opset(model: onnx.ModelProto, current: int, target: int, source: str) -> onnx.ModelProto:
     try:
-        upgraded = version_converter.convert_version(model, target)
+        converted = version_converter.convert_version(model, target)
     except Exception as e:  # the converter raises bare RuntimeError/ValidationError subclasses
+        reason = _converter_reason(e)
+        if target < current:
+            raise QtoolError(
+                f"{source} uses opset {current}; quantizing it needs opset {target}, and onnx's version converter "
+                f"cannot lower it: {reason}",
+                hint=f"export the model at opset {target} or lower, or install an onnxruntime whose "
+                f"QuantizeLinear/DequantizeLinear kernels reach opset {current}",
+            ) from e
         raise QtoolError(
-            f"cannot upgrade the model from opset {current} to {target}, which Q/DQ quantization needs: {e}",
+            f"cannot upgrade {source} from opset {current} to {target}, which Q/DQ quantization needs: {reason}",
             hint="export the model with a newer opset"
             + (", or use 'granularity: per_tensor' for weights" if target == PER_CHANNEL_MIN_OPSET else ""),
         ) from e
-    log.info("raised the model's opset from %d to %d", current, target)
-    return upgraded
+    log.info("converted %s from opset %d to %d", source, current, target)
+    return converted
+
+
+def _converter_reason(error: Exception) -> str:
+    """The converter's own words, without the C++ file and assertion it raised them from."""
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else type(error).__name__
+    return line.split("failed: ", 1)[-1]
 
 
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:

@@ -24,6 +24,7 @@ class QuantType:
     numpy_dtype: type[np.generic]  # the dtype values are computed in (4- and 2-bit ones are packed on storage)
     qmin: int
     qmax: int
+    reduced: bool = False  # one bit of the range left unused (see :meth:`reduced_range`)
 
     @property
     def signed(self) -> bool:
@@ -31,7 +32,18 @@ class QuantType:
 
     @property
     def bits(self) -> int:
-        return int(self.qmax - self.qmin).bit_length()
+        """Bits per stored value (a reduced range still stores ``bits`` bits)."""
+        return int(self.qmax - self.qmin).bit_length() + int(self.reduced)
+
+    def reduced_range(self) -> QuantType:
+        """The same storage with half the range: int8 values in [-64, 63], as onnxruntime's ``reduce_range``.
+
+        x86 CPUs without VNNI multiply uint8 activations by int8 weights with VPMADDUBSW, which adds
+        two products in int16 and saturates: 255 x 127 x 2 overflows, 255 x 64 x 2 does not.
+        """
+        if self.reduced:
+            return self
+        return QuantType(self.name, self.onnx_type, self.numpy_dtype, self.qmin // 2, (self.qmax + 1) // 2 - 1, True)
 
 
 QUANT_TYPES: dict[str, QuantType] = {

@@ -65,13 +65,22 @@ class _Names:
 
 
 def weight_qparams(
-    weight: np.ndarray, scheme: TensorScheme, axis: int | None, what: str, block_size: int | None = None
+    weight: np.ndarray,
+    scheme: TensorScheme,
+    axis: int | None,
+    what: str,
+    block_size: int | None = None,
+    *,
+    reduce_range: bool = False,
 ) -> QParams:
     """Scale / zero point of a weight from its own values (symmetric weights use the narrow range).
 
     8-bit weights use their min/max; 4- and 2-bit weights the MSE-optimal clipping range.
+    ``reduce_range`` halves the integer range (see :meth:`QuantType.reduced_range`).
     """
     qtype = quant_type(scheme.dtype)
+    if reduce_range:
+        qtype = qtype.reduced_range()
     if qtype.bits <= 4:
         lo, hi = mse_weight_range(weight, qtype, symmetric=scheme.symmetric, axis=axis, block_size=block_size)
     else:
@@ -88,14 +97,22 @@ def weight_qparams(
     return QParams(qp.scale, qp.zero_point, qp.qtype, axis, block_size, qp.narrow)
 
 
-WeightKey = tuple[int | None, int | None, str, bool, bool]  # axis, block size, dtype, symmetric, stored only
+WeightKey = tuple[int | None, int | None, str, bool, bool, bool]
+# axis, block size, dtype, symmetric, stored only, reduced range
 
 
 def weight_key(node: NodePlan) -> WeightKey:
     """What decides a weight's stored form for one node; nodes with equal keys share one copy."""
     assert node.weight is not None
     spec = node.scheme.weight
-    return (node.weight.axis, node.weight.block_size, spec.dtype, spec.symmetric, node.placement == "storage")
+    return (
+        node.weight.axis,
+        node.weight.block_size,
+        spec.dtype,
+        spec.symmetric,
+        node.placement == "storage",
+        node.reduced_weight_range,
+    )
 
 
 def activation_qparams(rmin: np.ndarray, rmax: np.ndarray, scheme: TensorScheme, what: str) -> QParams:
@@ -305,7 +322,14 @@ class _Rewriter:
                 self._replace_with_fp16(weight_name, values, output)
             else:
                 axis, block = node.weight.axis, node.weight.block_size
-                qp = weight_qparams(values, node.scheme.weight, axis, f"weight {weight_name}", block)
+                qp = weight_qparams(
+                    values,
+                    node.scheme.weight,
+                    axis,
+                    f"weight {weight_name}",
+                    block,
+                    reduce_range=node.reduced_weight_range,
+                )
                 floor = self._bias_scale_floor(weight_name, key)
                 if floor is not None and np.any(qp.scale < floor):
                     raised = np.maximum(qp.scale, floor).astype(np.float32)

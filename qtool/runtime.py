@@ -12,7 +12,6 @@ from onnx import helper
 
 from qtool.dataset import Feed
 from qtool.errors import QtoolError
-from qtool.prepare import QDQ_MIN_OPSET
 from qtool.weights import Weights
 
 
@@ -97,18 +96,15 @@ def _raise_if_ir_too_new(error: Exception, what: str) -> None:
         ) from error
 
 
-def check_runtime_support(model: onnx.ModelProto, source: str) -> None:
-    """Fail early, naming ``source``, when onnxruntime cannot load this IR version or opset at all.
+def check_runtime_support(model: onnx.ModelProto, source: str, opset: int) -> None:
+    """Fail early, naming ``source``, when onnxruntime cannot load this IR version at ``opset``.
 
-    A one-node model with the same IR version and default-domain opset is all it takes to ask.
+    ``opset`` is the one the model will be converted to (see :mod:`qtool.opsets`). A one-node model
+    with the same IR version and opset is all it takes to ask.
 
     Raises:
         QtoolError: naming the versions onnxruntime refused.
     """
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None:
-        return
-    opset = max(opset, QDQ_MIN_OPSET)  # older models are upgraded before onnxruntime sees them
     probe = helper.make_model(
         helper.make_graph(
             [helper.make_node("Identity", ["x"], ["y"])],

@@ -81,7 +81,7 @@ def test_plot_without_matplotlib_is_a_clear_error_before_any_work(cnn_int8, tmp_
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     r = invoke("compare", sample("cnn"), cnn_int8, "--data", eval_dir("cnn"), "--plot", tmp_path / "p.png")
-    assert r.exit_code == 2 and "--plot needs matplotlib" in r.stderr and "qtool[plot]" in r.stderr
+    assert r.exit_code == 2 and "--plot needs matplotlib" in r.stderr and "qtool-onnx[plot]" in r.stderr
     assert not (tmp_path / "p.png").exists()
 
 

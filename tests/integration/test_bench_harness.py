@@ -10,6 +10,7 @@ from tests.conftest import ROOT
 
 
 def test_bench_runs_on_the_sample_mlp(tmp_path):
+    before = {p.name for p in ROOT.iterdir()}
     proc = subprocess.run(
         [
             sys.executable,
@@ -28,11 +29,16 @@ def test_bench_runs_on_the_sample_mlp(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # quant_pre_process writes sym_shape_infer_temp.onnx into its working directory: never the repository's
+    assert {p.name for p in ROOT.iterdir()} - before == set()
     document = json.loads((tmp_path / "latest.json").read_text())
     runs = document["rows"][0]["runs"]
     assert set(runs) == {"onnxruntime | minmax per-channel", "qtool | minmax per-channel", "qtool | default", "fp32"}
+    # onnxruntime's full-range int8 weights saturate on x86 CPUs without VNNI (29 dB on AVX2 here, 42 with VNNI)
+    assert runs["onnxruntime | minmax per-channel"]["sqnr_db"] > 20
+    assert runs["qtool | minmax per-channel"]["sqnr_db"] > 30
     for key in ("onnxruntime | minmax per-channel", "qtool | minmax per-channel"):
-        assert runs[key]["sqnr_db"] > 30 and runs[key]["integer_fraction"] == 1.0
+        assert runs[key]["integer_fraction"] == 1.0
         assert runs[key]["speedup_1t"] > 0 and runs[key]["compression"] > 3
     assert document["versions"]["onnxruntime"] and document["machine"]["model"]
     assert "| mlp | qtool | default |" in (tmp_path / "latest.md").read_text()

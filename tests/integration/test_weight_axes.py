@@ -81,9 +81,10 @@ def test_per_channel_axis_is_the_output_axis(tmp_path, case):
     assert numpy_helper.to_array(inits[dq.input[1]]).shape == (6,)
     stored = numpy_helper.to_array(inits[dq.input[0]]).astype(np.float32)
     scale = numpy_helper.to_array(inits[dq.input[1]])
+    zero = numpy_helper.to_array(inits[dq.input[2]]).astype(np.float32)
     shape = [1] * weight.ndim
     shape[axis] = -1
-    restored = stored * scale.reshape(shape)
+    restored = (stored - zero.reshape(shape)) * scale.reshape(shape)
     # each output channel keeps its own relative precision, including the tiny-gain ones
     ref_c = np.moveaxis(weight, axis, 0).reshape(6, -1)
     err_c = np.moveaxis(restored - weight, axis, 0).reshape(6, -1)
@@ -141,5 +142,5 @@ def test_weights_in_constant_nodes_are_quantized_like_initializers(tmp_path):
     assert result.prepare.constants_to_initializers == 1 and result.rewrite.quantized_weights == ["w"]
     model = onnx.load(str(out))
     assert not [n for n in model.graph.node if n.op_type == "Constant"]
-    assert {i.data_type for i in model.graph.initializer if i.name == "w/quantized"} == {TensorProto.INT8}
+    assert {i.data_type for i in model.graph.initializer if i.name == "w/quantized"} == {TensorProto.UINT8}
     assert model_path.stat().st_size / out.stat().st_size > 3.5

@@ -255,6 +255,7 @@ def _tensor(role: str) -> st.SearchStrategy[dict[str, Any]]:
         "symmetric": st.booleans() | scalars,
         "block_size": st.sampled_from([None, 2, 16, 32, 128]) | scalars,
         "axis": st.sampled_from([None, 0, 1, -1]) | scalars,
+        "saturation": st.sampled_from(qconfig.SATURATION_GUARDS) | scalars,
         "observer": _observers(),
     }
     return st.fixed_dictionaries({}, optional={key: leaf[key] for key in sorted(qconfig._TENSOR_KEYS[role])})
