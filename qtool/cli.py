@@ -81,56 +81,99 @@ def _fail(message: str, code: ExitCode) -> None:
     raise typer.Exit(int(code))
 
 
-def _run(action: Callable[[], T], outputs: tuple[Path, ...] = ()) -> T:
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, handled like Ctrl-C (outputs not yet committed are removed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _run(
+    action: Callable[[], T],
+    outputs: dict[str, Path | str | None] | None = None,
+    inputs: tuple[Path | str | None, ...] = (),
+) -> T:
     """Run a command body, mapping errors to messages and exit codes.
 
-    ``outputs`` are the files the command writes: after an interruption the message says which of
-    them were already complete (each is written atomically, so none is ever partial).
+    Before any work, ``outputs`` (option -> path) are checked: writable, distinct, and never one of
+    ``inputs`` (see :func:`qtool.outputs.check_outputs`). Every file the body writes is staged and
+    committed together when it succeeds; on an error, Ctrl-C, SIGTERM or SIGHUP none is written.
     """
+    from qtool.outputs import ENVIRONMENT_ERRNOS, check_outputs, transaction
+
+    files: dict[str, Path | str | None] = {k: v for k, v in (outputs or {}).items() if v is not None and str(v) != "-"}
     started = time.time_ns()
-    interrupted = False
+    stopped: list[int] = []
 
-    def on_sigint(signum: int, frame: Any) -> None:
-        nonlocal interrupted
-        interrupted = True
-        raise KeyboardInterrupt
+    def on_signal(signum: int, frame: Any) -> None:
+        stopped.append(signum)
+        raise KeyboardInterrupt if signum == signal.SIGINT else _Stopped(signum)
 
-    previous = (
-        signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
-    )
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {signum: signal.signal(signum, on_signal) for signum in _STOP_SIGNALS}
     try:
-        return action()
+        check_outputs(files, _with_data_files(inputs))
+        with transaction(keep_on=(CheckFailedError,)):  # a failed gate's reports are its result
+            return action()
     except QtoolError as e:
         if _state["debug"]:
             traceback.print_exc()
-        _fail(str(e), e.exit_code)
-    except KeyboardInterrupt:
-        _interrupted(outputs, started)
+        _fail(_one_line(str(e)), e.exit_code)
+    except KeyboardInterrupt as e:
+        _interrupted(files, started, e.signum if isinstance(e, _Stopped) else signal.SIGINT)
     except typer.Exit:
         raise
+    except OSError as e:
+        if e.errno not in ENVIRONMENT_ERRNOS:
+            _internal_error(stopped, files, started)
+        if _state["debug"]:
+            traceback.print_exc()
+        _fail(_one_line(f"{e.filename or 'I/O'}: {e.strerror or e}"), ExitCode.BAD_INPUT)
     except Exception:  # noqa: BLE001 - anything else is a qtool bug: show it, ask for a report
-        if interrupted:  # Ctrl-C inside native code (onnxruntime's import) surfaces as its own error type
-            _interrupted(outputs, started)
-        traceback.print_exc()
-        _fail(f"internal error in qtool {__version__}; please report it with the traceback above", ExitCode.INTERNAL)
+        _internal_error(stopped, files, started)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     raise AssertionError("unreachable")
 
 
-def _outputs(*paths: Path | str | None) -> tuple[Path, ...]:
-    """The files among a command's output options (``-`` is stdout, not a file)."""
-    return tuple(Path(p) for p in paths if p is not None and str(p) != "-")
+def _internal_error(stopped: list[int], files: dict[str, Path | str | None], started: int) -> NoReturn:
+    if stopped:  # a signal inside native code (onnxruntime's import) surfaces as its own error type
+        _interrupted(files, started, stopped[0])
+    traceback.print_exc()
+    _fail(f"internal error in qtool {__version__}; please report it with the traceback above", ExitCode.INTERNAL)
+    raise AssertionError("unreachable")
 
 
-def _interrupted(outputs: tuple[Path, ...], started: int) -> NoReturn:
-    written = [str(p) for p in outputs if p.is_file() and p.stat().st_mtime_ns >= started]
-    if written:
-        err_console.print(f"[red]interrupted[/red] after writing {', '.join(written)} (complete)", highlight=False)
+def _with_data_files(inputs: tuple[Path | str | None, ...]) -> list[Path]:
+    """The inputs, with the external data files of the models among them."""
+    from qtool.model_io import model_files
+
+    found: list[Path] = []
+    for item in inputs:
+        if item is not None and str(item) != "-":
+            found.extend(model_files(item))
+    return found
+
+
+def _one_line(message: str) -> str:
+    """A message as one line: control characters (newlines, terminal escapes) from file contents escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
+def _interrupted(files: dict[str, Path | str | None], started: int, signum: int) -> NoReturn:
+    name = signal.Signals(signum).name
+    written = [str(p) for p in files.values() if Path(str(p)).is_file() and Path(str(p)).stat().st_mtime_ns >= started]
+    if written:  # a signal after the commit: the outputs are complete
+        err_console.print(f"[red]interrupted[/red] ({name}) after writing {', '.join(written)} (complete)")
     else:
-        err_console.print("[red]interrupted[/red]: no output was written")
-    raise typer.Exit(130)
+        err_console.print(f"[red]interrupted[/red] ({name}): no output was written", highlight=False)
+    raise typer.Exit(128 + signum)
 
 
 def _shard(text: str | None) -> tuple[int, int] | None:
@@ -284,7 +327,7 @@ def calibrate(
         if json_out:
             _write_json(json_out, to_json(stats_summary_dict(stats, str(output))))
 
-    _run(action, _outputs(output, json_out))
+    _run(action, {"-o": output, "--json": json_out}, (model, data_dir, config))
 
 
 @app.command()
@@ -381,7 +424,7 @@ def quantize(
         if json_out:
             _write_json(json_out, to_json(quantize_to_dict(result)))
 
-    _run(action, _outputs(output, json_out))
+    _run(action, {"-o": output, "--json": json_out}, (model, config, stats, data, search_data))
 
 
 @app.command()
@@ -499,7 +542,8 @@ def compare(
             failed = [g.gate.label for g in result.gates if not g.passed]
             raise CheckFailedError(f"{len(failed)} of {len(result.gates)} gates failed: {', '.join(failed)}")
 
-    _run(action, _outputs(json_out, markdown, junit, plot))
+    outputs = {"--json": json_out, "--markdown": markdown, "--junit": junit, "--plot": plot}
+    _run(action, outputs, (reference, candidate, data, config))
 
 
 @app.command()
@@ -527,7 +571,7 @@ def inspect(
         if json_out:
             _write_json(json_out, to_json(inspection_to_dict(result)))
 
-    _run(action, _outputs(json_out))
+    _run(action, {"--json": json_out}, (model, config, data))
 
 
 @app.command()
@@ -547,7 +591,7 @@ def merge(
             f"{merged.samples} samples, {len(merged.tensors)} tensors"
         )
 
-    _run(action, _outputs(output))
+    _run(action, {"-o": output}, tuple(stats))
 
 
 @app.command()
@@ -563,7 +607,7 @@ def observers(json_out: JsonOption = None) -> None:
         if json_out:
             _write_json(json_out, to_json({"schema_version": 1, "observers": rows}))
 
-    _run(action, _outputs(json_out))
+    _run(action, {"--json": json_out})
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, numpy_helper
 
 from qtool.errors import QtoolError
+from qtool.outputs import ENVIRONMENT_ERRNOS, after_commit, environment_error, finish
 from qtool.weights import (
     DETACH_MIN_BYTES,
     Weights,
@@ -266,23 +267,34 @@ def _chmod_like_new_file(path: Path) -> None:
 def atomic_writer(path: Path | str, mode: str = "wb") -> Iterator[IO[Any]]:
     """Write to a temporary file next to ``path``; fsync and rename it into place on success.
 
-    If the block raises (or the process is interrupted), the temporary file is
-    removed and ``path`` is left as it was.
+    Inside a :func:`qtool.outputs.transaction` the rename waits for the transaction's commit. If
+    the block raises (or the process is interrupted), the temporary file is removed and ``path`` is
+    left as it was. Disk full, read-only folders and missing permissions are the user's to fix:
+    they raise QtoolError naming ``path``.
     """
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise QtoolError(f"output directory does not exist: {directory}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    tmp: Path | None = None
     try:
-        _chmod_like_new_file(Path(tmp))
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+        tmp = Path(name)
+        _chmod_like_new_file(tmp)
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        finish(tmp, path)
+    except OSError as e:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        if e.errno in ENVIRONMENT_ERRNOS:
+            raise environment_error(e, "write", path) from e
+        raise
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise
 
 
@@ -321,7 +333,7 @@ def save_model(
         data = weights.embedded(model).SerializeToString(deterministic=True)
         with atomic_writer(path) as f:
             f.write(data)
-        _remove_stale_data_files(path, keep=None)
+        after_commit(lambda: _remove_stale_data_files(path, keep=None))
         return [path]
     return _save_with_external_data(model, path, weights)
 
@@ -336,9 +348,11 @@ def _save_with_external_data(model: onnx.ModelProto, path: Path, weights: Weight
     skeleton.CopyFrom(model)
     pending = "qtool-pending.data"  # the real name depends on the content, known once written
     directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".data.tmp", dir=directory)
+    tmp: Path | None = None
     digest = hashlib.sha256()
     try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".data.tmp", dir=directory)
+        tmp = Path(name)
         with os.fdopen(fd, "wb") as f:
             offset = 0
             for tensor in skeleton.graph.initializer:
@@ -364,14 +378,21 @@ def _save_with_external_data(model: onnx.ModelProto, path: Path, weights: Weight
             for entry in tensor.external_data:
                 if entry.key == "location" and entry.value == pending:
                     entry.value = data_path.name
-        _chmod_like_new_file(Path(tmp))
-        os.replace(tmp, data_path)
+        _chmod_like_new_file(tmp)
+        finish(tmp, data_path)  # staged before the model: committed first
+    except OSError as e:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        if e.errno in ENVIRONMENT_ERRNOS:
+            raise environment_error(e, "write", path.with_name(path.name + ".<digest>.data")) from e
+        raise
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise
     with atomic_writer(path) as f:
         f.write(skeleton.SerializeToString(deterministic=True))
-    _remove_stale_data_files(path, keep=data_path)
+    after_commit(lambda: _remove_stale_data_files(path, keep=data_path))
     return [path, data_path]
 
 

@@ -97,20 +97,20 @@ def _start(command: list[str], cwd: Path) -> subprocess.Popen[str]:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _interrupt(process: subprocess.Popen[str]) -> tuple[int, str]:
+def _interrupt(process: subprocess.Popen[str], signum: int = signal.SIGINT) -> tuple[int, str]:
     if process.poll() is None:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
     try:
         _, stderr = process.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
         _, stderr = process.communicate()
-        pytest.fail(f"qtool did not stop within 60 s of SIGINT:\n{stderr}")
+        pytest.fail(f"qtool did not stop within 60 s of {signal.Signals(signum).name}:\n{stderr}")
     return process.returncode, stderr
 
 
-def _run_to(point: str, args: list[str], cwd: Path) -> tuple[int, str]:
-    """Run qtool under the driver, interrupt it once it reaches ``point``; returns exit code and stderr."""
+def _run_to(point: str, args: list[str], cwd: Path, signum: int = signal.SIGINT) -> tuple[int, str]:
+    """Run qtool under the driver, signal it once it reaches ``point``; returns exit code and stderr."""
     marker = cwd / f"reached-{point}"
     process = _start([sys.executable, "-c", DRIVER, point, str(marker), *args], cwd)
     deadline = time.monotonic() + 60
@@ -120,11 +120,12 @@ def _run_to(point: str, args: list[str], cwd: Path) -> tuple[int, str]:
             pytest.fail(f"qtool {args[0]} never reached {point} (exit code {process.returncode}):\n{stderr}")
         time.sleep(0.01)
     marker.unlink()
-    return _interrupt(process)
+    return _interrupt(process, signum)
 
 
 def _leftovers(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+    """Temporary files, and copies of replaced outputs kept for a rollback."""
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith((".tmp", ".previous")))
 
 
 def _assert_interrupted_cleanly(code: int, stderr: str) -> None:
@@ -173,7 +174,7 @@ def test_sigint_during_the_first_inference_writes_nothing(tmp_path, command):
     args = _quantize_args(out) if command == "quantize" else _calibrate_args(out)
     code, stderr = _run_to("inference", args, tmp_path)
     assert code == 130, stderr
-    assert "interrupted: no output was written" in stderr and "Traceback" not in stderr, stderr
+    assert "interrupted (SIGINT): no output was written" in stderr and "Traceback" not in stderr, stderr
     assert not out.exists() and _leftovers(tmp_path) == []
 
 
@@ -196,25 +197,25 @@ def test_sigint_while_the_output_is_renamed_into_place_leaves_no_output_and_no_t
 
 
 @pytest.mark.parametrize("command", ["quantize", "calibrate"])
-def test_sigint_after_the_output_is_in_place_leaves_it_complete(tmp_path, reference_model, command):
+def test_sigint_after_the_output_is_in_place_but_before_the_command_ends_rolls_it_back(tmp_path, command):
+    """Outputs are kept only when the whole command succeeds (quantize still evaluates the model it wrote)."""
     out = tmp_path / ("model.int8.onnx" if command == "quantize" else "stats.json")
     args = _quantize_args(out) if command == "quantize" else _calibrate_args(out)
     code, stderr = _run_to("written", args, tmp_path)
     assert code == 130 and "Traceback" not in stderr, stderr
-    if command == "quantize":
-        _assert_complete_model(out, reference_model)
-    else:
-        _assert_complete_stats(out)
-    assert _leftovers(tmp_path) == []
+    assert "interrupted (SIGINT): no output was written" in stderr, stderr
+    assert not out.exists() and _leftovers(tmp_path) == []
 
 
 @pytest.mark.parametrize("command", ["quantize", "calibrate"])
-def test_sigint_after_the_output_is_in_place_does_not_claim_nothing_was_written(tmp_path, command):
+def test_an_interrupted_run_restores_the_previous_output(tmp_path, command):
     out = tmp_path / ("model.int8.onnx" if command == "quantize" else "stats.json")
+    out.write_bytes(b"the previous run's output")
     args = _quantize_args(out) if command == "quantize" else _calibrate_args(out)
     code, stderr = _run_to("written", args, tmp_path)
-    assert code == 130 and out.exists()
-    assert "no output was written" not in stderr, stderr
+    assert code == 130 and "Traceback" not in stderr, stderr
+    assert out.read_bytes() == b"the previous run's output"
+    assert _leftovers(tmp_path) == []
 
 
 def test_sigint_while_onnxruntime_loads_is_an_interruption(tmp_path):
@@ -224,7 +225,7 @@ def test_sigint_while_onnxruntime_loads_is_an_interruption(tmp_path):
     # numpy's C import machinery prints the KeyboardInterrupt it saw inside the native module's init;
     # qtool's own verdict is the last line, and it is an interruption, not an internal error.
     assert code == 130 and "internal error" not in stderr, f"exit code {code}:\n{stderr}"
-    assert stderr.strip().splitlines()[-1] == "interrupted: no output was written", stderr
+    assert stderr.strip().splitlines()[-1] == "interrupted (SIGINT): no output was written", stderr
 
 
 @pytest.mark.parametrize("delay", [0.2, 0.6, 1.2])
