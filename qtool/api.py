@@ -256,6 +256,9 @@ def _calibrate(
         on_progress=advance,
         weights=state.weights,
     )
+    if seen == 0:
+        skipped = f" ({len(dataset.skipped)} skipped for holding NaN or Inf)" if dataset.skipped else ""
+        raise QtoolError(f"no sample of {data_dir} could be observed{skipped}: there are no statistics to write")
     return CalibrationStats(
         state.source.sha256,
         name,
@@ -389,7 +392,9 @@ def quantize(
     config = load_config(config_path)
     state = _prepare(model_path, config, opset)
     if stats_path is not None:
-        stats = CalibrationStats.read(stats_path)
+        # a module:Class observer in the file is imported only if the user named it too
+        trusted = config.observer_references() | ({observer} if observer else set())
+        stats = CalibrationStats.read(stats_path, trusted)
         if stats.model_sha256 != state.source.sha256:
             raise QtoolError(
                 f"{stats_path} was computed for a different model than {model_path}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from onnx import TensorProto, helper
 
 from qtool.dataset import Dataset
 from qtool.errors import QtoolError
+from qtool.files import read_json
 from qtool.observers import Observer, create_observer
 from qtool.runtime import create_session, run_session
 from qtool.weights import Weights
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 
 STATS_FORMAT = "qtool-calibration-stats"
 STATS_VERSION = 1
+STATS_MAX_BYTES = 1 << 30  # a statistics file larger than this is not one qtool wrote
 
 ProgressCallback = Callable[[int], None]  # called with the number of samples just processed
 
@@ -66,8 +69,12 @@ class CalibrationStats:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
 
     @classmethod
-    def from_dict(cls, data: Any, source: str) -> CalibrationStats:
-        """Rebuild stats from :meth:`to_dict` output; ``source`` names the file in errors."""
+    def from_dict(cls, data: Any, source: str, trusted: frozenset[str] = frozenset()) -> CalibrationStats:
+        """Rebuild stats from :meth:`to_dict` output; ``source`` names the file in errors.
+
+        Every field is checked before use. A ``package.module:Class`` observer is imported only if it
+        is in ``trusted`` (what the user named: --observer, the config) or ``QTOOL_OBSERVERS``.
+        """
         if not isinstance(data, dict) or data.get("format") != STATS_FORMAT:
             raise QtoolError(f"{source} is not a qtool statistics file (missing format '{STATS_FORMAT}')")
         if data.get("version") != STATS_VERSION:
@@ -75,38 +82,37 @@ class CalibrationStats:
                 f"{source}: unsupported statistics version {data.get('version')!r}",
                 hint=f"this qtool reads version {STATS_VERSION}; re-run qtool calibrate",
             )
+        _check_fields(data, source)
         tensors: dict[str, Observer] = {}
-        try:
-            for name, entry in data["tensors"].items():
-                observer = create_observer(entry["observer"], entry.get("axis"), entry.get("options") or {})
+        for name, entry in data["tensors"].items():
+            try:
+                observer = create_observer(
+                    entry["observer"], entry["axis"], entry["options"] or {}, allow_import=entry["observer"] in trusted
+                )
                 if entry["state"]:
                     observer.load_state(entry["state"])
-                tensors[name] = observer
-            return cls(
-                str(data["model_sha256"]),
-                str(data["observer"]),
-                int(data["samples"]),
-                tensors,
-                data.get("shard"),
-                int(data.get("skipped", 0)),
-                {str(k): int(v) for k, v in (data.get("elements") or {}).items()},
-            )
-        except QtoolError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise QtoolError(f"{source}: malformed statistics file ({type(e).__name__}: {e})") from e
+                    observer.check()
+            except QtoolError as e:
+                raise QtoolError(f"{source}: tensor {name!r}: {e.message}", hint=e.hint) from e
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
+                raise QtoolError(f"{source}: tensor {name!r}: malformed statistics ({type(e).__name__}: {e})") from e
+            tensors[name] = observer
+        if tensors and data["samples"] == 0:
+            raise QtoolError(f"{source} holds statistics of 0 samples", hint="re-run qtool calibrate on usable samples")
+        return cls(
+            data["model_sha256"],
+            data["observer"],
+            data["samples"],
+            tensors,
+            data["shard"],
+            data["skipped"],
+            dict(data["elements"]),
+        )
 
     @classmethod
-    def read(cls, path: Path | str) -> CalibrationStats:
-        """Load stats written by :meth:`to_json`."""
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise QtoolError(f"statistics file not found: {path}") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise QtoolError(f"cannot read statistics file {path}: {e}") from e
-        return cls.from_dict(data, str(path))
+    def read(cls, path: Path | str, trusted: frozenset[str] = frozenset()) -> CalibrationStats:
+        """Load stats written by :meth:`to_json` (``trusted``: see :meth:`from_dict`)."""
+        return cls.from_dict(read_json(path, "statistics file", STATS_MAX_BYTES), str(path), trusted)
 
     @classmethod
     def merge_all(cls, parts: list[CalibrationStats]) -> CalibrationStats:
@@ -137,7 +143,11 @@ class CalibrationStats:
         for name in sorted(set(self.tensors) | set(other.tensors)):
             combined = (self.tensors.get(name) or other.tensors[name]).copy()
             if name in self.tensors and name in other.tensors:
-                combined.merge(other.tensors[name])
+                try:
+                    combined.merge(other.tensors[name])
+                    combined.check()
+                except (ValueError, TypeError, IndexError) as e:  # e.g. shards with different channel counts
+                    raise QtoolError(f"cannot merge the statistics of tensor {name!r}: {e}") from e
             merged[name] = combined
         return CalibrationStats(
             self.model_sha256,
@@ -148,6 +158,53 @@ class CalibrationStats:
             self.skipped + other.skipped,
             {**other.elements, **self.elements},
         )
+
+
+def _check_fields(data: dict[str, Any], source: str) -> None:
+    """The statistics file's fields, with their types and ranges, before anything uses them."""
+
+    def bad(field: str, expected: str) -> QtoolError:
+        return QtoolError(f"{source}: field '{field}' must be {expected}, got {data.get(field)!r:.80}")
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not (isinstance(data.get("model_sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", data["model_sha256"])):
+        raise bad("model_sha256", "a SHA-256 hex digest")
+    if not isinstance(data.get("observer"), str):
+        raise bad("observer", "an observer name")
+    if not count(data.get("samples")):
+        raise bad("samples", "a count")
+    data.setdefault("skipped", 0)
+    if not count(data["skipped"]):
+        raise bad("skipped", "a count")
+    data.setdefault("shard", None)
+    shard = data["shard"]
+    if shard is not None and not (
+        isinstance(shard, str)
+        and (m := re.fullmatch(r"([0-9]{1,9})/([0-9]{1,9})", shard))
+        and 1 <= int(m[1]) <= int(m[2])
+    ):
+        raise bad("shard", "null or 'K/N' with 1 <= K <= N")
+    data["elements"] = data.get("elements") or {}
+    if not (isinstance(data["elements"], dict) and all(count(v) for v in data["elements"].values())):
+        raise bad("elements", "a mapping of tensor names to counts")
+    tensors = data.get("tensors")
+    if not isinstance(tensors, dict):
+        raise bad("tensors", "a mapping of tensor names to observer entries")
+    for name, entry in tensors.items():
+        where = f"{source}: tensor {name!r}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("observer"), str):
+            raise QtoolError(f"{where}: expected an entry with 'observer', 'axis', 'options' and 'state'")
+        entry.setdefault("axis", None)
+        entry.setdefault("options", None)
+        entry.setdefault("state", None)
+        axis = entry["axis"]
+        if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool) or not -64 <= axis < 64):
+            raise QtoolError(f"{where}: 'axis' must be null or a small integer, got {axis!r:.40}")
+        for key in ("options", "state"):
+            if entry[key] is not None and not isinstance(entry[key], dict):
+                raise QtoolError(f"{where}: '{key}' must be a mapping, got {type(entry[key]).__name__}")
 
 
 def with_exposed_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:

@@ -163,12 +163,17 @@ def _with_data_files(inputs: tuple[Path | str | None, ...]) -> list[Path]:
 
 def _one_line(message: str) -> str:
     """A message as one line: control characters (newlines, terminal escapes) from file contents escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    from qtool.terminal import printable
+
+    return printable(message, markup=False)
 
 
 def _interrupted(files: dict[str, Path | str | None], started: int, signum: int) -> NoReturn:
     name = signal.Signals(signum).name
-    written = [str(p) for p in files.values() if Path(str(p)).is_file() and Path(str(p)).stat().st_mtime_ns >= started]
+    from qtool.terminal import printable
+
+    paths = [Path(str(p)) for p in files.values()]
+    written = [printable(str(p)) for p in paths if p.is_file() and p.stat().st_mtime_ns >= started]
     if written:  # a signal after the commit: the outputs are complete
         err_console.print(f"[red]interrupted[/red] ({name}) after writing {', '.join(written)} (complete)")
     else:
@@ -213,6 +218,15 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+class _SafeRichHandler(RichHandler):
+    """Log lines with the control characters of names from the user's files escaped."""
+
+    def render_message(self, record: logging.LogRecord, message: str) -> Any:
+        from qtool.terminal import printable
+
+        return super().render_message(record, printable(message, markup=False))
+
+
 @app.callback()
 def main_options(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for user errors too.")] = False,
@@ -226,7 +240,7 @@ def main_options(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(message)s",
-        handlers=[RichHandler(console=err_console, show_time=False, show_path=False)],
+        handlers=[_SafeRichHandler(console=err_console, show_time=False, show_path=False)],
     )
 
 
@@ -302,6 +316,7 @@ def calibrate(
         from qtool.api import calibrate as run_calibrate
         from qtool.api import write_stats
         from qtool.report import stats_summary_dict, to_json
+        from qtool.terminal import printable
 
         with _progress() as progress:
             stats = run_calibrate(
@@ -321,8 +336,8 @@ def calibrate(
         if stats.skipped:
             console.print(f"[yellow]skipped[/yellow] {stats.skipped} samples holding NaN or Inf")
         console.print(
-            f"[green]wrote[/green] {output}: {len(stats.tensors)} tensors observed with "
-            f"'{stats.observer}' over {stats.samples} samples"
+            f"[green]wrote[/green] {printable(str(output))}: {len(stats.tensors)} tensors observed with "
+            f"'{printable(stats.observer)}' over {stats.samples} samples"
         )
         if json_out:
             _write_json(json_out, to_json(stats_summary_dict(stats, str(output))))
@@ -583,11 +598,12 @@ def merge(
 
     def action() -> None:
         from qtool.api import merge_stats, write_stats
+        from qtool.terminal import printable
 
         merged = merge_stats(list(stats))
         write_stats(merged, output)
         out_console.print(
-            f"[green]wrote[/green] {output}: merged {len(stats)} files, "
+            f"[green]wrote[/green] {printable(str(output))}: merged {len(stats)} files, "
             f"{merged.samples} samples, {len(merged.tensors)} tensors"
         )
 

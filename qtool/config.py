@@ -8,7 +8,6 @@ out keeps the default. Per-node settings resolve with the precedence
 from __future__ import annotations
 
 import difflib
-import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
@@ -16,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import onnx.defs
+import re2
 import yaml
 
 from qtool.errors import QtoolError
+from qtool.files import CONFIG_MAX_BYTES, read_text
 
 CONFIG_VERSION = 1
 _MAX_YAML_NODES = 100_000  # refuses alias bombs long before they exhaust memory
@@ -27,6 +28,7 @@ _TOP_KEYS = {"version", "global", "op_type", "node_name", "exclude", "calibratio
 _SCHEME_KEYS = {"weight", "activation", "weight_only", "placement"}
 PLACEMENTS = ("auto", "integer", "storage")
 SATURATION_GUARDS = ("uint8", "reduce_range", "ignore")
+MAX_BLOCK_SIZE = 1 << 20  # ONNX's block_size attribute is an int64; a block beyond any axis is a typo
 _TENSOR_KEYS = {
     "weight": {"dtype", "granularity", "symmetric", "block_size", "axis", "saturation"},
     "activation": {"dtype", "granularity", "symmetric", "observer"},
@@ -186,6 +188,14 @@ class QConfig:
             activations.add(str(activation.get("dtype")))
         return frozenset(activations), frozenset(weights)
 
+    def observer_references(self) -> frozenset[str]:
+        """Every observer this config names (calibration.observer and per-rule activation observers)."""
+        names = {self.calibration.observer}
+        for _, activation in self._tensor_settings():
+            if activation.get("observer") is not None:
+                names.add(split_observer(activation["observer"])[0])
+        return frozenset(names)
+
     def _tensor_settings(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Each rule's weight and activation settings, completed by ``global``."""
         entries = [self.raw["global"], *self.op_type.values(), *self.node_name.values()]
@@ -206,8 +216,28 @@ class QConfig:
 
 def _name_matches(pattern: str, name: str) -> bool:
     if pattern.startswith("re:"):
-        return re.fullmatch(pattern[3:], name) is not None
+        return _compiled(pattern[3:]).fullmatch(name) is not None
     return pattern == name
+
+
+@lru_cache(maxsize=512)
+def _compiled(pattern: str) -> Any:
+    """A ``re:`` pattern compiled by RE2: matching takes time linear in the name, whatever the pattern.
+
+    Python's ``re`` backtracks: ``(a+)+$`` against a long node name runs for minutes. RE2 has the
+    same syntax but for backreferences and lookaround, which a node-name rule does not need.
+
+    Raises:
+        ValueError: not a pattern RE2 accepts (the message is RE2's).
+    """
+    options = re2.Options()
+    options.log_errors = False  # RE2 would print parse errors to stderr; the caller reports them
+    options.max_mem = 8 << 20
+    try:
+        return re2.compile(pattern, options=options)
+    except re2.error as e:
+        reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise ValueError(reason) from None
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -335,10 +365,10 @@ def _check_tensor_scheme(doc: _Located, value: Any, path: Path_, role: str) -> N
         )
     if "block_size" in value and value["block_size"] is not None:
         size = value["block_size"]
-        if not isinstance(size, int) or isinstance(size, bool) or size < 2:
+        if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= MAX_BLOCK_SIZE:
             raise doc.error(
                 (*path, "block_size"),
-                f"expected an integer >= 2, got {size!r}",
+                f"expected an integer from 2 to {MAX_BLOCK_SIZE}, got {size!r:.40}",
                 hint="onnxruntime's MatMulNBits wants a power of two >= 16, e.g. 32 or 128",
             )
     if (
@@ -367,9 +397,14 @@ def _check_node_scheme(doc: _Located, value: Any, path: Path_) -> None:
 def _check_regex(doc: _Located, pattern: str, path: Path_, *, at_key: bool) -> None:
     if pattern.startswith("re:"):
         try:
-            re.compile(pattern[3:])
-        except (re.error, OverflowError, RecursionError) as e:  # the last two: huge repeats, deep nesting
-            raise doc.error(path, f"invalid regular expression: {e}", at_key=at_key) from e
+            _compiled(pattern[3:])
+        except (ValueError, OverflowError, RecursionError) as e:
+            raise doc.error(
+                path,
+                f"invalid regular expression: {e}",
+                hint="patterns use RE2 syntax (Python's, without backreferences and lookaround)",
+                at_key=at_key,
+            ) from e
 
 
 def split_observer(value: Any) -> tuple[str, dict[str, Any]]:
@@ -514,12 +549,7 @@ def load_config(path: Path | str | None = None) -> QConfig:
     source = "<built-in default>"
     if path is not None:
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise QtoolError(f"config file not found: {path}") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise QtoolError(f"cannot read config file {path}: {e}") from e
+        text = read_text(path, "config file", CONFIG_MAX_BYTES)
         doc = _Located(str(path), text)
         _check_document(doc)
         user = {k: v for k, v in doc.value.items() if v is not None}

@@ -9,7 +9,6 @@ a time, in sorted order, so memory never holds the whole dataset.
 from __future__ import annotations
 
 import logging
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +16,10 @@ from typing import Any
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from qtool.errors import QtoolError
+from qtool.sample_files import read_npy, read_npz, read_tensor_proto, tensor_values
 
 log = logging.getLogger(__name__)
 
@@ -168,13 +167,9 @@ class Dataset:
             return {self.inputs[0].name: self.preprocess.apply(path)}
         if self.format == "onnx-test-data":
             return self._read_test_data_set(path)
-        try:
-            if self.format == "npy":
-                return {self.inputs[0].name: np.load(path, allow_pickle=False)}
-            with np.load(path, allow_pickle=False) as archive:
-                return {key: archive[key] for key in archive.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-            raise QtoolError(f"{path}: cannot read sample: {e}") from e
+        if self.format == "npy":
+            return {self.inputs[0].name: read_npy(path)}
+        return read_npz(path)
 
     def _read_test_data_set(self, directory: Path) -> Feed:
         """``input_<k>.pb`` TensorProto files; a tensor without a known name feeds input k."""
@@ -189,12 +184,8 @@ class Dataset:
         feed: Feed = {}
         names = [spec.name for spec in self.inputs]
         for position, path in enumerate(files):
-            tensor = TensorProto()
-            try:
-                tensor.ParseFromString(path.read_bytes())
-                array = numpy_helper.to_array(tensor)
-            except (OSError, DecodeError, ValueError, TypeError) as e:
-                raise QtoolError(f"{path}: not a readable TensorProto: {e}") from e
+            tensor = read_tensor_proto(path)
+            array = tensor_values(tensor, path)
             name = tensor.name if tensor.name in names else names[position] if position < len(names) else tensor.name
             feed[name] = array
         return feed

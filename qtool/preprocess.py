@@ -7,6 +7,7 @@ below (scale 1/255, no mean/std, RGB, float32).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from qtool.errors import QtoolError
+from qtool.files import check_regular
 
 LAYOUTS = ("NCHW", "NHWC")
 CHANNEL_ORDERS = ("RGB", "BGR")
@@ -39,9 +41,17 @@ class Preprocess:
         """Load ``path`` and return the preprocessed array (C, H, W) or (H, W, C)."""
         from PIL import Image, UnidentifiedImageError
 
+        check_regular(path, "image", IMAGE_MAX_BYTES)
         try:
-            with Image.open(path) as opened:
-                image = opened.convert("L" if self.channels == 1 else "RGB")
+            with warnings.catch_warnings():
+                # Pillow warns above MAX_IMAGE_PIXELS and refuses above twice that: both are refusals here
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(path) as opened:
+                    image = opened.convert("L" if self.channels == 1 else "RGB")
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+            raise QtoolError(
+                f"{path}: image larger than {Image.MAX_IMAGE_PIXELS:,} pixels (Pillow's decompression-bomb limit)"
+            ) from e
         except (UnidentifiedImageError, OSError, ValueError) as e:
             raise QtoolError(f"{path}: cannot read image: {e}") from e
         if self.resize is not None:
@@ -79,6 +89,9 @@ class Preprocess:
         return self.resize[1], self.resize[0]
 
 
+IMAGE_MAX_BYTES = 1 << 30  # a compressed image file; its pixels are bounded by Pillow's MAX_IMAGE_PIXELS
+
+
 def _pair(value: Any, what: str) -> tuple[int, int]:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value, value
@@ -95,6 +108,12 @@ def build_preprocess(config: dict[str, Any] | None, shape: tuple[Any, ...], inpu
         shape: the model input's shape including the batch dimension.
         input_dtype: the model input's numpy dtype name.
     """
+    if len(shape) not in (3, 4):
+        dims = ", ".join(str(d) for d in shape)
+        raise QtoolError(
+            f"images need a model input of rank 4 (N, C, H, W or N, H, W, C) or 3; this one is [{dims}]",
+            hint="give samples as .npy/.npz arrays for this model",
+        )
     config = dict(config or {})
     layout = config.get("layout")
     if layout is None and len(shape) == 4:

@@ -16,6 +16,7 @@ from qtool.comparison import ErrorMetrics, LatencyStats
 from qtool.inspection import Inspection
 from qtool.layers import LayerError, largest_drop
 from qtool.sensitivity import FallbackResult
+from qtool.terminal import for_terminal
 
 SCHEMA_VERSION = 1  # inspect / quantize / calibrate documents
 COMPARE_SCHEMA_VERSION = 2  # 2: latency per provider, gates, per-layer, classification, reproducibility
@@ -222,6 +223,7 @@ def _value(value: float | None) -> str:
 
 def render_comparison(console: Console, result: ComparisonResult, title: str = "qtool compare") -> None:
     """Print size, accuracy, per-layer, latency and gate tables."""
+    result = for_terminal(result)  # names from the user's files: no raw control characters or markup
     size = Table(title=title, title_justify="left", show_header=True)
     size.add_column("")
     size.add_column("reference", justify="right")
@@ -269,6 +271,7 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
 
 def render_layers(console: Console, layers: list[LayerError], show: int = 15) -> None:
     """Per-layer SQNR, worst first, and the layer that introduces the largest drop."""
+    layers = for_terminal(layers)  # names from the user's files: no raw control characters or markup
     table = Table(
         title=f"per-layer error, worst {min(show, len(layers))} of {len(layers)} tensors", title_justify="left"
     )
@@ -288,6 +291,7 @@ def render_layers(console: Console, layers: list[LayerError], show: int = 15) ->
 
 def render_observers(console: Console, rows: list[dict[str, Any]]) -> None:
     """Print the observer listing."""
+    rows = for_terminal(rows)  # names from the user's files: no raw control characters or markup
     table = Table(title="observers", title_justify="left")
     for column in ("name", "source", "options (defaults)", "what it does"):
         table.add_column(column)
@@ -336,6 +340,7 @@ def inspection_to_dict(result: Inspection) -> dict[str, Any]:
 
 def render_inspection(console: Console, result: Inspection) -> None:
     """Print the per-node plan, what stays float, and the predicted compression."""
+    result = for_terminal(result)  # names from the user's files: no raw control characters or markup
     table = Table(title=f"qtool inspect {result.model_path}", title_justify="left")
     for column in ("node", "op", "rule", "weight", "activation", "runs as", "elements", "float B", "quantized B"):
         table.add_column(column, justify="right" if column in ("elements", "float B", "quantized B") else "left")
@@ -399,6 +404,7 @@ def _render_fallback(console: Console, f: FallbackResult) -> None:
 
 def render_quantize(console: Console, result: QuantizeResult) -> None:
     """Print what quantize did, then the comparison when there is one."""
+    result = for_terminal(result)  # names from the user's files: no raw control characters or markup
     r = result.rewrite
     console.print(
         f"[green]wrote[/green] {result.output.path}: {len(r.quantized_nodes)} nodes quantized "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 from abc import ABC, abstractmethod
 from importlib import metadata
 from typing import Any, ClassVar
@@ -65,6 +66,23 @@ class Observer(ABC):
     @abstractmethod
     def state(self) -> dict[str, Any]:
         """JSON-serialisable statistics; an empty dict before any data."""
+
+    def check(self) -> None:
+        """Raise ValueError when loaded or merged statistics cannot be a real tensor's.
+
+        The range must exist, be one value (per tensor) or one 1-D array per channel of equal
+        length, hold no NaN, and have min <= max. Infinite values stay allowed: a model that
+        produces inf is reported by the qparams step, naming the tensor.
+        """
+        lo, hi = (np.asarray(v, dtype=np.float64) for v in self.copy().range(8, False))  # range may rebin
+        if self.axis is None and (lo.size != 1 or hi.size != 1):
+            raise ValueError(f"a per-tensor range must be one number, got shapes {lo.shape} and {hi.shape}")
+        if self.axis is not None and (lo.ndim != 1 or lo.shape != hi.shape):
+            raise ValueError(f"a per-channel range must be two equal 1-D arrays, got {lo.shape} and {hi.shape}")
+        if np.isnan(lo).any() or np.isnan(hi).any():
+            raise ValueError("the range is NaN (statistics of no data?)")
+        if (lo > hi).any():
+            raise ValueError(f"min > max ({float(np.max(lo - hi)):g} apart)")
 
     @abstractmethod
     def load_state(self, state: dict[str, Any]) -> None:
@@ -169,15 +187,33 @@ def _import_reference(reference: str) -> type[Observer]:
         raise QtoolError(f"module '{module_name}' has no observer class '{attribute}'") from None
 
 
-def observer_class(reference: str) -> type[Observer]:
+TRUSTED_ENV = "QTOOL_OBSERVERS"  # comma-separated package.module:Class references the user allows
+
+
+def trusted_references() -> set[str]:
+    """``package.module:Class`` references the user named in the environment (``QTOOL_OBSERVERS``)."""
+    return {r.strip() for r in os.environ.get(TRUSTED_ENV, "").split(",") if r.strip()}
+
+
+def observer_class(reference: str, *, allow_import: bool = True) -> type[Observer]:
     """Find an observer by built-in name, plugin name or ``package.module:ClassName``.
 
+    ``allow_import=False`` (references read from a statistics file) imports a module only when the
+    user named it in ``QTOOL_OBSERVERS``: a file must never choose code to run.
+
     Raises:
-        QtoolError: unknown name (the message lists the known ones) or a broken plugin.
+        QtoolError: unknown name (the message lists the known ones), a broken plugin, or a module
+            reference that is not allowed.
     """
     if reference in _BUILTIN:
         return _BUILTIN[reference]
     if ":" in reference:
+        if not allow_import and reference not in trusted_references():
+            raise QtoolError(
+                f"observer '{reference}' names a Python module; qtool imports observer code only from built-ins, "
+                "installed plugins, or a package.module:Class you name yourself",
+                hint=f"name it with --observer or in the config, or list it in {TRUSTED_ENV}",
+            )
         return _import_reference(reference)
     plugins = plugin_entry_points()
     if reference in plugins:
@@ -194,9 +230,14 @@ def observer_class(reference: str) -> type[Observer]:
     )
 
 
-def create_observer(reference: str, axis: int | None = None, options: dict[str, Any] | None = None) -> Observer:
-    """Build an observer, with a clear error for options it does not take."""
-    cls = observer_class(reference)
+def create_observer(
+    reference: str, axis: int | None = None, options: dict[str, Any] | None = None, *, allow_import: bool = True
+) -> Observer:
+    """Build an observer, with a clear error for options it does not take.
+
+    ``allow_import``: see :func:`observer_class`.
+    """
+    cls = observer_class(reference, allow_import=allow_import)
     accepted = list(observer_options(cls))
     unknown = sorted(set(options or {}) - set(accepted))
     if unknown:

@@ -87,6 +87,12 @@ class StreamingHistogram:
         scaled = np.multiply(values, dtype(inverse), dtype=dtype)
         np.floor(scaled, out=scaled)
         index = scaled.astype(np.intp)
+        if inverse < 1.0:
+            # Scaling down, a tiny negative value can underflow to -0.0 and floor to bin 0 instead
+            # of -1: it would land on the other side of zero than in a histogram of another radius.
+            underflow = scaled == 0
+            if underflow.any():
+                index[underflow & (values < 0)] = -1
         index += self.bins
         if self.channels is not None:
             index += (np.arange(self.channels, dtype=np.intp) * total)[:, None]

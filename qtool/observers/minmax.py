@@ -100,6 +100,8 @@ class MovingAverageObserver(Observer):
             self.min, self.max, self.batches = other.min.copy(), other.max.copy(), other.batches
             return
         total = self.batches + other.batches
+        if total <= 0:
+            raise ValueError("a moving average of 0 batches has no value")
         self.min = (self.min * self.batches + other.min * other.batches) / total
         self.max = (self.max * self.batches + other.max * other.batches) / total
         self.batches = total
@@ -113,6 +115,8 @@ class MovingAverageObserver(Observer):
         self.min = np.asarray(state["min"], dtype=np.float64)
         self.max = np.asarray(state["max"], dtype=np.float64)
         self.batches = int(state["batches"])
+        if self.batches < 1:
+            raise ValueError(f"a moving average of {self.batches} batches has no value")
 
     def range(self, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
         if self.min is None or self.max is None:

@@ -456,7 +456,8 @@ def test_merge_keys_and_anchors_work_as_in_any_yaml_reader(tmp_path):
         ("version: !!int abc\n", ":1:10: cannot read 'abc' as !!int"),
         ("exclude: &a [*a]\n", "exclude.0: a YAML alias refers to a collection that contains it"),
         ("exclude: " + "[" * 2000 + "]" * 2000 + "\n", "YAML nests too deeply"),
-        ("exclude: ['re:a{99999999999}']\n", "exclude.0: invalid regular expression"),
+        ("exclude: ['re:a{1001}']\n", "exclude.0: invalid regular expression"),
+        ("exclude: ['re:(a)\\1']\n", "exclude.0: invalid regular expression"),  # RE2: no backreferences
     ],
 )
 def test_hostile_yaml_errors_say_where(tmp_path, text, where):
