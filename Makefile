@@ -49,6 +49,9 @@ bench: $(BIN)/python  ## qtool vs onnxruntime: quantizer, calibrators (sample + 
 	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/large_model.py
 
+golden: dev  ## rewrite tests/golden/*.json from the current code (review the diff like code)
+	QTOOL_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/golden
+
 samples: install  ## regenerate sample_models/ (seeded)
 	$(BIN)/python sample_models/generate.py
 

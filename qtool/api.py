@@ -34,6 +34,7 @@ from qtool.qparams import QParams
 from qtool.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
 from qtool.runtime import check_runtime_support, create_session
 from qtool.sensitivity import PATIENCE, FallbackResult, search_fallback
+from qtool.stages import stage
 from qtool.weights import Weights
 
 log = logging.getLogger(__name__)
@@ -141,12 +142,14 @@ class _Prepared:
 
 def _prepare(model_path: Path, config: QConfig, opset: int | None = None) -> _Prepared:
     weights = Weights()
-    model = load_model(model_path, weights)
+    with stage(f"load {model_path}"):
+        model = load_model(model_path, weights)
     refuse_quantized(model, str(model_path))
     limit = runtime_qdq_limit(*config.quantized_dtypes())
     target = choose_opset(default_opset(model), config.opset_requirement(), limit, opset, source=str(model_path))
     check_runtime_support(model, str(model_path), target)
-    prepared, report = prepare_model(model, weights, target_opset=target, source=str(model_path))
+    with stage("prepare the graph"):
+        prepared, report = prepare_model(model, weights, target_opset=target, source=str(model_path))
     plan = build_plan(prepared, config)
     node_names = [n.name for n in prepared.graph.node]
     unmatched = config.unmatched_node_patterns(node_names)
@@ -241,21 +244,22 @@ def _calibrate(
         skip_nonfinite=skip_nonfinite,
     )
     advance = (progress or _noop_progress)("calibrating", len(dataset))
-    observers, seen, elements = collect_statistics(
-        state.prepared,
-        state.plan.activations,
-        dataset,
-        observer=name,
-        options=options,
-        per_tensor={
-            tensor: split_observer(scheme.observer)
-            for tensor, scheme in state.plan.activations.items()
-            if scheme.observer is not None
-        },
-        batch_size=batch_size or config.calibration.batch_size,
-        on_progress=advance,
-        weights=state.weights,
-    )
+    with stage("calibrate (float pass)"):
+        observers, seen, elements = collect_statistics(
+            state.prepared,
+            state.plan.activations,
+            dataset,
+            observer=name,
+            options=options,
+            per_tensor={
+                tensor: split_observer(scheme.observer)
+                for tensor, scheme in state.plan.activations.items()
+                if scheme.observer is not None
+            },
+            batch_size=batch_size or config.calibration.batch_size,
+            on_progress=advance,
+            weights=state.weights,
+        )
     if seen == 0:
         skipped = f" ({len(dataset.skipped)} skipped for holding NaN or Inf)" if dataset.skipped else ""
         raise QtoolError(f"no sample of {data_dir} could be observed{skipped}: there are no statistics to write")
@@ -417,25 +421,29 @@ def quantize(
     search_dir = search_data or data_dir
     target = config.accuracy.target_sqnr_db if target_sqnr_db is None else target_sqnr_db
     if search and search_dir is not None and target is not None:
-        config, fallback = _search_fallback(
-            state,
-            config,
-            stats,
-            search_dir,
-            target,
-            config.accuracy.max_float_nodes if max_float_nodes is None else max_float_nodes,
-            config.accuracy.samples if search_samples is None else search_samples,
-            threads,
-            skip_nonfinite,
-            progress,
-        )
-    plan, quantized, rewrite_report = _quantize_in_memory(state, config, stats)
+        with stage("sensitivity search"):
+            config, fallback = _search_fallback(
+                state,
+                config,
+                stats,
+                search_dir,
+                target,
+                config.accuracy.max_float_nodes if max_float_nodes is None else max_float_nodes,
+                config.accuracy.samples if search_samples is None else search_samples,
+                threads,
+                skip_nonfinite,
+                progress,
+            )
+    with stage("insert Q/DQ"):
+        plan, quantized, rewrite_report = _quantize_in_memory(state, config, stats)
     state.weights.retain(quantized)  # the float weights the output replaced: freed before it is checked and written
     quantized.producer_name = "qtool"
     quantized.producer_version = __version__
     check_note = check_quantized_model(quantized, state.prepared)
-    create_session(quantized, "the quantized model", weights=state.weights)  # onnxruntime loads it: write it
-    written = save_model(quantized, output_path, state.weights, external=external_data)
+    with stage("load the result in onnxruntime"):
+        create_session(quantized, "the quantized model", weights=state.weights)  # onnxruntime loads it: write it
+    with stage(f"write {output_path}"):
+        written = save_model(quantized, output_path, state.weights, external=external_data)
     result = QuantizeResult(
         source=state.source,
         output=ModelFile.of(output_path),
@@ -527,16 +535,23 @@ def compare(
     reference = create_session(reference_path, str(reference_path), threads=threads)
     candidate = create_session(candidate_path, str(candidate_path), threads=threads)
     factory = progress or _noop_progress
-    accuracy = output_metrics(reference, candidate, dataset, factory("accuracy", len(dataset)), task=task)
+    with stage(f"accuracy on {len(dataset)} samples"):
+        accuracy = output_metrics(reference, candidate, dataset, factory("accuracy", len(dataset)), task=task)
     layers = None
     if per_layer:
-        layers = layer_errors(
-            reference_model, candidate_model, dataset, threads=threads, on_progress=factory("per-layer", len(dataset))
-        )
+        with stage("per-layer error"):
+            layers = layer_errors(
+                reference_model,
+                candidate_model,
+                dataset,
+                threads=threads,
+                on_progress=factory("per-layer", len(dataset)),
+            )
     chosen = providers or ["CPUExecutionProvider"]
-    latency, skipped = _latency_per_provider(
-        reference_path, candidate_path, dataset, chosen, runs, warmup, threads, factory
-    )
+    with stage(f"latency ({runs} runs per model and provider)"):
+        latency, skipped = _latency_per_provider(
+            reference_path, candidate_path, dataset, chosen, runs, warmup, threads, factory
+        )
     result = ComparisonResult(
         ModelFile.of(reference_path),
         ModelFile.of(candidate_path),

@@ -29,14 +29,16 @@ from qtool.errors import CheckFailedError, ExitCode, QtoolError
 app = typer.Typer(
     name="qtool",
     help="Quantize ONNX models: calibrate activation ranges, rewrite to int8 QDQ, compare with the float model.",
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
 err_console = Console(stderr=True)
 out_console = Console()
-_state = {"debug": False}
+_state = {"debug": False, "quiet": False}
+_silent = Console(quiet=True)  # where summaries go under --quiet
+PIPE_WIDTH = 4096  # not a terminal: never wrap lines or cut table cells
 T = TypeVar("T")
 
 
@@ -58,7 +60,8 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
         _RateColumn(),
         TimeElapsedColumn(),
     )
-    progress = Progress(*columns, console=err_console, transient=False)
+    hidden = _state["quiet"] or not err_console.is_terminal  # bars are for people watching a terminal
+    progress = Progress(*columns, console=err_console, transient=False, disable=hidden)
 
     def factory(description: str, total: int) -> Callable[[int], None]:
         if not progress.live.is_started:
@@ -218,45 +221,85 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-class _SafeRichHandler(RichHandler):
+class _Printable(logging.Filter):
     """Log lines with the control characters of names from the user's files escaped."""
 
-    def render_message(self, record: logging.LogRecord, message: str) -> Any:
+    def filter(self, record: logging.LogRecord) -> bool:
         from qtool.terminal import printable
 
-        return super().render_message(record, printable(message, markup=False))
+        record.msg, record.args = printable(record.getMessage(), markup=False), None
+        return True
+
+
+def _log_handler() -> logging.Handler:
+    """Rich's aligned lines on a terminal; plain ``LEVEL: message`` lines in a pipe (no padding)."""
+    handler: logging.Handler
+    if err_console.is_terminal:
+        handler = RichHandler(console=err_console, show_time=False, show_path=False, markup=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    handler.addFilter(_Printable())
+    return handler
 
 
 @app.callback()
 def main_options(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for user errors too.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what each stage does.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each stage with its duration.")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print only errors and the outputs asked for (no tables, no bars).")
+    ] = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Never wrap lines or cut table cells (always so when output is piped).")
+    ] = False,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
     """Quantize ONNX models."""
+    if quiet and verbose:
+        raise typer.BadParameter("--quiet and --verbose contradict each other", param_hint="--quiet")
     _state["debug"] = debug
+    _state["quiet"] = quiet
+    for console in (out_console, err_console):
+        if wide or not console.is_terminal:
+            console.width = PIPE_WIDTH
+            console.soft_wrap = True
     logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
+        level=logging.ERROR if quiet else logging.INFO if verbose else logging.WARNING,
         format="%(message)s",
-        handlers=[_SafeRichHandler(console=err_console, show_time=False, show_path=False)],
+        handlers=[_log_handler()],
+        force=True,
     )
 
 
+def _summary_console(json_out: str | None) -> Console:
+    """Where a command's human-readable summary goes: stderr when JSON takes stdout, nowhere when quiet."""
+    if _state["quiet"]:
+        return _silent
+    return err_console if json_out == "-" else out_console
+
+
 ConfigOption = Annotated[
-    Path | None, typer.Option("--config", "-c", help="QConfigDict YAML; merged over the built-in configs/default.yaml.")
+    Path | None,
+    typer.Option(
+        "--config", "-c", metavar="CONFIG.yaml", help="QConfigDict YAML; merged over the built-in configs/default.yaml."
+    ),
 ]
 ObserverOption = Annotated[
     str | None,
     typer.Option(
-        "--observer", help="Observer for activation ranges (default: calibration.observer of the config, minmax)."
+        "--observer",
+        metavar="NAME",
+        help="Observer for activation ranges (default: calibration.observer of the config, minmax).",
     ),
 ]
 ShardOption = Annotated[
     str | None,
     typer.Option(
         "--shard",
+        metavar="K/N",
         help="Process only shard K/N of the samples (every N-th file from the K-th); merge the "
         "shards' statistics with 'qtool merge'.",
     ),
@@ -271,6 +314,7 @@ ObserverOptionsOption = Annotated[
     list[str] | None,
     typer.Option(
         "--observer-option",
+        metavar="KEY=VALUE",
         help="Observer option KEY=VALUE, repeatable (e.g. percentile=99.9, bins=4096); see 'qtool observers'.",
     ),
 ]
@@ -278,29 +322,39 @@ BatchOption = Annotated[
     int | None,
     typer.Option(
         "--batch-size",
+        metavar="N",
         min=1,
         help="Samples per inference when the batch dimension is dynamic (default: calibration.batch_size).",
     ),
 ]
 LimitOption = Annotated[
-    int | None, typer.Option("--limit", min=1, help="Use only the first N samples (sorted by file name).")
+    int | None, typer.Option("--limit", metavar="N", min=1, help="Use only the first N samples (sorted by file name).")
 ]
 JsonOption = Annotated[
     str | None,
-    typer.Option("--json", help="Also write the result as JSON to PATH, or '-' for stdout (tables then go to stderr)."),
+    typer.Option(
+        "--json",
+        metavar="PATH|-",
+        help="Also write the result as JSON to PATH, or '-' for stdout (tables then go to stderr).",
+    ),
 ]
-RunsOption = Annotated[int, typer.Option("--runs", min=0, help="Timed runs per model for latency (0 skips latency).")]
-WarmupOption = Annotated[int, typer.Option("--warmup", min=0, help="Untimed warm-up runs per model.")]
+RunsOption = Annotated[
+    int, typer.Option("--runs", metavar="N", min=0, help="Timed runs per model for latency (0 skips latency).")
+]
+WarmupOption = Annotated[int, typer.Option("--warmup", metavar="N", min=0, help="Untimed warm-up runs per model.")]
 ThreadsOption = Annotated[
-    int | None, typer.Option("--threads", min=1, help="onnxruntime intra-op threads (default: onnxruntime's choice).")
+    int | None,
+    typer.Option("--threads", metavar="N", min=1, help="onnxruntime intra-op threads (default: onnxruntime's choice)."),
 ]
 
 
 @app.command()
 def calibrate(
-    model: Annotated[Path, typer.Argument(help="Float ONNX model.", show_default=False)],
-    data_dir: Annotated[Path, typer.Argument(help="Directory of samples (*.npy or *.npz).", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Statistics JSON file to write.")],
+    model: Annotated[Path, typer.Argument(help="Float ONNX model.", show_default=False, metavar="MODEL")],
+    data_dir: Annotated[
+        Path, typer.Argument(help="Directory of samples (*.npy or *.npz).", show_default=False, metavar="DATA_DIR")
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="PATH", help="Statistics JSON file to write.")],
     config: ConfigOption = None,
     observer: ObserverOption = None,
     observer_option: ObserverOptionsOption = None,
@@ -332,7 +386,7 @@ def calibrate(
                 progress=progress,
             )
         write_stats(stats, output)
-        console = err_console if json_out == "-" else out_console
+        console = _summary_console(json_out)
         if stats.skipped:
             console.print(f"[yellow]skipped[/yellow] {stats.skipped} samples holding NaN or Inf")
         console.print(
@@ -347,14 +401,19 @@ def calibrate(
 
 @app.command()
 def quantize(
-    model: Annotated[Path, typer.Argument(help="Float ONNX model.", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Quantized ONNX model to write (never the input).")],
+    model: Annotated[Path, typer.Argument(help="Float ONNX model.", show_default=False, metavar="MODEL")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", metavar="PATH", help="Quantized ONNX model to write (never the input).")
+    ],
     config: ConfigOption = None,
-    stats: Annotated[Path | None, typer.Option("--stats", help="Statistics from 'qtool calibrate'.")] = None,
+    stats: Annotated[
+        Path | None, typer.Option("--stats", metavar="STATS.json", help="Statistics from 'qtool calibrate'.")
+    ] = None,
     data: Annotated[
         Path | None,
         typer.Option(
             "--data",
+            metavar="DATA_DIR",
             help="Calibrate on this directory now (instead of --stats), "
             "then compare the result with the float model on it.",
         ),
@@ -371,17 +430,21 @@ def quantize(
         float | None,
         typer.Option(
             "--target-sqnr",
+            metavar="DB",
             help="Sensitivity search target in dB (default: the config's accuracy.target_sqnr_db, 30): "
             "the integer nodes that hurt most get float activations until the outputs reach it.",
         ),
     ] = None,
     max_float_nodes: Annotated[
-        int | None, typer.Option("--max-float-nodes", help="At most this many nodes get float activations.")
+        int | None,
+        typer.Option("--max-float-nodes", metavar="N", help="At most this many nodes get float activations."),
     ] = None,
     search_data: Annotated[
         Path | None,
         typer.Option(
-            "--search-data", help="Samples for the sensitivity search (default: --data; needed with --stats)."
+            "--search-data",
+            metavar="DATA_DIR",
+            help="Samples for the sensitivity search (default: --data; needed with --stats).",
         ),
     ] = None,
     no_search: Annotated[bool, typer.Option("--no-search", help="Skip the sensitivity search.")] = False,
@@ -398,6 +461,7 @@ def quantize(
         int | None,
         typer.Option(
             "--opset",
+            metavar="N",
             min=1,
             help="Default-domain opset of the output (default: the model's, raised to what the config needs and "
             "lowered to the newest at which onnxruntime has QuantizeLinear/DequantizeLinear kernels).",
@@ -435,7 +499,7 @@ def quantize(
                 external_data=external_data,
                 opset=opset,
             )
-        render_quantize(err_console if json_out == "-" else out_console, result)
+        render_quantize(_summary_console(json_out), result)
         if json_out:
             _write_json(json_out, to_json(quantize_to_dict(result)))
 
@@ -444,18 +508,27 @@ def quantize(
 
 @app.command()
 def compare(
-    reference: Annotated[Path, typer.Argument(help="Reference (float) ONNX model.", show_default=False)],
-    candidate: Annotated[Path, typer.Argument(help="Candidate (quantized) ONNX model.", show_default=False)],
-    data: Annotated[Path, typer.Option("--data", help="Directory of evaluation samples.")],
+    reference: Annotated[
+        Path, typer.Argument(help="Reference (float) ONNX model.", show_default=False, metavar="REFERENCE")
+    ],
+    candidate: Annotated[
+        Path, typer.Argument(help="Candidate (quantized) ONNX model.", show_default=False, metavar="CANDIDATE")
+    ],
+    data: Annotated[Path, typer.Option("--data", metavar="DATA_DIR", help="Directory of evaluation samples.")],
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="QConfigDict YAML whose preprocess: block reads images.")
+        Path | None,
+        typer.Option(
+            "--config", "-c", metavar="CONFIG.yaml", help="QConfigDict YAML whose preprocess: block reads images."
+        ),
     ] = None,
     limit: LimitOption = None,
     skip_nonfinite: SkipNonfiniteOption = False,
     task: Annotated[
         str,
         typer.Option(
-            "--task", help="auto: top-1/top-5 agreement for 2-D [N, C] outputs; classification: for every output; none."
+            "--task",
+            metavar="TASK",
+            help="auto: top-1/top-5 agreement for 2-D [N, C] outputs; classification: for every output; none.",
         ),
     ] = "auto",
     per_layer: Annotated[
@@ -463,12 +536,17 @@ def compare(
     ] = False,
     plot: Annotated[
         Path | None,
-        typer.Option("--plot", help="Draw per-layer SQNR to this PNG (implies --per-layer; needs qtool-onnx[plot])."),
+        typer.Option(
+            "--plot",
+            metavar="PLOT.png",
+            help="Draw per-layer SQNR to this PNG (implies --per-layer; needs qtool-onnx[plot]).",
+        ),
     ] = None,
     providers: Annotated[
         str,
         typer.Option(
             "--providers",
+            metavar="LIST",
             help="Execution providers for latency, comma-separated: cpu, cuda, tensorrt "
             "or full onnxruntime names. Unavailable ones are reported as skipped.",
         ),
@@ -478,13 +556,17 @@ def compare(
     threads: ThreadsOption = None,
     json_out: JsonOption = None,
     markdown: Annotated[
-        Path | None, typer.Option("--markdown", help="Write a Markdown report (e.g. to $GITHUB_STEP_SUMMARY).")
+        Path | None,
+        typer.Option("--markdown", metavar="REPORT.md", help="Write a Markdown report (e.g. to $GITHUB_STEP_SUMMARY)."),
     ] = None,
-    junit: Annotated[Path | None, typer.Option("--junit", help="Write the gates as JUnit XML test cases.")] = None,
+    junit: Annotated[
+        Path | None, typer.Option("--junit", metavar="GATES.xml", help="Write the gates as JUnit XML test cases.")
+    ] = None,
     fail_under: Annotated[
         list[str] | None,
         typer.Option(
             "--fail-under",
+            metavar="METRIC=VALUE",
             help="Gate METRIC=VALUE that fails below VALUE: sqnr, cosine, top1, top5, compression. Repeatable.",
         ),
     ] = None,
@@ -492,16 +574,21 @@ def compare(
         list[str] | None,
         typer.Option(
             "--fail-over",
+            metavar="METRIC=VALUE",
             help="Gate METRIC=VALUE that fails above VALUE: mse, max_abs_error, latency_ratio. Repeatable.",
         ),
     ] = None,
     min_compression: Annotated[
-        float | None, typer.Option("--min-compression", help="Gate: on-disk compression ratio must be at least this.")
+        float | None,
+        typer.Option(
+            "--min-compression", metavar="RATIO", help="Gate: on-disk compression ratio must be at least this."
+        ),
     ] = None,
     max_latency_ratio: Annotated[
         float | None,
         typer.Option(
             "--max-latency-ratio",
+            metavar="RATIO",
             help="Gate: candidate/reference median latency on the first provider must be at most this.",
         ),
     ] = None,
@@ -542,7 +629,7 @@ def compare(
                 gates=gates,
                 progress=progress,
             )
-        render_comparison(err_console if json_out == "-" else out_console, result)
+        render_comparison(_summary_console(json_out), result)
         if json_out:
             _write_json(json_out, to_json(comparison_to_dict(result)))
         if markdown:
@@ -563,12 +650,13 @@ def compare(
 
 @app.command()
 def inspect(
-    model: Annotated[Path, typer.Argument(help="ONNX model.", show_default=False)],
+    model: Annotated[Path, typer.Argument(help="ONNX model.", show_default=False, metavar="MODEL")],
     config: ConfigOption = None,
     data: Annotated[
         Path | None,
         typer.Option(
             "--data",
+            metavar="DATA_DIR",
             help="Sample directory: its first sample sizes the tensors that dynamic shapes leave "
             "open, so placement 'auto' decides exactly as quantize will.",
         ),
@@ -582,7 +670,7 @@ def inspect(
         from qtool.report import inspection_to_dict, render_inspection, to_json
 
         result = run_inspect(model, config_path=config, data_dir=data)
-        render_inspection(err_console if json_out == "-" else out_console, result)
+        render_inspection(_summary_console(json_out), result)
         if json_out:
             _write_json(json_out, to_json(inspection_to_dict(result)))
 
@@ -591,8 +679,13 @@ def inspect(
 
 @app.command()
 def merge(
-    stats: Annotated[list[Path], typer.Argument(help="Statistics files of shards of one dataset.", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Merged statistics JSON file to write.")],
+    stats: Annotated[
+        list[Path],
+        typer.Argument(help="Statistics files of shards of one dataset.", show_default=False, metavar="STATS.json..."),
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", metavar="PATH", help="Merged statistics JSON file to write.")
+    ],
 ) -> None:
     """Merge statistics of dataset shards (from 'qtool calibrate --shard K/N') into one file."""
 
@@ -602,7 +695,7 @@ def merge(
 
         merged = merge_stats(list(stats))
         write_stats(merged, output)
-        out_console.print(
+        _summary_console(None).print(
             f"[green]wrote[/green] {printable(str(output))}: merged {len(stats)} files, "
             f"{merged.samples} samples, {len(merged.tensors)} tensors"
         )
@@ -619,9 +712,25 @@ def observers(json_out: JsonOption = None) -> None:
         from qtool.report import render_observers, to_json
 
         rows = describe_observers()
-        render_observers(err_console if json_out == "-" else out_console, rows)
+        render_observers(_summary_console(json_out), rows)
         if json_out:
             _write_json(json_out, to_json({"schema_version": 1, "observers": rows}))
+
+    _run(action, {"--json": json_out})
+
+
+@app.command()
+def doctor(json_out: JsonOption = None) -> None:
+    """Check this machine: versions, execution providers (each loaded once), CPU features, GPUs."""
+
+    def action() -> None:
+        from qtool.doctor import diagnose
+        from qtool.report import doctor_to_dict, render_doctor, to_json
+
+        result = diagnose()
+        render_doctor(_summary_console(json_out), result)
+        if json_out:
+            _write_json(json_out, to_json(doctor_to_dict(result)))
 
     _run(action, {"--json": json_out})
 

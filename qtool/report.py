@@ -13,6 +13,7 @@ from qtool import __version__
 from qtool.api import ComparisonResult, QuantizeResult
 from qtool.calibration import CalibrationStats
 from qtool.comparison import ErrorMetrics, LatencyStats
+from qtool.doctor import Doctor
 from qtool.inspection import Inspection
 from qtool.layers import LayerError, largest_drop
 from qtool.sensitivity import FallbackResult
@@ -441,3 +442,40 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         console.print(f"[yellow]note[/yellow] {note}")
     if result.comparison is not None:
         render_comparison(console, result.comparison, title="float vs quantized")
+
+
+def doctor_to_dict(result: Doctor) -> dict[str, Any]:
+    """``qtool doctor --json``."""
+    return {
+        "schema_version": 1,
+        "versions": result.versions,
+        "system": result.system,
+        "cpu": result.cpu,
+        "int8_kernels_saturate": result.int8_saturates,
+        "providers": [{"name": p.name, "loads": p.loads, "detail": p.detail} for p in result.providers],
+        "qdq_kernel_opsets": result.qdq_opsets,
+        "gpus": result.gpus,
+    }
+
+
+def render_doctor(console: Console, result: Doctor) -> None:
+    """The doctor's findings as lines and a table."""
+    result = for_terminal(result)  # names from the system: no raw control characters or markup
+    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in result.versions.items()), highlight=False)
+    console.print(f"system: {result.system}", highlight=False)
+    flags = ", ".join(str(f) for f in result.cpu["flags"]) or "none detected"  # type: ignore[attr-defined]
+    console.print(f"CPU: {result.cpu['model']} ({result.cpu['machine']}); flags: {flags}", highlight=False)
+    if result.int8_saturates:
+        console.print(
+            "[yellow]note[/yellow] no VNNI: onnxruntime's uint8 x int8 kernels saturate on this CPU; qtool's default "
+            "weight.saturation: uint8 keeps its integer kernels exact (see the README)"
+        )
+    table = Table(title="onnxruntime execution providers", title_justify="left")
+    for column in ("provider", "loads", "detail"):
+        table.add_column(column)
+    for p in result.providers:
+        table.add_row(p.name, "[green]yes[/green]" if p.loads else "[red]no[/red]", p.detail)
+    console.print(table)
+    opsets = ", ".join(f"{d} {o if o is not None else 'none'}" for d, o in result.qdq_opsets.items())
+    console.print(f"newest opset with Q/DQ kernels: {opsets}", highlight=False)
+    console.print("GPUs: " + ("; ".join(result.gpus) if result.gpus else "none found (no nvidia-smi)"), highlight=False)

@@ -1,0 +1,86 @@
+"""``qtool doctor``: what this machine offers qtool — versions, execution providers, CPU, GPU."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from qtool.environment import cpu_info, int8_kernels_saturate, versions
+from qtool.opsets import qdq_kernel_opset
+
+
+@dataclass(frozen=True)
+class ProviderCheck:
+    """One onnxruntime execution provider and whether a session on it loads."""
+
+    name: str
+    loads: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Doctor:
+    """Everything ``qtool doctor`` found."""
+
+    versions: dict[str, str]
+    system: str
+    cpu: dict[str, object]
+    int8_saturates: bool
+    providers: list[ProviderCheck]
+    qdq_opsets: dict[str, int | None]
+    gpus: list[str] = field(default_factory=list)
+
+
+def _tiny_model() -> bytes:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "doctor",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def _check_provider(name: str) -> ProviderCheck:
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(_tiny_model(), options, providers=[name])
+    except Exception as e:  # noqa: BLE001 - a provider that fails to load is what this reports
+        text = str(e).strip().splitlines()
+        return ProviderCheck(name, False, text[0] if text else type(e).__name__)
+    if name not in session.get_providers():
+        return ProviderCheck(name, False, f"onnxruntime fell back to {', '.join(session.get_providers())}")
+    return ProviderCheck(name, True, "a session loads")
+
+
+def _gpus() -> list[str]:
+    """NVIDIA GPUs that nvidia-smi lists (empty when there is no driver)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def diagnose() -> Doctor:
+    """Look at this machine: library versions, providers (each loaded once), CPU flags, GPUs."""
+    cpu = cpu_info()
+    return Doctor(
+        versions={**versions(), "onnx opset": str(onnx.defs.onnx_opset_version())},
+        system=f"{platform.system()} {platform.release()} ({platform.machine()})",
+        cpu=cpu,
+        int8_saturates=int8_kernels_saturate(list(cpu["flags"]), str(cpu["machine"])),
+        providers=[_check_provider(name) for name in ort.get_available_providers()],
+        qdq_opsets={d: qdq_kernel_opset(d, quantize=d in ("uint8", "int8")) for d in ("uint8", "int8", "int4", "int2")},
+        gpus=_gpus(),
+    )
