@@ -13,8 +13,10 @@ import typer
 from qtool.cli import app
 from tests.conftest import ROOT, sample
 
-README = (ROOT / "README.md").read_text()
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+README = "\n".join(path.read_text() for path in DOCUMENTS)  # the README and the pages it links to
 PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
+YAML_BLOCKS = re.findall(r"```yaml\n(.*?)```", README, flags=re.DOTALL)
 COMMAND = typer.main.get_command(app)
 
 
@@ -30,6 +32,43 @@ _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 _NAMED = re.compile(r"(" + "|".join(COMMANDS) + r") ")
 # lines about other programs: their flags are not qtool's
 _OTHER_TOOLS = re.compile(r"bench/|\bmake\b|\bpip\b|\bpytest\b|\bpython\b|\buv\b|trtexec|onnxruntime's")
+
+
+def test_the_readme_is_short_enough_to_read_in_five_minutes():
+    assert len((ROOT / "README.md").read_bytes()) < 14_000
+
+
+@pytest.mark.parametrize("block", YAML_BLOCKS, ids=[f"yaml{i}" for i in range(len(YAML_BLOCKS))])
+def test_yaml_config_examples_are_valid_configs(tmp_path, block):
+    from qtool.config import load_config
+
+    config = tmp_path / "example.yaml"
+    config.write_text(block)
+    load_config(config)  # raises QtoolError naming the line if an example drifted from the schema
+
+
+def test_relative_links_in_the_readme_and_docs_resolve():
+    broken = []
+    for document in DOCUMENTS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", document.read_text()):
+            if re.match(r"[a-z]+://", target) or target.startswith("mailto:"):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (document.parent / path).resolve() if path else document
+            if not file.exists():
+                broken.append(f"{document.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text()):
+                broken.append(f"{document.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    found = set()
+    for heading in re.findall(r"^#+ (.+)$", markdown, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(slug)
+    return found
 
 
 def test_the_readme_has_a_python_example():
@@ -60,7 +99,7 @@ def _mentions() -> list[tuple[int, str, str | None]]:
     found = []
     section: str | None = None
     fenced = False
-    for number, line in enumerate(README.splitlines(), 1):
+    for number, line in enumerate(README.splitlines(), 1):  # numbers count through README then docs/
         if line.startswith("```"):
             fenced = not fenced
             continue
