@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +24,11 @@ from qtool.errors import QtoolError
 from qtool.files import read_json
 from qtool.observers import Observer, create_observer
 from qtool.runtime import create_session, run_session
+from qtool.schemas.stats import STATS_FORMAT, STATS_VERSION, parse_stats
 from qtool.weights import Weights
 
 log = logging.getLogger(__name__)
 
-STATS_FORMAT = "qtool-calibration-stats"
-STATS_VERSION = 1
 STATS_MAX_BYTES = 1 << 30  # a statistics file larger than this is not one qtool wrote
 
 ProgressCallback = Callable[[int], None]  # called with the number of samples just processed
@@ -75,38 +73,31 @@ class CalibrationStats:
         Every field is checked before use. A ``package.module:Class`` observer is imported only if it
         is in ``trusted`` (what the user named: --observer, the config) or ``QTOOL_OBSERVERS``.
         """
-        if not isinstance(data, dict) or data.get("format") != STATS_FORMAT:
-            raise QtoolError(f"{source} is not a qtool statistics file (missing format '{STATS_FORMAT}')")
-        if data.get("version") != STATS_VERSION:
-            raise QtoolError(
-                f"{source}: unsupported statistics version {data.get('version')!r}",
-                hint=f"this qtool reads version {STATS_VERSION}; re-run qtool calibrate",
-            )
-        _check_fields(data, source)
+        document = parse_stats(data, source)
         tensors: dict[str, Observer] = {}
-        for name, entry in data["tensors"].items():
+        for name, entry in document.tensors.items():
             try:
                 observer = create_observer(
-                    entry["observer"], entry["axis"], entry["options"] or {}, allow_import=entry["observer"] in trusted
+                    entry.observer, entry.axis, entry.options or {}, allow_import=entry.observer in trusted
                 )
-                if entry["state"]:
-                    observer.load_state(entry["state"])
+                if entry.state:
+                    observer.load_state(entry.state)
                     observer.check()
             except QtoolError as e:
                 raise QtoolError(f"{source}: tensor {name!r}: {e.message}", hint=e.hint) from e
             except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
                 raise QtoolError(f"{source}: tensor {name!r}: malformed statistics ({type(e).__name__}: {e})") from e
             tensors[name] = observer
-        if tensors and data["samples"] == 0:
+        if tensors and document.samples == 0:
             raise QtoolError(f"{source} holds statistics of 0 samples", hint="re-run qtool calibrate on usable samples")
         return cls(
-            data["model_sha256"],
-            data["observer"],
-            data["samples"],
+            document.model_sha256,
+            document.observer,
+            document.samples,
             tensors,
-            data["shard"],
-            data["skipped"],
-            dict(data["elements"]),
+            document.shard,
+            document.skipped,
+            dict(document.elements),
         )
 
     @classmethod
@@ -158,53 +149,6 @@ class CalibrationStats:
             self.skipped + other.skipped,
             {**other.elements, **self.elements},
         )
-
-
-def _check_fields(data: dict[str, Any], source: str) -> None:
-    """The statistics file's fields, with their types and ranges, before anything uses them."""
-
-    def bad(field: str, expected: str) -> QtoolError:
-        return QtoolError(f"{source}: field '{field}' must be {expected}, got {data.get(field)!r:.80}")
-
-    def count(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-    if not (isinstance(data.get("model_sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", data["model_sha256"])):
-        raise bad("model_sha256", "a SHA-256 hex digest")
-    if not isinstance(data.get("observer"), str):
-        raise bad("observer", "an observer name")
-    if not count(data.get("samples")):
-        raise bad("samples", "a count")
-    data.setdefault("skipped", 0)
-    if not count(data["skipped"]):
-        raise bad("skipped", "a count")
-    data.setdefault("shard", None)
-    shard = data["shard"]
-    if shard is not None and not (
-        isinstance(shard, str)
-        and (m := re.fullmatch(r"([0-9]{1,9})/([0-9]{1,9})", shard))
-        and 1 <= int(m[1]) <= int(m[2])
-    ):
-        raise bad("shard", "null or 'K/N' with 1 <= K <= N")
-    data["elements"] = data.get("elements") or {}
-    if not (isinstance(data["elements"], dict) and all(count(v) for v in data["elements"].values())):
-        raise bad("elements", "a mapping of tensor names to counts")
-    tensors = data.get("tensors")
-    if not isinstance(tensors, dict):
-        raise bad("tensors", "a mapping of tensor names to observer entries")
-    for name, entry in tensors.items():
-        where = f"{source}: tensor {name!r}"
-        if not isinstance(entry, dict) or not isinstance(entry.get("observer"), str):
-            raise QtoolError(f"{where}: expected an entry with 'observer', 'axis', 'options' and 'state'")
-        entry.setdefault("axis", None)
-        entry.setdefault("options", None)
-        entry.setdefault("state", None)
-        axis = entry["axis"]
-        if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool) or not -64 <= axis < 64):
-            raise QtoolError(f"{where}: 'axis' must be null or a small integer, got {axis!r:.40}")
-        for key in ("options", "state"):
-            if entry[key] is not None and not isinstance(entry[key], dict):
-                raise QtoolError(f"{where}: '{key}' must be a mapping, got {type(entry[key]).__name__}")
 
 
 def with_exposed_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:

@@ -720,6 +720,37 @@ def observers(json_out: JsonOption = None) -> None:
 
 
 @app.command()
+def schema(
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="config, stats, calibrate-report, quantize-report or compare-report.",
+            show_default=False,
+            metavar="NAME",
+        ),
+    ],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", metavar="PATH", help="Write it here instead of stdout.")
+    ] = None,
+) -> None:
+    """Print the JSON Schema of a file qtool reads (config, stats) or a report it writes."""
+
+    def action() -> None:
+        from qtool.report import to_json
+        from qtool.schemas import json_schema
+
+        text = to_json(json_schema(name))
+        if output is None:
+            sys.stdout.write(text)
+        else:
+            from qtool.model_io import write_text
+
+            write_text(output, text)
+
+    _run(action, {"-o": output})
+
+
+@app.command()
 def doctor(json_out: JsonOption = None) -> None:
     """Check this machine: versions, execution providers (each loaded once), CPU features, GPUs."""
 

@@ -7,40 +7,23 @@ out keeps the default. Per-node settings resolve with the precedence
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import onnx.defs
 import re2
 import yaml
 
 from qtool.errors import QtoolError
 from qtool.files import CONFIG_MAX_BYTES, read_text
+from qtool.schemas.config import (
+    validate_document,
+)
 
-CONFIG_VERSION = 1
 _MAX_YAML_NODES = 100_000  # refuses alias bombs long before they exhaust memory
-
-_TOP_KEYS = {"version", "global", "op_type", "node_name", "exclude", "calibration", "accuracy", "preprocess"}
-_SCHEME_KEYS = {"weight", "activation", "weight_only", "placement"}
-PLACEMENTS = ("auto", "integer", "storage")
-SATURATION_GUARDS = ("uint8", "reduce_range", "ignore")
-MAX_BLOCK_SIZE = 1 << 20  # ONNX's block_size attribute is an int64; a block beyond any axis is a typo
-_TENSOR_KEYS = {
-    "weight": {"dtype", "granularity", "symmetric", "block_size", "axis", "saturation"},
-    "activation": {"dtype", "granularity", "symmetric", "observer"},
-}
-_CALIBRATION_KEYS = {"observer", "batch_size", "limit"}
-_ACCURACY_KEYS = {"target_sqnr_db", "max_float_nodes", "samples"}
-WEIGHT_DTYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "fp16")
-ACTIVATION_DTYPES = ("uint8", "int8", "uint16", "int16")  # what onnxruntime's QuantizeLinear executes on CPU
-GRANULARITIES = ("per_tensor", "per_channel", "per_block")
-
 Path_ = tuple[str, ...]
-_ONNX_OPS = sorted({schema.name for schema in onnx.defs.get_all_schemas()})
 
 
 @dataclass(frozen=True)
@@ -216,12 +199,12 @@ class QConfig:
 
 def _name_matches(pattern: str, name: str) -> bool:
     if pattern.startswith("re:"):
-        return _compiled(pattern[3:]).fullmatch(name) is not None
+        return compiled_pattern(pattern[3:]).fullmatch(name) is not None
     return pattern == name
 
 
 @lru_cache(maxsize=512)
-def _compiled(pattern: str) -> Any:
+def compiled_pattern(pattern: str) -> Any:
     """A ``re:`` pattern compiled by RE2: matching takes time linear in the name, whatever the pattern.
 
     Python's ``re`` backtracks: ``(a+)+$`` against a long node name runs for minutes. RE2 has the
@@ -328,83 +311,6 @@ class _Located:
 
 
 # ------------------------------------------------------------------ validation
-def _check_keys(doc: _Located, value: Any, path: Path_, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise doc.error(path, f"expected a mapping, got {type(value).__name__}")
-    for key in value:
-        if key not in allowed:
-            raise doc.error(
-                (*path, key), f"unknown key '{key}'", hint=f"allowed keys: {', '.join(sorted(allowed))}", at_key=True
-            )
-    return value
-
-
-def _check_tensor_scheme(doc: _Located, value: Any, path: Path_, role: str) -> None:
-    _check_keys(doc, value, path, _TENSOR_KEYS[role])
-    dtypes = WEIGHT_DTYPES if role == "weight" else ACTIVATION_DTYPES
-    if "dtype" in value and value["dtype"] not in dtypes:
-        raise doc.error(
-            (*path, "dtype"), f"unsupported {role} dtype {value['dtype']!r}", hint=f"choose one of: {', '.join(dtypes)}"
-        )
-    if "granularity" in value:
-        if value["granularity"] not in GRANULARITIES:
-            raise doc.error(
-                (*path, "granularity"),
-                f"unknown granularity {value['granularity']!r}",
-                hint=f"choose one of: {', '.join(GRANULARITIES)}",
-            )
-        if role == "activation" and value["granularity"] != "per_tensor":
-            raise doc.error((*path, "granularity"), "activations can only be quantized per_tensor")
-    if "symmetric" in value and not isinstance(value["symmetric"], bool):
-        raise doc.error((*path, "symmetric"), f"expected true or false, got {value['symmetric']!r}")
-    if "saturation" in value and value["saturation"] not in SATURATION_GUARDS:
-        raise doc.error(
-            (*path, "saturation"),
-            f"unknown saturation guard {value['saturation']!r}",
-            hint=f"choose one of: {', '.join(SATURATION_GUARDS)}",
-        )
-    if "block_size" in value and value["block_size"] is not None:
-        size = value["block_size"]
-        if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= MAX_BLOCK_SIZE:
-            raise doc.error(
-                (*path, "block_size"),
-                f"expected an integer from 2 to {MAX_BLOCK_SIZE}, got {size!r:.40}",
-                hint="onnxruntime's MatMulNBits wants a power of two >= 16, e.g. 32 or 128",
-            )
-    if (
-        "axis" in value
-        and value["axis"] is not None
-        and (not isinstance(value["axis"], int) or isinstance(value["axis"], bool))
-    ):
-        raise doc.error((*path, "axis"), f"expected an integer axis or null, got {value['axis']!r}")
-    if value.get("observer") is not None:
-        _check_observer(doc, value["observer"], (*path, "observer"))
-
-
-def _check_node_scheme(doc: _Located, value: Any, path: Path_) -> None:
-    if value is None:
-        return
-    _check_keys(doc, value, path, _SCHEME_KEYS)
-    for role in ("weight", "activation"):
-        if role in value:
-            _check_tensor_scheme(doc, value[role], (*path, role), role)
-    if "weight_only" in value and not isinstance(value["weight_only"], bool):
-        raise doc.error((*path, "weight_only"), f"expected true or false, got {value['weight_only']!r}")
-    if "placement" in value and value["placement"] not in PLACEMENTS:
-        raise doc.error((*path, "placement"), f"expected one of {', '.join(PLACEMENTS)}, got {value['placement']!r}")
-
-
-def _check_regex(doc: _Located, pattern: str, path: Path_, *, at_key: bool) -> None:
-    if pattern.startswith("re:"):
-        try:
-            _compiled(pattern[3:])
-        except (ValueError, OverflowError, RecursionError) as e:
-            raise doc.error(
-                path,
-                f"invalid regular expression: {e}",
-                hint="patterns use RE2 syntax (Python's, without backreferences and lookaround)",
-                at_key=at_key,
-            ) from e
 
 
 def split_observer(value: Any) -> tuple[str, dict[str, Any]]:
@@ -415,110 +321,9 @@ def split_observer(value: Any) -> tuple[str, dict[str, Any]]:
     return options.pop("name"), options
 
 
-def _check_observer(doc: _Located, value: Any, path: Path_) -> None:
-    """An observer is a name, or a mapping with ``name`` and its options; both must resolve."""
-    from qtool.observers import create_observer  # the registry imports nothing of config
-
-    if isinstance(value, dict):
-        if not isinstance(value.get("name"), str):
-            raise doc.error(path, "an observer mapping needs 'name: <observer>'")
-    elif not isinstance(value, str):
-        raise doc.error(path, f"expected an observer name or a mapping with 'name', got {value!r}")
-    name, options = split_observer(value)
-    try:
-        create_observer(name, None, options)
-    except QtoolError as e:
-        raise doc.error(path, e.message, hint=e.hint) from e
-
-
-def _check_preprocess(doc: _Located, value: Any) -> None:
-    from qtool import preprocess as pre
-
-    _check_keys(doc, value, ("preprocess",), set(pre.KEYS))
-    choices = {"layout": pre.LAYOUTS, "channel_order": pre.CHANNEL_ORDERS, "dtype": pre.DTYPES}
-    for key, allowed in choices.items():
-        if key in value and value[key] not in allowed:
-            raise doc.error(("preprocess", key), f"expected one of {', '.join(allowed)}, got {value[key]!r}")
-    for key in ("resize", "center_crop"):
-        if key in value:
-            item = value[key]
-            ok_int = isinstance(item, int) and not isinstance(item, bool) and item > 0
-            ok_pair = isinstance(item, list) and len(item) == 2 and all(isinstance(v, int) and v > 0 for v in item)
-            if not (ok_int or ok_pair):
-                raise doc.error(("preprocess", key), f"expected a positive integer or [height, width], got {item!r}")
-    for key in ("mean", "std"):
-        if key in value:
-            item = value[key]
-            if (
-                not isinstance(item, list)
-                or len(item) not in (1, 3)
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in item)
-            ):
-                raise doc.error(("preprocess", key), f"expected a list of 1 or 3 numbers, got {item!r}")
-            if key == "std" and any(v == 0 for v in item):
-                raise doc.error(("preprocess", key), "std values must be non-zero")
-    if "scale" in value and (not isinstance(value["scale"], (int, float)) or isinstance(value["scale"], bool)):
-        raise doc.error(("preprocess", "scale"), f"expected a number, got {value['scale']!r}")
-
-
 def _check_document(doc: _Located) -> None:
-    value = _check_keys(doc, doc.value, (), _TOP_KEYS)
-    if "version" in value and value["version"] != CONFIG_VERSION:
-        raise doc.error(
-            ("version",),
-            f"unsupported config version {value['version']!r}",
-            hint=f"this qtool reads version {CONFIG_VERSION}",
-        )
-    if "global" in value:
-        _check_node_scheme(doc, value["global"], ("global",))
-        if value["global"] is None:
-            raise doc.error(("global",), "global cannot be null", hint="use op_type or exclude to keep nodes in float")
-    for section in ("op_type", "node_name"):
-        entries = value.get(section, {})
-        if entries is None:
-            continue
-        if not isinstance(entries, dict):
-            raise doc.error((section,), f"expected a mapping of names to settings, got {type(entries).__name__}")
-        for key, entry in entries.items():
-            _check_node_scheme(doc, entry, (section, key))
-            _check_regex(doc, key, (section, key), at_key=True)
-    exclude = value.get("exclude", [])
-    if exclude is not None and (not isinstance(exclude, list) or not all(isinstance(x, str) for x in exclude)):
-        raise doc.error(("exclude",), "expected a list of node names")
-    for index, pattern in enumerate(exclude or []):
-        _check_regex(doc, pattern, ("exclude", str(index)), at_key=False)
-    for op_type in value.get("op_type") or {}:
-        if not onnx.defs.has(op_type):
-            close = difflib.get_close_matches(op_type, _ONNX_OPS, n=3)
-            raise doc.error(
-                ("op_type", op_type),
-                f"unknown ONNX op type '{op_type}'",
-                hint=f"did you mean {', '.join(close)}?" if close else "op types are case-sensitive",
-                at_key=True,
-            )
-    if value.get("preprocess") is not None:
-        _check_preprocess(doc, value["preprocess"])
-    calibration = value.get("calibration", {})
-    if calibration is not None:
-        _check_keys(doc, calibration, ("calibration",), _CALIBRATION_KEYS)
-        if "observer" in calibration:
-            _check_observer(doc, calibration["observer"], ("calibration", "observer"))
-        for key in ("batch_size", "limit"):
-            number = calibration.get(key)
-            if number is None and key == "limit":
-                continue
-            if key in calibration and (not isinstance(number, int) or isinstance(number, bool) or number < 1):
-                raise doc.error(("calibration", key), f"expected a positive integer, got {number!r}")
-    accuracy = value.get("accuracy", {})
-    if accuracy is not None:
-        _check_keys(doc, accuracy, ("accuracy",), _ACCURACY_KEYS)
-        target = accuracy.get("target_sqnr_db")
-        if target is not None and (not isinstance(target, int | float) or isinstance(target, bool)):
-            raise doc.error(("accuracy", "target_sqnr_db"), f"expected a number of dB or null, got {target!r}")
-        for key in ("max_float_nodes", "samples"):
-            number = accuracy.get(key)
-            if key in accuracy and (not isinstance(number, int) or isinstance(number, bool) or number < 1):
-                raise doc.error(("accuracy", key), f"expected a positive integer, got {number!r}")
+    """Validate against :class:`qtool.schemas.config.ConfigDocument`, errors at their YAML line."""
+    validate_document(doc.value, doc.error)
 
 
 def _builtin_default_text() -> str:

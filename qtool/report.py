@@ -6,6 +6,7 @@ import json
 import math
 from typing import Any
 
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
@@ -16,6 +17,7 @@ from qtool.comparison import ErrorMetrics, LatencyStats
 from qtool.doctor import Doctor
 from qtool.inspection import Inspection
 from qtool.layers import LayerError, largest_drop
+from qtool.schemas.reports import CalibrateReport, CompareReport, QuantizeReport
 from qtool.sensitivity import FallbackResult
 from qtool.terminal import for_terminal
 
@@ -50,118 +52,124 @@ def _latency_dict(stats: LatencyStats) -> dict[str, Any]:
 
 
 def comparison_to_dict(result: ComparisonResult) -> dict[str, Any]:
-    """The ``qtool compare --json`` document (schema described in the README)."""
+    """The ``qtool compare --json`` document (schema: :class:`qtool.schemas.reports.CompareReport`)."""
     drop = largest_drop(result.layers or [])
-    return {
-        "schema_version": COMPARE_SCHEMA_VERSION,
-        "qtool_version": __version__,
-        "models": {
-            "reference": {"path": result.reference.path, "sha256": result.reference.sha256},
-            "candidate": {"path": result.candidate.path, "sha256": result.candidate.sha256},
-        },
-        "data": {"dir": result.data_dir, "samples": result.samples},
-        "size": {
-            "reference_bytes": result.reference.size_bytes,
-            "candidate_bytes": result.candidate.size_bytes,
-            "compression_ratio": result.compression_ratio,
-        },
-        "accuracy": {
-            "overall": _metrics_dict(result.overall),
-            "outputs": [_metrics_dict(m) for m in result.outputs],
-            "task": result.task_note,
-            "classification": [
-                {"output": a.name, "top1": a.top1, "top5": a.top5, "rows": a.rows} for a in result.agreement
-            ],
-        },
-        "per_layer": None
-        if result.layers is None
-        else {
-            "largest_drop": None
-            if drop is None
-            else {"node": drop.node, "tensor": drop.tensor, "drop_db": drop.drop_db},
-            "layers": [
+    return _conforming(
+        CompareReport,
+        {
+            "schema_version": COMPARE_SCHEMA_VERSION,
+            "qtool_version": __version__,
+            "models": {
+                "reference": {"path": result.reference.path, "sha256": result.reference.sha256},
+                "candidate": {"path": result.candidate.path, "sha256": result.candidate.sha256},
+            },
+            "data": {"dir": result.data_dir, "samples": result.samples},
+            "size": {
+                "reference_bytes": result.reference.size_bytes,
+                "candidate_bytes": result.candidate.size_bytes,
+                "compression_ratio": result.compression_ratio,
+            },
+            "accuracy": {
+                "overall": _metrics_dict(result.overall),
+                "outputs": [_metrics_dict(m) for m in result.outputs],
+                "task": result.task_note,
+                "classification": [
+                    {"output": a.name, "top1": a.top1, "top5": a.top5, "rows": a.rows} for a in result.agreement
+                ],
+            },
+            "per_layer": None
+            if result.layers is None
+            else {
+                "largest_drop": None
+                if drop is None
+                else {"node": drop.node, "tensor": drop.tensor, "drop_db": drop.drop_db},
+                "layers": [
+                    {
+                        "tensor": r.tensor,
+                        "node": r.node,
+                        "op_type": r.op_type,
+                        "sqnr_db": _finite(r.sqnr_db),
+                        "mse": r.mse,
+                        "cosine": r.cosine,
+                        "input_sqnr_db": r.input_sqnr_db,
+                        "drop_db": r.drop_db,
+                    }
+                    for r in result.layers
+                ],
+            },
+            "latency": [
                 {
-                    "tensor": r.tensor,
-                    "node": r.node,
-                    "op_type": r.op_type,
-                    "sqnr_db": _finite(r.sqnr_db),
-                    "mse": r.mse,
-                    "cosine": r.cosine,
-                    "input_sqnr_db": r.input_sqnr_db,
-                    "drop_db": r.drop_db,
+                    "provider": lat.provider,
+                    "threads": lat.threads,
+                    "reference": _latency_dict(lat.reference),
+                    "candidate": _latency_dict(lat.candidate),
+                    "speedup": lat.speedup,
                 }
-                for r in result.layers
+                for lat in result.latency
             ],
+            "skipped_providers": [{"provider": p, "reason": why} for p, why in result.skipped_providers],
+            "gates": {
+                "passed": result.gates_passed,
+                "results": [
+                    {
+                        "gate": g.gate.label,
+                        "metric": g.gate.metric,
+                        "direction": g.gate.direction,
+                        "threshold": g.gate.threshold,
+                        "measured": None if g.measured is None else _finite(g.measured),
+                        "passed": g.passed,
+                        "note": g.note,
+                    }
+                    for g in result.gates
+                ],
+            },
+            "reproducibility": {
+                "reference_sha256": result.reference.sha256,
+                "candidate_sha256": result.candidate.sha256,
+                **result.reproducibility,
+            },
         },
-        "latency": [
-            {
-                "provider": lat.provider,
-                "threads": lat.threads,
-                "reference": _latency_dict(lat.reference),
-                "candidate": _latency_dict(lat.candidate),
-                "speedup": lat.speedup,
-            }
-            for lat in result.latency
-        ],
-        "skipped_providers": [{"provider": p, "reason": why} for p, why in result.skipped_providers],
-        "gates": {
-            "passed": result.gates_passed,
-            "results": [
-                {
-                    "gate": g.gate.label,
-                    "metric": g.gate.metric,
-                    "direction": g.gate.direction,
-                    "threshold": g.gate.threshold,
-                    "measured": None if g.measured is None else _finite(g.measured),
-                    "passed": g.passed,
-                    "note": g.note,
-                }
-                for g in result.gates
-            ],
-        },
-        "reproducibility": {
-            "reference_sha256": result.reference.sha256,
-            "candidate_sha256": result.candidate.sha256,
-            **result.reproducibility,
-        },
-    }
+    )
 
 
 def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
-    """The ``qtool quantize --json`` document."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "qtool_version": __version__,
-        "input": {"path": result.source.path, "bytes": result.source.size_bytes, "sha256": result.source.sha256},
-        "output": {
-            "path": result.output.path,
-            "bytes": result.output.size_bytes,  # the model file and its external data files
-            "sha256": result.output.sha256,
-            "data_files": result.data_files,
+    """The ``qtool quantize --json`` document (schema: :class:`qtool.schemas.reports.QuantizeReport`)."""
+    return _conforming(
+        QuantizeReport,
+        {
+            "schema_version": SCHEMA_VERSION,
+            "qtool_version": __version__,
+            "input": {"path": result.source.path, "bytes": result.source.size_bytes, "sha256": result.source.sha256},
+            "output": {
+                "path": result.output.path,
+                "bytes": result.output.size_bytes,  # the model file and its external data files
+                "sha256": result.output.sha256,
+                "data_files": result.data_files,
+            },
+            "compression_ratio": result.compression_ratio,
+            "calibration_samples": result.calibration_samples,
+            "quantized": {
+                "nodes": result.rewrite.quantized_nodes,
+                "weights": result.rewrite.quantized_weights,
+                "biases": result.rewrite.quantized_biases,
+                "activations": result.rewrite.quantized_activations,
+            },
+            "skipped": [{"node": node, "reason": reason} for node, reason in result.skipped],
+            "passthrough_ops": result.rewrite.passthrough,
+            "placements": result.placements,
+            "predicted_kernels": result.kernels,
+            "prepare": {
+                "constants_to_initializers": result.prepare.constants_to_initializers,
+                "folded_batchnorms": result.prepare.folded_batchnorms,
+                "opset_before": result.prepare.opset_before,
+                "opset_after": result.prepare.opset_after,
+                "shape_inference_error": result.prepare.shape_inference_error,
+            },
+            "sensitivity": _fallback_dict(result.fallback) if result.fallback else None,
+            "notes": result.notes,
+            "comparison": comparison_to_dict(result.comparison) if result.comparison else None,
         },
-        "compression_ratio": result.compression_ratio,
-        "calibration_samples": result.calibration_samples,
-        "quantized": {
-            "nodes": result.rewrite.quantized_nodes,
-            "weights": result.rewrite.quantized_weights,
-            "biases": result.rewrite.quantized_biases,
-            "activations": result.rewrite.quantized_activations,
-        },
-        "skipped": [{"node": node, "reason": reason} for node, reason in result.skipped],
-        "passthrough_ops": result.rewrite.passthrough,
-        "placements": result.placements,
-        "predicted_kernels": result.kernels,
-        "prepare": {
-            "constants_to_initializers": result.prepare.constants_to_initializers,
-            "folded_batchnorms": result.prepare.folded_batchnorms,
-            "opset_before": result.prepare.opset_before,
-            "opset_after": result.prepare.opset_after,
-            "shape_inference_error": result.prepare.shape_inference_error,
-        },
-        "sensitivity": _fallback_dict(result.fallback) if result.fallback else None,
-        "notes": result.notes,
-        "comparison": comparison_to_dict(result.comparison) if result.comparison else None,
-    }
+    )
 
 
 def _fallback_dict(f: FallbackResult) -> dict[str, Any]:
@@ -181,16 +189,25 @@ def _fallback_dict(f: FallbackResult) -> dict[str, Any]:
 
 
 def stats_summary_dict(stats: CalibrationStats, path: str) -> dict[str, Any]:
-    """The ``qtool calibrate --json`` summary."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "qtool_version": __version__,
-        "stats_path": path,
-        "observer": stats.observer,
-        "samples": stats.samples,
-        "tensors": len(stats.tensors),
-        "model_sha256": stats.model_sha256,
-    }
+    """The ``qtool calibrate --json`` summary (schema: :class:`qtool.schemas.reports.CalibrateReport`)."""
+    return _conforming(
+        CalibrateReport,
+        {
+            "schema_version": SCHEMA_VERSION,
+            "qtool_version": __version__,
+            "stats_path": path,
+            "observer": stats.observer,
+            "samples": stats.samples,
+            "tensors": len(stats.tensors),
+            "model_sha256": stats.model_sha256,
+        },
+    )
+
+
+def _conforming(model: type[BaseModel], document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` after its schema model has checked it: a report never drifts from its schema."""
+    model.model_validate(document)
+    return document
 
 
 def to_json(document: dict[str, Any]) -> str:

@@ -123,8 +123,8 @@ def _first(document: dict) -> dict:
         (lambda d: d.update(samples=-3), "'samples'"),
         (lambda d: d.update(samples=0), "0 samples"),
         (lambda d: d.update(tensors=[1, 2]), "'tensors'"),
-        (lambda d: _first(d).update(axis="zero"), "'axis'"),
-        (lambda d: _first(d).update(state=[1]), "'state' must be a mapping"),
+        (lambda d: _first(d).update(axis="zero"), ".axis'"),
+        (lambda d: _first(d).update(state=[1]), ".state': Input should be a valid dictionary"),
         (lambda d: d.update(model_sha256=12), "'model_sha256'"),
     ],
 )

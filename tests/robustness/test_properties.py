@@ -35,6 +35,7 @@ from qtool.qparams import (
     to_tensor_proto,
     weight_range,
 )
+from qtool.schemas import config as schema
 from tests.conftest import ROOT
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -174,11 +175,17 @@ def test_values_far_beyond_the_range_saturate_to_the_right_end(qtype: QuantType)
 
 
 # ------------------------------------------------------------------ config parsing
+def _fields(model: Any) -> set[str]:
+    """The YAML keys of a config model (its aliases: ``global`` for ``global_``)."""
+    return {field.alias or name for name, field in model.model_fields.items()}
+
+
 def _schema_keys() -> list[str]:
     """Every key the config schema and the shipped configs use (observer option names left out: see below)."""
-    keys = set(qconfig._TOP_KEYS) | set(qconfig._SCHEME_KEYS) | set(qconfig._CALIBRATION_KEYS)
-    keys |= set(qconfig._ACCURACY_KEYS) | set(preprocess.KEYS) | {"name"}
-    keys |= {key for role in qconfig._TENSOR_KEYS.values() for key in role}
+    keys = {"name"}
+    for model in (schema.ConfigDocument, schema.NodeSettings, schema.CalibrationSection, schema.AccuracySection,
+                  schema.PreprocessSection, schema.WeightSettings, schema.ActivationSettings):  # fmt: skip
+        keys |= _fields(model)
 
     def walk(value: Any) -> None:
         if isinstance(value, dict):
@@ -193,10 +200,10 @@ def _schema_keys() -> list[str]:
 
 SHIPPED_CONFIGS = [yaml.safe_load(p.read_text(encoding="utf-8")) for p in sorted((ROOT / "configs").glob("*.yaml"))]
 WORDS = [
-    *qconfig.WEIGHT_DTYPES,
-    *qconfig.ACTIVATION_DTYPES,
-    *qconfig.GRANULARITIES,
-    *qconfig.PLACEMENTS,
+    *schema.WEIGHT_DTYPES,
+    *schema.ACTIVATION_DTYPES,
+    *schema.GRANULARITIES,
+    *schema.PLACEMENTS,
     *builtin_observers(),
     *preprocess.LAYOUTS,
     *preprocess.CHANNEL_ORDERS,
@@ -250,15 +257,16 @@ def _observers() -> st.SearchStrategy[Any]:
 
 def _tensor(role: str) -> st.SearchStrategy[dict[str, Any]]:
     leaf: dict[str, st.SearchStrategy[Any]] = {
-        "dtype": st.sampled_from(qconfig.WEIGHT_DTYPES + qconfig.ACTIVATION_DTYPES) | scalars,
-        "granularity": st.sampled_from(qconfig.GRANULARITIES) | scalars,
+        "dtype": st.sampled_from(schema.WEIGHT_DTYPES + schema.ACTIVATION_DTYPES) | scalars,
+        "granularity": st.sampled_from(schema.GRANULARITIES) | scalars,
         "symmetric": st.booleans() | scalars,
         "block_size": st.sampled_from([None, 2, 16, 32, 128]) | scalars,
         "axis": st.sampled_from([None, 0, 1, -1]) | scalars,
-        "saturation": st.sampled_from(qconfig.SATURATION_GUARDS) | scalars,
+        "saturation": st.sampled_from(schema.SATURATION_GUARDS) | scalars,
         "observer": _observers(),
     }
-    return st.fixed_dictionaries({}, optional={key: leaf[key] for key in sorted(qconfig._TENSOR_KEYS[role])})
+    model = schema.WeightSettings if role == "weight" else schema.ActivationSettings
+    return st.fixed_dictionaries({}, optional={key: leaf[key] for key in sorted(_fields(model))})
 
 
 node_scheme = st.none() | st.fixed_dictionaries(
@@ -267,7 +275,7 @@ node_scheme = st.none() | st.fixed_dictionaries(
         "weight": _tensor("weight") | values,
         "activation": _tensor("activation") | values,
         "weight_only": st.booleans() | scalars,
-        "placement": st.sampled_from(qconfig.PLACEMENTS) | scalars,
+        "placement": st.sampled_from(schema.PLACEMENTS) | scalars,
     },
 )
 size = st.integers(1, 512) | st.lists(st.integers(1, 512), min_size=2, max_size=2) | scalars

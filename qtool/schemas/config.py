@@ -1,0 +1,364 @@
+"""The QConfigDict as pydantic models: one definition for validation and for ``qtool schema config``.
+
+Every field is optional: a user's file is validated as written, then merged over the built-in
+``configs/default.yaml``. Models are strict (YAML already gives typed values; ``"yes"`` is not
+``true``) and forbid unknown keys. :func:`located_error` turns pydantic's first error into a
+QtoolError at the YAML line and column of the offending key or value.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal
+
+import onnx.defs
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from qtool.errors import QtoolError
+
+CONFIG_VERSION = 1
+WEIGHT_DTYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "fp16")
+ACTIVATION_DTYPES = ("uint8", "int8", "uint16", "int16")  # what onnxruntime's QuantizeLinear executes on CPU
+GRANULARITIES = ("per_tensor", "per_channel", "per_block")
+PLACEMENTS = ("auto", "integer", "storage")
+SATURATION_GUARDS = ("uint8", "reduce_range", "ignore")
+MAX_BLOCK_SIZE = 1 << 20  # ONNX's block_size attribute is an int64; a block beyond any axis is a typo
+LAYOUTS = ("NCHW", "NHWC")
+CHANNEL_ORDERS = ("RGB", "BGR")
+PREPROCESS_DTYPES = ("float32", "float16", "uint8", "int8")
+_ONNX_OPS = sorted({schema.name for schema in onnx.defs.get_all_schemas()})
+
+WeightDtype = Literal["int8", "uint8", "int4", "uint4", "int2", "uint2", "fp16"]
+ActivationDtype = Literal["uint8", "int8", "uint16", "int16"]
+Granularity = Literal["per_tensor", "per_channel", "per_block"]
+Positive = Annotated[int, Field(ge=1)]
+Size = int | list[Positive]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # Fields where an explicit ``null`` means something (the default, or "keep in float"); anywhere
+    # else ``null`` is an error, as omitting the key is the way to take the default.
+    nullable: ClassVar[frozenset[str]] = frozenset()
+
+
+class _Null:
+    """Stands in for an explicit ``null`` where none is allowed, so that validation reports it there."""
+
+    def __repr__(self) -> str:
+        return "None"
+
+
+NULL = _Null()
+
+
+def _mark_nulls(value: Any, model: type[BaseModel] | None) -> Any:
+    """``value`` with every forbidden explicit null replaced by :data:`NULL`."""
+    if model is None or not isinstance(value, dict):
+        return value
+    fields = {(f.alias or name): f for name, f in model.model_fields.items()}
+    nullable: frozenset[str] = getattr(model, "nullable", frozenset())
+    marked: dict[str, Any] = {}
+    for key, item in value.items():
+        field = fields.get(key)
+        if field is None:
+            marked[key] = item
+        elif item is None:
+            marked[key] = None if key in nullable else NULL
+        elif isinstance(item, dict) and key in ("op_type", "node_name"):
+            rule = _model_of(field.annotation)
+            marked[key] = {name: _mark_nulls(entry, rule) for name, entry in item.items()}
+        else:
+            marked[key] = _mark_nulls(item, _model_of(field.annotation))
+    return marked
+
+
+def _check_observer(value: Any) -> Any:
+    """An observer is a name, or a mapping with ``name`` and its options; both must resolve."""
+    from qtool.observers import create_observer  # the registry imports nothing of config
+
+    if isinstance(value, dict):
+        if not isinstance(value.get("name"), str):
+            raise ValueError("an observer mapping needs 'name: <observer>'")
+        options = {k: v for k, v in value.items() if k != "name"}
+        name = value["name"]
+    elif isinstance(value, str):
+        name, options = value, {}
+    else:
+        raise ValueError(f"expected an observer name or a mapping with 'name', got {value!r}")
+    try:
+        create_observer(name, None, options)
+    except QtoolError as e:
+        raise ValueError(e.message + (f" ({e.hint})" if e.hint else "")) from None
+    return value
+
+
+ObserverSpec = Annotated[str | dict[str, Any], Field(description="an observer name, or {name: ..., <option>: ...}")]
+
+
+class WeightSettings(_Strict):
+    """How a node's constant weight is stored."""
+
+    dtype: WeightDtype | None = None
+    granularity: Granularity | None = None
+    symmetric: bool | None = None
+    block_size: Annotated[int, Field(ge=2, le=MAX_BLOCK_SIZE)] | None = None
+    axis: int | None = None
+    saturation: Literal["uint8", "reduce_range", "ignore"] | None = None
+
+    nullable: ClassVar[frozenset[str]] = frozenset({"block_size", "axis"})
+
+
+class ActivationSettings(_Strict):
+    """How a node's float inputs (and the output it feeds an integer consumer) are quantized."""
+
+    dtype: ActivationDtype | None = None
+    granularity: Literal["per_tensor"] | None = None
+    symmetric: bool | None = None
+    observer: ObserverSpec | None = None
+
+    nullable: ClassVar[frozenset[str]] = frozenset({"observer"})
+
+    @field_validator("observer", mode="before")
+    @classmethod
+    def _observer(cls, value: Any) -> Any:
+        return value if value is None else _check_observer(value)
+
+
+class NodeSettings(_Strict):
+    """Settings of the nodes one rule matches; ``null`` in its place keeps them in float."""
+
+    weight: WeightSettings | None = None
+    activation: ActivationSettings | None = None
+    weight_only: bool | None = None
+    placement: Literal["auto", "integer", "storage"] | None = None
+
+
+class CalibrationSection(_Strict):
+    """How ``qtool calibrate`` observes activations."""
+
+    observer: ObserverSpec | None = None
+    batch_size: Positive | None = None
+    limit: Positive | None = None
+
+    nullable: ClassVar[frozenset[str]] = frozenset({"limit"})
+
+    @field_validator("observer", mode="before")
+    @classmethod
+    def _observer(cls, value: Any) -> Any:
+        return value if value is None else _check_observer(value)
+
+
+class AccuracySection(_Strict):
+    """The sensitivity search run by ``quantize --data``."""
+
+    target_sqnr_db: float | None = None
+    max_float_nodes: Positive | None = None
+    samples: Positive | None = None
+
+    nullable: ClassVar[frozenset[str]] = frozenset({"target_sqnr_db"})
+
+    @field_validator("target_sqnr_db", mode="before")
+    @classmethod
+    def _number(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (value is not None and not isinstance(value, int | float)):
+            raise ValueError(f"expected a number of dB or null, got {value!r}")
+        return None if value is None else float(value)
+
+
+class PreprocessSection(_Strict):
+    """How image samples become a model input."""
+
+    resize: Size | None = None
+    center_crop: Size | None = None
+    scale: float | None = None
+    mean: list[float] | None = None
+    std: list[float] | None = None
+    channel_order: Literal["RGB", "BGR"] | None = None
+    layout: Literal["NCHW", "NHWC"] | None = None
+    dtype: Literal["float32", "float16", "uint8", "int8"] | None = None
+
+    @field_validator("resize", "center_crop", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        ok_int = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        ok_pair = (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+        )
+        if not (ok_int or ok_pair):
+            raise ValueError(f"expected a positive integer or [height, width], got {value!r}")
+        return value
+
+    @field_validator("mean", "std", mode="before")
+    @classmethod
+    def _per_channel(cls, value: Any) -> Any:
+        if (
+            not isinstance(value, list)
+            or len(value) not in (1, 3)
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+        ):
+            raise ValueError(f"expected a list of 1 or 3 numbers, got {value!r}")
+        return [float(v) for v in value]
+
+    @field_validator("std")
+    @classmethod
+    def _nonzero(cls, value: list[float]) -> list[float]:
+        if any(v == 0 for v in value):
+            raise ValueError("std values must be non-zero")
+        return value
+
+    @field_validator("scale", mode="before")
+    @classmethod
+    def _scale(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"expected a number, got {value!r}")
+        return float(value)
+
+
+class ConfigDocument(_Strict):
+    """A QConfigDict file (every key optional; merged over the built-in default)."""
+
+    version: Literal[1] | None = None
+    global_: NodeSettings | None = Field(default=None, alias="global")
+    op_type: dict[str, NodeSettings | None] | None = None
+    node_name: dict[str, NodeSettings | None] | None = None
+    exclude: list[str] | None = None
+    calibration: CalibrationSection | None = None
+    accuracy: AccuracySection | None = None
+    preprocess: PreprocessSection | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+    # a section set to null is dropped before the merge: the default applies
+    nullable: ClassVar[frozenset[str]] = frozenset(
+        {"op_type", "node_name", "exclude", "calibration", "accuracy", "preprocess"}
+    )
+
+
+def validate_document(value: Any, error: Callable[..., QtoolError]) -> ConfigDocument:
+    """Validate a parsed YAML document; ``error(path, message, hint=..., at_key=...)`` locates failures."""
+    if not isinstance(value, dict):
+        raise error((), f"expected a mapping, got {type(value).__name__}")
+    if "global" in value and value["global"] is None:
+        raise error(("global",), "global cannot be null", hint="use op_type or exclude to keep nodes in float")
+    try:
+        document = ConfigDocument.model_validate(_mark_nulls(value, ConfigDocument))
+    except ValidationError as e:
+        raise located_error(e, error) from None
+    _check_names(value, error)
+    return document
+
+
+def _check_names(value: dict[str, Any], error: Callable[..., QtoolError]) -> None:
+    """Rule keys and exclude entries: valid RE2 patterns, and op types ONNX knows."""
+    from qtool.config import compiled_pattern
+
+    def check_pattern(pattern: str, path: tuple[str, ...], *, at_key: bool) -> None:
+        if pattern.startswith("re:"):
+            try:
+                compiled_pattern(pattern[3:])
+            except (ValueError, OverflowError, RecursionError) as e:
+                raise error(
+                    path,
+                    f"invalid regular expression: {e}",
+                    hint="patterns use RE2 syntax (Python's, without backreferences and lookaround)",
+                    at_key=at_key,
+                ) from e
+
+    for section in ("op_type", "node_name"):
+        for key in value.get(section) or {}:
+            check_pattern(key, (section, key), at_key=True)
+    for index, pattern in enumerate(value.get("exclude") or []):
+        check_pattern(pattern, ("exclude", str(index)), at_key=False)
+    for op_type in value.get("op_type") or {}:
+        if not onnx.defs.has(op_type):
+            close = difflib.get_close_matches(op_type, _ONNX_OPS, n=3)
+            raise error(
+                ("op_type", op_type),
+                f"unknown ONNX op type '{op_type}'",
+                hint=f"did you mean {', '.join(close)}?" if close else "op types are case-sensitive",
+                at_key=True,
+            )
+
+
+# What a failed check says, by the field it concerns (pydantic's own words otherwise).
+_FIELD_MESSAGES = {
+    "block_size": f"expected an integer from 2 to {MAX_BLOCK_SIZE}",
+    "axis": "expected an integer axis or null",
+    "batch_size": "expected a positive integer",
+    "limit": "expected a positive integer",
+    "max_float_nodes": "expected a positive integer",
+    "samples": "expected a positive integer",
+    "exclude": "expected a list of node names",
+}
+_CHOICES = {
+    "granularity": ("unknown granularity", GRANULARITIES),
+    "saturation": ("unknown saturation guard", SATURATION_GUARDS),
+}
+
+
+def located_error(e: ValidationError, error: Callable[..., QtoolError]) -> QtoolError:
+    """The first validation error as a QtoolError at its YAML position, in qtool's words."""
+    first = e.errors()[0]
+    loc = tuple(str(p) for p in first["loc"])
+    path = tuple("global" if p == "global_" else p for p in loc)
+    kind, value = first["type"], first.get("input")
+    if value is NULL:
+        value = None
+    field = path[-1] if path else ""
+    parent = path[-2] if len(path) > 1 else ""
+    shown = f"{value!r:.60}"
+    if kind == "extra_forbidden":
+        return error(path, f"unknown key '{field}'", hint=_allowed_hint(path), at_key=True)
+    if kind == "value_error":
+        return error(path, str(first["msg"]).removeprefix("Value error, "))
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        if parent in ("op_type", "node_name") or field in ("op_type", "node_name"):
+            return error(path, f"expected a mapping of names to settings, got {type(value).__name__}")
+        return error(path, f"expected a mapping, got {type(value).__name__}")
+    if kind in ("bool_type", "bool_parsing"):
+        return error(path, f"expected true or false, got {shown}")
+    if kind == "literal_error":
+        if field == "version":
+            return error(path, f"unsupported config version {shown}", hint=f"this qtool reads version {CONFIG_VERSION}")
+        if field == "dtype" and parent in ("weight", "activation"):
+            choices: tuple[str, ...] = WEIGHT_DTYPES if parent == "weight" else ACTIVATION_DTYPES
+            return error(path, f"unsupported {parent} dtype {shown}", hint=f"choose one of: {', '.join(choices)}")
+        if field == "granularity" and parent == "activation":
+            return error(path, "activations can only be quantized per_tensor")
+        if field in _CHOICES:
+            words, choices = _CHOICES[field]
+            return error(path, f"{words} {shown}", hint=f"choose one of: {', '.join(choices)}")
+        expected = str(first.get("ctx", {}).get("expected", "")).replace("'", "").replace(" or ", ", ")
+        return error(path, f"expected one of {expected}, got {shown}")
+    for name in (field, parent):
+        if name in _FIELD_MESSAGES:
+            return error(path[: path.index(name) + 1], f"{_FIELD_MESSAGES[name]}, got {shown}")
+    return error(path, f"{first['msg']}, got {shown}")
+
+
+def _allowed_hint(path: tuple[str, ...]) -> str:
+    """The keys allowed where an unknown one was found."""
+    model: Any = ConfigDocument
+    for part in path[:-1]:
+        fields = {(f.alias or name): f for name, f in model.model_fields.items()}
+        if part in fields:
+            model = _model_of(fields[part].annotation)
+        # a rule's name under op_type / node_name keeps the same model
+        if model is None:
+            return "see docs/configuration.md"
+    keys = sorted((f.alias or name) for name, f in model.model_fields.items())
+    return f"allowed keys: {', '.join(keys)}"
+
+
+def _model_of(annotation: Any) -> Any:
+    """The pydantic model inside ``X | None`` or ``dict[str, X | None]``."""
+    stack = [annotation]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            return item
+        stack.extend(getattr(item, "__args__", ()))
+    return None

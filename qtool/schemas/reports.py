@@ -1,0 +1,261 @@
+"""The JSON reports of ``calibrate``, ``quantize`` and ``compare --json``, as pydantic models.
+
+:mod:`qtool.report` builds each document and passes it through its model before writing, so a
+report cannot drift from its schema; ``qtool schema quantize-report`` prints the schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Metrics(_Report):
+    """Error of one output (or of all together) against the reference."""
+
+    name: str
+    mse: float
+    sqnr_db: float | None = Field(description="null when the outputs are identical (infinite SQNR)")
+    cosine: float
+    max_abs_error: float
+    elements: int
+
+
+class ModelRef(_Report):
+    """A model file by path and digest."""
+
+    path: str
+    sha256: str
+
+
+class Models(_Report):
+    """The two models compared."""
+
+    reference: ModelRef
+    candidate: ModelRef
+
+
+class Data(_Report):
+    """The evaluation samples."""
+
+    dir: str
+    samples: int
+
+
+class Size(_Report):
+    """On-disk sizes, data files included."""
+
+    reference_bytes: int
+    candidate_bytes: int
+    compression_ratio: float
+
+
+class Agreement(_Report):
+    """Top-1/top-5 agreement of one classification output."""
+
+    output: str
+    top1: float
+    top5: float
+    rows: int
+
+
+class Accuracy(_Report):
+    """Error against the reference, overall and per output."""
+
+    overall: Metrics
+    outputs: list[Metrics]
+    task: str
+    classification: list[Agreement]
+
+
+class LargestDrop(_Report):
+    """The layer that loses the most dB."""
+
+    node: str
+    tensor: str
+    drop_db: float
+
+
+class Layer(_Report):
+    """One intermediate tensor paired between the models."""
+
+    tensor: str
+    node: str
+    op_type: str
+    sqnr_db: float | None
+    mse: float
+    cosine: float
+    input_sqnr_db: float | None
+    drop_db: float
+
+
+class PerLayer(_Report):
+    """Per-layer error (``--per-layer``)."""
+
+    largest_drop: LargestDrop | None
+    layers: list[Layer]
+
+
+class LatencyStats(_Report):
+    """Latency of one model on one provider, in milliseconds."""
+
+    median_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    runs: int
+
+
+class Latency(_Report):
+    """Both models' latency on one provider."""
+
+    provider: str
+    threads: int | None
+    reference: LatencyStats
+    candidate: LatencyStats
+    speedup: float
+
+
+class SkippedProvider(_Report):
+    """A provider asked for but not measured, and why."""
+
+    provider: str
+    reason: str
+
+
+class GateResult(_Report):
+    """One CI gate and its verdict."""
+
+    gate: str
+    metric: str
+    direction: str
+    threshold: float
+    measured: float | None
+    passed: bool
+    note: str
+
+
+class Gates(_Report):
+    """All gates; ``passed`` is false when any failed."""
+
+    passed: bool
+    results: list[GateResult]
+
+
+class CompareReport(_Report):
+    """``qtool compare --json``: size, accuracy, per-layer error, latency per provider, gates."""
+
+    schema_version: int
+    qtool_version: str
+    models: Models
+    data: Data
+    size: Size
+    accuracy: Accuracy
+    per_layer: PerLayer | None
+    latency: list[Latency]
+    skipped_providers: list[SkippedProvider]
+    gates: Gates
+    reproducibility: dict[str, Any] = Field(description="digests, versions, CPU and settings behind the numbers")
+
+
+class InputModel(_Report):
+    """The float model read."""
+
+    path: str
+    bytes: int
+    sha256: str
+
+
+class OutputModel(_Report):
+    """The quantized model written."""
+
+    path: str
+    bytes: int = Field(description="the model file and its external data files")
+    sha256: str
+    data_files: list[str]
+
+
+class Quantized(_Report):
+    """What the rewrite quantized, by name."""
+
+    nodes: list[str]
+    weights: list[str]
+    biases: list[str]
+    activations: list[str]
+
+
+class Skipped(_Report):
+    """A node left float, and why."""
+
+    node: str
+    reason: str
+
+
+class Prepare(_Report):
+    """What graph preparation changed."""
+
+    constants_to_initializers: int
+    folded_batchnorms: list[str]
+    opset_before: int
+    opset_after: int
+    shape_inference_error: str | None
+
+
+class SearchStep(_Report):
+    """One node the sensitivity search tried."""
+
+    node: str
+    op_type: str
+    drop_db: float
+    sqnr_db: float | None
+    kept: bool
+
+
+class Sensitivity(_Report):
+    """The sensitivity search, when it ran."""
+
+    target_sqnr_db: float
+    max_float_nodes: int
+    samples: int
+    initial_sqnr_db: float | None
+    final_sqnr_db: float | None
+    reached: bool
+    float_activation_nodes: list[str]
+    steps: list[SearchStep]
+
+
+class QuantizeReport(_Report):
+    """``qtool quantize --json``: what was quantized, how, and (with --data) how it compares."""
+
+    schema_version: int
+    qtool_version: str
+    input: InputModel
+    output: OutputModel
+    compression_ratio: float
+    calibration_samples: int
+    quantized: Quantized
+    skipped: list[Skipped]
+    passthrough_ops: dict[str, int]
+    placements: dict[str, int]
+    predicted_kernels: dict[str, int]
+    prepare: Prepare
+    sensitivity: Sensitivity | None
+    notes: list[str]
+    comparison: CompareReport | None
+
+
+class CalibrateReport(_Report):
+    """``qtool calibrate --json``: a summary of the statistics written."""
+
+    schema_version: int
+    qtool_version: str
+    stats_path: str
+    observer: str
+    samples: int
+    tensors: int
+    model_sha256: str
