@@ -62,9 +62,9 @@ BARE = (
     PRELUDE
     + r"""
 from qtool.api import _prepare
-from qtool.calibration import with_exposed_outputs
+from qtool.calibration.statistics import with_exposed_outputs
 from qtool.config import load_config
-from qtool.runtime import create_session
+from qtool.graph.session import create_session
 import onnxruntime as ort
 start = time.perf_counter()
 state = _prepare(Path(model), load_config())

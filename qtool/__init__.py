@@ -20,7 +20,7 @@ _EXPORTS = {
     "write_stats": "qtool.api",
     "ComparisonResult": "qtool.api",
     "QuantizeResult": "qtool.api",
-    "CalibrationStats": "qtool.calibration",
+    "CalibrationStats": "qtool.calibration.statistics",
     "QConfig": "qtool.config",
     "load_config": "qtool.config",
     "ExitCode": "qtool.errors",
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
         quantize,
         write_stats,
     )
-    from qtool.calibration import CalibrationStats
+    from qtool.calibration.statistics import CalibrationStats
     from qtool.config import QConfig, load_config
     from qtool.errors import ExitCode, QtoolError
 

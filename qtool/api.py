@@ -14,28 +14,28 @@ import numpy as np
 import onnx
 
 from qtool import __version__
-from qtool.calibration import CalibrationStats, collect_statistics
-from qtool.comparison import TASKS, Agreement, ErrorMetrics, LatencyComparison, measure_latency, output_metrics
+from qtool.calibration.dataset import Dataset, model_inputs
+from qtool.calibration.statistics import CalibrationStats, collect_statistics
 from qtool.config import QConfig, load_config, split_observer
-from qtool.dataset import Dataset, model_inputs
-from qtool.environment import cpu_info, files_digest, versions
 from qtool.errors import QtoolError
-from qtool.fusion import predict_kernels
-from qtool.gates import Gate, GateResult, evaluate_gates
-from qtool.inspection import Inspection, inspect_plan
-from qtool.layers import LayerError, layer_errors
-from qtool.model_io import file_sha256, files_sha256, load_model, model_files, same_file, save_model, write_text
+from qtool.evaluation.gates import Gate, GateResult, evaluate_gates
+from qtool.evaluation.layers import LayerError, layer_errors
+from qtool.evaluation.metrics import TASKS, Agreement, ErrorMetrics, LatencyComparison, measure_latency, output_metrics
+from qtool.evaluation.providers import session_providers, unavailable_reason
+from qtool.graph.model_io import file_sha256, files_sha256, load_model, model_files, same_file, save_model, write_text
+from qtool.graph.opsets import choose_opset, runtime_qdq_limit
+from qtool.graph.prepare import PrepareReport, default_opset, prepare_model, refuse_quantized
+from qtool.graph.session import check_runtime_support, create_session
+from qtool.graph.weights import Weights
 from qtool.observers import create_observer
-from qtool.opsets import choose_opset, runtime_qdq_limit
-from qtool.plan import QuantPlan, build_plan, static_elements
-from qtool.prepare import PrepareReport, default_opset, prepare_model, refuse_quantized
-from qtool.providers import session_providers, unavailable_reason
-from qtool.qparams import QParams
-from qtool.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
-from qtool.runtime import check_runtime_support, create_session
-from qtool.sensitivity import PATIENCE, FallbackResult, search_fallback
-from qtool.stages import stage
-from qtool.weights import Weights
+from qtool.quantization.inspection import Inspection, inspect_plan
+from qtool.quantization.kernels import predict_kernels
+from qtool.quantization.plan import QuantPlan, build_plan, static_elements
+from qtool.quantization.qparams import QParams
+from qtool.quantization.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
+from qtool.quantization.search import PATIENCE, FallbackResult, search_fallback
+from qtool.system.environment import cpu_info, files_digest, versions
+from qtool.system.stages import stage
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def calibrate(
 
     Args:
         model_path: the float ONNX model.
-        data_dir: a dataset directory (see :class:`qtool.dataset.Dataset`).
+        data_dir: a dataset directory (see :class:`qtool.calibration.dataset.Dataset`).
         config_path: a QConfigDict YAML file; None for the built-in default.
         observer: overrides ``calibration.observer`` of the config (a name or package.module:Class).
         observer_options: options for the observer, over those of the config.
@@ -370,7 +370,7 @@ def quantize(
     is compared with the float model on the same data.
 
     With samples (``data_dir`` or ``search_data``) and ``search``, the sensitivity
-    search of :mod:`qtool.sensitivity` runs when the config's
+    search of :mod:`qtool.quantization.search` runs when the config's
     ``accuracy.target_sqnr_db`` (or ``target_sqnr_db``) is set; ``max_float_nodes``
     and ``search_samples`` override ``accuracy.max_float_nodes`` / ``samples``.
 
@@ -379,7 +379,7 @@ def quantize(
     unless the model would exceed protobuf's 2 GiB limit.
 
     ``opset``: the output's default-domain opset (None: the model's own, raised to what the config
-    needs and lowered to the newest at which onnxruntime has Q/DQ kernels; see :mod:`qtool.opsets`).
+    needs and lowered to the newest at which onnxruntime has Q/DQ kernels; see :mod:`qtool.graph.opsets`).
 
     Raises:
         QtoolError: bad input; nothing is written in that case.
@@ -513,7 +513,7 @@ def compare(
         task: "auto" (top-1/top-5 for 2-D [N, C] outputs), "classification" or "none".
         per_layer: also pair every intermediate float tensor and report per-layer error.
         providers: full onnxruntime provider names for latency (default CPU); unavailable ones are skipped.
-        gates: thresholds to judge (see :mod:`qtool.gates`).
+        gates: thresholds to judge (see :mod:`qtool.evaluation.gates`).
         progress: receives progress updates.
     """
     if runs < 0 or warmup < 0:

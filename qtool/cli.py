@@ -103,10 +103,10 @@ def _run(
     """Run a command body, mapping errors to messages and exit codes.
 
     Before any work, ``outputs`` (option -> path) are checked: writable, distinct, and never one of
-    ``inputs`` (see :func:`qtool.outputs.check_outputs`). Every file the body writes is staged and
+    ``inputs`` (see :func:`qtool.system.outputs.check_outputs`). Every file the body writes is staged and
     committed together when it succeeds; on an error, Ctrl-C, SIGTERM or SIGHUP none is written.
     """
-    from qtool.outputs import ENVIRONMENT_ERRNOS, check_outputs, transaction
+    from qtool.system.outputs import ENVIRONMENT_ERRNOS, check_outputs, transaction
 
     files: dict[str, Path | str | None] = {k: v for k, v in (outputs or {}).items() if v is not None and str(v) != "-"}
     started = time.time_ns()
@@ -155,7 +155,7 @@ def _internal_error(stopped: list[int], files: dict[str, Path | str | None], sta
 
 def _with_data_files(inputs: tuple[Path | str | None, ...]) -> list[Path]:
     """The inputs, with the external data files of the models among them."""
-    from qtool.model_io import model_files
+    from qtool.graph.model_io import model_files
 
     found: list[Path] = []
     for item in inputs:
@@ -166,14 +166,14 @@ def _with_data_files(inputs: tuple[Path | str | None, ...]) -> list[Path]:
 
 def _one_line(message: str) -> str:
     """A message as one line: control characters (newlines, terminal escapes) from file contents escaped."""
-    from qtool.terminal import printable
+    from qtool.reports.terminal import printable
 
     return printable(message, markup=False)
 
 
 def _interrupted(files: dict[str, Path | str | None], started: int, signum: int) -> NoReturn:
     name = signal.Signals(signum).name
-    from qtool.terminal import printable
+    from qtool.reports.terminal import printable
 
     paths = [Path(str(p)) for p in files.values()]
     written = [printable(str(p)) for p in paths if p.is_file() and p.stat().st_mtime_ns >= started]
@@ -210,7 +210,7 @@ def _write_json(target: str, text: str) -> None:
     if target == "-":
         sys.stdout.write(text)
     else:
-        from qtool.model_io import write_text
+        from qtool.graph.model_io import write_text
 
         write_text(target, text)
 
@@ -225,7 +225,7 @@ class _Printable(logging.Filter):
     """Log lines with the control characters of names from the user's files escaped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from qtool.terminal import printable
+        from qtool.reports.terminal import printable
 
         record.msg, record.args = printable(record.getMessage(), markup=False), None
         return True
@@ -369,8 +369,8 @@ def calibrate(
     def action() -> None:
         from qtool.api import calibrate as run_calibrate
         from qtool.api import write_stats
-        from qtool.report import stats_summary_dict, to_json
-        from qtool.terminal import printable
+        from qtool.reports.documents import stats_summary_dict, to_json
+        from qtool.reports.terminal import printable
 
         with _progress() as progress:
             stats = run_calibrate(
@@ -474,7 +474,8 @@ def quantize(
 
     def action() -> None:
         from qtool.api import quantize as run_quantize
-        from qtool.report import quantize_to_dict, render_quantize, to_json
+        from qtool.reports.documents import quantize_to_dict, to_json
+        from qtool.reports.tables import render_quantize
 
         with _progress() as progress:
             result = run_quantize(
@@ -600,16 +601,17 @@ def compare(
 
     def action() -> None:
         from qtool.api import compare as run_compare
-        from qtool.ci_reports import to_junit, to_markdown
-        from qtool.gates import parse_gates
-        from qtool.model_io import write_text
-        from qtool.providers import parse_providers
-        from qtool.report import comparison_to_dict, render_comparison, to_json
+        from qtool.evaluation.gates import parse_gates
+        from qtool.evaluation.providers import parse_providers
+        from qtool.graph.model_io import write_text
+        from qtool.reports.ci import to_junit, to_markdown
+        from qtool.reports.documents import comparison_to_dict, to_json
+        from qtool.reports.tables import render_comparison
 
         gates = parse_gates(fail_under, fail_over, min_compression, max_latency_ratio)
         chosen = parse_providers(providers)
         if plot is not None:
-            from qtool.plot import require_matplotlib
+            from qtool.reports.plot import require_matplotlib
 
             require_matplotlib()
         with _progress() as progress:
@@ -637,7 +639,7 @@ def compare(
         if junit:
             write_text(junit, to_junit(result))
         if plot is not None:
-            from qtool.plot import plot_layers
+            from qtool.reports.plot import plot_layers
 
             plot_layers(result.layers or [], plot)
         if not result.gates_passed:
@@ -667,7 +669,8 @@ def inspect(
 
     def action() -> None:
         from qtool.api import inspect as run_inspect
-        from qtool.report import inspection_to_dict, render_inspection, to_json
+        from qtool.reports.documents import inspection_to_dict, to_json
+        from qtool.reports.tables import render_inspection
 
         result = run_inspect(model, config_path=config, data_dir=data)
         render_inspection(_summary_console(json_out), result)
@@ -691,7 +694,7 @@ def merge(
 
     def action() -> None:
         from qtool.api import merge_stats, write_stats
-        from qtool.terminal import printable
+        from qtool.reports.terminal import printable
 
         merged = merge_stats(list(stats))
         write_stats(merged, output)
@@ -709,7 +712,8 @@ def observers(json_out: JsonOption = None) -> None:
 
     def action() -> None:
         from qtool.observers import describe_observers
-        from qtool.report import render_observers, to_json
+        from qtool.reports.documents import to_json
+        from qtool.reports.tables import render_observers
 
         rows = describe_observers()
         render_observers(_summary_console(json_out), rows)
@@ -736,14 +740,14 @@ def schema(
     """Print the JSON Schema of a file qtool reads (config, stats) or a report it writes."""
 
     def action() -> None:
-        from qtool.report import to_json
+        from qtool.reports.documents import to_json
         from qtool.schemas import json_schema
 
         text = to_json(json_schema(name))
         if output is None:
             sys.stdout.write(text)
         else:
-            from qtool.model_io import write_text
+            from qtool.graph.model_io import write_text
 
             write_text(output, text)
 
@@ -755,8 +759,9 @@ def doctor(json_out: JsonOption = None) -> None:
     """Check this machine: versions, execution providers (each loaded once), CPU features, GPUs."""
 
     def action() -> None:
-        from qtool.doctor import diagnose
-        from qtool.report import doctor_to_dict, render_doctor, to_json
+        from qtool.reports.documents import doctor_to_dict, to_json
+        from qtool.reports.tables import render_doctor
+        from qtool.system.doctor import diagnose
 
         result = diagnose()
         render_doctor(_summary_console(json_out), result)

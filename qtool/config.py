@@ -13,14 +13,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import re2
 import yaml
 
 from qtool.errors import QtoolError
-from qtool.files import CONFIG_MAX_BYTES, read_text
-from qtool.schemas.config import (
-    validate_document,
-)
+from qtool.schemas.config import compiled_pattern, validate_document
+from qtool.system.files import CONFIG_MAX_BYTES, read_text
 
 _MAX_YAML_NODES = 100_000  # refuses alias bombs long before they exhaust memory
 Path_ = tuple[str, ...]
@@ -36,7 +33,7 @@ class TensorScheme:
     block_size: int | None = None  # per_block only
     axis: int | None = None  # overrides the op's natural channel / block axis
     observer: str | dict[str, Any] | None = None  # activations: overrides calibration.observer
-    saturation: str = "uint8"  # weights: uint8 | reduce_range | ignore (see qtool.plan.guard_saturation)
+    saturation: str = "uint8"  # weights: uint8 | reduce_range | ignore (see qtool.quantization.plan.guard_saturation)
 
     @property
     def per_channel(self) -> bool:
@@ -81,7 +78,7 @@ class CalibrationSettings:
 
 @dataclass(frozen=True)
 class AccuracySettings:
-    """The sensitivity search ``quantize`` runs when it has samples (see :mod:`qtool.sensitivity`)."""
+    """The sensitivity search ``quantize`` runs when it has samples (see :mod:`qtool.quantization.search`)."""
 
     target_sqnr_db: float | None  # None: no search
     max_float_nodes: int
@@ -201,26 +198,6 @@ def _name_matches(pattern: str, name: str) -> bool:
     if pattern.startswith("re:"):
         return compiled_pattern(pattern[3:]).fullmatch(name) is not None
     return pattern == name
-
-
-@lru_cache(maxsize=512)
-def compiled_pattern(pattern: str) -> Any:
-    """A ``re:`` pattern compiled by RE2: matching takes time linear in the name, whatever the pattern.
-
-    Python's ``re`` backtracks: ``(a+)+$`` against a long node name runs for minutes. RE2 has the
-    same syntax but for backreferences and lookaround, which a node-name rule does not need.
-
-    Raises:
-        ValueError: not a pattern RE2 accepts (the message is RE2's).
-    """
-    options = re2.Options()
-    options.log_errors = False  # RE2 would print parse errors to stderr; the caller reports them
-    options.max_mem = 8 << 20
-    try:
-        return re2.compile(pattern, options=options)
-    except re2.error as e:
-        reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
-        raise ValueError(reason) from None
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

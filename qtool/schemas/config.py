@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Annotated, Any, ClassVar, Literal
 
 import onnx.defs
+import re2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from qtool.errors import QtoolError
@@ -253,7 +255,6 @@ def validate_document(value: Any, error: Callable[..., QtoolError]) -> ConfigDoc
 
 def _check_names(value: dict[str, Any], error: Callable[..., QtoolError]) -> None:
     """Rule keys and exclude entries: valid RE2 patterns, and op types ONNX knows."""
-    from qtool.config import compiled_pattern
 
     def check_pattern(pattern: str, path: tuple[str, ...], *, at_key: bool) -> None:
         if pattern.startswith("re:"):
@@ -362,3 +363,23 @@ def _model_of(annotation: Any) -> Any:
             return item
         stack.extend(getattr(item, "__args__", ()))
     return None
+
+
+@lru_cache(maxsize=512)
+def compiled_pattern(pattern: str) -> Any:
+    """A ``re:`` pattern compiled by RE2: matching takes time linear in the name, whatever the pattern.
+
+    Python's ``re`` backtracks: ``(a+)+$`` against a long node name runs for minutes. RE2 has the
+    same syntax but for backreferences and lookaround, which a node-name rule does not need.
+
+    Raises:
+        ValueError: not a pattern RE2 accepts (the message is RE2's).
+    """
+    options = re2.Options()
+    options.log_errors = False  # RE2 would print parse errors to stderr; the caller reports them
+    options.max_mem = 8 << 20
+    try:
+        return re2.compile(pattern, options=options)
+    except re2.error as e:
+        reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise ValueError(reason) from None

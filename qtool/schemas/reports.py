@@ -1,6 +1,6 @@
 """The JSON reports of ``calibrate``, ``quantize`` and ``compare --json``, as pydantic models.
 
-:mod:`qtool.report` builds each document and passes it through its model before writing, so a
+:mod:`qtool.reports.documents` builds each document and passes it through its model before writing, so a
 report cannot drift from its schema; ``qtool schema quantize-report`` prints the schema.
 """
 

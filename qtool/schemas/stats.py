@@ -1,4 +1,4 @@
-"""The statistics file ``qtool calibrate`` writes, as a pydantic model (see :mod:`qtool.calibration`)."""
+"""The statistics file ``qtool calibrate`` writes, as a pydantic model (see :mod:`qtool.calibration.statistics`)."""
 
 from __future__ import annotations
 

@@ -215,12 +215,12 @@ def test_help_documents_every_option():
 
 
 def test_interrupted_write_leaves_neither_output_nor_temp_file(tmp_path, monkeypatch):
-    import qtool.model_io
+    import qtool.graph.model_io
 
     def interrupted(src, dst):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(qtool.model_io.os, "replace", interrupted)
+    monkeypatch.setattr(qtool.graph.model_io.os, "replace", interrupted)
     r = invoke("quantize", sample("mlp"), "--data", calib_dir("mlp"), "-o", tmp_path / "o.onnx")
     assert r.exit_code == 130 and "no output was written" in r.stderr
     assert list(tmp_path.iterdir()) == []

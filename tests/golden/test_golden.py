@@ -21,7 +21,7 @@ import pytest
 from onnx import numpy_helper
 
 import qtool
-from qtool.report import quantize_to_dict
+from qtool.reports.documents import quantize_to_dict
 from tests.conftest import INTEGER, calib_dir, sample
 
 GOLDEN = Path(__file__).parent

@@ -25,8 +25,9 @@ from typer.testing import CliRunner
 import qtool
 from qtool.cli import app
 from qtool.errors import QtoolError
-from qtool.opsets import qdq_kernel_opset
-from qtool.report import quantize_to_dict, render_quantize
+from qtool.graph.opsets import qdq_kernel_opset
+from qtool.reports.documents import quantize_to_dict
+from qtool.reports.tables import render_quantize
 from tests.conftest import INTEGER, run_model
 
 SEED = 11

@@ -12,9 +12,9 @@ from onnx import TensorProto, helper
 from typer.testing import CliRunner
 
 import qtool
-from qtool import opsets
 from qtool.cli import app
 from qtool.errors import QtoolError
+from qtool.graph import opsets
 from tests.integration.test_graph_coverage import FLOAT, _data, _normal, _save, _sqnr, _value, _weight
 
 runner = CliRunner()

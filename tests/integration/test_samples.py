@@ -12,7 +12,7 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import qtool
-from qtool.dataset import Dataset, model_inputs
+from qtool.calibration.dataset import Dataset, model_inputs
 from tests.conftest import INTEGER, SAMPLE_NAMES, calib_dir, eval_dir, run_model, sample
 
 SQNR_FLOOR_DB = {"cnn": 30.0, "mlp": 30.0, "transformer": 25.0}

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import qtool
 from qtool.cli import app
-from qtool.environment import cpu_info
+from qtool.system.environment import cpu_info
 
 runner = CliRunner()
 

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 import qtool
 from qtool.cli import app
 from qtool.errors import QtoolError
-from qtool.model_io import load_model
+from qtool.graph.model_io import load_model
 from tests.conftest import SAMPLE_NAMES, calib_dir, sample
 
 SEED = 20261122

@@ -284,9 +284,9 @@ def test_hostile_npy_and_npz_samples_are_refused_without_allocating(tmp_path, fi
 
 def test_an_npz_zip_bomb_is_refused_by_its_declared_size(tmp_path, monkeypatch):
     """A member that inflates 1000-fold past the limit (lowered to 1 MiB here): refused before inflating."""
-    import qtool.sample_files
+    import qtool.calibration.samples
 
-    monkeypatch.setattr(qtool.sample_files, "SAMPLE_MAX_BYTES", 1 << 20)
+    monkeypatch.setattr(qtool.calibration.samples, "SAMPLE_MAX_BYTES", 1 << 20)
     bomb = _npz({"input.npy": _npy_bytes(np.zeros(64 << 20, np.uint8))}, zipfile.ZIP_DEFLATED)
     assert len(bomb) < 1 << 20
     data = _data_dir(tmp_path, {"a.npz": bomb})

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import pytest
 
-from qtool.calibration import CalibrationStats
+from qtool.calibration.statistics import CalibrationStats
 from tests.conftest import calib_dir, run_model, sample
 
 QTOOL = Path(sys.executable).with_name("qtool")  # the console script installed beside this Python

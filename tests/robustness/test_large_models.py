@@ -12,10 +12,10 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 import qtool
-from qtool import model_io
 from qtool.cli import app
 from qtool.errors import QtoolError
-from qtool.weights import Weights, is_detached
+from qtool.graph import model_io
+from qtool.graph.weights import Weights, is_detached
 from tests.conftest import calib_dir, run_model, sample
 
 RNG = np.random.default_rng(7)

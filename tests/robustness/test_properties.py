@@ -20,10 +20,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from qtool import config as qconfig
-from qtool import preprocess
+from qtool.calibration import preprocess
 from qtool.errors import QtoolError
 from qtool.observers.base import builtin_observers, observer_options
-from qtool.qparams import (
+from qtool.quantization.qparams import (
     QUANT_TYPES,
     QParams,
     QuantType,

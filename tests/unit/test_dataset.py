@@ -7,7 +7,7 @@ import pytest
 from onnx import numpy_helper
 from PIL import Image
 
-from qtool.dataset import Dataset, InputSpec
+from qtool.calibration.dataset import Dataset, InputSpec
 from qtool.errors import QtoolError
 
 IMAGE_INPUT = [InputSpec("image", np.dtype(np.float32), ("N", 3, 8, 8))]

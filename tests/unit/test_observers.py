@@ -15,7 +15,7 @@ from qtool.observers import (
     create_observer,
     observer_class,
 )
-from qtool.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize
+from qtool.quantization.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize
 
 ALL = ["entropy", "mean_std", "minmax", "moving_average", "mse", "percentile"]
 EXACT_MERGE = ["entropy", "mean_std", "minmax", "mse", "percentile"]

@@ -4,7 +4,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qtool.prepare import default_opset, prepare_model
+from qtool.graph.prepare import default_opset, prepare_model
 from tests.conftest import run_model, sample
 
 

@@ -10,9 +10,9 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from qtool.dataset import Feed
+from qtool.calibration.dataset import Feed
 from qtool.errors import QtoolError
-from qtool.weights import Weights
+from qtool.graph.weights import Weights
 
 
 def _first_line(error: Exception) -> str:
@@ -43,7 +43,7 @@ def create_session(
 ) -> ort.InferenceSession:
     """An onnxruntime CPU session, with a QtoolError naming ``what`` if onnxruntime refuses the model.
 
-    A ModelProto's detached initializers (see :mod:`qtool.weights`) take their values from ``weights``.
+    A ModelProto's detached initializers (see :mod:`qtool.graph.weights`) take their values from ``weights``.
     """
     if isinstance(model, (str, Path)):
         return _session(str(model), session_options(threads=threads, level=level), providers, what)
@@ -99,7 +99,7 @@ def _raise_if_ir_too_new(error: Exception, what: str) -> None:
 def check_runtime_support(model: onnx.ModelProto, source: str, opset: int) -> None:
     """Fail early, naming ``source``, when onnxruntime cannot load this IR version at ``opset``.
 
-    ``opset`` is the one the model will be converted to (see :mod:`qtool.opsets`). A one-node model
+    ``opset`` is the one the model will be converted to (see :mod:`qtool.graph.opsets`). A one-node model
     with the same IR version and opset is all it takes to ask.
 
     Raises:

@@ -19,13 +19,13 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from qtool.dataset import Dataset
+from qtool.calibration.dataset import Dataset
 from qtool.errors import QtoolError
-from qtool.files import read_json
+from qtool.graph.session import create_session, run_session
+from qtool.graph.weights import Weights
 from qtool.observers import Observer, create_observer
-from qtool.runtime import create_session, run_session
 from qtool.schemas.stats import STATS_FORMAT, STATS_VERSION, parse_stats
-from qtool.weights import Weights
+from qtool.system.files import read_json
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from qtool.dataset import Dataset, Feed
+from qtool.calibration.dataset import Dataset, Feed
 from qtool.errors import QtoolError
-from qtool.runtime import run_session
+from qtool.graph.session import run_session
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qtool.config import TensorScheme
 from qtool.errors import QtoolError
-from qtool.plan import NodePlan, QuantPlan, passthrough_ops
-from qtool.prepare import all_nodes, subgraph_reads
-from qtool.qparams import (
+from qtool.graph.prepare import all_nodes, subgraph_reads
+from qtool.graph.weights import Weights, checkable
+from qtool.quantization.plan import NodePlan, QuantPlan, passthrough_ops
+from qtool.quantization.qparams import (
     QParams,
     compute_qparams,
     mse_weight_range,
@@ -31,7 +32,6 @@ from qtool.qparams import (
     to_tensor_proto,
     weight_range,
 )
-from qtool.weights import Weights, checkable
 
 
 @dataclass

@@ -17,8 +17,7 @@ from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, numpy_helper
 
 from qtool.errors import QtoolError
-from qtool.outputs import ENVIRONMENT_ERRNOS, after_commit, environment_error, finish
-from qtool.weights import (
+from qtool.graph.weights import (
     DETACH_MIN_BYTES,
     Weights,
     clear_values,
@@ -27,13 +26,14 @@ from qtool.weights import (
     mark_detached,
     numpy_dtype,
 )
+from qtool.system.outputs import ENVIRONMENT_ERRNOS, after_commit, environment_error, finish
 
 
 def load_model(path: Path | str, weights: Weights | None = None) -> onnx.ModelProto:
     """Read an ONNX model, with a clear error for missing, empty or non-ONNX files.
 
     With ``weights``, large initializers (embedded or external) go into that store instead
-    of the protobuf (see :mod:`qtool.weights`); external data is then read straight into
+    of the protobuf (see :mod:`qtool.graph.weights`); external data is then read straight into
     numpy arrays, so a model over 2 GiB never becomes one protobuf message.
 
     Raises:
@@ -267,7 +267,7 @@ def _chmod_like_new_file(path: Path) -> None:
 def atomic_writer(path: Path | str, mode: str = "wb") -> Iterator[IO[Any]]:
     """Write to a temporary file next to ``path``; fsync and rename it into place on success.
 
-    Inside a :func:`qtool.outputs.transaction` the rename waits for the transaction's commit. If
+    Inside a :func:`qtool.system.outputs.transaction` the rename waits for the transaction's commit. If
     the block raises (or the process is interrupted), the temporary file is removed and ``path`` is
     left as it was. Disk full, read-only folders and missing permissions are the user's to fix:
     they raise QtoolError naming ``path``.
@@ -312,7 +312,7 @@ def save_model(
     Args:
         model: the model; its detached initializers take their values from ``weights``.
         path: the ``.onnx`` file to write.
-        weights: the store of ``model``'s detached values (see :mod:`qtool.weights`).
+        weights: the store of ``model``'s detached values (see :mod:`qtool.graph.weights`).
         external: True to write tensors to a data file beside the model, False to embed them,
             None to use a data file only when the model would exceed protobuf's 2 GiB limit.
 

@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from qtool.errors import QtoolError
-from qtool.files import check_regular, read_bytes
+from qtool.system.files import check_regular, read_bytes
 
 SAMPLE_MAX_BYTES = 4 << 30  # one sample's arrays, uncompressed: far above any real input
 

@@ -3,7 +3,7 @@
 Some networks (mobile detectors, deep depthwise stacks) amplify quantization
 noise so much that a few early layers decide the output's accuracy. The search
 here is greedy and deterministic: quantize, measure every layer's SQNR drop on a
-few samples (:mod:`qtool.layers`, the quantization of a node's inputs counted
+few samples (:mod:`qtool.evaluation.layers`, the quantization of a node's inputs counted
 as its own), move the integer node with the largest drop
 to float activations (its weights stay stored quantized), and repeat until the model's worst output reaches the target
 SQNR, the node budget is spent, or two candidates in a row did not help. A
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
+from qtool.calibration.dataset import Dataset
 from qtool.config import QConfig
-from qtool.dataset import Dataset
-from qtool.layers import LayerError, layer_errors
-from qtool.weights import Weights
+from qtool.evaluation.layers import LayerError, layer_errors
+from qtool.graph.weights import Weights
 
 PATIENCE = 2  # the search stops after this many candidates in a row that did not help
 MIN_GAIN_DB = 0.1  # a node gets float activations only if the worst output gains at least this much
@@ -88,7 +88,7 @@ def search_fallback(
         max_nodes: at most this many nodes are kept in float.
         threads: onnxruntime intra-op threads for the measurements (None: its default).
         on_round: called once per measured round.
-        weights: the detached values the models use (see :mod:`qtool.weights`).
+        weights: the detached values the models use (see :mod:`qtool.graph.weights`).
 
     Returns:
         The config with the chosen nodes in ``sensitive_nodes``, and what was measured

@@ -11,8 +11,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from qtool.environment import cpu_info, int8_kernels_saturate, versions
-from qtool.opsets import qdq_kernel_opset
+from qtool.graph.opsets import qdq_kernel_opset
+from qtool.system.environment import cpu_info, int8_kernels_saturate, versions
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto
 
-from qtool.calibration import with_exposed_outputs
-from qtool.comparison import ErrorAccumulator
-from qtool.dataset import Dataset
-from qtool.runtime import create_session, run_session
-from qtool.weights import Weights
+from qtool.calibration.dataset import Dataset
+from qtool.calibration.statistics import with_exposed_outputs
+from qtool.evaluation.metrics import ErrorAccumulator
+from qtool.graph.session import create_session, run_session
+from qtool.graph.weights import Weights
 
 SQNR_CAP_DB = 100.0  # an exact match counts as 100 dB when differences are taken
 
@@ -108,7 +108,7 @@ def layer_errors(
 ) -> list[LayerError]:
     """SQNR/MSE of every paired float tensor and the drop its candidate node introduces, worst SQNR first.
 
-    ``weights`` holds the detached values both models use (see :mod:`qtool.weights`).
+    ``weights`` holds the detached values both models use (see :mod:`qtool.graph.weights`).
     """
     candidate_names = {o for n in candidate.graph.node for o in n.output}
     paired = [t for t in _float_tensors(reference) if t in candidate_names]

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 
 from qtool.config import NodeScheme, QConfig, TensorScheme
 from qtool.errors import QtoolError
-from qtool.prepare import all_nodes, node_subgraphs, subgraph_reads
+from qtool.graph.prepare import all_nodes, node_subgraphs, subgraph_reads
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +361,7 @@ def static_elements(model: onnx.ModelProto) -> dict[str, int]:
 def build_plan(model: onnx.ModelProto, config: QConfig, elements: dict[str, int] | None = None) -> QuantPlan:
     """Decide, node by node, what to quantize (see :class:`QuantPlan`).
 
-    ``model`` should be the prepared model (see :func:`qtool.prepare.prepare_model`)
+    ``model`` should be the prepared model (see :func:`qtool.graph.prepare.prepare_model`)
     so that tensor types are known. ``elements`` (per-sample element counts of
     tensors, from calibration or static shapes) lets ``placement: auto`` choose
     between integer kernels and storage-only compression; without it every
@@ -513,7 +513,7 @@ def _bodies_left_float(node: onnx.NodeProto, bodies: list[onnx.GraphProto]) -> s
 
     Calibration can only observe tensors of the main graph (a body's tensors cannot be graph
     outputs), so qtool quantizes no node inside a body; what a body reads from the outer scope
-    stays available in float (see :mod:`qtool.rewrite`).
+    stays available in float (see :mod:`qtool.quantization.rewrite`).
     """
     count = sum(len(all_nodes(body)) for body in bodies)
     where = f"{node.op_type} {'bodies' if len(bodies) > 1 else 'body'}"

@@ -6,8 +6,8 @@ import io
 from pathlib import Path
 
 from qtool.errors import QtoolError
-from qtool.layers import SQNR_CAP_DB, LayerError
-from qtool.model_io import atomic_writer
+from qtool.evaluation.layers import SQNR_CAP_DB, LayerError
+from qtool.graph.model_io import atomic_writer
 
 
 def require_matplotlib() -> None:

@@ -5,7 +5,7 @@ exposing tensors for calibration, rewriting) would copy all the weights. So the
 values of large top-level initializers live once, in a :class:`Weights` store, and
 the TensorProto keeps only its name, type and dims, marked as external data at
 :data:`DETACHED_LOCATION`. Model copies are then cheap; onnxruntime gets the arrays
-without a copy (:meth:`Weights.session_options`), and :func:`qtool.model_io.save_model`
+without a copy (:meth:`Weights.session_options`), and :func:`qtool.graph.model_io.save_model`
 writes them back, embedded or as external data.
 """
 

@@ -15,7 +15,7 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from qtool.errors import QtoolError
-from qtool.weights import Weights
+from qtool.graph.weights import Weights
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +113,9 @@ def prepare_model(
 
     Steps: Constant nodes become initializers; the opset is converted to
     ``target_opset`` (raised or lowered), or raised to ``min_opset`` when lower
-    (see :mod:`qtool.opsets`); BatchNormalization is folded into the Conv before
+    (see :mod:`qtool.graph.opsets`); BatchNormalization is folded into the Conv before
     it; ONNX shape inference annotates tensor types where it can. Detached values
-    (see :mod:`qtool.weights`) are read from ``weights``; folded ones replace them there.
+    (see :mod:`qtool.graph.weights`) are read from ``weights``; folded ones replace them there.
 
     Raises:
         QtoolError: onnx's version converter cannot reach the opset; the message names ``source``.

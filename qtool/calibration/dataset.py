@@ -18,8 +18,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from qtool.calibration.samples import read_npy, read_npz, read_tensor_proto, tensor_values
 from qtool.errors import QtoolError
-from qtool.sample_files import read_npy, read_npz, read_tensor_proto, tensor_values
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class Dataset:
     Formats (auto-detected): ``*.npy`` (single-input models), ``*.npz`` (keys are
     input names), ONNX test-data sets ``test_data_set_*/input_*.pb``, and images
     (``*.png``, ``*.jpg``, ``*.jpeg``) turned into the model's single input by
-    :mod:`qtool.preprocess`.
+    :mod:`qtool.calibration.preprocess`.
 
     Args:
         directory: the dataset directory.
@@ -144,7 +144,7 @@ class Dataset:
             )
         self.preprocess = None
         if self.format == "images":
-            from qtool.preprocess import build_preprocess
+            from qtool.calibration.preprocess import build_preprocess
 
             self.preprocess = build_preprocess(preprocess, inputs[0].shape or (), inputs[0].dtype.name)
         total = len(items)

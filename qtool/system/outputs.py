@@ -1,6 +1,6 @@
 """Every file a command writes: checked before any work, and kept only if the whole command succeeds.
 
-A command opens one :func:`transaction`. :func:`qtool.model_io.atomic_writer` writes each output
+A command opens one :func:`transaction`. :func:`qtool.graph.model_io.atomic_writer` writes each output
 to a temporary file beside it (created inside the cleanup scope) and renames it into place, so the
 command can read its own outputs back (quantize evaluates the model it wrote); the transaction
 first keeps a hard link to the file it replaces. When the command fails, is interrupted (Ctrl-C,

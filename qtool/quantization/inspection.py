@@ -9,9 +9,9 @@ import numpy as np
 import onnx
 
 from qtool.config import QConfig
-from qtool.fusion import predict_kernels
-from qtool.plan import NodePlan, QuantPlan, passthrough_ops
-from qtool.qparams import quant_type
+from qtool.quantization.kernels import predict_kernels
+from qtool.quantization.plan import NodePlan, QuantPlan, passthrough_ops
+from qtool.quantization.qparams import quant_type
 
 _FLOAT_BYTES = 4
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.files import check_regular
+from qtool.system.files import check_regular
 
 LAYOUTS = ("NCHW", "NHWC")
 CHANNEL_ORDERS = ("RGB", "BGR")

@@ -6,7 +6,7 @@ import math
 import xml.etree.ElementTree as ET
 
 from qtool.api import ComparisonResult
-from qtool.layers import largest_drop
+from qtool.evaluation.layers import largest_drop
 
 
 def _num(value: float | None, spec: str = ".4g") -> str:
@@ -100,7 +100,7 @@ def to_junit(result: ComparisonResult) -> str:
     ):
         ET.SubElement(props, "property", name=name, value=value)
     for g in result.gates:
-        case = ET.SubElement(suite, "testcase", classname=f"qtool.gates.{g.gate.metric}", name=g.gate.label)
+        case = ET.SubElement(suite, "testcase", classname=f"qtool.evaluation.gates.{g.gate.metric}", name=g.gate.label)
         measured = _num(g.measured)
         if not g.passed:
             failure = ET.SubElement(

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from qtool.plan import NodePlan, QuantPlan
+from qtool.quantization.plan import NodePlan, QuantPlan
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Model + data -> statistics: sample folders, image preprocessing, the calibration pass."""

@@ -1,0 +1,1 @@
+"""Models + data -> measurements: accuracy metrics, per-layer error, latency per provider, gates."""

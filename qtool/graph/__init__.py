@@ -1,0 +1,1 @@
+"""The model as files and arrays: load and save, preparation, detached weights, onnxruntime sessions, opsets."""

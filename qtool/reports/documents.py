@@ -1,0 +1,262 @@
+"""The JSON documents of every command, each checked against its schema model before it is written."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from pydantic import BaseModel
+
+from qtool import __version__
+from qtool.api import ComparisonResult, QuantizeResult
+from qtool.calibration.statistics import CalibrationStats
+from qtool.evaluation.layers import largest_drop
+from qtool.evaluation.metrics import ErrorMetrics, LatencyStats
+from qtool.quantization.inspection import Inspection
+from qtool.quantization.search import FallbackResult
+from qtool.schemas.reports import CalibrateReport, CompareReport, QuantizeReport
+from qtool.system.doctor import Doctor
+
+SCHEMA_VERSION = 1  # inspect / quantize / calibrate documents
+COMPARE_SCHEMA_VERSION = 2  # 2: latency per provider, gates, per-layer, classification, reproducibility
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: an exact match (infinite SQNR) is written as null."""
+    return value if math.isfinite(value) else None
+
+
+def _metrics_dict(m: ErrorMetrics) -> dict[str, Any]:
+    return {
+        "name": m.name,
+        "mse": m.mse,
+        "sqnr_db": _finite(m.sqnr_db),
+        "cosine": m.cosine,
+        "max_abs_error": m.max_abs_error,
+        "elements": m.elements,
+    }
+
+
+def _latency_dict(stats: LatencyStats) -> dict[str, Any]:
+    return {
+        "median_ms": stats.median_ms,
+        "p90_ms": stats.p90_ms,
+        "p99_ms": stats.p99_ms,
+        "mean_ms": stats.mean_ms,
+        "runs": stats.runs,
+    }
+
+
+def comparison_to_dict(result: ComparisonResult) -> dict[str, Any]:
+    """The ``qtool compare --json`` document (schema: :class:`qtool.schemas.reports.CompareReport`)."""
+    drop = largest_drop(result.layers or [])
+    return _conforming(
+        CompareReport,
+        {
+            "schema_version": COMPARE_SCHEMA_VERSION,
+            "qtool_version": __version__,
+            "models": {
+                "reference": {"path": result.reference.path, "sha256": result.reference.sha256},
+                "candidate": {"path": result.candidate.path, "sha256": result.candidate.sha256},
+            },
+            "data": {"dir": result.data_dir, "samples": result.samples},
+            "size": {
+                "reference_bytes": result.reference.size_bytes,
+                "candidate_bytes": result.candidate.size_bytes,
+                "compression_ratio": result.compression_ratio,
+            },
+            "accuracy": {
+                "overall": _metrics_dict(result.overall),
+                "outputs": [_metrics_dict(m) for m in result.outputs],
+                "task": result.task_note,
+                "classification": [
+                    {"output": a.name, "top1": a.top1, "top5": a.top5, "rows": a.rows} for a in result.agreement
+                ],
+            },
+            "per_layer": None
+            if result.layers is None
+            else {
+                "largest_drop": None
+                if drop is None
+                else {"node": drop.node, "tensor": drop.tensor, "drop_db": drop.drop_db},
+                "layers": [
+                    {
+                        "tensor": r.tensor,
+                        "node": r.node,
+                        "op_type": r.op_type,
+                        "sqnr_db": _finite(r.sqnr_db),
+                        "mse": r.mse,
+                        "cosine": r.cosine,
+                        "input_sqnr_db": r.input_sqnr_db,
+                        "drop_db": r.drop_db,
+                    }
+                    for r in result.layers
+                ],
+            },
+            "latency": [
+                {
+                    "provider": lat.provider,
+                    "threads": lat.threads,
+                    "reference": _latency_dict(lat.reference),
+                    "candidate": _latency_dict(lat.candidate),
+                    "speedup": lat.speedup,
+                }
+                for lat in result.latency
+            ],
+            "skipped_providers": [{"provider": p, "reason": why} for p, why in result.skipped_providers],
+            "gates": {
+                "passed": result.gates_passed,
+                "results": [
+                    {
+                        "gate": g.gate.label,
+                        "metric": g.gate.metric,
+                        "direction": g.gate.direction,
+                        "threshold": g.gate.threshold,
+                        "measured": None if g.measured is None else _finite(g.measured),
+                        "passed": g.passed,
+                        "note": g.note,
+                    }
+                    for g in result.gates
+                ],
+            },
+            "reproducibility": {
+                "reference_sha256": result.reference.sha256,
+                "candidate_sha256": result.candidate.sha256,
+                **result.reproducibility,
+            },
+        },
+    )
+
+
+def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
+    """The ``qtool quantize --json`` document (schema: :class:`qtool.schemas.reports.QuantizeReport`)."""
+    return _conforming(
+        QuantizeReport,
+        {
+            "schema_version": SCHEMA_VERSION,
+            "qtool_version": __version__,
+            "input": {"path": result.source.path, "bytes": result.source.size_bytes, "sha256": result.source.sha256},
+            "output": {
+                "path": result.output.path,
+                "bytes": result.output.size_bytes,  # the model file and its external data files
+                "sha256": result.output.sha256,
+                "data_files": result.data_files,
+            },
+            "compression_ratio": result.compression_ratio,
+            "calibration_samples": result.calibration_samples,
+            "quantized": {
+                "nodes": result.rewrite.quantized_nodes,
+                "weights": result.rewrite.quantized_weights,
+                "biases": result.rewrite.quantized_biases,
+                "activations": result.rewrite.quantized_activations,
+            },
+            "skipped": [{"node": node, "reason": reason} for node, reason in result.skipped],
+            "passthrough_ops": result.rewrite.passthrough,
+            "placements": result.placements,
+            "predicted_kernels": result.kernels,
+            "prepare": {
+                "constants_to_initializers": result.prepare.constants_to_initializers,
+                "folded_batchnorms": result.prepare.folded_batchnorms,
+                "opset_before": result.prepare.opset_before,
+                "opset_after": result.prepare.opset_after,
+                "shape_inference_error": result.prepare.shape_inference_error,
+            },
+            "sensitivity": _fallback_dict(result.fallback) if result.fallback else None,
+            "notes": result.notes,
+            "comparison": comparison_to_dict(result.comparison) if result.comparison else None,
+        },
+    )
+
+
+def _fallback_dict(f: FallbackResult) -> dict[str, Any]:
+    return {
+        "target_sqnr_db": f.target_sqnr_db,
+        "max_float_nodes": f.max_nodes,
+        "samples": f.samples,
+        "initial_sqnr_db": _finite(f.initial_sqnr_db),
+        "final_sqnr_db": _finite(f.final_sqnr_db),
+        "reached": f.reached,
+        "float_activation_nodes": f.float_nodes,
+        "steps": [
+            {"node": s.node, "op_type": s.op_type, "drop_db": s.drop_db, "sqnr_db": _finite(s.sqnr_db), "kept": s.kept}
+            for s in f.steps
+        ],
+    }
+
+
+def stats_summary_dict(stats: CalibrationStats, path: str) -> dict[str, Any]:
+    """The ``qtool calibrate --json`` summary (schema: :class:`qtool.schemas.reports.CalibrateReport`)."""
+    return _conforming(
+        CalibrateReport,
+        {
+            "schema_version": SCHEMA_VERSION,
+            "qtool_version": __version__,
+            "stats_path": path,
+            "observer": stats.observer,
+            "samples": stats.samples,
+            "tensors": len(stats.tensors),
+            "model_sha256": stats.model_sha256,
+        },
+    )
+
+
+def _conforming(model: type[BaseModel], document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` after its schema model has checked it: a report never drifts from its schema."""
+    model.model_validate(document)
+    return document
+
+
+def to_json(document: dict[str, Any]) -> str:
+    """Stable, pretty JSON text."""
+    return json.dumps(document, indent=2, sort_keys=False) + "\n"
+
+
+def inspection_to_dict(result: Inspection) -> dict[str, Any]:
+    """The ``qtool inspect --json`` document."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "qtool_version": __version__,
+        "model": {"path": result.model_path, "bytes": result.model_bytes},
+        "nodes": [
+            {
+                "name": r.name,
+                "op_type": r.op_type,
+                "rule": r.rule,
+                "weight": r.weight,
+                "activation": r.activation,
+                "weight_elements": r.weight_elements,
+                "float_bytes": r.float_bytes,
+                "quantized_bytes": r.quantized_bytes,
+                "placement": r.placement,
+                "placement_reason": r.reason,
+                "predicted_kernel": r.kernel,
+                "integer_kernel": not r.kernel.startswith("float"),
+                "kernel_reason": r.kernel_reason,
+            }
+            for r in result.rows
+        ],
+        "kept_float": [{"node": n, "op_type": op, "reason": why} for n, op, why in result.kept_float],
+        "passthrough_ops": result.passthrough,
+        "totals": {
+            "weight_elements": sum(r.weight_elements for r in result.rows),
+            "float_bytes": sum(r.float_bytes for r in result.rows),
+            "quantized_bytes": sum(r.quantized_bytes for r in result.rows),
+            "predicted_model_bytes": result.predicted_bytes,
+            "predicted_compression_ratio": result.predicted_ratio,
+        },
+    }
+
+
+def doctor_to_dict(result: Doctor) -> dict[str, Any]:
+    """``qtool doctor --json``."""
+    return {
+        "schema_version": 1,
+        "versions": result.versions,
+        "system": result.system,
+        "cpu": result.cpu,
+        "int8_kernels_saturate": result.int8_saturates,
+        "providers": [{"name": p.name, "loads": p.loads, "detail": p.detail} for p in result.providers],
+        "qdq_kernel_opsets": result.qdq_opsets,
+        "gpus": result.gpus,
+    }

@@ -1,0 +1,1 @@
+"""The machine and the file system: bounded reads, committed outputs, environment, doctor, stage timings."""
