@@ -53,7 +53,7 @@ QTOOL = (
 import qtool
 import qtool.api  # the public names import lazily: load them before the clock starts, as the others do
 start = time.perf_counter()
-stats = qtool.calibrate(model, calib, observer=method, limit=limit)
+stats = qtool.calibrate(model, calib, options=qtool.CalibrationOptions(observer=method, limit=limit))
 done(start, tensors=len(stats.tensors))
 """
 )

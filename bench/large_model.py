@@ -59,7 +59,7 @@ CALIBRATE = (
 import qtool, qtool.api
 model, data, stats = sys.argv[1:4]
 start = time.perf_counter()
-qtool.api.write_stats(qtool.calibrate(model, data, observer="minmax"), stats)
+qtool.api.write_stats(qtool.calibrate(model, data, options=qtool.CalibrationOptions(observer="minmax")), stats)
 done(start)
 """
 )
@@ -71,7 +71,7 @@ import qtool, qtool.api
 model, data, stats, out = sys.argv[1:5]
 start = time.perf_counter()
 if stats == "-":
-    r = qtool.quantize(model, out, data_dir=data, evaluate=False, search=False)
+    r = qtool.quantize(model, out, data_dir=data, evaluation=None, search=None)
 else:
     r = qtool.quantize(model, out, stats_path=stats)
 done(start, output_bytes=r.output.size_bytes, data_files=len(r.data_files))

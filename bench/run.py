@@ -86,7 +86,7 @@ if tool == "qtool":
     if setting != "default":
         config = out + ".yaml"
         Path(config).write_text(setting)
-    qtool.quantize(model, out, data_dir=calib, config_path=config, evaluate=False)
+    qtool.quantize(model, out, data_dir=calib, config_path=config, evaluation=None)
 else:
     import numpy as np
     import onnx

@@ -24,16 +24,24 @@ _EXPORTS = {
     "QConfig": "qtool.config",
     "load_config": "qtool.config",
     "ExitCode": "qtool.errors",
+    "CalibrationOptions": "qtool.options",
+    "SearchOptions": "qtool.options",
+    "EvaluationOptions": "qtool.options",
+    "OutputOptions": "qtool.options",
     "QtoolError": "qtool.errors",
 }
 
 __all__ = [
+    "CalibrationOptions",
     "CalibrationStats",
     "ComparisonResult",
+    "EvaluationOptions",
     "ExitCode",
+    "OutputOptions",
     "QConfig",
     "QtoolError",
     "QuantizeResult",
+    "SearchOptions",
     "__version__",
     "calibrate",
     "compare",
@@ -58,6 +66,7 @@ if TYPE_CHECKING:
     from qtool.calibration.statistics import CalibrationStats
     from qtool.config import QConfig, load_config
     from qtool.errors import ExitCode, QtoolError
+    from qtool.options import CalibrationOptions, EvaluationOptions, OutputOptions, SearchOptions
 
 
 def __getattr__(name: str) -> Any:

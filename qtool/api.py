@@ -28,6 +28,17 @@ from qtool.graph.prepare import PrepareReport, default_opset, prepare_model, ref
 from qtool.graph.session import check_runtime_support, create_session
 from qtool.graph.weights import Weights
 from qtool.observers import create_observer
+from qtool.options import (
+    DEFAULT_CALIBRATION,
+    DEFAULT_EVALUATION,
+    DEFAULT_OUTPUT,
+    DEFAULT_SEARCH,
+    QUANTIZE_EVALUATION,
+    CalibrationOptions,
+    EvaluationOptions,
+    OutputOptions,
+    SearchOptions,
+)
 from qtool.quantization.inspection import Inspection, inspect_plan
 from qtool.quantization.kernels import predict_kernels
 from qtool.quantization.plan import QuantPlan, build_plan, static_elements
@@ -171,12 +182,7 @@ def calibrate(
     data_dir: Path | str,
     *,
     config_path: Path | str | None = None,
-    observer: str | None = None,
-    observer_options: dict[str, Any] | None = None,
-    batch_size: int | None = None,
-    limit: int | None = None,
-    shard: tuple[int, int] | None = None,
-    skip_nonfinite: bool = False,
+    options: CalibrationOptions = DEFAULT_CALIBRATION,
     progress: ProgressFactory | None = None,
 ) -> CalibrationStats:
     """Observe every activation the quantizer needs over a dataset.
@@ -185,30 +191,14 @@ def calibrate(
         model_path: the float ONNX model.
         data_dir: a dataset directory (see :class:`qtool.calibration.dataset.Dataset`).
         config_path: a QConfigDict YAML file; None for the built-in default.
-        observer: overrides ``calibration.observer`` of the config (a name or package.module:Class).
-        observer_options: options for the observer, over those of the config.
-        batch_size: overrides ``calibration.batch_size``.
-        limit: overrides ``calibration.limit``.
-        shard: ``(k, n)``: observe only the k-th of n interleaved shards of the samples.
-        skip_nonfinite: skip samples with NaN/Inf (counted in ``stats.skipped``) instead of failing.
+        options: observer, batch size, limit, shard, NaN handling (over the config's ``calibration:``).
         progress: receives progress updates (the CLI draws a bar).
 
     Returns:
         The statistics, ready for :meth:`CalibrationStats.to_json` or :func:`quantize`.
     """
     config = load_config(config_path)
-    return _calibrate(
-        _prepare(Path(model_path), config),
-        config,
-        data_dir,
-        observer=observer,
-        observer_options=observer_options,
-        batch_size=batch_size,
-        limit=limit,
-        shard=shard,
-        skip_nonfinite=skip_nonfinite,
-        progress=progress,
-    )
+    return _calibrate(_prepare(Path(model_path), config), config, data_dir, options, progress)
 
 
 def merge_stats(paths: list[Path | str]) -> CalibrationStats:
@@ -220,28 +210,23 @@ def _calibrate(
     state: _Prepared,
     config: QConfig,
     data_dir: Path | str,
-    *,
-    observer: str | None,
-    observer_options: dict[str, Any] | None,
-    batch_size: int | None,
-    limit: int | None,
+    options: CalibrationOptions,
     progress: ProgressFactory | None,
-    shard: tuple[int, int] | None = None,
-    skip_nonfinite: bool = False,
 ) -> CalibrationStats:
-    name = observer or config.calibration.observer
-    options = dict(config.calibration.observer_options) if name == config.calibration.observer else {}
-    options.update(observer_options or {})
-    create_observer(name, None, options)  # fail on an unknown name or option before any work
+    name = options.observer or config.calibration.observer
+    observer_options = dict(config.calibration.observer_options) if name == config.calibration.observer else {}
+    observer_options.update(options.observer_options)
+    create_observer(name, None, observer_options)  # fail on an unknown name or option before any work
     if not state.plan.activations:  # weight-only: no activation needs a range, skip the float pass
-        return CalibrationStats(state.source.sha256, observer or config.calibration.observer, 0, {})
+        return CalibrationStats(state.source.sha256, name, 0, {})
+    shard = options.shard
     dataset = Dataset(
         data_dir,
         model_inputs(state.model),
-        limit=limit or config.calibration.limit,
+        limit=options.limit or config.calibration.limit,
         shard=shard,
         preprocess=config.preprocess,
-        skip_nonfinite=skip_nonfinite,
+        skip_nonfinite=options.skip_nonfinite,
     )
     advance = (progress or _noop_progress)("calibrating", len(dataset))
     with stage("calibrate (float pass)"):
@@ -250,13 +235,13 @@ def _calibrate(
             state.plan.activations,
             dataset,
             observer=name,
-            options=options,
+            options=observer_options,
             per_tensor={
                 tensor: split_observer(scheme.observer)
                 for tensor, scheme in state.plan.activations.items()
                 if scheme.observer is not None
             },
-            batch_size=batch_size or config.calibration.batch_size,
+            batch_size=options.batch_size or config.calibration.batch_size,
             on_progress=advance,
             weights=state.weights,
         )
@@ -303,17 +288,23 @@ def _search_fallback(
     config: QConfig,
     stats: CalibrationStats,
     data_dir: Path | str,
-    target_sqnr_db: float,
-    max_float_nodes: int,
-    samples: int,
-    threads: int | None,
-    skip_nonfinite: bool,
+    search: SearchOptions,
+    evaluation: EvaluationOptions,
     progress: ProgressFactory | None,
 ) -> tuple[QConfig, FallbackResult | None]:
+    target_sqnr_db = config.accuracy.target_sqnr_db if search.target_sqnr_db is None else search.target_sqnr_db
+    if target_sqnr_db is None:
+        return config, None
+    max_float_nodes = config.accuracy.max_float_nodes if search.max_float_nodes is None else search.max_float_nodes
+    samples = config.accuracy.samples if search.samples is None else search.samples
     if max_float_nodes < 1 or samples < 1:
         raise QtoolError("--max-float-nodes and the number of search samples must be >= 1")
     dataset = Dataset(
-        data_dir, model_inputs(state.model), limit=samples, preprocess=config.preprocess, skip_nonfinite=skip_nonfinite
+        data_dir,
+        model_inputs(state.model),
+        limit=samples,
+        preprocess=config.preprocess,
+        skip_nonfinite=evaluation.skip_nonfinite,
     )
 
     def build(cfg: QConfig) -> tuple[onnx.ModelProto, set[str]]:
@@ -330,7 +321,7 @@ def _search_fallback(
         dataset,
         target_sqnr_db=target_sqnr_db,
         max_nodes=max_float_nodes,
-        threads=threads,
+        threads=evaluation.threads,
         on_round=advance,
         weights=state.weights,
     )
@@ -345,41 +336,29 @@ def quantize(
     config_path: Path | str | None = None,
     stats_path: Path | str | None = None,
     data_dir: Path | str | None = None,
-    observer: str | None = None,
-    observer_options: dict[str, Any] | None = None,
-    batch_size: int | None = None,
-    limit: int | None = None,
-    skip_nonfinite: bool = False,
-    evaluate: bool = True,
-    runs: int = 20,
-    warmup: int = 3,
-    threads: int | None = None,
+    calibration: CalibrationOptions = DEFAULT_CALIBRATION,
+    search: SearchOptions | None = DEFAULT_SEARCH,
+    evaluation: EvaluationOptions | None = QUANTIZE_EVALUATION,
+    output: OutputOptions = DEFAULT_OUTPUT,
     progress: ProgressFactory | None = None,
-    search: bool = True,
-    target_sqnr_db: float | None = None,
-    max_float_nodes: int | None = None,
-    search_samples: int | None = None,
-    search_data: Path | str | None = None,
-    external_data: bool | None = None,
-    opset: int | None = None,
 ) -> QuantizeResult:
-    """Quantize a float model to int8 QDQ and write it atomically.
+    """Quantize a float model to QDQ and write it atomically.
 
-    Exactly one of ``stats_path`` (from ``qtool calibrate``) and ``data_dir``
-    (calibrate now) must be given. With ``data_dir`` and ``evaluate``, the result
-    is compared with the float model on the same data.
-
-    With samples (``data_dir`` or ``search_data``) and ``search``, the sensitivity
-    search of :mod:`qtool.quantization.search` runs when the config's
-    ``accuracy.target_sqnr_db`` (or ``target_sqnr_db``) is set; ``max_float_nodes``
-    and ``search_samples`` override ``accuracy.max_float_nodes`` / ``samples``.
-
-    ``external_data``: True writes the weights to a data file beside the output
-    (``OUTPUT.onnx.<digest>.data``), False embeds them, None (default) embeds them
-    unless the model would exceed protobuf's 2 GiB limit.
-
-    ``opset``: the output's default-domain opset (None: the model's own, raised to what the config
-    needs and lowered to the newest at which onnxruntime has Q/DQ kernels; see :mod:`qtool.graph.opsets`).
+    Args:
+        model_path: the float ONNX model.
+        output_path: the ``.onnx`` file to write (never the input).
+        config_path: a QConfigDict YAML file; None for the built-in default.
+        stats_path: statistics from :func:`calibrate` (exactly one of this and ``data_dir``).
+        data_dir: calibrate on these samples now (with ``calibration``).
+        calibration: how to calibrate with ``data_dir``; its observer also vouches for a
+            ``package.module:Class`` named in ``stats_path``.
+        search: the sensitivity search, run when it has samples (``search.data_dir`` or ``data_dir``)
+            and a target (``search.target_sqnr_db`` or the config's ``accuracy.target_sqnr_db``);
+            None skips it.
+        evaluation: with ``data_dir``, compare the result with the float model on those samples;
+            None skips it. Its threads and NaN handling also apply to the search.
+        output: external data and the output opset (see :mod:`qtool.graph.opsets`).
+        progress: receives progress updates (the CLI draws a bar).
 
     Raises:
         QtoolError: bad input; nothing is written in that case.
@@ -394,10 +373,10 @@ def quantize(
             f"output {output_path} is the input model; qtool never overwrites its input", hint="choose another -o path"
         )
     config = load_config(config_path)
-    state = _prepare(model_path, config, opset)
+    state = _prepare(model_path, config, output.opset)
     if stats_path is not None:
         # a module:Class observer in the file is imported only if the user named it too
-        trusted = config.observer_references() | ({observer} if observer else set())
+        trusted = config.observer_references() | ({calibration.observer} if calibration.observer else set())
         stats = CalibrationStats.read(stats_path, trusted)
         if stats.model_sha256 != state.source.sha256:
             raise QtoolError(
@@ -406,33 +385,13 @@ def quantize(
             )
     else:
         assert data_dir is not None  # exactly one of the two, checked above
-        stats = _calibrate(
-            state,
-            config,
-            data_dir,
-            observer=observer,
-            observer_options=observer_options,
-            batch_size=batch_size,
-            limit=limit,
-            progress=progress,
-            skip_nonfinite=skip_nonfinite,
-        )
+        stats = _calibrate(state, config, data_dir, calibration, progress)
     fallback = None
-    search_dir = search_data or data_dir
-    target = config.accuracy.target_sqnr_db if target_sqnr_db is None else target_sqnr_db
-    if search and search_dir is not None and target is not None:
+    search_dir = (search.data_dir or data_dir) if search is not None else None
+    if search is not None and search_dir is not None:
         with stage("sensitivity search"):
             config, fallback = _search_fallback(
-                state,
-                config,
-                stats,
-                search_dir,
-                target,
-                config.accuracy.max_float_nodes if max_float_nodes is None else max_float_nodes,
-                config.accuracy.samples if search_samples is None else search_samples,
-                threads,
-                skip_nonfinite,
-                progress,
+                state, config, stats, search_dir, search, evaluation or QUANTIZE_EVALUATION, progress
             )
     with stage("insert Q/DQ"):
         plan, quantized, rewrite_report = _quantize_in_memory(state, config, stats)
@@ -443,7 +402,7 @@ def quantize(
     with stage("load the result in onnxruntime"):
         create_session(quantized, "the quantized model", weights=state.weights)  # onnxruntime loads it: write it
     with stage(f"write {output_path}"):
-        written = save_model(quantized, output_path, state.weights, external=external_data)
+        written = save_model(quantized, output_path, state.weights, external=output.external_data)
     result = QuantizeResult(
         source=state.source,
         output=ModelFile.of(output_path),
@@ -465,18 +424,9 @@ def quantize(
         )
     if state.report.shape_inference_error:
         result.notes.append(f"shape inference failed and was skipped: {state.report.shape_inference_error}")
-    if data_dir is not None and evaluate:
+    if data_dir is not None and evaluation is not None:
         result.comparison = compare(
-            model_path,
-            output_path,
-            data_dir,
-            runs=runs,
-            warmup=warmup,
-            threads=threads,
-            limit=limit,
-            config_path=config_path,
-            skip_nonfinite=skip_nonfinite,
-            progress=progress,
+            model_path, output_path, data_dir, options=evaluation, config_path=config_path, progress=progress
         )
     return result
 
@@ -486,15 +436,8 @@ def compare(
     candidate_path: Path | str,
     data_dir: Path | str,
     *,
-    runs: int = 50,
-    warmup: int = 5,
-    threads: int | None = None,
-    limit: int | None = None,
+    options: EvaluationOptions = DEFAULT_EVALUATION,
     config_path: Path | str | None = None,
-    skip_nonfinite: bool = False,
-    task: str = "auto",
-    per_layer: bool = False,
-    providers: list[str] | None = None,
     gates: list[Gate] | None = None,
     progress: ProgressFactory | None = None,
 ) -> ComparisonResult:
@@ -504,18 +447,13 @@ def compare(
         reference_path: the float model.
         candidate_path: the quantized model.
         data_dir: evaluation samples for both models.
-        runs: timed runs per model and provider (0 skips latency).
-        warmup: untimed runs per model before timing.
-        threads: onnxruntime intra-op threads (None: onnxruntime's default).
-        limit: use only the first N samples for accuracy.
+        options: runs, warm-up, threads, sample limit, NaN handling, task ("auto": top-1/top-5 for
+            2-D [N, C] outputs), per-layer pairing, providers (unavailable ones are skipped).
         config_path: a QConfigDict whose ``preprocess:`` block turns images into inputs.
-        skip_nonfinite: skip samples with NaN/Inf instead of failing.
-        task: "auto" (top-1/top-5 for 2-D [N, C] outputs), "classification" or "none".
-        per_layer: also pair every intermediate float tensor and report per-layer error.
-        providers: full onnxruntime provider names for latency (default CPU); unavailable ones are skipped.
         gates: thresholds to judge (see :mod:`qtool.evaluation.gates`).
         progress: receives progress updates.
     """
+    runs, warmup, threads, task = options.runs, options.warmup, options.threads, options.task
     if runs < 0 or warmup < 0:
         raise QtoolError("--runs and --warmup must be >= 0")
     if threads is not None and threads < 1:
@@ -531,14 +469,16 @@ def compare(
             hint="compare a quantized model with the float model it came from",
         )
     preprocess = load_config(config_path).preprocess if config_path else None
-    dataset = Dataset(data_dir, inputs, limit=limit, preprocess=preprocess, skip_nonfinite=skip_nonfinite)
+    dataset = Dataset(
+        data_dir, inputs, limit=options.limit, preprocess=preprocess, skip_nonfinite=options.skip_nonfinite
+    )
     reference = create_session(reference_path, str(reference_path), threads=threads)
     candidate = create_session(candidate_path, str(candidate_path), threads=threads)
     factory = progress or _noop_progress
     with stage(f"accuracy on {len(dataset)} samples"):
         accuracy = output_metrics(reference, candidate, dataset, factory("accuracy", len(dataset)), task=task)
     layers = None
-    if per_layer:
+    if options.per_layer:
         with stage("per-layer error"):
             layers = layer_errors(
                 reference_model,
@@ -547,7 +487,7 @@ def compare(
                 threads=threads,
                 on_progress=factory("per-layer", len(dataset)),
             )
-    chosen = providers or ["CPUExecutionProvider"]
+    chosen = list(options.providers) or ["CPUExecutionProvider"]
     with stage(f"latency ({runs} runs per model and provider)"):
         latency, skipped = _latency_per_provider(
             reference_path, candidate_path, dataset, chosen, runs, warmup, threads, factory
@@ -649,9 +589,7 @@ def inspect(
     state = _prepare(Path(model_path), config)
     elements = static_elements(state.prepared)
     if data_dir is not None:
-        sized = _calibrate(
-            state, config, data_dir, observer="minmax", observer_options={}, batch_size=1, limit=1, progress=None
-        )
+        sized = _calibrate(state, config, data_dir, CalibrationOptions(observer="minmax", batch_size=1, limit=1), None)
         elements.update(sized.elements)
     plan = build_plan(state.prepared, config, elements)
     state = replace(state, plan=plan)

@@ -25,6 +25,7 @@ from rich.text import Text
 
 from qtool import __version__
 from qtool.errors import CheckFailedError, ExitCode, QtoolError
+from qtool.options import CalibrationOptions, EvaluationOptions, OutputOptions, SearchOptions
 
 app = typer.Typer(
     name="qtool",
@@ -373,18 +374,15 @@ def calibrate(
         from qtool.reports.terminal import printable
 
         with _progress() as progress:
-            stats = run_calibrate(
-                model,
-                data_dir,
-                config_path=config,
+            options = CalibrationOptions(
                 observer=observer,
                 observer_options=_observer_options(observer_option),
                 batch_size=batch_size,
                 limit=limit,
                 shard=_shard(shard),
                 skip_nonfinite=skip_nonfinite,
-                progress=progress,
             )
+            stats = run_calibrate(model, data_dir, config_path=config, options=options, progress=progress)
         write_stats(stats, output)
         console = _summary_console(json_out)
         if stats.skipped:
@@ -484,21 +482,21 @@ def quantize(
                 config_path=config,
                 stats_path=stats,
                 data_dir=data,
-                observer=observer,
-                observer_options=_observer_options(observer_option),
-                batch_size=batch_size,
-                limit=limit,
-                skip_nonfinite=skip_nonfinite,
-                runs=runs,
-                warmup=warmup,
-                threads=threads,
+                calibration=CalibrationOptions(
+                    observer=observer,
+                    observer_options=_observer_options(observer_option),
+                    batch_size=batch_size,
+                    limit=limit,
+                    skip_nonfinite=skip_nonfinite,
+                ),
+                search=None
+                if no_search
+                else SearchOptions(target_sqnr_db=target_sqnr, max_float_nodes=max_float_nodes, data_dir=search_data),
+                evaluation=EvaluationOptions(
+                    runs=runs, warmup=warmup, threads=threads, limit=limit, skip_nonfinite=skip_nonfinite
+                ),
+                output=OutputOptions(external_data=external_data, opset=opset),
                 progress=progress,
-                search=not no_search,
-                target_sqnr_db=target_sqnr,
-                max_float_nodes=max_float_nodes,
-                search_data=search_data,
-                external_data=external_data,
-                opset=opset,
             )
         render_quantize(_summary_console(json_out), result)
         if json_out:
@@ -615,21 +613,18 @@ def compare(
 
             require_matplotlib()
         with _progress() as progress:
-            result = run_compare(
-                reference,
-                candidate,
-                data,
+            options = EvaluationOptions(
                 runs=runs,
                 warmup=warmup,
                 threads=threads,
                 limit=limit,
-                config_path=config,
                 skip_nonfinite=skip_nonfinite,
                 task=task,
                 per_layer=per_layer or plot is not None,
-                providers=chosen,
-                gates=gates,
-                progress=progress,
+                providers=tuple(chosen),
+            )
+            result = run_compare(
+                reference, candidate, data, options=options, config_path=config, gates=gates, progress=progress
             )
         render_comparison(_summary_console(json_out), result)
         if json_out:

@@ -44,6 +44,6 @@ def quantized_samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
     result = {}
     for name in SAMPLE_NAMES:
         target = out / f"{name}.int8.onnx"
-        qtool.quantize(sample(name), target, data_dir=calib_dir(name), config_path=INTEGER, evaluate=False)
+        qtool.quantize(sample(name), target, data_dir=calib_dir(name), config_path=INTEGER, evaluation=None)
         result[name] = target
     return result

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 import qtool
 from qtool.cli import app
 from qtool.graph.model_io import file_sha256
+from qtool.options import EvaluationOptions
 from tests.conftest import ROOT, calib_dir, eval_dir, sample
 
 runner = CliRunner()
@@ -30,14 +31,14 @@ def cnn_with_one_int2_layer(tmp_path_factory):
     # No sensitivity search: it would give the damaged layer float activations and hide it.
     config.write_text("node_name: {block1/conv: {weight: {dtype: int2}}}\naccuracy: {target_sqnr_db: null}\n")
     out = folder / "cnn.onnx"
-    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluate=False)
+    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluation=None)
     return out
 
 
 @pytest.fixture(scope="module")
 def cnn_int8(tmp_path_factory):
     out = tmp_path_factory.mktemp("int8") / "cnn.onnx"
-    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), evaluate=False)
+    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), evaluation=None)
     return out
 
 
@@ -86,15 +87,17 @@ def test_plot_without_matplotlib_is_a_clear_error_before_any_work(cnn_int8, tmp_
 
 
 def test_classification_is_auto_detected_on_the_cnn_and_not_on_the_transformer(cnn_int8, tmp_path):
-    result = qtool.compare(sample("cnn"), cnn_int8, eval_dir("cnn"), runs=0)
+    result = qtool.compare(sample("cnn"), cnn_int8, eval_dir("cnn"), options=EvaluationOptions(runs=0))
     assert "auto-detected" in result.task_note
     (agreement,) = result.agreement
     assert agreement.name == "logits" and agreement.rows == 32 and 0.9 <= agreement.top1 <= agreement.top5 == 1.0
     q = tmp_path / "t.onnx"
-    qtool.quantize(sample("transformer"), q, data_dir=calib_dir("transformer"), evaluate=False)
-    plain = qtool.compare(sample("transformer"), q, eval_dir("transformer"), runs=0)
+    qtool.quantize(sample("transformer"), q, data_dir=calib_dir("transformer"), evaluation=None)
+    plain = qtool.compare(sample("transformer"), q, eval_dir("transformer"), options=EvaluationOptions(runs=0))
     assert plain.agreement == [] and plain.task_note.startswith("none")
-    forced = qtool.compare(sample("transformer"), q, eval_dir("transformer"), runs=0, task="classification")
+    forced = qtool.compare(
+        sample("transformer"), q, eval_dir("transformer"), options=EvaluationOptions(runs=0, task="classification")
+    )
     assert forced.agreement and forced.agreement[0].rows == 32 * 16  # every [seq, d] row of every sample
 
 
@@ -223,7 +226,12 @@ def test_json_carries_the_reproducibility_block(cnn_int8, tmp_path):
 def test_cuda_latency_is_measured_on_a_gpu_machine(cnn_int8):
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("no CUDA execution provider here (CI has no GPU)")
-    result = qtool.compare(sample("cnn"), cnn_int8, eval_dir("cnn"), runs=20, providers=["CUDAExecutionProvider"])
+    result = qtool.compare(
+        sample("cnn"),
+        cnn_int8,
+        eval_dir("cnn"),
+        options=EvaluationOptions(runs=20, providers=tuple(["CUDAExecutionProvider"])),
+    )
     assert [lat.provider for lat in result.latency] == ["CUDAExecutionProvider"]
     assert result.latency[0].reference.median_ms > 0
 

@@ -42,7 +42,7 @@ def test_predicted_integer_kernels_match_onnxruntime(tmp_path, name, config):
     config_path = ROOT / "configs" / config
     # no sensitivity search: inspect predicts the placement the config and the tensor sizes decide
     result = qtool.quantize(
-        sample(name), out, data_dir=calib_dir(name), config_path=config_path, evaluate=False, search=False
+        sample(name), out, data_dir=calib_dir(name), config_path=config_path, search=None, evaluation=None
     )
     inspection = qtool.inspect(sample(name), config_path=ROOT / "configs" / config)
     predicted = collections.Counter(r.kernel for r in inspection.rows if not r.kernel.startswith("float"))

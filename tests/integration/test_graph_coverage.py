@@ -111,7 +111,7 @@ def _normal(*shape: int) -> np.ndarray:
 def _quantize(model: Path, data: Path) -> tuple[qtool.QuantizeResult, onnx.ModelProto, Path]:
     """Quantize with every node as an integer kernel (configs/integer.yaml): Q/DQ around all of them."""
     out = model.with_name("quantized.onnx")
-    result = qtool.quantize(model, out, data_dir=data, config_path=INTEGER, evaluate=False, search=False)
+    result = qtool.quantize(model, out, data_dir=data, config_path=INTEGER, search=None, evaluation=None)
     quantized = onnx.load(str(out))
     onnx.checker.check_model(quantized, full_check=True)
     return result, quantized, out
@@ -481,7 +481,7 @@ def test_a_per_channel_axis_forced_on_a_stacked_weight_is_refused(tmp_path):
     config.write_text("global: {placement: integer}\nop_type: {MatMul: {weight: {axis: 2}}}\n")
     out = tmp_path / "q.onnx"
     with pytest.raises(QtoolError, match="mm_3d_weight: weight w_3d has no per-channel axis"):
-        qtool.quantize(model, out, data_dir=data, config_path=config, evaluate=False)
+        qtool.quantize(model, out, data_dir=data, config_path=config, evaluation=None)
     assert not out.exists()
 
 
@@ -630,7 +630,7 @@ def test_if_branches_reading_outer_initializers_that_main_graph_nodes_quantize(t
 
     # the default config stores w as int8 restored by Cast/Mul (placement storage): the body still reads float w
     stored = tmp_path / "stored.onnx"
-    result = qtool.quantize(model, stored, data_dir=data, evaluate=False, search=False)
+    result = qtool.quantize(model, stored, data_dir=data, search=None, evaluation=None)
     assert result.placements == {"storage": 2}
     _assert_float_initializers(onnx.load(str(stored)), "w", "w2")
     assert _sqnr(model, stored, feeds) > 25

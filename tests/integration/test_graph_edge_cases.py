@@ -59,7 +59,7 @@ def test_weight_shared_by_ops_that_need_different_axes(tmp_path):
     )
     data = make_data(tmp_path, (8,))
     out = tmp_path / "q.onnx"
-    qtool.quantize(model, out, data_dir=data, config_path=INTEGER, evaluate=False)
+    qtool.quantize(model, out, data_dir=data, config_path=INTEGER, evaluation=None)
     q = onnx.load(str(out))
     # before the fix the Gemm read the MatMul's axis-1 scales: about 100 % error
     axes = sorted(
@@ -93,7 +93,7 @@ def test_bias_that_would_saturate_int32_raises_the_weight_scale_instead(tmp_path
     )
     data = make_data(tmp_path, (3, 4, 4))
     out = tmp_path / "q.onnx"
-    qtool.quantize(model, out, data_dir=data, evaluate=False)
+    qtool.quantize(model, out, data_dir=data, evaluation=None)
     y = run_model(out, {"x": np.load(data / "0.npy")[None]})[0]
     np.testing.assert_allclose(y[0, 1], 0.5, atol=0.02)  # the float answer is beta = 0.5
 
@@ -116,7 +116,7 @@ def test_float_consumers_of_a_graph_input_keep_reading_the_float_value(tmp_path)
     )
     data = make_data(tmp_path, (4,))
     out = tmp_path / "q.onnx"
-    qtool.quantize(model, out, data_dir=data, evaluate=False)
+    qtool.quantize(model, out, data_dir=data, evaluation=None)
     x = np.load(data / "1.npy")[None]
     np.testing.assert_array_equal(run_model(out, {"x": x})[1], x)
 
@@ -137,7 +137,7 @@ def test_initializers_listed_as_graph_inputs_are_treated_as_constants(tmp_path):
     )
     data = make_data(tmp_path, (3, 8, 8))
     out = tmp_path / "q.onnx"
-    result = qtool.quantize(model, out, data_dir=data, evaluate=False)
+    result = qtool.quantize(model, out, data_dir=data, evaluation=None)
     assert result.rewrite.quantized_nodes == ["conv"] and result.prepare.initializers_removed_from_inputs == 1
     assert any("treated as constants" in note for note in result.notes)
     assert relative_error(model, out, data) < 0.03
@@ -157,7 +157,7 @@ def test_opset_9_model_is_raised_to_10_for_per_tensor_quantize_linear(tmp_path):
     config.write_text("global: {weight: {granularity: per_tensor}}\n")
     data = make_data(tmp_path, (6,))
     out = tmp_path / "q.onnx"
-    result = qtool.quantize(model, out, data_dir=data, config_path=config, evaluate=False)
+    result = qtool.quantize(model, out, data_dir=data, config_path=config, evaluation=None)
     assert (result.prepare.opset_before, result.prepare.opset_after) == (9, 10)
     assert relative_error(model, out, data) < 0.03
 
@@ -173,7 +173,7 @@ def test_wrongly_declared_output_shape_is_a_note_not_a_crash(tmp_path):
     )
     data = make_data(tmp_path, (4,))
     out = tmp_path / "q.onnx"
-    result = qtool.quantize(model, out, data_dir=data, evaluate=False)
+    result = qtool.quantize(model, out, data_dir=data, evaluation=None)
     assert any("full check" in note for note in result.notes)
     assert out.exists()
 
@@ -207,6 +207,6 @@ def test_weight_axis_override_keeps_the_bias_float_instead_of_mismatching_scales
     from tests.conftest import calib_dir, sample
 
     out = tmp_path / "q.onnx"
-    result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluate=False)
+    result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluation=None)
     assert not any("conv" in b for b in result.rewrite.quantized_biases)
     assert result.rewrite.quantized_biases == ["head.bias"]

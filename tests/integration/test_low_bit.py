@@ -71,7 +71,7 @@ def test_onnxruntime_dequantizes_our_packed_weights_exactly(dtype):
 def quantize_with(tmp_path: Path, name: str, config: str) -> Path:
     out = tmp_path / f"{name}.onnx"
     qtool.quantize(
-        sample(name), out, data_dir=calib_dir(name), config_path=write_config(tmp_path, config), evaluate=False
+        sample(name), out, data_dir=calib_dir(name), config_path=write_config(tmp_path, config), evaluation=None
     )
     return out
 
@@ -145,7 +145,7 @@ def test_mixed_config_assigns_exactly_what_it_says(tmp_path):
 def test_every_shipped_config_quantizes_every_sample_and_runs(tmp_path, config):
     for name in SAMPLE_NAMES:
         out = tmp_path / f"{name}.onnx"
-        result = qtool.quantize(sample(name), out, data_dir=calib_dir(name), config_path=config, evaluate=False)
+        result = qtool.quantize(sample(name), out, data_dir=calib_dir(name), config_path=config, evaluation=None)
         assert result.rewrite.quantized_nodes
         onnx.checker.check_model(onnx.load(str(out)), full_check=True)
         x = np.load(next(eval_dir(name).glob("*.npy")))[None]

@@ -15,7 +15,7 @@ CHILD = r"""
 import json, sys
 import qtool
 from bench.measure import peak_rss_kb
-stats = qtool.calibrate(sys.argv[1], sys.argv[2], observer=sys.argv[3])
+stats = qtool.calibrate(sys.argv[1], sys.argv[2], options=qtool.CalibrationOptions(observer=sys.argv[3]))
 print(json.dumps({"samples": stats.samples, "peak_rss_kb": peak_rss_kb()}))
 """
 

@@ -94,7 +94,7 @@ def test_a_model_newer_than_the_runtimes_qdq_kernels_is_lowered_and_runs(tmp_pat
     model = _classifier(tmp_path, 21)
     data, feeds = _data(tmp_path, lambda i: {"x": _normal(1, 3, 6, 6)})
     out = tmp_path / "q.onnx"
-    result = qtool.quantize(model, out, data_dir=data, evaluate=False, search=False)
+    result = qtool.quantize(model, out, data_dir=data, search=None, evaluation=None)
     assert (result.prepare.opset_before, result.prepare.opset_after) == (21, 19)
     assert _opset(out) == 19
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
@@ -156,4 +156,4 @@ def test_a_config_needing_more_than_the_runtime_has_is_refused(tmp_path, monkeyp
     config_path = tmp_path / "c.yaml"
     config_path.write_text("global: {weight: {dtype: int2, granularity: per_block}, weight_only: true}\n")
     with pytest.raises(QtoolError, match=r"config needs opset 25 \(int2 weights\).* only up to opset 21"):
-        qtool.quantize(model, tmp_path / "q.onnx", data_dir=data, config_path=config_path, evaluate=False)
+        qtool.quantize(model, tmp_path / "q.onnx", data_dir=data, config_path=config_path, evaluation=None)

@@ -24,7 +24,7 @@ def optimized_ops(path, tmp_path) -> collections.Counter:
 @pytest.mark.parametrize("name", ["mlp", "transformer"])
 def test_default_keeps_small_models_float_at_run_time_but_small_on_disk(tmp_path, name):
     out = tmp_path / f"{name}.onnx"
-    result = qtool.quantize(sample(name), out, data_dir=calib_dir(name), evaluate=False)
+    result = qtool.quantize(sample(name), out, data_dir=calib_dir(name), evaluation=None)
     assert result.rewrite.quantized_weights and not result.rewrite.quantized_activations
     model = onnx.load(str(out))
     assert not [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
@@ -39,7 +39,7 @@ def test_default_keeps_small_models_float_at_run_time_but_small_on_disk(tmp_path
 
 def test_default_runs_the_cnn_convolutions_as_integer_kernels_and_its_tiny_head_in_float(tmp_path):
     out = tmp_path / "cnn.onnx"
-    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), evaluate=False)
+    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), evaluation=None)
     ops = optimized_ops(out, tmp_path)
     assert ops["QLinearConv"] == 3 and ops["Conv"] == 0 and ops["QGemm"] == 0, ops
     inspection = qtool.inspect(sample("cnn"))
@@ -52,11 +52,11 @@ def test_placement_can_be_forced_and_is_validated(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("global: {placement: storage}\n")
     out = tmp_path / "cnn.onnx"
-    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluate=False)
+    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluation=None)
     assert optimized_ops(out, tmp_path)["QLinearConv"] == 0
     out = tmp_path / "mlp.onnx"
     qtool.quantize(
-        sample("mlp"), out, data_dir=calib_dir("mlp"), config_path=ROOT / "configs" / "integer.yaml", evaluate=False
+        sample("mlp"), out, data_dir=calib_dir("mlp"), config_path=ROOT / "configs" / "integer.yaml", evaluation=None
     )
     assert optimized_ops(out, tmp_path)["QGemm"] == 3
     config.write_text("global: {placement: fastest}\n")
@@ -104,7 +104,7 @@ def test_auto_counts_the_float_integer_boundaries_a_node_would_add(tmp_path, iso
     model = tmp_path / "m.onnx"
     _pointwise_model(model, isolated=isolated)
     out = tmp_path / "q.onnx"
-    result = qtool.quantize(model, out, data_dir=tmp_path / "data", evaluate=False, search=False)
+    result = qtool.quantize(model, out, data_dir=tmp_path / "data", search=None, evaluation=None)
     placement = {r.name: (r.placement, r.reason) for r in qtool.inspect(model).rows}
     if isolated:
         assert result.placements == {"storage": 2}

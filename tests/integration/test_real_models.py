@@ -11,6 +11,7 @@ import pytest
 
 import qtool
 from bench.real_data import RegistryUnavailable, real_model
+from qtool.options import CalibrationOptions, EvaluationOptions
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +25,13 @@ def ppocr_cls():
 def test_paddle_export_with_constant_weights_quantizes_and_runs(ppocr_cls, tmp_path):
     model, calib, evaluation = ppocr_cls
     out = tmp_path / "cls.int8.onnx"
-    result = qtool.quantize(model, out, data_dir=calib, evaluate=False, observer="percentile")
+    result = qtool.quantize(
+        model, out, data_dir=calib, calibration=CalibrationOptions(observer="percentile"), evaluation=None
+    )
     assert result.prepare.constants_to_initializers > 100  # Paddle keeps its weights in Constant nodes
     assert (result.prepare.opset_before, result.prepare.opset_after) == (11, 13)
     assert len(result.prepare.folded_batchnorms) > 10
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
-    comparison = qtool.compare(model, out, evaluation, runs=0)
+    comparison = qtool.compare(model, out, evaluation, options=EvaluationOptions(runs=0))
     assert comparison.compression_ratio > 2.0  # Paddle's Constant-node weights really are stored as int8
     assert comparison.overall.cosine > 0.95

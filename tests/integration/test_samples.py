@@ -13,6 +13,7 @@ from onnx.reference import ReferenceEvaluator
 
 import qtool
 from qtool.calibration.dataset import Dataset, model_inputs
+from qtool.options import CalibrationOptions, EvaluationOptions
 from tests.conftest import INTEGER, SAMPLE_NAMES, calib_dir, eval_dir, run_model, sample
 
 SQNR_FLOOR_DB = {"cnn": 30.0, "mlp": 30.0, "transformer": 25.0}
@@ -156,7 +157,9 @@ def test_weight_dominated_samples_compress_at_least_3_5x(name, quantized_samples
 
 def test_quantizing_twice_gives_byte_identical_files(tmp_path, quantized_samples):
     again = tmp_path / "again.onnx"
-    qtool.quantize(sample("transformer"), again, data_dir=calib_dir("transformer"), config_path=INTEGER, evaluate=False)
+    qtool.quantize(
+        sample("transformer"), again, data_dir=calib_dir("transformer"), config_path=INTEGER, evaluation=None
+    )
     assert again.read_bytes() == quantized_samples["transformer"].read_bytes()
 
 
@@ -185,7 +188,9 @@ def test_stats_of_two_shards_merge_to_the_stats_of_the_whole(tmp_path):
 
 
 def test_compare_reports_the_numbers_it_measures(quantized_samples):
-    result = qtool.compare(sample("mlp"), quantized_samples["mlp"], eval_dir("mlp"), runs=5, warmup=1)
+    result = qtool.compare(
+        sample("mlp"), quantized_samples["mlp"], eval_dir("mlp"), options=EvaluationOptions(runs=5, warmup=1)
+    )
     assert result.samples == 32
     assert result.compression_ratio == pytest.approx(
         sample("mlp").stat().st_size / quantized_samples["mlp"].stat().st_size
@@ -199,13 +204,15 @@ def test_compare_reports_the_numbers_it_measures(quantized_samples):
 
 
 def test_comparing_a_model_with_itself_is_exact():
-    result = qtool.compare(sample("cnn"), sample("cnn"), eval_dir("cnn"), runs=0, limit=4)
+    result = qtool.compare(sample("cnn"), sample("cnn"), eval_dir("cnn"), options=EvaluationOptions(runs=0, limit=4))
     assert result.overall.mse == 0.0 and result.overall.sqnr_db == float("inf") and result.latency == []
 
 
 def test_batched_calibration_gives_the_same_ranges_as_one_by_one():
-    one = qtool.calibrate(sample("transformer"), calib_dir("transformer"), batch_size=1)
-    batched = qtool.calibrate(sample("transformer"), calib_dir("transformer"), batch_size=16)
+    one = qtool.calibrate(sample("transformer"), calib_dir("transformer"), options=CalibrationOptions(batch_size=1))
+    batched = qtool.calibrate(
+        sample("transformer"), calib_dir("transformer"), options=CalibrationOptions(batch_size=16)
+    )
     for name, obs in one.tensors.items():
         lo1, hi1 = obs.range(8, False)
         lo2, hi2 = batched.tensors[name].range(8, False)

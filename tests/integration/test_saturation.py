@@ -55,7 +55,7 @@ def _quantize(tmp_path: Path, model: Path, data: Path, guard: str) -> Path:
     config = tmp_path / f"{guard}.yaml"
     config.write_text(f"global: {{placement: integer, weight: {{saturation: {guard}}}}}\n")
     out = tmp_path / f"{guard}.onnx"
-    qtool.quantize(model, out, data_dir=data, config_path=config, evaluate=False, search=False)
+    qtool.quantize(model, out, data_dir=data, config_path=config, search=None, evaluation=None)
     return out
 
 
@@ -111,7 +111,7 @@ def test_int8_activations_get_the_reduced_range_under_the_uint8_guard(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("global: {placement: integer, activation: {dtype: int8, symmetric: true}}\n")
     out = tmp_path / "q.onnx"
-    qtool.quantize(model, out, data_dir=data, config_path=config, evaluate=False, search=False)
+    qtool.quantize(model, out, data_dir=data, config_path=config, search=None, evaluation=None)
     stored, _ = _stored_weight(out)
     assert stored.dtype == np.int8 and np.abs(stored).max() == 63  # no uint8 x int8 kernel: reduced int8
     scale = float(numpy_helper.to_array(next(i for i in onnx.load(str(out)).graph.initializer if i.name == "y/scale")))

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import qtool
 from qtool.cli import app
+from qtool.options import SearchOptions
 from tests.conftest import calib_dir, eval_dir, run_model, sample
 
 # block1/conv's input range clipped at its 60th percentile: one badly quantized layer in a good model
@@ -32,8 +33,8 @@ def damaged(tmp_path_factory):
     config = folder / "c.yaml"
     config.write_text(DAMAGED)
     plain, searched = folder / "plain.onnx", folder / "searched.onnx"
-    qtool.quantize(sample("cnn"), plain, data_dir=calib_dir("cnn"), config_path=config, evaluate=False, search=False)
-    result = qtool.quantize(sample("cnn"), searched, data_dir=calib_dir("cnn"), config_path=config, evaluate=False)
+    qtool.quantize(sample("cnn"), plain, data_dir=calib_dir("cnn"), config_path=config, search=None, evaluation=None)
+    result = qtool.quantize(sample("cnn"), searched, data_dir=calib_dir("cnn"), config_path=config, evaluation=None)
     return config, plain, searched, result
 
 
@@ -76,15 +77,20 @@ def test_search_is_off_with_no_search_with_null_target_and_without_samples(damag
     off = tmp_path / "off.yaml"
     off.write_text(DAMAGED + "accuracy: {target_sqnr_db: null}\n")
     out = tmp_path / "q.onnx"
-    result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=off, evaluate=False)
+    result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=off, evaluation=None)
     assert result.fallback is None and out.read_bytes() == plain.read_bytes()
     stats = tmp_path / "s.json"
     qtool.write_stats(qtool.calibrate(sample("cnn"), calib_dir("cnn"), config_path=config), stats)
-    result = qtool.quantize(sample("cnn"), out, stats_path=stats, config_path=config, evaluate=False)
+    result = qtool.quantize(sample("cnn"), out, stats_path=stats, config_path=config, evaluation=None)
     assert result.fallback is None and out.read_bytes() == plain.read_bytes()
     # --stats with --search-data searches again
     result = qtool.quantize(
-        sample("cnn"), out, stats_path=stats, config_path=config, search_data=calib_dir("cnn"), evaluate=False
+        sample("cnn"),
+        out,
+        stats_path=stats,
+        config_path=config,
+        search=SearchOptions(data_dir=calib_dir("cnn")),
+        evaluation=None,
     )
     assert result.fallback is not None and result.fallback.float_nodes == ["block1/conv"]
 

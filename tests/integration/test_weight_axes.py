@@ -73,7 +73,7 @@ def test_per_channel_axis_is_the_output_axis(tmp_path, case):
     node, weight, x_shape, y_shape, axis = CASES[case]
     model_path, data = _build(tmp_path, node, weight, x_shape, y_shape)
     out = tmp_path / "q.onnx"
-    qtool.quantize(model_path, out, data_dir=data, config_path=INTEGER, evaluate=False)
+    qtool.quantize(model_path, out, data_dir=data, config_path=INTEGER, evaluation=None)
     model = onnx.load(str(out))
     inits = {i.name: i for i in model.graph.initializer}
     dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "w")
@@ -98,7 +98,7 @@ def test_opset_11_model_is_upgraded_for_per_axis_dequantize(tmp_path):
     node, weight, x_shape, y_shape, _ = CASES["conv"]
     model_path, data = _build(tmp_path, node, weight, x_shape, y_shape, opset=11)
     out = tmp_path / "q.onnx"
-    result = qtool.quantize(model_path, out, data_dir=data, config_path=INTEGER, evaluate=False)
+    result = qtool.quantize(model_path, out, data_dir=data, config_path=INTEGER, evaluation=None)
     assert (result.prepare.opset_before, result.prepare.opset_after) == (11, 13)
     model = onnx.load(str(out))
     assert model.opset_import[0].version == 13
@@ -111,7 +111,7 @@ def test_per_tensor_weights_keep_an_opset_11_model_at_11(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("global: {weight: {granularity: per_tensor}}\n")
     out = tmp_path / "q.onnx"
-    qtool.quantize(model_path, out, data_dir=data, config_path=config, evaluate=False)
+    qtool.quantize(model_path, out, data_dir=data, config_path=config, evaluation=None)
     model = onnx.load(str(out))
     assert model.opset_import[0].version == 11
     assert all(not n.attribute for n in model.graph.node if n.op_type == "DequantizeLinear")
@@ -138,7 +138,7 @@ def test_weights_in_constant_nodes_are_quantized_like_initializers(tmp_path):
     for i in range(4):
         np.save(data / f"{i}.npy", rng.normal(size=(256,)).astype(np.float32))
     out = tmp_path / "q.onnx"
-    result = qtool.quantize(model_path, out, data_dir=data, config_path=INTEGER, evaluate=False)
+    result = qtool.quantize(model_path, out, data_dir=data, config_path=INTEGER, evaluation=None)
     assert result.prepare.constants_to_initializers == 1 and result.rewrite.quantized_weights == ["w"]
     model = onnx.load(str(out))
     assert not [n for n in model.graph.node if n.op_type == "Constant"]

@@ -67,7 +67,7 @@ def _outcome(action: Callable[[], object]) -> tuple[bool, str | None]:
 
 def _quantize(model: Path, out: Path, name: str) -> None:
     try:
-        qtool.quantize(model, out, data_dir=calib_dir(name), evaluate=False, search=False)
+        qtool.quantize(model, out, data_dir=calib_dir(name), search=None, evaluation=None)
     except QtoolError:
         assert not out.exists(), "a failed quantize must not leave its output behind"
         raise
@@ -462,7 +462,7 @@ def test_absurd_tensor_size_claim_is_a_clear_error(tmp_path, mutation):
     assert path.stat().st_size < 400_000  # the claim is in the dims, not in the bytes
     with bounded_memory(1 << 30):
         with pytest.raises(QtoolError, match=r"tensor 'block0\.conv\.weight' .* does not hold the data"):
-            qtool.quantize(path, out, data_dir=calib_dir("cnn"), evaluate=False)
+            qtool.quantize(path, out, data_dir=calib_dir("cnn"), evaluation=None)
         r = runner.invoke(app, ["quantize", str(path), "--data", str(calib_dir("cnn")), "-o", str(out)])
     assert r.exit_code == 2, r.output
     assert "block0.conv.weight" in r.stderr and str(path) in r.stderr

@@ -37,8 +37,8 @@ def test_external_data_model_quantizes_like_the_embedded_one(tmp_path):
     assert (tmp_path / "ext" / "weights.bin").stat().st_size > 300_000  # the weights really are outside
     before = {p.name: p.read_bytes() for p in (tmp_path / "ext").iterdir()}
     a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
-    qtool.quantize(path, a, data_dir=calib_dir("cnn"), evaluate=False)
-    qtool.quantize(sample("cnn"), b, data_dir=calib_dir("cnn"), evaluate=False)
+    qtool.quantize(path, a, data_dir=calib_dir("cnn"), evaluation=None)
+    qtool.quantize(sample("cnn"), b, data_dir=calib_dir("cnn"), evaluation=None)
     assert a.read_bytes() == b.read_bytes()
     assert {p.name: p.read_bytes() for p in (tmp_path / "ext").iterdir()} == before  # inputs untouched
 
@@ -84,7 +84,7 @@ def test_external_data_that_is_missing_or_too_short_is_a_clear_error(tmp_path):
 
 def test_an_already_quantized_model_is_refused(tmp_path):
     once = tmp_path / "once.onnx"
-    qtool.quantize(sample("cnn"), once, data_dir=calib_dir("cnn"), evaluate=False)
+    qtool.quantize(sample("cnn"), once, data_dir=calib_dir("cnn"), evaluation=None)
     for command in (
         ["quantize", str(once), "--data", str(calib_dir("cnn")), "-o", str(tmp_path / "twice.onnx")],
         ["calibrate", str(once), str(calib_dir("cnn")), "-o", str(tmp_path / "s.json")],

@@ -16,6 +16,7 @@ from qtool.cli import app
 from qtool.errors import QtoolError
 from qtool.graph import model_io
 from qtool.graph.weights import Weights, is_detached
+from qtool.options import EvaluationOptions, OutputOptions
 from tests.conftest import calib_dir, run_model, sample
 
 RNG = np.random.default_rng(7)
@@ -78,18 +79,18 @@ def test_output_with_external_data_loads_runs_and_reruns_byte_identical(tmp_path
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     out = out_dir / "mlp.int8.onnx"
-    result = qtool.quantize(path, out, data_dir=data, evaluate=False, external_data=True)
+    result = qtool.quantize(path, out, data_dir=data, evaluation=None, output=OutputOptions(external_data=True))
     files = listing(out_dir)
     assert len(files) == 2 and files[0] == "mlp.int8.onnx" and files[1].startswith("mlp.int8.onnx.")
     assert result.data_files == [str(out_dir / files[1])]
     assert result.output.size_bytes == sum((out_dir / f).stat().st_size for f in files)  # ratios count the data too
     assert (out_dir / files[1]).stat().st_size > 3 * (out_dir / files[0]).stat().st_size
     embedded = tmp_path / "embedded.onnx"
-    qtool.quantize(path, embedded, data_dir=data, evaluate=False)
+    qtool.quantize(path, embedded, data_dir=data, evaluation=None)
     feed = {"x": np.load(data / "0.npy")}
     np.testing.assert_array_equal(run_model(out, feed)[0], run_model(embedded, feed)[0])
     snapshot = {f: (out_dir / f).read_bytes() for f in files}
-    qtool.quantize(path, out, data_dir=data, evaluate=False, external_data=True)
+    qtool.quantize(path, out, data_dir=data, evaluation=None, output=OutputOptions(external_data=True))
     assert {f: (out_dir / f).read_bytes() for f in listing(out_dir)} == snapshot  # same bytes, no new files
     assert {name: (tmp_path / "in" / name).read_bytes() for name in listing(tmp_path / "in")} == inputs_before
 
@@ -97,10 +98,10 @@ def test_output_with_external_data_loads_runs_and_reruns_byte_identical(tmp_path
 def test_qtool_reads_its_own_external_data_output(tmp_path):
     path, data = mlp_with_external_data(tmp_path / "in")
     out = tmp_path / "q.onnx"
-    qtool.quantize(path, out, data_dir=data, evaluate=False, external_data=True)
+    qtool.quantize(path, out, data_dir=data, evaluation=None, output=OutputOptions(external_data=True))
     with pytest.raises(QtoolError, match="already quantized"):
-        qtool.quantize(out, tmp_path / "again.onnx", data_dir=data, evaluate=False)
-    comparison = qtool.compare(path, out, data, runs=2, warmup=1)
+        qtool.quantize(out, tmp_path / "again.onnx", data_dir=data, evaluation=None)
+    comparison = qtool.compare(path, out, data, options=EvaluationOptions(runs=2, warmup=1))
     assert comparison.compression_ratio > 3.0
     assert comparison.overall.sqnr_db > 25
 
@@ -109,10 +110,12 @@ def test_models_over_the_protobuf_limit_are_written_with_external_data(tmp_path,
     monkeypatch.setattr(model_io, "EMBED_MAX_BYTES", 50_000)  # stands in for 2 GiB
     path, data = mlp_with_external_data(tmp_path / "in")
     out = tmp_path / "q.onnx"
-    result = qtool.quantize(path, out, data_dir=data, evaluate=False)
+    result = qtool.quantize(path, out, data_dir=data, evaluation=None)
     assert len(result.data_files) == 1
     with pytest.raises(QtoolError, match="2 GiB limit"):
-        qtool.quantize(path, tmp_path / "forced.onnx", data_dir=data, evaluate=False, external_data=False)
+        qtool.quantize(
+            path, tmp_path / "forced.onnx", data_dir=data, evaluation=None, output=OutputOptions(external_data=False)
+        )
     assert not (tmp_path / "forced.onnx").exists()
 
 
@@ -121,7 +124,7 @@ def test_a_save_interrupted_before_the_model_is_renamed_leaves_the_previous_outp
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     out = out_dir / "q.onnx"
-    qtool.quantize(path, out, data_dir=data, evaluate=False, external_data=True)
+    qtool.quantize(path, out, data_dir=data, evaluation=None, output=OutputOptions(external_data=True))
     before = {f: (out_dir / f).read_bytes() for f in listing(out_dir)}
     real_replace = os.replace
 
@@ -134,7 +137,9 @@ def test_a_save_interrupted_before_the_model_is_renamed_leaves_the_previous_outp
     config = tmp_path / "int4.yaml"  # other weights: a new data file, then the model's rename fails
     config.write_text("global:\n  weight:\n    dtype: int4\n")
     with pytest.raises(KeyboardInterrupt):
-        qtool.quantize(path, out, data_dir=data, evaluate=False, external_data=True, config_path=config)
+        qtool.quantize(
+            path, out, data_dir=data, config_path=config, evaluation=None, output=OutputOptions(external_data=True)
+        )
     monkeypatch.undo()
     assert not [f for f in listing(out_dir) if f.endswith(".tmp")]
     assert run_model(out, {"x": np.load(data / "0.npy")})  # the previous output still loads
