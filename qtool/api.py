@@ -39,11 +39,11 @@ from qtool.options import (
     OutputOptions,
     SearchOptions,
 )
+from qtool.quantization.activations import activation_qparams, plan_activation_qparams
 from qtool.quantization.inspection import Inspection, inspect_plan
 from qtool.quantization.kernels import predict_kernels
 from qtool.quantization.plan import QuantPlan, build_plan, static_elements
-from qtool.quantization.qparams import QParams
-from qtool.quantization.rewrite import RewriteReport, activation_qparams, check_quantized_model, insert_qdq
+from qtool.quantization.rewrite import RewriteReport, check_quantized_model, insert_qdq
 from qtool.quantization.search import PATIENCE, FallbackResult, search_fallback
 from qtool.system.environment import cpu_info, files_digest, versions
 from qtool.system.stages import stage
@@ -145,7 +145,6 @@ def _noop_progress(description: str, total: int) -> Callable[[int], None]:
 class _Prepared:
     model: onnx.ModelProto
     prepared: onnx.ModelProto
-    plan: QuantPlan
     report: PrepareReport
     source: ModelFile  # the input model as read: its digest ties statistics to it
     weights: Weights  # the values of the prepared model's large initializers
@@ -161,7 +160,6 @@ def _prepare(model_path: Path, config: QConfig, opset: int | None = None) -> _Pr
     check_runtime_support(model, str(model_path), target)
     with stage("prepare the graph"):
         prepared, report = prepare_model(model, weights, target_opset=target, source=str(model_path))
-    plan = build_plan(prepared, config)
     node_names = [n.name for n in prepared.graph.node]
     unmatched = config.unmatched_node_patterns(node_names)
     for pattern in (p for p in unmatched if p.startswith("re:")):
@@ -174,7 +172,7 @@ def _prepare(model_path: Path, config: QConfig, opset: int | None = None) -> _Pr
             f"{config.source}: node name '{exact[0]}' matches no node of {model_path}",
             hint=f"closest node names: {', '.join(close)}" if close else f"run qtool inspect {model_path}",
         )
-    return _Prepared(model, prepared, plan, report, ModelFile.of(model_path), weights)
+    return _Prepared(model, prepared, report, ModelFile.of(model_path), weights)
 
 
 def calibrate(
@@ -217,7 +215,9 @@ def _calibrate(
     observer_options = dict(config.calibration.observer_options) if name == config.calibration.observer else {}
     observer_options.update(options.observer_options)
     create_observer(name, None, observer_options)  # fail on an unknown name or option before any work
-    if not state.plan.activations:  # weight-only: no activation needs a range, skip the float pass
+    # Without tensor sizes every "auto" node is planned integer: calibration observes all it may need.
+    plan = build_plan(state.prepared, config)
+    if not plan.activations:  # weight-only: no activation needs a range, skip the float pass
         return CalibrationStats(state.source.sha256, name, 0, {})
     shard = options.shard
     dataset = Dataset(
@@ -232,13 +232,13 @@ def _calibrate(
     with stage("calibrate (float pass)"):
         observers, seen, elements = collect_statistics(
             state.prepared,
-            state.plan.activations,
+            plan.activations,
             dataset,
             observer=name,
             options=observer_options,
             per_tensor={
                 tensor: split_observer(scheme.observer)
-                for tensor, scheme in state.plan.activations.items()
+                for tensor, scheme in plan.activations.items()
                 if scheme.observer is not None
             },
             batch_size=options.batch_size or config.calibration.batch_size,
@@ -259,27 +259,12 @@ def _calibrate(
     )
 
 
-def _activation_qparams(plan: QuantPlan, stats: CalibrationStats) -> dict[str, QParams]:
-    result = {}
-    for tensor, scheme in plan.activations.items():
-        observer = stats.tensors.get(tensor)
-        if observer is None or observer.empty:
-            raise QtoolError(
-                f"the statistics have no values for tensor '{tensor}'",
-                hint="re-run qtool calibrate with the same model and config",
-            )
-        bits = 8 if scheme.dtype.endswith("8") else 16
-        lo, hi = observer.range(bits, scheme.symmetric)
-        result[tensor] = activation_qparams(lo, hi, scheme, what=f"tensor {tensor}")
-    return result
-
-
 def _quantize_in_memory(
     state: _Prepared, config: QConfig, stats: CalibrationStats
 ) -> tuple[QuantPlan, onnx.ModelProto, RewriteReport]:
     # With tensor sizes known, placement "auto" can now choose integer kernels or storage per node.
     plan = build_plan(state.prepared, config, {**static_elements(state.prepared), **stats.elements})
-    quantized, report = insert_qdq(state.prepared, plan, _activation_qparams(plan, stats), state.weights)
+    quantized, report = insert_qdq(state.prepared, plan, plan_activation_qparams(plan, stats.tensors), state.weights)
     return plan, quantized, report
 
 
@@ -592,15 +577,14 @@ def inspect(
         sized = _calibrate(state, config, data_dir, CalibrationOptions(observer="minmax", batch_size=1, limit=1), None)
         elements.update(sized.elements)
     plan = build_plan(state.prepared, config, elements)
-    state = replace(state, plan=plan)
-    result = inspect_plan(str(model_path), state.source.size_bytes, state.prepared, state.plan, config)
+    result = inspect_plan(str(model_path), state.source.size_bytes, state.prepared, plan, config)
     # The exact size comes from doing the rewrite with placeholder activation ranges: only scale values
     # differ from the real run, and they take the same bytes.
     placeholder = {
         tensor: activation_qparams(np.asarray(-1.0), np.asarray(1.0), scheme, what=tensor)
-        for tensor, scheme in state.plan.activations.items()
+        for tensor, scheme in plan.activations.items()
     }
-    rewritten, _ = insert_qdq(state.prepared, state.plan, placeholder, state.weights)
+    rewritten, _ = insert_qdq(state.prepared, plan, placeholder, state.weights)
     rewritten.producer_name, rewritten.producer_version = "qtool", __version__
     return replace(result, rewritten_bytes=state.weights.embedded_size(rewritten))
 

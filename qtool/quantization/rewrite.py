@@ -115,11 +115,6 @@ def weight_key(node: NodePlan) -> WeightKey:
     )
 
 
-def activation_qparams(rmin: np.ndarray, rmax: np.ndarray, scheme: TensorScheme, what: str) -> QParams:
-    """Scale / zero point of an activation from its observed range."""
-    return compute_qparams(rmin, rmax, quant_type(scheme.dtype), symmetric=scheme.symmetric, what=what)
-
-
 _INT32_MAX = float(np.iinfo(np.int32).max)
 
 
