@@ -1,0 +1,175 @@
+"""The Typer app, its consoles and global options, progress bars, and the helpers every command shares."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from qtool import __version__
+from qtool.errors import ExitCode, QtoolError
+
+app = typer.Typer(
+    name="qtool",
+    help="Quantize ONNX models: calibrate activation ranges, rewrite to int8 QDQ, compare with the float model.",
+    add_completion=True,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+err_console = Console(stderr=True)
+out_console = Console()
+STATE = {"debug": False, "quiet": False}
+SILENT = Console(quiet=True)  # where summaries go under --quiet
+PIPE_WIDTH = 4096  # not a terminal: never wrap lines or cut table cells
+T = TypeVar("T")
+
+
+class _RateColumn(ProgressColumn):
+    """Samples (or runs) per second."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.1f}/s" if speed else "-/s", style="progress.data.speed")
+
+
+@contextmanager
+def progress_bars() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+    """A progress-bar factory; the display starts with the first task, so errors before it print cleanly."""
+    columns = (
+        TextColumn("{task.description:<12}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        _RateColumn(),
+        TimeElapsedColumn(),
+    )
+    hidden = STATE["quiet"] or not err_console.is_terminal  # bars are for people watching a terminal
+    progress = Progress(*columns, console=err_console, transient=False, disable=hidden)
+
+    def factory(description: str, total: int) -> Callable[[int], None]:
+        if not progress.live.is_started:
+            progress.start()
+        task = progress.add_task(description, total=total)
+        return lambda n: progress.advance(task, n)
+
+    try:
+        yield factory
+    except BaseException:
+        progress.live.transient = True  # a failed run leaves only its error message behind
+        raise
+    finally:
+        if progress.live.is_started:
+            progress.stop()
+
+
+def fail(message: str, code: ExitCode) -> None:
+    """Print one red ``error:`` line and exit with ``code``."""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False, soft_wrap=True)
+    raise typer.Exit(int(code))
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``K/N`` -> (k, n), with 1 <= K <= N."""
+    if text is None:
+        return None
+    k, sep, n = text.partition("/")
+    if not sep or not k.strip().isdigit() or not n.strip().isdigit() or not 1 <= int(k) <= int(n):
+        raise QtoolError(f"--shard expects K/N with 1 <= K <= N, got '{text}'")
+    return int(k), int(n)
+
+
+def parse_observer_options(pairs: list[str] | None) -> dict[str, Any]:
+    """Parse KEY=VALUE pairs; values are read as YAML scalars (numbers, booleans, strings)."""
+    import yaml
+
+    options: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise QtoolError(f"--observer-option expects KEY=VALUE, got '{pair}'")
+        options[key.strip()] = yaml.safe_load(value)
+    return options
+
+
+def write_json(target: str, text: str) -> None:
+    """Write a JSON document to a file (atomically, with the other outputs) or, for ``-``, to stdout."""
+    if target == "-":
+        sys.stdout.write(text)
+    else:
+        from qtool.graph.model_io import write_text
+
+        write_text(target, text)
+
+
+def _version(value: bool) -> None:
+    if value:
+        out_console.print(f"qtool {__version__}")
+        raise typer.Exit()
+
+
+class _Printable(logging.Filter):
+    """Log lines with the control characters of names from the user's files escaped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from qtool.reports.terminal import printable
+
+        record.msg, record.args = printable(record.getMessage(), markup=False), None
+        return True
+
+
+def _log_handler() -> logging.Handler:
+    """Rich's aligned lines on a terminal; plain ``LEVEL: message`` lines in a pipe (no padding)."""
+    handler: logging.Handler
+    if err_console.is_terminal:
+        handler = RichHandler(console=err_console, show_time=False, show_path=False, markup=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    handler.addFilter(_Printable())
+    return handler
+
+
+@app.callback()
+def main_options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for user errors too.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each stage with its duration.")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print only errors and the outputs asked for (no tables, no bars).")
+    ] = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Never wrap lines or cut table cells (always so when output is piped).")
+    ] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Quantize ONNX models."""
+    if quiet and verbose:
+        raise typer.BadParameter("--quiet and --verbose contradict each other", param_hint="--quiet")
+    STATE["debug"] = debug
+    STATE["quiet"] = quiet
+    for console in (out_console, err_console):
+        if wide or not console.is_terminal:
+            console.width = PIPE_WIDTH
+            console.soft_wrap = True
+    logging.basicConfig(
+        level=logging.ERROR if quiet else logging.INFO if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[_log_handler()],
+        force=True,
+    )
+
+
+def summary_console(json_out: str | None) -> Console:
+    """Where a command's human-readable summary goes: stderr when JSON takes stdout, nowhere when quiet."""
+    if STATE["quiet"]:
+        return SILENT
+    return err_console if json_out == "-" else out_console

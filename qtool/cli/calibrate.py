@@ -1,0 +1,96 @@
+"""``qtool calibrate`` and ``qtool merge``: statistics in, statistics out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from qtool.cli.app import app, parse_observer_options, parse_shard, progress_bars, summary_console, write_json
+from qtool.cli.options import (
+    BatchOption,
+    ConfigOption,
+    JsonOption,
+    LimitOption,
+    ObserverOption,
+    ObserverOptionsOption,
+    ShardOption,
+    SkipNonfiniteOption,
+)
+from qtool.cli.run import run_command
+from qtool.options import CalibrationOptions
+
+
+@app.command()
+def calibrate(
+    model: Annotated[Path, typer.Argument(help="Float ONNX model.", show_default=False, metavar="MODEL")],
+    data_dir: Annotated[
+        Path, typer.Argument(help="Directory of samples (*.npy or *.npz).", show_default=False, metavar="DATA_DIR")
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="PATH", help="Statistics JSON file to write.")],
+    config: ConfigOption = None,
+    observer: ObserverOption = None,
+    observer_option: ObserverOptionsOption = None,
+    batch_size: BatchOption = None,
+    limit: LimitOption = None,
+    shard: ShardOption = None,
+    skip_nonfinite: SkipNonfiniteOption = False,
+    json_out: JsonOption = None,
+) -> None:
+    """Run the float model over DATA_DIR and write activation statistics to -o STATS.json."""
+
+    def action() -> None:
+        from qtool.api import calibrate as run_calibrate
+        from qtool.api import write_stats
+        from qtool.reports.documents import stats_summary_dict, to_json
+        from qtool.reports.terminal import printable
+
+        with progress_bars() as progress:
+            options = CalibrationOptions(
+                observer=observer,
+                observer_options=parse_observer_options(observer_option),
+                batch_size=batch_size,
+                limit=limit,
+                shard=parse_shard(shard),
+                skip_nonfinite=skip_nonfinite,
+            )
+            stats = run_calibrate(model, data_dir, config_path=config, options=options, progress=progress)
+        write_stats(stats, output)
+        console = summary_console(json_out)
+        if stats.skipped:
+            console.print(f"[yellow]skipped[/yellow] {stats.skipped} samples holding NaN or Inf")
+        console.print(
+            f"[green]wrote[/green] {printable(str(output))}: {len(stats.tensors)} tensors observed with "
+            f"'{printable(stats.observer)}' over {stats.samples} samples"
+        )
+        if json_out:
+            write_json(json_out, to_json(stats_summary_dict(stats, str(output))))
+
+    run_command(action, {"-o": output, "--json": json_out}, (model, data_dir, config))
+
+
+@app.command()
+def merge(
+    stats: Annotated[
+        list[Path],
+        typer.Argument(help="Statistics files of shards of one dataset.", show_default=False, metavar="STATS.json..."),
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", metavar="PATH", help="Merged statistics JSON file to write.")
+    ],
+) -> None:
+    """Merge statistics of dataset shards (from 'qtool calibrate --shard K/N') into one file."""
+
+    def action() -> None:
+        from qtool.api import merge_stats, write_stats
+        from qtool.reports.terminal import printable
+
+        merged = merge_stats(list(stats))
+        write_stats(merged, output)
+        summary_console(None).print(
+            f"[green]wrote[/green] {printable(str(output))}: merged {len(stats)} files, "
+            f"{merged.samples} samples, {len(merged.tensors)} tensors"
+        )
+
+    run_command(action, {"-o": output}, tuple(stats))

@@ -1,0 +1,154 @@
+"""``qtool compare``: accuracy, latency and gates for CI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from qtool.cli.app import app, progress_bars, summary_console, write_json
+from qtool.cli.options import JsonOption, LimitOption, RunsOption, SkipNonfiniteOption, ThreadsOption, WarmupOption
+from qtool.cli.run import run_command
+from qtool.errors import CheckFailedError
+from qtool.options import EvaluationOptions
+
+
+@app.command()
+def compare(
+    reference: Annotated[
+        Path, typer.Argument(help="Reference (float) ONNX model.", show_default=False, metavar="REFERENCE")
+    ],
+    candidate: Annotated[
+        Path, typer.Argument(help="Candidate (quantized) ONNX model.", show_default=False, metavar="CANDIDATE")
+    ],
+    data: Annotated[Path, typer.Option("--data", metavar="DATA_DIR", help="Directory of evaluation samples.")],
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", metavar="CONFIG.yaml", help="QConfigDict YAML whose preprocess: block reads images."
+        ),
+    ] = None,
+    limit: LimitOption = None,
+    skip_nonfinite: SkipNonfiniteOption = False,
+    task: Annotated[
+        str,
+        typer.Option(
+            "--task",
+            metavar="TASK",
+            help="auto: top-1/top-5 agreement for 2-D [N, C] outputs; classification: for every output; none.",
+        ),
+    ] = "auto",
+    per_layer: Annotated[
+        bool, typer.Option("--per-layer", help="Pair every intermediate float tensor and report which layer hurts.")
+    ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="PLOT.png",
+            help="Draw per-layer SQNR to this PNG (implies --per-layer; needs qtool-onnx[plot]).",
+        ),
+    ] = None,
+    providers: Annotated[
+        str,
+        typer.Option(
+            "--providers",
+            metavar="LIST",
+            help="Execution providers for latency, comma-separated: cpu, cuda, tensorrt "
+            "or full onnxruntime names. Unavailable ones are reported as skipped.",
+        ),
+    ] = "cpu",
+    runs: RunsOption = 50,
+    warmup: WarmupOption = 5,
+    threads: ThreadsOption = None,
+    json_out: JsonOption = None,
+    markdown: Annotated[
+        Path | None,
+        typer.Option("--markdown", metavar="REPORT.md", help="Write a Markdown report (e.g. to $GITHUB_STEP_SUMMARY)."),
+    ] = None,
+    junit: Annotated[
+        Path | None, typer.Option("--junit", metavar="GATES.xml", help="Write the gates as JUnit XML test cases.")
+    ] = None,
+    fail_under: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fail-under",
+            metavar="METRIC=VALUE",
+            help="Gate METRIC=VALUE that fails below VALUE: sqnr, cosine, top1, top5, compression. Repeatable.",
+        ),
+    ] = None,
+    fail_over: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fail-over",
+            metavar="METRIC=VALUE",
+            help="Gate METRIC=VALUE that fails above VALUE: mse, max_abs_error, latency_ratio. Repeatable.",
+        ),
+    ] = None,
+    min_compression: Annotated[
+        float | None,
+        typer.Option(
+            "--min-compression", metavar="RATIO", help="Gate: on-disk compression ratio must be at least this."
+        ),
+    ] = None,
+    max_latency_ratio: Annotated[
+        float | None,
+        typer.Option(
+            "--max-latency-ratio",
+            metavar="RATIO",
+            help="Gate: candidate/reference median latency on the first provider must be at most this.",
+        ),
+    ] = None,
+) -> None:
+    """Compare CANDIDATE with REFERENCE: size, accuracy, per-layer error, latency per provider; judge gates.
+
+    Exit code 1 when any gate fails (after printing every gate), 2 on bad input.
+    """
+
+    def action() -> None:
+        from qtool.api import compare as run_compare
+        from qtool.evaluation.gates import parse_gates
+        from qtool.evaluation.providers import parse_providers
+        from qtool.graph.model_io import write_text
+        from qtool.reports.ci import to_junit, to_markdown
+        from qtool.reports.documents import comparison_to_dict, to_json
+        from qtool.reports.tables import render_comparison
+
+        gates = parse_gates(fail_under, fail_over, min_compression, max_latency_ratio)
+        chosen = parse_providers(providers)
+        if plot is not None:
+            from qtool.reports.plot import require_matplotlib
+
+            require_matplotlib()
+        with progress_bars() as progress:
+            options = EvaluationOptions(
+                runs=runs,
+                warmup=warmup,
+                threads=threads,
+                limit=limit,
+                skip_nonfinite=skip_nonfinite,
+                task=task,
+                per_layer=per_layer or plot is not None,
+                providers=tuple(chosen),
+            )
+            result = run_compare(
+                reference, candidate, data, options=options, config_path=config, gates=gates, progress=progress
+            )
+        render_comparison(summary_console(json_out), result)
+        if json_out:
+            write_json(json_out, to_json(comparison_to_dict(result)))
+        if markdown:
+            write_text(markdown, to_markdown(result))
+        if junit:
+            write_text(junit, to_junit(result))
+        if plot is not None:
+            from qtool.reports.plot import plot_layers
+
+            plot_layers(result.layers or [], plot)
+        if not result.gates_passed:
+            failed = [g.gate.label for g in result.gates if not g.passed]
+            raise CheckFailedError(f"{len(failed)} of {len(result.gates)} gates failed: {', '.join(failed)}")
+
+    outputs = {"--json": json_out, "--markdown": markdown, "--junit": junit, "--plot": plot}
+    run_command(action, outputs, (reference, candidate, data, config))

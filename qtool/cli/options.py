@@ -1,0 +1,74 @@
+"""Options several commands share, each with its help text and placeholder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c", metavar="CONFIG.yaml", help="QConfigDict YAML; merged over the built-in configs/default.yaml."
+    ),
+]
+ObserverOption = Annotated[
+    str | None,
+    typer.Option(
+        "--observer",
+        metavar="NAME",
+        help="Observer for activation ranges (default: calibration.observer of the config, minmax).",
+    ),
+]
+ShardOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        metavar="K/N",
+        help="Process only shard K/N of the samples (every N-th file from the K-th); merge the "
+        "shards' statistics with 'qtool merge'.",
+    ),
+]
+SkipNonfiniteOption = Annotated[
+    bool,
+    typer.Option(
+        "--skip-nonfinite", help="Skip samples holding NaN or Inf (counted in the summary) instead of failing."
+    ),
+]
+ObserverOptionsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--observer-option",
+        metavar="KEY=VALUE",
+        help="Observer option KEY=VALUE, repeatable (e.g. percentile=99.9, bins=4096); see 'qtool observers'.",
+    ),
+]
+BatchOption = Annotated[
+    int | None,
+    typer.Option(
+        "--batch-size",
+        metavar="N",
+        min=1,
+        help="Samples per inference when the batch dimension is dynamic (default: calibration.batch_size).",
+    ),
+]
+LimitOption = Annotated[
+    int | None, typer.Option("--limit", metavar="N", min=1, help="Use only the first N samples (sorted by file name).")
+]
+JsonOption = Annotated[
+    str | None,
+    typer.Option(
+        "--json",
+        metavar="PATH|-",
+        help="Also write the result as JSON to PATH, or '-' for stdout (tables then go to stderr).",
+    ),
+]
+RunsOption = Annotated[
+    int, typer.Option("--runs", metavar="N", min=0, help="Timed runs per model for latency (0 skips latency).")
+]
+WarmupOption = Annotated[int, typer.Option("--warmup", metavar="N", min=0, help="Untimed warm-up runs per model.")]
+ThreadsOption = Annotated[
+    int | None,
+    typer.Option("--threads", metavar="N", min=1, help="onnxruntime intra-op threads (default: onnxruntime's choice)."),
+]
