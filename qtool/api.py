@@ -42,8 +42,9 @@ from qtool.options import (
 from qtool.quantization.activations import activation_qparams, plan_activation_qparams
 from qtool.quantization.inspection import Inspection, inspect_plan
 from qtool.quantization.kernels import predict_kernels
-from qtool.quantization.plan import QuantPlan, build_plan, static_elements
+from qtool.quantization.plan import QuantPlan, build_plan
 from qtool.quantization.rewrite import RewriteReport, check_quantized_model, insert_qdq
+from qtool.quantization.roles import static_elements
 from qtool.quantization.search import PATIENCE, FallbackResult, search_fallback
 from qtool.system.environment import cpu_info, files_digest, versions
 from qtool.system.stages import stage
