@@ -18,8 +18,8 @@ _EXPORTS = {
     "inspect": "qtool.api",
     "merge_stats": "qtool.api",
     "write_stats": "qtool.api",
-    "ComparisonResult": "qtool.api",
-    "QuantizeResult": "qtool.api",
+    "ComparisonResult": "qtool.results",
+    "QuantizeResult": "qtool.results",
     "CalibrationStats": "qtool.calibration.statistics",
     "QConfig": "qtool.config",
     "load_config": "qtool.config",
@@ -53,20 +53,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from qtool.api import (
-        ComparisonResult,
-        QuantizeResult,
-        calibrate,
-        compare,
-        inspect,
-        merge_stats,
-        quantize,
-        write_stats,
-    )
+    from qtool.api import calibrate, compare, inspect, merge_stats, quantize, write_stats
     from qtool.calibration.statistics import CalibrationStats
     from qtool.config import QConfig, load_config
     from qtool.errors import ExitCode, QtoolError
     from qtool.options import CalibrationOptions, EvaluationOptions, OutputOptions, SearchOptions
+    from qtool.results import ComparisonResult, QuantizeResult
 
 
 def __getattr__(name: str) -> Any:

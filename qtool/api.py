@@ -5,10 +5,8 @@ from __future__ import annotations
 import difflib
 import logging
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -18,11 +16,8 @@ from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.statistics import CalibrationStats, collect_statistics
 from qtool.config import QConfig, load_config, split_observer
 from qtool.errors import QtoolError
-from qtool.evaluation.gates import Gate, GateResult, evaluate_gates
-from qtool.evaluation.layers import LayerError, layer_errors
-from qtool.evaluation.metrics import TASKS, Agreement, ErrorMetrics, LatencyComparison, measure_latency, output_metrics
-from qtool.evaluation.providers import session_providers, unavailable_reason
-from qtool.graph.model_io import file_sha256, files_sha256, load_model, model_files, same_file, save_model, write_text
+from qtool.evaluation.compare import compare
+from qtool.graph.model_io import load_model, same_file, save_model, write_text
 from qtool.graph.opsets import choose_opset, runtime_qdq_limit
 from qtool.graph.prepare import PrepareReport, default_opset, prepare_model, refuse_quantized
 from qtool.graph.session import check_runtime_support, create_session
@@ -30,7 +25,6 @@ from qtool.graph.weights import Weights
 from qtool.observers import create_observer
 from qtool.options import (
     DEFAULT_CALIBRATION,
-    DEFAULT_EVALUATION,
     DEFAULT_OUTPUT,
     DEFAULT_SEARCH,
     QUANTIZE_EVALUATION,
@@ -46,100 +40,10 @@ from qtool.quantization.plan import QuantPlan, build_plan
 from qtool.quantization.rewrite import RewriteReport, check_quantized_model, insert_qdq
 from qtool.quantization.roles import static_elements
 from qtool.quantization.search import PATIENCE, FallbackResult, search_fallback
-from qtool.system.environment import cpu_info, files_digest, versions
+from qtool.results import ModelFile, ProgressFactory, QuantizeResult, noop_progress
 from qtool.system.stages import stage
 
 log = logging.getLogger(__name__)
-
-# Called once per unit of work with (description, total) -> a callback taking the units done.
-ProgressFactory = Callable[[str, int], Callable[[int], None]]
-
-
-@dataclass(frozen=True)
-class ModelFile:
-    """A model file on disk."""
-
-    path: str
-    size_bytes: int
-    sha256: str
-
-    @classmethod
-    def of(cls, path: Path | str) -> ModelFile:
-        """Size and digest of the model file and the external data files it names."""
-        files = model_files(path)
-        return cls(str(path), sum(f.stat().st_size for f in files), files_sha256(files))
-
-
-@dataclass(frozen=True)
-class ComparisonResult:
-    """Everything ``qtool compare`` measures."""
-
-    reference: ModelFile
-    candidate: ModelFile
-    data_dir: str
-    samples: int
-    outputs: list[ErrorMetrics]
-    overall: ErrorMetrics
-    latency: list[LatencyComparison] = field(default_factory=list)  # one per provider measured
-    skipped_providers: list[tuple[str, str]] = field(default_factory=list)  # (provider, reason)
-    agreement: list[Agreement] = field(default_factory=list)
-    task_note: str = ""
-    layers: list[LayerError] | None = None
-    gates: list[GateResult] = field(default_factory=list)
-    reproducibility: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def compression_ratio(self) -> float:
-        return self.reference.size_bytes / self.candidate.size_bytes
-
-    @property
-    def primary_latency(self) -> LatencyComparison | None:
-        """The first provider measured (the one latency gates use)."""
-        return self.latency[0] if self.latency else None
-
-    @property
-    def gates_passed(self) -> bool:
-        return all(g.passed for g in self.gates)
-
-    def measured(self) -> dict[str, float | None]:
-        """The numbers gates can test, by metric name."""
-        lat = self.primary_latency
-        return {
-            "sqnr": self.overall.sqnr_db,
-            "cosine": self.overall.cosine,
-            "mse": self.overall.mse,
-            "max_abs_error": self.overall.max_abs_error,
-            "top1": min((a.top1 for a in self.agreement), default=None),
-            "top5": min((a.top5 for a in self.agreement), default=None),
-            "compression": self.compression_ratio,
-            "latency_ratio": lat.candidate.median_ms / lat.reference.median_ms if lat else None,
-        }
-
-
-@dataclass
-class QuantizeResult:
-    """What ``qtool quantize`` did and, with data, how the result compares."""
-
-    source: ModelFile
-    output: ModelFile
-    prepare: PrepareReport
-    rewrite: RewriteReport
-    skipped: list[tuple[str, str]]
-    calibration_samples: int
-    comparison: ComparisonResult | None = None
-    notes: list[str] = field(default_factory=list)
-    placements: dict[str, int] = field(default_factory=dict)  # integer / storage / weight_only -> nodes
-    kernels: dict[str, int] = field(default_factory=dict)  # kernel onnxruntime (CPU) is predicted to run -> nodes
-    fallback: FallbackResult | None = None  # the sensitivity search, when a target SQNR was given
-    data_files: list[str] = field(default_factory=list)  # external data written beside the output
-
-    @property
-    def compression_ratio(self) -> float:
-        return self.source.size_bytes / self.output.size_bytes
-
-
-def _noop_progress(description: str, total: int) -> Callable[[int], None]:
-    return lambda n: None
 
 
 @dataclass(frozen=True)
@@ -229,7 +133,7 @@ def _calibrate(
         preprocess=config.preprocess,
         skip_nonfinite=options.skip_nonfinite,
     )
-    advance = (progress or _noop_progress)("calibrating", len(dataset))
+    advance = (progress or noop_progress)("calibrating", len(dataset))
     with stage("calibrate (float pass)"):
         observers, seen, elements = collect_statistics(
             state.prepared,
@@ -299,7 +203,7 @@ def _search_fallback(
         return model, {n.name for n in plan.nodes if n.placement == "integer" and n.scheme.placement == "auto"}
 
     total = max_float_nodes + PATIENCE + 1  # rounds when every candidate helps; fewer when the target is met
-    advance = (progress or _noop_progress)("sensitivity", total)
+    advance = (progress or noop_progress)("sensitivity", total)
     searched, result = search_fallback(
         state.prepared,
         config,
@@ -415,149 +319,6 @@ def quantize(
             model_path, output_path, data_dir, options=evaluation, config_path=config_path, progress=progress
         )
     return result
-
-
-def compare(
-    reference_path: Path | str,
-    candidate_path: Path | str,
-    data_dir: Path | str,
-    *,
-    options: EvaluationOptions = DEFAULT_EVALUATION,
-    config_path: Path | str | None = None,
-    gates: list[Gate] | None = None,
-    progress: ProgressFactory | None = None,
-) -> ComparisonResult:
-    """Compare a candidate model with its reference: size, accuracy, latency per provider, and gates.
-
-    Args:
-        reference_path: the float model.
-        candidate_path: the quantized model.
-        data_dir: evaluation samples for both models.
-        options: runs, warm-up, threads, sample limit, NaN handling, task ("auto": top-1/top-5 for
-            2-D [N, C] outputs), per-layer pairing, providers (unavailable ones are skipped).
-        config_path: a QConfigDict whose ``preprocess:`` block turns images into inputs.
-        gates: thresholds to judge (see :mod:`qtool.evaluation.gates`).
-        progress: receives progress updates.
-    """
-    runs, warmup, threads, task = options.runs, options.warmup, options.threads, options.task
-    if runs < 0 or warmup < 0:
-        raise QtoolError("--runs and --warmup must be >= 0")
-    if threads is not None and threads < 1:
-        raise QtoolError("--threads must be >= 1")
-    if task not in TASKS:
-        raise QtoolError(f"unknown task '{task}'", hint=f"use one of: {', '.join(TASKS)}")
-    reference_model, candidate_model = load_model(reference_path), load_model(candidate_path)
-    inputs = model_inputs(reference_model)
-    candidate_inputs = {(i.name, i.dtype) for i in model_inputs(candidate_model)}
-    if {(i.name, i.dtype) for i in inputs} != candidate_inputs:
-        raise QtoolError(
-            f"{candidate_path} and {reference_path} have different inputs",
-            hint="compare a quantized model with the float model it came from",
-        )
-    preprocess = load_config(config_path).preprocess if config_path else None
-    dataset = Dataset(
-        data_dir, inputs, limit=options.limit, preprocess=preprocess, skip_nonfinite=options.skip_nonfinite
-    )
-    reference = create_session(reference_path, str(reference_path), threads=threads)
-    candidate = create_session(candidate_path, str(candidate_path), threads=threads)
-    factory = progress or _noop_progress
-    with stage(f"accuracy on {len(dataset)} samples"):
-        accuracy = output_metrics(reference, candidate, dataset, factory("accuracy", len(dataset)), task=task)
-    layers = None
-    if options.per_layer:
-        with stage("per-layer error"):
-            layers = layer_errors(
-                reference_model,
-                candidate_model,
-                dataset,
-                threads=threads,
-                on_progress=factory("per-layer", len(dataset)),
-            )
-    chosen = list(options.providers) or ["CPUExecutionProvider"]
-    with stage(f"latency ({runs} runs per model and provider)"):
-        latency, skipped = _latency_per_provider(
-            reference_path, candidate_path, dataset, chosen, runs, warmup, threads, factory
-        )
-    result = ComparisonResult(
-        ModelFile.of(reference_path),
-        ModelFile.of(candidate_path),
-        str(data_dir),
-        accuracy.samples,
-        accuracy.outputs,
-        accuracy.overall,
-        latency,
-        skipped,
-        accuracy.agreement,
-        accuracy.task_note,
-        layers,
-        reproducibility=_reproducibility(dataset, config_path, threads, chosen, latency),
-    )
-    return replace(result, gates=evaluate_gates(gates or [], result.measured()))
-
-
-def _latency_per_provider(
-    reference_path: Path | str,
-    candidate_path: Path | str,
-    dataset: Dataset,
-    providers: list[str],
-    runs: int,
-    warmup: int,
-    threads: int | None,
-    factory: ProgressFactory,
-) -> tuple[list[LatencyComparison], list[tuple[str, str]]]:
-    """Interleaved latency on each provider; providers that cannot run are skipped with the reason."""
-    if not runs:
-        return [], []
-    _, feed = next(iter(dataset.samples()))
-    measured, skipped = [], []
-    for provider in providers:
-        reason = unavailable_reason(provider)
-        if reason is None:
-            try:
-                sessions = [
-                    create_session(path, str(path), threads=threads, providers=session_providers(provider))
-                    for path in (reference_path, candidate_path)
-                ]
-            except QtoolError as e:
-                reason = e.message
-            else:
-                if provider not in sessions[0].get_providers():
-                    reason = "onnxruntime could not start it and fell back to another provider"
-        if reason is not None:
-            log.warning("latency on %s skipped: %s", provider, reason)
-            skipped.append((provider, reason))
-            continue
-        measured.append(
-            measure_latency(
-                sessions[0],
-                sessions[1],
-                feed,
-                runs=runs,
-                warmup=warmup,
-                threads=threads,
-                provider=provider,
-                on_progress=factory(f"latency {provider.removesuffix('ExecutionProvider')}", runs),
-            )
-        )
-    return measured, skipped
-
-
-def _reproducibility(
-    dataset: Dataset,
-    config_path: Path | str | None,
-    threads: int | None,
-    providers: list[str],
-    latency: list[LatencyComparison],
-) -> dict[str, Any]:
-    return {
-        "config_sha256": file_sha256(config_path) if config_path else None,
-        "data": {"files": len(dataset.files), "sha256": files_digest(list(dataset.files))},
-        "versions": versions(),
-        "cpu": cpu_info(),
-        "threads": {"intra_op": threads, "onnxruntime_default": threads is None},
-        "providers_requested": providers,
-        "providers_measured": [lat.provider for lat in latency],
-    }
 
 
 def inspect(

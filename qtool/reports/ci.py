@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 
-from qtool.api import ComparisonResult
 from qtool.evaluation.layers import largest_drop
+from qtool.results import ComparisonResult
 
 
 def _num(value: float | None, spec: str = ".4g") -> str:

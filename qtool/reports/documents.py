@@ -9,12 +9,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from qtool import __version__
-from qtool.api import ComparisonResult, QuantizeResult
 from qtool.calibration.statistics import CalibrationStats
 from qtool.evaluation.layers import largest_drop
 from qtool.evaluation.metrics import ErrorMetrics, LatencyStats
 from qtool.quantization.inspection import Inspection
 from qtool.quantization.search import FallbackResult
+from qtool.results import ComparisonResult, QuantizeResult
 from qtool.schemas.reports import CalibrateReport, CompareReport, QuantizeReport
 from qtool.system.doctor import Doctor
 

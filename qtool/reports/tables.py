@@ -8,11 +8,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from qtool.api import ComparisonResult, QuantizeResult
 from qtool.evaluation.layers import LayerError, largest_drop
 from qtool.quantization.inspection import Inspection
 from qtool.quantization.search import FallbackResult
 from qtool.reports.terminal import for_terminal
+from qtool.results import ComparisonResult, QuantizeResult
 from qtool.system.doctor import Doctor
 
 

@@ -1,0 +1,170 @@
+"""compare(): a candidate model against its reference on samples - accuracy, latency per provider, gates."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from qtool.calibration.dataset import Dataset, model_inputs
+from qtool.config import load_config
+from qtool.errors import QtoolError
+from qtool.evaluation.gates import Gate, evaluate_gates
+from qtool.evaluation.layers import layer_errors
+from qtool.evaluation.metrics import TASKS, LatencyComparison, measure_latency, output_metrics
+from qtool.evaluation.providers import session_providers, unavailable_reason
+from qtool.graph.model_io import file_sha256, load_model
+from qtool.graph.session import create_session
+from qtool.options import (
+    DEFAULT_EVALUATION,
+    EvaluationOptions,
+)
+from qtool.results import ComparisonResult, ModelFile, ProgressFactory, noop_progress
+from qtool.system.environment import cpu_info, files_digest, versions
+from qtool.system.stages import stage
+
+log = logging.getLogger(__name__)
+
+
+def compare(
+    reference_path: Path | str,
+    candidate_path: Path | str,
+    data_dir: Path | str,
+    *,
+    options: EvaluationOptions = DEFAULT_EVALUATION,
+    config_path: Path | str | None = None,
+    gates: list[Gate] | None = None,
+    progress: ProgressFactory | None = None,
+) -> ComparisonResult:
+    """Compare a candidate model with its reference: size, accuracy, latency per provider, and gates.
+
+    Args:
+        reference_path: the float model.
+        candidate_path: the quantized model.
+        data_dir: evaluation samples for both models.
+        options: runs, warm-up, threads, sample limit, NaN handling, task ("auto": top-1/top-5 for
+            2-D [N, C] outputs), per-layer pairing, providers (unavailable ones are skipped).
+        config_path: a QConfigDict whose ``preprocess:`` block turns images into inputs.
+        gates: thresholds to judge (see :mod:`qtool.evaluation.gates`).
+        progress: receives progress updates.
+    """
+    runs, warmup, threads, task = options.runs, options.warmup, options.threads, options.task
+    if runs < 0 or warmup < 0:
+        raise QtoolError("--runs and --warmup must be >= 0")
+    if threads is not None and threads < 1:
+        raise QtoolError("--threads must be >= 1")
+    if task not in TASKS:
+        raise QtoolError(f"unknown task '{task}'", hint=f"use one of: {', '.join(TASKS)}")
+    reference_model, candidate_model = load_model(reference_path), load_model(candidate_path)
+    inputs = model_inputs(reference_model)
+    candidate_inputs = {(i.name, i.dtype) for i in model_inputs(candidate_model)}
+    if {(i.name, i.dtype) for i in inputs} != candidate_inputs:
+        raise QtoolError(
+            f"{candidate_path} and {reference_path} have different inputs",
+            hint="compare a quantized model with the float model it came from",
+        )
+    preprocess = load_config(config_path).preprocess if config_path else None
+    dataset = Dataset(
+        data_dir, inputs, limit=options.limit, preprocess=preprocess, skip_nonfinite=options.skip_nonfinite
+    )
+    reference = create_session(reference_path, str(reference_path), threads=threads)
+    candidate = create_session(candidate_path, str(candidate_path), threads=threads)
+    factory = progress or noop_progress
+    with stage(f"accuracy on {len(dataset)} samples"):
+        accuracy = output_metrics(reference, candidate, dataset, factory("accuracy", len(dataset)), task=task)
+    layers = None
+    if options.per_layer:
+        with stage("per-layer error"):
+            layers = layer_errors(
+                reference_model,
+                candidate_model,
+                dataset,
+                threads=threads,
+                on_progress=factory("per-layer", len(dataset)),
+            )
+    chosen = list(options.providers) or ["CPUExecutionProvider"]
+    with stage(f"latency ({runs} runs per model and provider)"):
+        latency, skipped = _latency_per_provider(
+            reference_path, candidate_path, dataset, chosen, runs, warmup, threads, factory
+        )
+    result = ComparisonResult(
+        ModelFile.of(reference_path),
+        ModelFile.of(candidate_path),
+        str(data_dir),
+        accuracy.samples,
+        accuracy.outputs,
+        accuracy.overall,
+        latency,
+        skipped,
+        accuracy.agreement,
+        accuracy.task_note,
+        layers,
+        reproducibility=_reproducibility(dataset, config_path, threads, chosen, latency),
+    )
+    return replace(result, gates=evaluate_gates(gates or [], result.measured()))
+
+
+def _latency_per_provider(
+    reference_path: Path | str,
+    candidate_path: Path | str,
+    dataset: Dataset,
+    providers: list[str],
+    runs: int,
+    warmup: int,
+    threads: int | None,
+    factory: ProgressFactory,
+) -> tuple[list[LatencyComparison], list[tuple[str, str]]]:
+    """Interleaved latency on each provider; providers that cannot run are skipped with the reason."""
+    if not runs:
+        return [], []
+    _, feed = next(iter(dataset.samples()))
+    measured, skipped = [], []
+    for provider in providers:
+        reason = unavailable_reason(provider)
+        if reason is None:
+            try:
+                sessions = [
+                    create_session(path, str(path), threads=threads, providers=session_providers(provider))
+                    for path in (reference_path, candidate_path)
+                ]
+            except QtoolError as e:
+                reason = e.message
+            else:
+                if provider not in sessions[0].get_providers():
+                    reason = "onnxruntime could not start it and fell back to another provider"
+        if reason is not None:
+            log.warning("latency on %s skipped: %s", provider, reason)
+            skipped.append((provider, reason))
+            continue
+        measured.append(
+            measure_latency(
+                sessions[0],
+                sessions[1],
+                feed,
+                runs=runs,
+                warmup=warmup,
+                threads=threads,
+                provider=provider,
+                on_progress=factory(f"latency {provider.removesuffix('ExecutionProvider')}", runs),
+            )
+        )
+    return measured, skipped
+
+
+def _reproducibility(
+    dataset: Dataset,
+    config_path: Path | str | None,
+    threads: int | None,
+    providers: list[str],
+    latency: list[LatencyComparison],
+) -> dict[str, Any]:
+    return {
+        "config_sha256": file_sha256(config_path) if config_path else None,
+        "data": {"files": len(dataset.files), "sha256": files_digest(list(dataset.files))},
+        "versions": versions(),
+        "cpu": cpu_info(),
+        "threads": {"intra_op": threads, "onnxruntime_default": threads is None},
+        "providers_requested": providers,
+        "providers_measured": [lat.provider for lat in latency],
+    }

@@ -1,0 +1,107 @@
+"""What the commands return: records of the files involved and of what each stage measured."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qtool.evaluation.gates import GateResult
+from qtool.evaluation.layers import LayerError
+from qtool.evaluation.metrics import Agreement, ErrorMetrics, LatencyComparison
+from qtool.graph.model_io import files_sha256, model_files
+from qtool.graph.prepare import PrepareReport
+from qtool.quantization.rewrite import RewriteReport
+from qtool.quantization.search import FallbackResult
+
+# Called once per unit of work with (description, total) -> a callback taking the units done.
+ProgressFactory = Callable[[str, int], Callable[[int], None]]
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A model file on disk."""
+
+    path: str
+    size_bytes: int
+    sha256: str
+
+    @classmethod
+    def of(cls, path: Path | str) -> ModelFile:
+        """Size and digest of the model file and the external data files it names."""
+        files = model_files(path)
+        return cls(str(path), sum(f.stat().st_size for f in files), files_sha256(files))
+
+
+@dataclass(frozen=True)
+class ComparisonResult:
+    """Everything ``qtool compare`` measures."""
+
+    reference: ModelFile
+    candidate: ModelFile
+    data_dir: str
+    samples: int
+    outputs: list[ErrorMetrics]
+    overall: ErrorMetrics
+    latency: list[LatencyComparison] = field(default_factory=list)  # one per provider measured
+    skipped_providers: list[tuple[str, str]] = field(default_factory=list)  # (provider, reason)
+    agreement: list[Agreement] = field(default_factory=list)
+    task_note: str = ""
+    layers: list[LayerError] | None = None
+    gates: list[GateResult] = field(default_factory=list)
+    reproducibility: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.reference.size_bytes / self.candidate.size_bytes
+
+    @property
+    def primary_latency(self) -> LatencyComparison | None:
+        """The first provider measured (the one latency gates use)."""
+        return self.latency[0] if self.latency else None
+
+    @property
+    def gates_passed(self) -> bool:
+        return all(g.passed for g in self.gates)
+
+    def measured(self) -> dict[str, float | None]:
+        """The numbers gates can test, by metric name."""
+        lat = self.primary_latency
+        return {
+            "sqnr": self.overall.sqnr_db,
+            "cosine": self.overall.cosine,
+            "mse": self.overall.mse,
+            "max_abs_error": self.overall.max_abs_error,
+            "top1": min((a.top1 for a in self.agreement), default=None),
+            "top5": min((a.top5 for a in self.agreement), default=None),
+            "compression": self.compression_ratio,
+            "latency_ratio": lat.candidate.median_ms / lat.reference.median_ms if lat else None,
+        }
+
+
+@dataclass
+class QuantizeResult:
+    """What ``qtool quantize`` did and, with data, how the result compares."""
+
+    source: ModelFile
+    output: ModelFile
+    prepare: PrepareReport
+    rewrite: RewriteReport
+    skipped: list[tuple[str, str]]
+    calibration_samples: int
+    comparison: ComparisonResult | None = None
+    notes: list[str] = field(default_factory=list)
+    placements: dict[str, int] = field(default_factory=dict)  # integer / storage / weight_only -> nodes
+    kernels: dict[str, int] = field(default_factory=dict)  # kernel onnxruntime (CPU) is predicted to run -> nodes
+    fallback: FallbackResult | None = None  # the sensitivity search, when a target SQNR was given
+    data_files: list[str] = field(default_factory=list)  # external data written beside the output
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.source.size_bytes / self.output.size_bytes
+
+
+def noop_progress(description: str, total: int) -> Callable[[int], None]:
+    """A progress factory that reports nowhere (library calls without a bar)."""
+    return lambda n: None
