@@ -99,6 +99,26 @@ def _detect(directory: Path) -> tuple[str, list[Path]]:
     return present[0], found[present[0]]
 
 
+# A sample holds one batch row (or a few, with a dynamic batch dimension): more than this many times
+# what the model's inputs take is not a sample of this model, and is refused before it is read.
+_BATCH_ROWS_WITH_DYNAMIC_BATCH = 1024
+
+
+def _sample_bytes(inputs: list[InputSpec]) -> int | None:
+    """The most array bytes one sample can sensibly hold, when the inputs' shapes say (None: unknown)."""
+    total = 0
+    for spec in inputs:
+        if spec.shape is None or not spec.shape:
+            return None
+        rest = [d for d in spec.shape[1:] if isinstance(d, int)]
+        if len(rest) != len(spec.shape) - 1:
+            return None
+        first = spec.shape[0]
+        rows = max(first, 1) if isinstance(first, int) else _BATCH_ROWS_WITH_DYNAMIC_BATCH
+        total += rows * int(np.prod(rest, dtype=np.int64)) * spec.dtype.itemsize
+    return total + (64 << 10)
+
+
 class Dataset:
     """A directory of samples, validated against a model's inputs and read lazily.
 
@@ -157,6 +177,7 @@ class Dataset:
             if not items:
                 raise QtoolError(f"shard {k}/{n} of {self.directory} holds no samples (of {total})")
         self.files = items
+        self.max_bytes = _sample_bytes(inputs)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -168,8 +189,8 @@ class Dataset:
         if self.format == "onnx-test-data":
             return self._read_test_data_set(path)
         if self.format == "npy":
-            return {self.inputs[0].name: read_npy(path)}
-        return read_npz(path)
+            return {self.inputs[0].name: read_npy(path, self.max_bytes)}
+        return read_npz(path, self.max_bytes)
 
     def _read_test_data_set(self, directory: Path) -> Feed:
         """``input_<k>.pb`` TensorProto files; a tensor without a known name feeds input k."""
@@ -184,7 +205,7 @@ class Dataset:
         feed: Feed = {}
         names = [spec.name for spec in self.inputs]
         for position, path in enumerate(files):
-            tensor = read_tensor_proto(path)
+            tensor = read_tensor_proto(path, self.max_bytes)
             array = tensor_values(tensor, path)
             name = tensor.name if tensor.name in names else names[position] if position < len(names) else tensor.name
             feed[name] = array

@@ -22,7 +22,12 @@ from qtool.system.files import check_regular, read_bytes
 SAMPLE_MAX_BYTES = 4 << 30  # one sample's arrays, uncompressed: far above any real input
 
 
-def _array_from(stream: IO[bytes], path: str, available: int) -> np.ndarray:
+def _limit(max_bytes: int | None) -> int:
+    """The byte limit for one sample: what the model's inputs can hold, never over :data:`SAMPLE_MAX_BYTES`."""
+    return SAMPLE_MAX_BYTES if max_bytes is None else min(max_bytes, SAMPLE_MAX_BYTES)
+
+
+def _array_from(stream: IO[bytes], path: str, available: int, limit: int) -> np.ndarray:
     """Read one ``.npy`` array from ``stream`` after checking its header against ``available`` bytes."""
     try:
         version = np.lib.format.read_magic(stream)
@@ -37,8 +42,8 @@ def _array_from(stream: IO[bytes], path: str, available: int) -> np.ndarray:
         raise QtoolError(f"{path}: holds Python objects; samples must be numeric arrays")
     declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
     header = stream.tell()
-    if declared > SAMPLE_MAX_BYTES:
-        raise QtoolError(f"{path}: declares {declared:,} bytes, over the {SAMPLE_MAX_BYTES:,}-byte sample limit")
+    if declared > limit:
+        raise QtoolError(f"{path}: declares {declared:,} bytes, more than the model's inputs take ({limit:,} at most)")
     if declared != available - header:
         raise QtoolError(f"{path}: declares {declared:,} bytes of data but holds {available - header:,}")
     buffer = bytearray(declared)
@@ -51,25 +56,27 @@ def _array_from(stream: IO[bytes], path: str, available: int) -> np.ndarray:
     return np.frombuffer(buffer, dtype=dtype).reshape(shape, order="F" if fortran else "C")
 
 
-def read_npy(path: Path) -> np.ndarray:
-    """One ``.npy`` file."""
-    size = check_regular(path, "sample", SAMPLE_MAX_BYTES + (1 << 20))
+def read_npy(path: Path, max_bytes: int | None = None) -> np.ndarray:
+    """One ``.npy`` file of at most ``max_bytes`` of array data."""
+    limit = _limit(max_bytes)
+    size = check_regular(path, "sample", limit + (1 << 20))
     try:
         with open(path, "rb") as stream:
-            return _array_from(stream, str(path), size)
+            return _array_from(stream, str(path), size, limit)
     except OSError as e:
         raise QtoolError(f"cannot read sample {path}: {e.strerror or e}") from e
 
 
-def read_npz(path: Path) -> dict[str, np.ndarray]:
+def read_npz(path: Path, max_bytes: int | None = None) -> dict[str, np.ndarray]:
     """An ``.npz`` archive: ``.npy`` members only, stored or deflated, of bounded declared size."""
-    check_regular(path, "sample", SAMPLE_MAX_BYTES)
+    limit = _limit(max_bytes)
+    check_regular(path, "sample", limit + (1 << 20))
     try:
         with zipfile.ZipFile(path) as archive:
             members = archive.infolist()
             total = sum(m.file_size for m in members)
-            if total > SAMPLE_MAX_BYTES:
-                raise QtoolError(f"{path}: unpacks to {total:,} bytes, over the {SAMPLE_MAX_BYTES:,}-byte sample limit")
+            if total > limit + (1 << 20):
+                raise QtoolError(f"{path}: unpacks to {total:,} bytes, more than the model's inputs take ({limit:,})")
             arrays: dict[str, np.ndarray] = {}
             for member in members:
                 where = f"{path}: member {member.filename!r}"
@@ -78,7 +85,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
                 if member.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
                     raise QtoolError(f"{where} uses zip compression method {member.compress_type}; use numpy.savez")
                 with archive.open(member) as stream:
-                    arrays[member.filename[: -len(".npy")]] = _array_from(stream, where, member.file_size)
+                    arrays[member.filename[: -len(".npy")]] = _array_from(stream, where, member.file_size, limit)
             return arrays
     except QtoolError:
         raise
@@ -86,9 +93,9 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
         raise QtoolError(f"{path}: cannot read sample archive: {e}") from e
 
 
-def read_tensor_proto(path: Path) -> TensorProto:
+def read_tensor_proto(path: Path, max_bytes: int | None = None) -> TensorProto:
     """A serialised TensorProto with its values in the file (never in external files)."""
-    data = read_bytes(path, "sample", SAMPLE_MAX_BYTES)
+    data = read_bytes(path, "sample", _limit(max_bytes) + (1 << 20))
     tensor = TensorProto()
     try:
         tensor.ParseFromString(data)

@@ -5,10 +5,14 @@ Each module holds a few commands; importing them registers them on :data:`app`.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from rich.text import Text
+
 from qtool.cli import calibrate, compare, info, quantize  # noqa: F401 - registers the commands
-from qtool.cli.app import app
+from qtool.cli.app import app, err_console
+from qtool.reports.terminal import printable
 
 __all__ = ["app", "main"]
 
@@ -18,5 +22,25 @@ app.registered_commands.sort(key=lambda c: _ORDER.index(c.callback.__name__) if 
 
 
 def main(argv: list[str] | None = None) -> Any:
-    """Console-script entry point."""
-    return app(args=argv)
+    """Console-script entry point: usage errors too become one ``error:`` line with exit 2."""
+    try:
+        code = app(args=argv, standalone_mode=False)
+    except KeyboardInterrupt:  # while the command line was parsed: nothing ran, nothing was written
+        err_console.print("interrupted (SIGINT): no output was written", highlight=False)
+        sys.exit(130)
+    except Exception as e:
+        if type(e).__name__ == "Abort":  # click's form of Ctrl-C during parsing
+            err_console.print("interrupted (SIGINT): no output was written", highlight=False)
+            sys.exit(130)
+        exit_code = getattr(e, "exit_code", None)
+        if not (hasattr(e, "format_message") and isinstance(exit_code, int)):
+            raise
+        context = getattr(e, "ctx", None)
+        where = f" (see '{context.command_path} --help')" if context is not None else ""
+        err_console.print(
+            Text.assemble(("error:", "bold red"), " ", printable(e.format_message(), markup=False) + where),
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

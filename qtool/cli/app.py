@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -81,7 +82,13 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     if text is None:
         return None
     k, sep, n = text.partition("/")
-    if not sep or not k.strip().isdigit() or not n.strip().isdigit() or not 1 <= int(k) <= int(n):
+    ascii_digits = re.compile(r"[0-9]{1,9}")
+    if (
+        not sep
+        or not ascii_digits.fullmatch(k.strip())
+        or not ascii_digits.fullmatch(n.strip())
+        or not 1 <= int(k) <= int(n)
+    ):
         raise QtoolError(f"--shard expects K/N with 1 <= K <= N, got '{text}'")
     return int(k), int(n)
 
@@ -95,7 +102,10 @@ def parse_observer_options(pairs: list[str] | None) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise QtoolError(f"--observer-option expects KEY=VALUE, got '{pair}'")
-        options[key.strip()] = yaml.safe_load(value)
+        try:
+            options[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise QtoolError(f"--observer-option {pair}: the value is not a YAML scalar ({type(e).__name__})") from None
     return options
 
 

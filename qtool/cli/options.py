@@ -70,5 +70,7 @@ RunsOption = Annotated[
 WarmupOption = Annotated[int, typer.Option("--warmup", metavar="N", min=0, help="Untimed warm-up runs per model.")]
 ThreadsOption = Annotated[
     int | None,
-    typer.Option("--threads", metavar="N", min=1, help="onnxruntime intra-op threads (default: onnxruntime's choice)."),
+    typer.Option(
+        "--threads", metavar="N", min=1, max=4096, help="onnxruntime intra-op threads (default: onnxruntime's choice)."
+    ),
 ]

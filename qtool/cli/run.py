@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -45,9 +46,11 @@ def run_command(
     ``inputs`` (see :func:`qtool.system.outputs.check_outputs`). Every file the body writes is staged and
     committed together when it succeeds; on an error, Ctrl-C, SIGTERM or SIGHUP none is written.
     """
-    from qtool.system.outputs import ENVIRONMENT_ERRNOS, check_outputs, transaction
+    from qtool.system.outputs import ENVIRONMENT_ERRNOS, check_outputs, protect, transaction
 
-    files: dict[str, Path | str | None] = {k: v for k, v in (outputs or {}).items() if v is not None and str(v) != "-"}
+    files: dict[str, Path | str | None] = {
+        k: v for k, v in (outputs or {}).items() if v is not None and not (k == "--json" and str(v) == "-")
+    }
     started = time.time_ns()
     stopped: list[int] = []
 
@@ -59,8 +62,13 @@ def run_command(
     if threading.current_thread() is threading.main_thread():
         previous = {signum: signal.signal(signum, on_signal) for signum in _STOP_SIGNALS}
     try:
-        check_outputs(files, _with_data_files(inputs))
-        with transaction(keep_on=(CheckFailedError,)):  # a failed gate's reports are its result
+        known_inputs = _with_data_files(inputs)
+        check_outputs(files, known_inputs)
+        with transaction(keep_on=(CheckFailedError,)), warnings.catch_warnings():  # failed gates keep reports
+            # numpy's RuntimeWarnings (overflow in a cast, 0/0) would print raw lines: what they warn of
+            # (inf, NaN) is checked where it matters and reported as one error line
+            warnings.simplefilter("ignore", RuntimeWarning)
+            protect(known_inputs)
             return action()
     except QtoolError as e:
         if STATE["debug"]:

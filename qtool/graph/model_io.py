@@ -26,7 +26,7 @@ from qtool.graph.weights import (
     mark_detached,
     numpy_dtype,
 )
-from qtool.system.outputs import ENVIRONMENT_ERRNOS, after_commit, environment_error, finish
+from qtool.system.outputs import ENVIRONMENT_ERRNOS, after_commit, environment_error, finish, is_protected
 
 
 def load_model(path: Path | str, weights: Weights | None = None) -> onnx.ModelProto:
@@ -232,7 +232,7 @@ _SCAN_MAX_BYTES = 256 << 20
 
 def _data_files(path: Path) -> list[Path]:
     """The external data files a model names that exist in its directory, in order of first use."""
-    if path.suffix.lower() != ".onnx" or not path.is_file() or path.stat().st_size > _SCAN_MAX_BYTES:
+    if not path.is_file() or path.stat().st_size > _SCAN_MAX_BYTES:  # a model may have any file name
         return []
     try:
         model = onnx.load(str(path), load_external_data=False)
@@ -412,6 +412,8 @@ def _remove_stale_data_files(path: Path, keep: Path | None) -> None:
     for old in path.parent.glob(f"{glob.escape(path.name)}.*.data"):
         digest = old.name[len(path.name) + 1 : -len(".data")]
         if old != keep and len(digest) == 16 and all(c in "0123456789abcdef" for c in digest):
+            if is_protected(old):  # named like ours, but an input of this command reads it
+                continue
             old.unlink(missing_ok=True)
 
 

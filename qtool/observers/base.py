@@ -75,7 +75,7 @@ class Observer(ABC):
         produces inf is reported by the qparams step, naming the tensor.
         """
         lo, hi = (np.asarray(v, dtype=np.float64) for v in self.copy().range(8, False))  # range may rebin
-        if self.axis is None and (lo.size != 1 or hi.size != 1):
+        if self.axis is None and (lo.ndim != 0 or hi.ndim != 0):
             raise ValueError(f"a per-tensor range must be one number, got shapes {lo.shape} and {hi.shape}")
         if self.axis is not None and (lo.ndim != 1 or lo.shape != hi.shape):
             raise ValueError(f"a per-channel range must be two equal 1-D arrays, got {lo.shape} and {hi.shape}")

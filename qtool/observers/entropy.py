@@ -13,6 +13,9 @@ from qtool.observers.histogram import DEFAULT_BINS
 _CHUNK = 128  # candidate thresholds evaluated together (bounds the work arrays to a few MB)
 
 
+ENTROPY_MAX_BINS = 16384  # per side of zero; the default is 2048
+
+
 def kl_divergences(hist: np.ndarray, candidates: np.ndarray, levels: int) -> np.ndarray:
     """KL(P || Q) for each candidate number of kept bins, vectorised over candidates.
 
@@ -64,6 +67,8 @@ class EntropyObserver(HistogramObserver):
     name = "entropy"
 
     def __init__(self, axis: int | None = None, bins: int = DEFAULT_BINS) -> None:
+        if isinstance(bins, int) and bins > ENTROPY_MAX_BINS:
+            raise ValueError(f"entropy takes at most {ENTROPY_MAX_BINS} bins (its search grows with the square)")
         super().__init__(axis, bins)
 
     def options(self) -> dict[str, Any]:

@@ -29,6 +29,9 @@ def _pow2_above(value: float) -> float:
     return math.ldexp(1.0, math.frexp(value)[1])  # value = m * 2**e with 0.5 <= m < 1, so 2**e > value
 
 
+MAX_CHANNELS = 1 << 16  # channels of one per-channel histogram (a tensor axis)
+
+
 class StreamingHistogram:
     """Counts of values in ``2 * bins`` equal bins over ``[-R, R]``, R a power of two.
 
@@ -131,8 +134,23 @@ class StreamingHistogram:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> StreamingHistogram:
-        hist = cls(int(state["bins"]), state["channels"])
+        channels = state["channels"]
+        if channels is not None and not (isinstance(channels, int) and 1 <= channels <= MAX_CHANNELS):
+            raise ValueError(f"histogram channels must be null or 1 to {MAX_CHANNELS}, got {channels!r:.40}")
+        hist = cls(int(state["bins"]), channels)
         hist.radius = float(state["radius"])
+        if not (np.isfinite(hist.radius) and hist.radius >= 0):
+            raise ValueError(f"histogram radius must be a finite number >= 0, got {hist.radius}")
         flat = hist.counts.reshape(-1)
-        flat[np.asarray(state["index"], dtype=np.int64)] = np.asarray(state["count"], dtype=np.int64)
+        index = np.asarray(state["index"], dtype=np.int64)
+        count = np.asarray(state["count"], dtype=np.int64)
+        if (
+            index.shape != count.shape
+            or index.ndim != 1
+            or (index.size and (index.min() < 0 or index.max() >= flat.size))
+        ):
+            raise ValueError("histogram index and count must be equal lists of bins inside the histogram")
+        if (count < 0).any():
+            raise ValueError("histogram counts must be >= 0")
+        flat[index] = count
         return hist

@@ -75,6 +75,8 @@ class MeanStdObserver(Observer):
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.count = int(state["count"])
+        if self.count < 1:
+            raise ValueError(f"a mean/std over {self.count} values has no value")
         self.sum = np.asarray(state["sum"], dtype=np.float64)
         self.sum_sq = np.asarray(state["sum_sq"], dtype=np.float64)
         self.min = np.asarray(state["min"], dtype=np.float64)

@@ -34,8 +34,8 @@ class MseObserver(HistogramObserver):
         self, axis: int | None = None, bins: int = DEFAULT_BINS, candidates: int = 100, min_fraction: float = 0.05
     ) -> None:
         super().__init__(axis, bins)
-        if candidates < 2 or not 0.0 < min_fraction < 1.0:
-            raise ValueError("need candidates >= 2 and 0 < min_fraction < 1")
+        if not 2 <= candidates <= 10_000 or not 0.0 < min_fraction < 1.0:
+            raise ValueError("need 2 <= candidates <= 10000 and 0 < min_fraction < 1")
         self.candidates = int(candidates)
         self.min_fraction = float(min_fraction)
 

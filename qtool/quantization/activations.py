@@ -32,6 +32,12 @@ def plan_activation_qparams(plan: QuantPlan, observers: Mapping[str, Observer]) 
                 f"the statistics have no values for tensor '{tensor}'",
                 hint="re-run qtool calibrate with the same model and config",
             )
+        if observer.axis is not None:
+            raise QtoolError(
+                f"the statistics for tensor '{tensor}' are per channel (axis {observer.axis}); "
+                "activations are quantized per tensor",
+                hint="re-run qtool calibrate with the same model and config",
+            )
         bits = 8 if scheme.dtype.endswith("8") else 16
         lo, hi = observer.range(bits, scheme.symmetric)
         result[tensor] = activation_qparams(lo, hi, scheme, what=f"tensor {tensor}")

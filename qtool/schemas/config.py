@@ -27,6 +27,7 @@ PLACEMENTS = ("auto", "integer", "storage")
 SATURATION_GUARDS = ("uint8", "reduce_range", "ignore")
 MAX_BLOCK_SIZE = 1 << 20  # ONNX's block_size attribute is an int64; a block beyond any axis is a typo
 LAYOUTS = ("NCHW", "NHWC")
+MAX_IMAGE_SIDE = 16384  # pixels per side after resize or crop
 CHANNEL_ORDERS = ("RGB", "BGR")
 PREPROCESS_DTYPES = ("float32", "float16", "uint8", "int8")
 _ONNX_OPS = sorted({schema.name for schema in onnx.defs.get_all_schemas()})
@@ -184,14 +185,12 @@ class PreprocessSection(_Strict):
     @field_validator("resize", "center_crop", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
-        ok_int = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        ok_pair = (
-            isinstance(value, list)
-            and len(value) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
-        )
-        if not (ok_int or ok_pair):
-            raise ValueError(f"expected a positive integer or [height, width], got {value!r}")
+        def side(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_IMAGE_SIDE
+
+        ok_pair = isinstance(value, list) and len(value) == 2 and all(side(v) for v in value)
+        if not (side(value) or ok_pair):
+            raise ValueError(f"expected an integer from 1 to {MAX_IMAGE_SIDE} or [height, width], got {value!r:.60}")
         return value
 
     @field_validator("mean", "std", mode="before")

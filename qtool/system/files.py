@@ -51,11 +51,11 @@ def check_regular(path: Path | str, what: str, max_bytes: int | None = None) -> 
 
 def read_bytes(path: Path | str, what: str, max_bytes: int) -> bytes:
     """The bytes of a regular file of bounded size (checked before reading, and while reading)."""
-    check_regular(path, what, max_bytes)
+    size = check_regular(path, what, max_bytes)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a file swapped for a FIFO cannot block
         with os.fdopen(fd, "rb") as f:
-            data = f.read(max_bytes + 1)
+            data = f.read(min(size, max_bytes) + 1)  # never a buffer larger than the file
     except OSError as e:
         raise QtoolError(f"cannot read {what} {path}: {e.strerror or e}") from e
     if len(data) > max_bytes:
@@ -81,6 +81,8 @@ def read_json(path: Path | str, what: str, max_bytes: int) -> Any:
         raise QtoolError(f"{what} {path} is not valid JSON: {e}") from None
     except RecursionError:
         raise QtoolError(f"{what} {path} nests deeper than {JSON_MAX_DEPTH} levels") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise QtoolError(f"{what} {path}: {e}") from None
     if _depth(document) > JSON_MAX_DEPTH:
         raise QtoolError(f"{what} {path} nests deeper than {JSON_MAX_DEPTH} levels")
     return document

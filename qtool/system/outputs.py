@@ -50,6 +50,7 @@ class Transaction:
     """Outputs written so far and how to undo them, and what to do once all are final."""
 
     undo: dict[Path, Path | None] = field(default_factory=dict)  # output -> kept previous file (None: new)
+    protected: set[tuple[int, int]] = field(default_factory=set)  # (device, inode) of the command's inputs
     after: list[Callable[[], None]] = field(default_factory=list)  # run once everything is final
 
     def place(self, temporary: Path, final: Path) -> None:
@@ -136,6 +137,20 @@ def finish(temporary: Path, final: Path) -> None:
         raise environment_error(e, "write", final) from e
 
 
+def protect(inputs: Iterable[Path | str | None]) -> None:
+    """Mark the files of ``inputs`` (folders: every file under them) as never to be deleted or replaced."""
+    tx = _CURRENT.get()
+    if tx is not None:
+        tx.protected.update(_input_files(inputs))
+
+
+def is_protected(path: Path) -> bool:
+    """Whether ``path`` is an input of the running command (see :func:`protect`)."""
+    tx = _CURRENT.get()
+    identity = _identity(path)
+    return tx is not None and identity is not None and identity in tx.protected
+
+
 def after_commit(action: Callable[[], None]) -> None:
     """Run ``action`` once every output is in place (now, outside a transaction)."""
     tx = _CURRENT.get()
@@ -161,7 +176,13 @@ def _input_files(inputs: Iterable[Path | str | None]) -> dict[tuple[int, int], P
             continue
         path = Path(item)
         if path.is_dir():
-            for root, _, files in os.walk(path):
+            seen: set[Path] = set()
+            for root, dirs, files in os.walk(path, followlinks=True):  # a linked sample folder is an input too
+                real = Path(root).resolve()
+                if real in seen:  # a link loop
+                    dirs.clear()
+                    continue
+                seen.add(real)
                 for name in files:
                     file = Path(root) / name
                     identity = _identity(file)
@@ -174,13 +195,16 @@ def _input_files(inputs: Iterable[Path | str | None]) -> dict[tuple[int, int], P
     return found
 
 
-def check_outputs(outputs: dict[str, Path | str | None], inputs: Iterable[Path | str | None]) -> None:
+def check_outputs(
+    outputs: dict[str, Path | str | None], inputs: Iterable[Path | str | None], stdout_ok: Iterable[str] = ("--json",)
+) -> None:
     """Refuse, before any work, outputs that cannot be written or that would replace an input.
 
     Args:
         outputs: option name (e.g. ``--json``) -> path; None and ``-`` (stdout) are skipped.
         inputs: every file or folder the command reads (models with their data files, samples,
             statistics, configs); an output may not be any of them, by name, symlink or hard link.
+        stdout_ok: options for which ``-`` means standard output; elsewhere ``-`` is refused.
 
     Raises:
         QtoolError: naming the option, the path and why.
@@ -188,8 +212,12 @@ def check_outputs(outputs: dict[str, Path | str | None], inputs: Iterable[Path |
     taken = _input_files(inputs)
     seen: dict[Path, str] = {}
     for option, value in outputs.items():
-        if value is None or str(value) == "-":
+        if value is None:
             continue
+        if str(value) == "-":
+            if option in stdout_ok:
+                continue  # standard output
+            raise QtoolError(f"{option} - : this output is a file", hint="give a path (only --json - writes to stdout)")
         path = Path(value)
         where = f"{option} {path}"
         if path.is_dir():

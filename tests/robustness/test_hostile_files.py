@@ -265,7 +265,7 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 @pytest.mark.parametrize(
     ("files", "needle"),
     [
-        ({"a.npy": _npy_header((1 << 20, 1 << 20, 1 << 20)) + b"\0" * 16}, "over the"),
+        ({"a.npy": _npy_header((1 << 20, 1 << 20, 1 << 20)) + b"\0" * 16}, "more than the model"),
         ({"a.npy": _npy_header((1, 3, 32, 32)) + b"\0" * 16}, "declares"),
         ({"a.npy": _npy_header((2,), "|O") + b"\0" * 16}, "Python objects"),
         ({"a.npz": _npz({"input.txt": b"hello"})}, "is not a .npy array"),
@@ -379,3 +379,118 @@ def test_control_characters_in_names_never_reach_the_terminal_raw(tmp_path):
     config.write_text(json.dumps({"node_name": {HOSTILE_NAME + "2": None}}))
     line = _fails_cleanly(["inspect", path, "-c", config], "matches no node")
     assert "\x1b" not in line and "\\n" in line
+
+
+# -- findings of the independent hostile campaign ----------------------------------------------------
+
+
+def _entry(observer: str, options: dict, state: dict) -> dict:
+    return {"observer": observer, "axis": None, "options": options, "state": state}
+
+
+@pytest.mark.parametrize(
+    ("entry", "needle"),
+    [
+        (_entry("mean_std", {}, {"count": -5, "sum": 1.0, "sum_sq": 1.0, "min": -1.0, "max": 1.0}), "has no value"),
+        (
+            _entry(
+                "percentile",
+                {},
+                {
+                    "histogram": {"bins": 2048, "channels": 100_000_000, "radius": 1.0, "index": [], "count": []},
+                    "min": -1.0,
+                    "max": 1.0,
+                },
+            ),
+            "channels",
+        ),
+        (_entry("entropy", {"bins": 1 << 20}, {}), "at most 16384 bins"),
+        (_entry("mse", {"candidates": 2_000_000_000}, {}), "candidates <= 10000"),
+        (
+            {"observer": "minmax", "axis": 0, "options": {}, "state": {"min": [-1, -2, -3], "max": [1, 2, 3]}},
+            "per channel",
+        ),
+        (_entry("minmax", {}, {"min": [[[-1.0]]], "max": [[[1.0]]]}), "one number"),
+    ],
+)
+def test_hostile_observer_states_in_statistics_are_refused(tmp_path, stats_document, entry, needle):
+    document = copy.deepcopy(stats_document)
+    name = next(iter(document["tensors"]))
+    document["tensors"][name] = entry
+    _quantize_with(tmp_path, document, needle)
+
+
+def test_a_json_integer_of_thousands_of_digits_is_refused(tmp_path, stats_document):
+    text = json.dumps(stats_document).replace(f'"samples": {stats_document["samples"]}', '"samples": 1' + "0" * 5000)
+    _quantize_with(tmp_path, text, "digits")
+
+
+def test_a_sparse_npy_claiming_gigabytes_is_refused_before_allocating(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    path = data / "a.npy"
+    with open(path, "wb") as f:
+        f.write(_npy_header((1 << 30,), "<f4"))
+        f.truncate(f.tell() + (1 << 32))  # 4 GiB of zeros that take no disk
+    out = tmp_path / "s.json"
+    _fails_cleanly(["calibrate", CNN, data, "-o", out], "bytes, over the", outputs=(out,))
+
+
+def test_a_valid_tensor_proto_sample_calibrates_under_a_4_gib_address_space(tmp_path):
+    tensor = numpy_helper.from_array(np.zeros((1, 3, 32, 32), np.float32), "input")
+    data = _test_data_set(tmp_path, tensor)
+    script = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+        "from qtool.cli import main\n"
+        f"main(['calibrate', {str(CNN)!r}, {str(data)!r}, '-o', {str(tmp_path / 's.json')!r}])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--shard", "²/³"], "--shard expects K/N"),
+        (["--observer-option", "x=[1"], "not a YAML scalar"),
+        (["--observer-option", "bins=!!python/name:os.system"], "not a YAML scalar"),
+    ],
+)
+def test_hostile_option_values_are_one_line_errors(tmp_path, args, needle):
+    out = tmp_path / "s.json"
+    _fails_cleanly(["calibrate", CNN, CALIB, "-o", out, *args], needle, outputs=(out,))
+
+
+def test_huge_thread_counts_and_image_sizes_are_usage_errors(tmp_path):
+    r = runner.invoke(app, ["compare", str(CNN), str(CNN), "--data", str(CALIB), "--threads", "2147483648"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    config = tmp_path / "c.yaml"
+    config.write_text("preprocess: {resize: [200000, 200000]}\n")
+    _fails_cleanly(["inspect", CNN, "-c", config], "from 1 to 16384")
+
+
+def test_usage_errors_from_the_console_script_are_one_line():
+    qtool_script = Path(sys.executable).with_name("qtool")
+    for args in (["calibrate"], ["inspect", str(CNN), "--bogus"], ["quantize", str(CNN), "--batch-size", "0"]):
+        proc = subprocess.run([str(qtool_script), *args], capture_output=True, text=True, timeout=60, check=False)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+
+
+def test_numpy_warnings_never_reach_stderr(tmp_path):
+    data = tmp_path / "images"
+    data.mkdir()
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(data / "a.png")
+    config = tmp_path / "c.yaml"
+    config.write_text("preprocess: {mean: [1.0e+300, 1, 1]}\n")
+    qtool_script = Path(sys.executable).with_name("qtool")
+    proc = subprocess.run(
+        [str(qtool_script), "calibrate", str(CNN), str(data), "-c", str(config), "-o", str(tmp_path / "s.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), proc.stderr

@@ -248,3 +248,48 @@ def test_disk_full_while_writing_json_is_one_line(work, monkeypatch):
     r = runner.invoke(app, ["inspect", _w(work, "model.onnx"), "--json", _w(work, "i.json")])
     assert r.exit_code == 2 and "No space left on device" in r.output and "Traceback" not in r.output
     assert not (work / "i.json").exists() and _leftovers(work) == []
+
+
+# -- findings of the independent hostile campaign ----------------------------------------------------
+
+
+def _with_external_data(folder: Path, model_name: str, data_name: str) -> Path:
+    import onnx
+
+    model = onnx.load(str(CNN))
+    path = folder / model_name
+    onnx.save(model, path, save_as_external_data=True, location=data_name, size_threshold=0)
+    return path
+
+
+def test_the_data_file_of_a_model_not_named_onnx_is_an_input_too(work):
+    model = _with_external_data(work, "model.bin", "weights.onnx")
+    _refused(work, ["calibrate", str(model), _w(work, "calib"), "-o", _w(work, "weights.onnx")], needle="is the input")
+
+
+def test_cleaning_up_earlier_data_files_never_deletes_an_input(work):
+    import onnx
+
+    model = _with_external_data(work, "a.onnx", "out.onnx.0123456789abcdef.data")
+    r = runner.invoke(app, ["quantize", str(model), "--stats", _w(work, "stats.json"), "-o", _w(work, "out.onnx")])
+    assert r.exit_code in (0, 2), r.output  # the stats belong to another file name; either way the input stays
+    assert (work / "out.onnx.0123456789abcdef.data").exists()
+    onnx.load(str(model))  # the input still loads with its data
+
+
+def test_a_sample_in_a_linked_folder_is_an_input(work, tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    shutil.copy(sorted((work / "calib").iterdir())[0], real / "a.npy")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "linked").symlink_to(real)
+    shutil.copy(sorted((work / "calib").iterdir())[1], data / "b.npy")
+    before = _digest(real / "a.npy")
+    r = runner.invoke(app, ["calibrate", _w(work, "model.onnx"), str(data), "-o", str(real / "a.npy")])
+    assert r.exit_code == 2 and "never overwrites its inputs" in r.output
+    assert _digest(real / "a.npy") == before
+
+
+def test_a_dash_is_standard_output_only_for_json(work):
+    _refused(work, ["calibrate", _w(work, "model.onnx"), _w(work, "calib"), "-o", "-"], needle="this output is a file")
