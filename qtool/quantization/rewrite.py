@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from qtool.config import TensorScheme
 from qtool.errors import QtoolError
-from qtool.graph.prepare import all_nodes, subgraph_reads
+from qtool.graph.prepare import subgraph_reads
 from qtool.graph.weights import Weights, checkable
 from qtool.quantization.plan import NodePlan, QuantPlan, passthrough_ops
 from qtool.quantization.qparams import (
@@ -29,9 +29,9 @@ from qtool.quantization.qparams import (
     quant_type,
     quantize,
     quantize_bias,
-    to_tensor_proto,
     weight_range,
 )
+from qtool.quantization.stored_forms import Names, StoredForms
 
 
 @dataclass
@@ -43,25 +43,6 @@ class RewriteReport:
     quantized_biases: list[str] = field(default_factory=list)
     quantized_activations: list[str] = field(default_factory=list)
     passthrough: dict[str, int] = field(default_factory=dict)  # op type -> nodes left untouched (no quantization)
-
-
-class _Names:
-    """Hands out tensor/node names that do not clash with the graph's."""
-
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.taken = {i.name for i in graph.initializer} | {i.name for i in graph.input}
-        for node in all_nodes(graph):  # a body may not reuse an outer name, so its names are taken too
-            self.taken.update(node.input)
-            self.taken.update(node.output)
-            self.taken.add(node.name)
-
-    def new(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
 
 
 def weight_qparams(
@@ -130,12 +111,13 @@ class _Rewriter:
         self.graph = self.model.graph
         self.plan = plan
         self.act_qparams = act_qparams
-        self.names = _Names(self.graph)
+        self.names = Names(self.graph)
         self.inits = {i.name: i for i in self.graph.initializer}
         self.graph_inputs = {i.name for i in self.graph.input}
         self.nodes = {n.name: n for n in self.graph.node}
         self.planned_outputs = {n.output for n in plan.nodes if n.output}
         self.prologue: list[onnx.NodeProto] = []  # DQ of weights, Q/DQ of graph inputs and constants
+        self.forms = StoredForms(self.names, self.graph, self.prologue)
         self.after: dict[str, list[onnx.NodeProto]] = {}  # tensor -> Q/DQ to emit after its producer
         self.replaced: set[str] = set()  # float initializers replaced by integer ones (dropped once unread)
         self.weights: dict[tuple[str, WeightKey], tuple[str, QParams | None]] = {}
@@ -146,104 +128,6 @@ class _Rewriter:
             # exclusive to its quantized readers, so it keeps its float initializer under its name.
             for name in dict.fromkeys([*node.input, *sorted(subgraph_reads(node))]):
                 self.consumers.setdefault(name, []).append(node)
-
-    # -- helpers ------------------------------------------------------------
-    def _add_qparam_inits(self, base: str, qp: QParams) -> tuple[str, str]:
-        scale = self.names.new(f"{base}/scale")
-        zero = self.names.new(f"{base}/zero_point")
-        self.graph.initializer.append(numpy_helper.from_array(qp.scale.astype(np.float32), scale))
-        self.graph.initializer.append(numpy_helper.from_array(qp.zero_point, zero))
-        return scale, zero
-
-    def _dq_node(
-        self, base: str, source: str, scale: str, zero: str, output: str, axis: int | None, block: int | None = None
-    ) -> onnx.NodeProto:
-        node = helper.make_node(
-            "DequantizeLinear", [source, scale, zero], [output], name=self.names.new(f"{base}/DequantizeLinear")
-        )
-        if axis is not None:
-            node.attribute.append(helper.make_attribute("axis", axis))
-        if block is not None:
-            node.attribute.append(helper.make_attribute("block_size", block))
-        return node
-
-    def _replace_constant(self, name: str, values: np.ndarray, qp: QParams, output: str) -> None:
-        """Store ``values`` as integers (4- and 2-bit packed) and make a DequantizeLinear write ``output``.
-
-        A 4- or 2-bit weight with per-tensor/per-channel scales is first widened by
-        a Cast to its 8-bit type: onnxruntime folds that Cast at load and then runs
-        the node in its int8 kernels (it has none for narrower weights, and would
-        otherwise fuse them anyway and reject the model). Block-wise weights keep
-        a narrow DequantizeLinear, which onnxruntime turns into MatMulNBits.
-        """
-        stored = self.names.new(f"{name}/quantized")
-        self.graph.initializer.append(to_tensor_proto(values, qp.qtype, stored))
-        zero_type = qp.qtype
-        if qp.qtype.bits < 8 and qp.block_size is None:
-            zero_type = quant_type("int8" if qp.qtype.signed else "uint8")
-            widened = self.names.new(f"{name}/widened")
-            self.prologue.append(
-                helper.make_node(
-                    "Cast", [stored], [widened], name=self.names.new(f"{name}/Cast"), to=zero_type.onnx_type
-                )
-            )
-            stored = widened
-        scale = self.names.new(f"{name}/scale")
-        zero = self.names.new(f"{name}/zero_point")
-        self.graph.initializer.append(numpy_helper.from_array(qp.scale.astype(np.float32), scale))
-        self.graph.initializer.append(to_tensor_proto(qp.zero_point, zero_type, zero))
-        self.prologue.append(self._dq_node(name, stored, scale, zero, output, qp.axis, qp.block_size))
-
-    def _replace_with_storage(self, name: str, values: np.ndarray, qp: QParams, output: str, ndim: int) -> None:
-        """Store integers and restore float with Cast/Sub/Mul on constants, which onnxruntime folds at load.
-
-        The file keeps the quantized size; inference runs the float kernel with
-        no Quantize/DequantizeLinear cost (placement "storage").
-        """
-        stored = self.names.new(f"{name}/quantized")
-        self.graph.initializer.append(to_tensor_proto(values, qp.qtype, stored))
-        source = stored
-        if qp.qtype.bits < 8:  # widen first: Cast from 4/2-bit to float is not foldable everywhere
-            widened = self.names.new(f"{name}/widened")
-            wide = TensorProto.INT8 if qp.qtype.signed else TensorProto.UINT8
-            self.prologue.append(
-                helper.make_node("Cast", [source], [widened], name=self.names.new(f"{name}/Widen"), to=wide)
-            )
-            source = widened
-        as_float = self.names.new(f"{name}/as_float")
-        self.prologue.append(
-            helper.make_node("Cast", [source], [as_float], name=self.names.new(f"{name}/Cast"), to=TensorProto.FLOAT)
-        )
-        length = values.shape[qp.axis] if qp.axis is not None else 0
-        scale = qp.expand(qp.scale, ndim, length).astype(np.float32)
-        zero = qp.expand(qp.zero_point.astype(np.float32), ndim, length).astype(np.float32)
-        if np.any(zero != 0):
-            zero_name = self.names.new(f"{name}/zero_point")
-            self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(zero), zero_name))
-            centred = self.names.new(f"{name}/centred")
-            self.prologue.append(
-                helper.make_node("Sub", [as_float, zero_name], [centred], name=self.names.new(f"{name}/Sub"))
-            )
-            as_float = centred
-        scale_name = self.names.new(f"{name}/scale")
-        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(scale), scale_name))
-        self.prologue.append(
-            helper.make_node("Mul", [as_float, scale_name], [output], name=self.names.new(f"{name}/Mul"))
-        )
-
-    def _replace_with_fp16(self, name: str, values: np.ndarray, output: str) -> None:
-        """Store ``values`` as float16 and make a Cast back to float write ``output``."""
-        peak = float(np.abs(values).max(initial=0.0))
-        if peak > float(np.finfo(np.float16).max):
-            raise QtoolError(
-                f"weight {name} holds {peak:g}, beyond float16's range (65504)",
-                hint="keep this node in float or quantize it to an integer dtype",
-            )
-        stored = self.names.new(f"{name}/fp16")
-        self.graph.initializer.append(numpy_helper.from_array(values.astype(np.float16), stored))
-        self.prologue.append(
-            helper.make_node("Cast", [stored], [output], name=self.names.new(f"{name}/Cast"), to=TensorProto.FLOAT)
-        )
 
     def _rename_input(self, node: onnx.NodeProto, old: str, new: str) -> None:
         for i, name in enumerate(node.input):
@@ -264,7 +148,7 @@ class _Rewriter:
         rewired for the planned ``readers``; other consumers keep the float value.
         """
         qp = self.act_qparams[tensor]
-        scale, zero = self._add_qparam_inits(tensor, qp)
+        scale, zero = self.forms.add_qparam_inits(tensor, qp)
         quantized = self.names.new(f"{tensor}/quantized")
         produced_here = tensor not in self.graph_inputs and tensor not in self.inits
         if tensor in self.planned_outputs and produced_here:
@@ -282,7 +166,7 @@ class _Rewriter:
                 "QuantizeLinear", [source, scale, zero], [quantized], name=self.names.new(f"{tensor}/QuantizeLinear")
             )
         )
-        target.append(self._dq_node(tensor, quantized, scale, zero, output, None))
+        target.append(self.forms.dq_node(tensor, quantized, scale, zero, output, None))
         self.report.quantized_activations.append(tensor)
 
     def _bias_scale_floor(self, weight: str, key: WeightKey) -> np.ndarray | None:
@@ -314,7 +198,7 @@ class _Rewriter:
             output = weight_name if exclusive else self.names.new(f"{weight_name}/dequantized")
             qp: QParams | None = None
             if node.scheme.weight.fp16:
-                self._replace_with_fp16(weight_name, values, output)
+                self.forms.fp16(weight_name, values, output)
             else:
                 axis, block = node.weight.axis, node.weight.block_size
                 qp = weight_qparams(
@@ -330,9 +214,9 @@ class _Rewriter:
                     raised = np.maximum(qp.scale, floor).astype(np.float32)
                     qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
                 if node.placement == "storage":
-                    self._replace_with_storage(weight_name, quantize(values, qp), qp, output, values.ndim)
+                    self.forms.restored_at_load(weight_name, quantize(values, qp), qp, output, values.ndim)
                 else:
-                    self._replace_constant(weight_name, quantize(values, qp), qp, output)
+                    self.forms.dequantized(weight_name, quantize(values, qp), qp, output)
             self.replaced.add(weight_name)
             self.weights[(weight_name, key)] = (output, qp)
             self.report.quantized_weights.append(weight_name)
@@ -351,7 +235,7 @@ class _Rewriter:
         else:  # a shared bias: each node gets its own int32 copy under its own name
             output = self.names.new(f"{node.bias}/{node.name}")
             self._rename_input(self.nodes[node.name], node.bias, output)
-        self._replace_constant(output, q, qp, output)
+        self.forms.dequantized(output, q, qp, output)
         self.replaced.add(node.bias)
         self.report.quantized_biases.append(node.bias)
 

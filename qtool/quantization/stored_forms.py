@@ -1,0 +1,140 @@
+"""How a quantized tensor is written into the graph: initializers plus the nodes that restore it.
+
+Three forms of a weight (Q/DQ for integer kernels, Cast/Mul restored at load for storage placement,
+float16 with a Cast) and the scale/zero-point initializers and DequantizeLinear nodes they share.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from qtool.errors import QtoolError
+from qtool.graph.prepare import all_nodes
+from qtool.quantization.qparams import QParams, quant_type, to_tensor_proto
+
+
+class Names:
+    """Hands out tensor/node names that do not clash with the graph's."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.taken = {i.name for i in graph.initializer} | {i.name for i in graph.input}
+        for node in all_nodes(graph):  # a body may not reuse an outer name, so its names are taken too
+            self.taken.update(node.input)
+            self.taken.update(node.output)
+            self.taken.add(node.name)
+
+    def new(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+
+class StoredForms:
+    """Writes quantized tensors into ``graph`` and their restoring nodes into ``prologue``."""
+
+    def __init__(self, names: Names, graph: onnx.GraphProto, prologue: list[onnx.NodeProto]) -> None:
+        self.names = names
+        self.graph = graph
+        self.prologue = prologue
+
+    def add_qparam_inits(self, base: str, qp: QParams) -> tuple[str, str]:
+        scale = self.names.new(f"{base}/scale")
+        zero = self.names.new(f"{base}/zero_point")
+        self.graph.initializer.append(numpy_helper.from_array(qp.scale.astype(np.float32), scale))
+        self.graph.initializer.append(numpy_helper.from_array(qp.zero_point, zero))
+        return scale, zero
+
+    def dq_node(
+        self, base: str, source: str, scale: str, zero: str, output: str, axis: int | None, block: int | None = None
+    ) -> onnx.NodeProto:
+        node = helper.make_node(
+            "DequantizeLinear", [source, scale, zero], [output], name=self.names.new(f"{base}/DequantizeLinear")
+        )
+        if axis is not None:
+            node.attribute.append(helper.make_attribute("axis", axis))
+        if block is not None:
+            node.attribute.append(helper.make_attribute("block_size", block))
+        return node
+
+    def dequantized(self, name: str, values: np.ndarray, qp: QParams, output: str) -> None:
+        """Store ``values`` as integers (4- and 2-bit packed) and make a DequantizeLinear write ``output``.
+
+        A 4- or 2-bit weight with per-tensor/per-channel scales is first widened by
+        a Cast to its 8-bit type: onnxruntime folds that Cast at load and then runs
+        the node in its int8 kernels (it has none for narrower weights, and would
+        otherwise fuse them anyway and reject the model). Block-wise weights keep
+        a narrow DequantizeLinear, which onnxruntime turns into MatMulNBits.
+        """
+        stored = self.names.new(f"{name}/quantized")
+        self.graph.initializer.append(to_tensor_proto(values, qp.qtype, stored))
+        zero_type = qp.qtype
+        if qp.qtype.bits < 8 and qp.block_size is None:
+            zero_type = quant_type("int8" if qp.qtype.signed else "uint8")
+            widened = self.names.new(f"{name}/widened")
+            self.prologue.append(
+                helper.make_node(
+                    "Cast", [stored], [widened], name=self.names.new(f"{name}/Cast"), to=zero_type.onnx_type
+                )
+            )
+            stored = widened
+        scale = self.names.new(f"{name}/scale")
+        zero = self.names.new(f"{name}/zero_point")
+        self.graph.initializer.append(numpy_helper.from_array(qp.scale.astype(np.float32), scale))
+        self.graph.initializer.append(to_tensor_proto(qp.zero_point, zero_type, zero))
+        self.prologue.append(self.dq_node(name, stored, scale, zero, output, qp.axis, qp.block_size))
+
+    def restored_at_load(self, name: str, values: np.ndarray, qp: QParams, output: str, ndim: int) -> None:
+        """Store integers and restore float with Cast/Sub/Mul on constants, which onnxruntime folds at load.
+
+        The file keeps the quantized size; inference runs the float kernel with
+        no Quantize/DequantizeLinear cost (placement "storage").
+        """
+        stored = self.names.new(f"{name}/quantized")
+        self.graph.initializer.append(to_tensor_proto(values, qp.qtype, stored))
+        source = stored
+        if qp.qtype.bits < 8:  # widen first: Cast from 4/2-bit to float is not foldable everywhere
+            widened = self.names.new(f"{name}/widened")
+            wide = TensorProto.INT8 if qp.qtype.signed else TensorProto.UINT8
+            self.prologue.append(
+                helper.make_node("Cast", [source], [widened], name=self.names.new(f"{name}/Widen"), to=wide)
+            )
+            source = widened
+        as_float = self.names.new(f"{name}/as_float")
+        self.prologue.append(
+            helper.make_node("Cast", [source], [as_float], name=self.names.new(f"{name}/Cast"), to=TensorProto.FLOAT)
+        )
+        length = values.shape[qp.axis] if qp.axis is not None else 0
+        scale = qp.expand(qp.scale, ndim, length).astype(np.float32)
+        zero = qp.expand(qp.zero_point.astype(np.float32), ndim, length).astype(np.float32)
+        if np.any(zero != 0):
+            zero_name = self.names.new(f"{name}/zero_point")
+            self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(zero), zero_name))
+            centred = self.names.new(f"{name}/centred")
+            self.prologue.append(
+                helper.make_node("Sub", [as_float, zero_name], [centred], name=self.names.new(f"{name}/Sub"))
+            )
+            as_float = centred
+        scale_name = self.names.new(f"{name}/scale")
+        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(scale), scale_name))
+        self.prologue.append(
+            helper.make_node("Mul", [as_float, scale_name], [output], name=self.names.new(f"{name}/Mul"))
+        )
+
+    def fp16(self, name: str, values: np.ndarray, output: str) -> None:
+        """Store ``values`` as float16 and make a Cast back to float write ``output``."""
+        peak = float(np.abs(values).max(initial=0.0))
+        if peak > float(np.finfo(np.float16).max):
+            raise QtoolError(
+                f"weight {name} holds {peak:g}, beyond float16's range (65504)",
+                hint="keep this node in float or quantize it to an integer dtype",
+            )
+        stored = self.names.new(f"{name}/fp16")
+        self.graph.initializer.append(numpy_helper.from_array(values.astype(np.float16), stored))
+        self.prologue.append(
+            helper.make_node("Cast", [stored], [output], name=self.names.new(f"{name}/Cast"), to=TensorProto.FLOAT)
+        )
