@@ -139,10 +139,6 @@ class QConfig:
         """Resolve a node's settings; ``None`` keeps the node in float."""
         return self.resolve(node_name, op_type)[0]
 
-    def required_opset(self) -> int:
-        """The lowest default-domain opset every scheme this config can produce needs."""
-        return self.opset_requirement()[0]
-
     def opset_requirement(self) -> tuple[int, str]:
         """The lowest default-domain opset this config needs, and what needs it (for messages)."""
         need, why = 10, "QuantizeLinear/DequantizeLinear"

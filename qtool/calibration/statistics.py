@@ -81,8 +81,7 @@ class CalibrationStats:
                     entry.observer, entry.axis, entry.options or {}, allow_import=entry.observer in trusted
                 )
                 if entry.state:
-                    observer.load_state(entry.state)
-                    observer.check()
+                    observer.load_state(entry.state)  # its range is checked where it is used
             except QtoolError as e:
                 raise QtoolError(f"{source}: tensor {name!r}: {e.message}", hint=e.hint) from e
             except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:

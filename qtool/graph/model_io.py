@@ -5,9 +5,11 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any
 
@@ -232,20 +234,34 @@ _SCAN_MAX_BYTES = 256 << 20
 
 def _data_files(path: Path) -> list[Path]:
     """The external data files a model names that exist in its directory, in order of first use."""
-    if not path.is_file() or path.stat().st_size > _SCAN_MAX_BYTES:  # a model may have any file name
+    try:
+        status = path.stat()
+    except OSError:
         return []
+    if not stat.S_ISREG(status.st_mode) or status.st_size > _SCAN_MAX_BYTES:  # a model may have any file name
+        return []
+    # A command lists its inputs' files before any work and again for its report: parse each version once.
+    named = _named_data_files(path.resolve(), status.st_mtime_ns, status.st_size, status.st_ino)
+    return [target for target in named if target.is_file()]
+
+
+@lru_cache(maxsize=64)
+def _named_data_files(path: Path, mtime_ns: int, size: int, inode: int) -> tuple[Path, ...]:
+    with open(path, "rb") as f:
+        if f.read(1) != b"\x08":  # a serialised ModelProto starts with ir_version (field 1, varint)
+            return ()
     try:
         model = onnx.load(str(path), load_external_data=False)
-    except Exception:  # noqa: BLE001 - not a model (a stats file, a damaged model): it names no data files
-        return []
-    base = path.parent.resolve()
+    except Exception:  # noqa: BLE001 - not a model (a damaged one): it names no data files
+        return ()
+    base = path.parent
     found: dict[Path, None] = {}
     for tensor in _external_tensors(model):
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
         target = (base / location).resolve()
-        if location and target.is_relative_to(base) and target.is_file() and target != path.resolve():
+        if location and target.is_relative_to(base) and target != path:
             found[target] = None
-    return list(found)
+    return tuple(found)
 
 
 def same_file(a: Path | str, b: Path | str) -> bool:

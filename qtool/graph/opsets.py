@@ -153,11 +153,3 @@ def choose_opset(
     if model_opset > limit.opset:
         return limit.opset  # lowered by onnx's version converter; refused there if it cannot
     return max(model_opset, need)
-
-
-def lowering_hint(model_opset: int, target: int) -> str:
-    """How to fix a model that onnx's version converter cannot lower."""
-    return (
-        f"export the model at opset {target} or lower, or install an onnxruntime with opset-{model_opset} "
-        "QuantizeLinear/DequantizeLinear kernels"
-    )

@@ -19,7 +19,6 @@ from qtool.graph.weights import Weights
 
 log = logging.getLogger(__name__)
 
-QDQ_MIN_OPSET = 10  # QuantizeLinear/DequantizeLinear exist from opset 10
 PER_CHANNEL_MIN_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear
 _CONSTANT_VALUE_ATTRS = ("value", "value_float", "value_floats", "value_int", "value_ints")
 

@@ -38,6 +38,24 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "qtool.observers"
 
 
+def check_range(lo: np.ndarray, hi: np.ndarray, axis: int | None) -> None:
+    """Raise ValueError unless (lo, hi) can be a real tensor's range.
+
+    One number each (per tensor) or two 1-D arrays of equal length (per channel), no NaN, and
+    min <= max. Infinite values stay allowed: a model that produces inf is reported by the qparams
+    step, naming the tensor.
+    """
+    lo, hi = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+    if axis is None and (lo.ndim != 0 or hi.ndim != 0):
+        raise ValueError(f"a per-tensor range must be one number, got shapes {lo.shape} and {hi.shape}")
+    if axis is not None and (lo.ndim != 1 or lo.shape != hi.shape):
+        raise ValueError(f"a per-channel range must be two equal 1-D arrays, got {lo.shape} and {hi.shape}")
+    if np.isnan(lo).any() or np.isnan(hi).any():
+        raise ValueError("the range is NaN (statistics of no data?)")
+    if (lo > hi).any():
+        raise ValueError(f"min > max ({float(np.max(lo - hi)):g} apart)")
+
+
 class Observer(ABC):
     """Collects statistics of one tensor across calibration batches.
 
@@ -68,21 +86,8 @@ class Observer(ABC):
         """JSON-serialisable statistics; an empty dict before any data."""
 
     def check(self) -> None:
-        """Raise ValueError when loaded or merged statistics cannot be a real tensor's.
-
-        The range must exist, be one value (per tensor) or one 1-D array per channel of equal
-        length, hold no NaN, and have min <= max. Infinite values stay allowed: a model that
-        produces inf is reported by the qparams step, naming the tensor.
-        """
-        lo, hi = (np.asarray(v, dtype=np.float64) for v in self.copy().range(8, False))  # range may rebin
-        if self.axis is None and (lo.ndim != 0 or hi.ndim != 0):
-            raise ValueError(f"a per-tensor range must be one number, got shapes {lo.shape} and {hi.shape}")
-        if self.axis is not None and (lo.ndim != 1 or lo.shape != hi.shape):
-            raise ValueError(f"a per-channel range must be two equal 1-D arrays, got {lo.shape} and {hi.shape}")
-        if np.isnan(lo).any() or np.isnan(hi).any():
-            raise ValueError("the range is NaN (statistics of no data?)")
-        if (lo > hi).any():
-            raise ValueError(f"min > max ({float(np.max(lo - hi)):g} apart)")
+        """Raise ValueError when merged statistics cannot be a real tensor's (see :func:`check_range`)."""
+        check_range(*self.range(8, False), self.axis)
 
     @abstractmethod
     def load_state(self, state: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 from qtool.config import TensorScheme
 from qtool.errors import QtoolError
 from qtool.observers import Observer
+from qtool.observers.base import check_range
 from qtool.quantization.plan import QuantPlan
 from qtool.quantization.qparams import QParams, compute_qparams, quant_type
 
@@ -40,5 +41,9 @@ def plan_activation_qparams(plan: QuantPlan, observers: Mapping[str, Observer]) 
             )
         bits = 8 if scheme.dtype.endswith("8") else 16
         lo, hi = observer.range(bits, scheme.symmetric)
+        try:
+            check_range(lo, hi, None)
+        except ValueError as e:  # hand-edited statistics: computed ranges are always sound
+            raise QtoolError(f"the statistics for tensor '{tensor}': {e}", hint="re-run qtool calibrate") from None
         result[tensor] = activation_qparams(lo, hi, scheme, what=f"tensor {tensor}")
     return result

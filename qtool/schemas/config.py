@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import onnx.defs
 import re2
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from qtool.errors import QtoolError
 
@@ -97,7 +97,11 @@ def _check_observer(value: Any) -> Any:
     return value
 
 
-ObserverSpec = Annotated[str | dict[str, Any], Field(description="an observer name, or {name: ..., <option>: ...}")]
+ObserverSpec = Annotated[
+    str | dict[str, Any],
+    BeforeValidator(_check_observer),
+    Field(description="an observer name, or {name: ..., <option>: ...}"),
+]
 
 
 class WeightSettings(_Strict):
@@ -123,11 +127,6 @@ class ActivationSettings(_Strict):
 
     nullable: ClassVar[frozenset[str]] = frozenset({"observer"})
 
-    @field_validator("observer", mode="before")
-    @classmethod
-    def _observer(cls, value: Any) -> Any:
-        return value if value is None else _check_observer(value)
-
 
 class NodeSettings(_Strict):
     """Settings of the nodes one rule matches; ``null`` in its place keeps them in float."""
@@ -146,11 +145,6 @@ class CalibrationSection(_Strict):
     limit: Positive | None = None
 
     nullable: ClassVar[frozenset[str]] = frozenset({"limit"})
-
-    @field_validator("observer", mode="before")
-    @classmethod
-    def _observer(cls, value: Any) -> Any:
-        return value if value is None else _check_observer(value)
 
 
 class AccuracySection(_Strict):

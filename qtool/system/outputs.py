@@ -92,11 +92,6 @@ def _keep(path: Path) -> Path:
 _CURRENT: ContextVar[Transaction | None] = ContextVar("qtool_outputs", default=None)
 
 
-def current() -> Transaction | None:
-    """The open transaction, if any."""
-    return _CURRENT.get()
-
-
 @contextmanager
 def transaction(keep_on: tuple[type[BaseException], ...] = ()) -> Iterator[Transaction]:
     """Keep every output written inside the block only if it ends without error.
@@ -195,16 +190,14 @@ def _input_files(inputs: Iterable[Path | str | None]) -> dict[tuple[int, int], P
     return found
 
 
-def check_outputs(
-    outputs: dict[str, Path | str | None], inputs: Iterable[Path | str | None], stdout_ok: Iterable[str] = ("--json",)
-) -> None:
+def check_outputs(outputs: dict[str, Path | str | None], inputs: Iterable[Path | str | None]) -> None:
     """Refuse, before any work, outputs that cannot be written or that would replace an input.
 
     Args:
-        outputs: option name (e.g. ``--json``) -> path; None and ``-`` (stdout) are skipped.
+        outputs: option name (e.g. ``--json``) -> path (None: not asked for); ``-`` is refused here,
+            so a caller that lets an option write to standard output leaves it out.
         inputs: every file or folder the command reads (models with their data files, samples,
             statistics, configs); an output may not be any of them, by name, symlink or hard link.
-        stdout_ok: options for which ``-`` means standard output; elsewhere ``-`` is refused.
 
     Raises:
         QtoolError: naming the option, the path and why.
@@ -215,8 +208,6 @@ def check_outputs(
         if value is None:
             continue
         if str(value) == "-":
-            if option in stdout_ok:
-                continue  # standard output
             raise QtoolError(f"{option} - : this output is a file", hint="give a path (only --json - writes to stdout)")
         path = Path(value)
         where = f"{option} {path}"

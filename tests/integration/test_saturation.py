@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ from typer.testing import CliRunner
 
 import qtool
 from qtool.cli import app
-from qtool.system.environment import cpu_info
+from qtool.system.environment import cpu_info, int8_kernels_saturate
 
 runner = CliRunner()
 
@@ -99,8 +98,8 @@ def test_full_range_int8_weights_saturate_without_vnni(tmp_path):
     out = _quantize(tmp_path, model, data, "ignore")
     stored, _ = _stored_weight(out)
     assert stored.dtype == np.int8 and np.abs(stored).max() == 127
-    flags = set(cpu_info().get("flags", []))
-    if platform.machine().lower() not in ("x86_64", "amd64") or flags & {"avx512_vnni", "avx_vnni", "amx_int8"}:
+    cpu = cpu_info()
+    if not int8_kernels_saturate(cpu["flags"], cpu["machine"]):
         pytest.skip("this CPU multiplies uint8 x int8 without saturating (VNNI or not x86)")
     scale = float(numpy_helper.to_array(next(i for i in onnx.load(str(out)).graph.initializer if i.name == "y/scale")))
     assert _kernel_error(out, samples) > 10 * scale  # the hazard the guard exists for
