@@ -14,7 +14,7 @@ import onnx
 from qtool import __version__
 from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.statistics import CalibrationStats, collect_statistics
-from qtool.config import QConfig, load_config, split_observer
+from qtool.config import AccuracySettings, QConfig, load_config, split_observer
 from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare
 from qtool.graph.model_io import load_model, same_file, save_model, write_text
@@ -39,11 +39,13 @@ from qtool.quantization.kernels import predict_kernels
 from qtool.quantization.plan import QuantPlan, build_plan
 from qtool.quantization.rewrite import RewriteReport, check_quantized_model, insert_qdq
 from qtool.quantization.roles import static_elements
-from qtool.quantization.search import PATIENCE, FallbackResult, search_fallback
+from qtool.quantization.selection import PlacementChoice, choose_placement
 from qtool.results import ModelFile, ProgressFactory, QuantizeResult, noop_progress
 from qtool.system.stages import stage
 
 log = logging.getLogger(__name__)
+
+RANK_SAMPLES = 4  # samples of the sensitivity search's one per-layer pass (spread over the data)
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ def _quantize_in_memory(
     return plan, quantized, report
 
 
-def _search_fallback(
+def _choose_placement(
     state: _Prepared,
     config: QConfig,
     stats: CalibrationStats,
@@ -181,42 +183,48 @@ def _search_fallback(
     search: SearchOptions,
     evaluation: EvaluationOptions,
     progress: ProgressFactory | None,
-) -> tuple[QConfig, FallbackResult | None]:
-    target_sqnr_db = config.accuracy.target_sqnr_db if search.target_sqnr_db is None else search.target_sqnr_db
-    if target_sqnr_db is None:
-        return config, None
-    max_float_nodes = config.accuracy.max_float_nodes if search.max_float_nodes is None else search.max_float_nodes
-    samples = config.accuracy.samples if search.samples is None else search.samples
-    if max_float_nodes < 1 or samples < 1:
-        raise QtoolError("--max-float-nodes and the number of search samples must be >= 1")
-    dataset = Dataset(
-        data_dir,
-        model_inputs(state.model),
-        limit=samples,
-        preprocess=config.preprocess,
-        skip_nonfinite=evaluation.skip_nonfinite,
+) -> tuple[QConfig, PlacementChoice | None]:
+    given = config.accuracy
+    accuracy = AccuracySettings(
+        target_sqnr_db=given.target_sqnr_db if search.target_sqnr_db is None else search.target_sqnr_db,
+        max_float_nodes=given.max_float_nodes if search.max_float_nodes is None else search.max_float_nodes,
+        samples=given.samples if search.samples is None else search.samples,
+        search_seconds=given.search_seconds if search.search_seconds is None else search.search_seconds,
+        latency_runs=given.latency_runs if search.latency_runs is None else search.latency_runs,
     )
+    if accuracy.target_sqnr_db is None:
+        return config, None
+    if accuracy.max_float_nodes < 1 or accuracy.samples < 1:
+        raise QtoolError("--max-float-nodes and the number of search samples must be >= 1")
+    if accuracy.search_seconds <= 0 or accuracy.latency_runs < 0:
+        raise QtoolError("--search-seconds must be > 0 and --latency-runs >= 0")
+    config = replace(config, accuracy=accuracy)
 
-    def build(cfg: QConfig) -> tuple[onnx.ModelProto, set[str]]:
+    def spread(count: int) -> Dataset:
+        return Dataset(
+            data_dir,
+            model_inputs(state.model),
+            spread=count,
+            preprocess=config.preprocess,
+            skip_nonfinite=evaluation.skip_nonfinite,
+        )
+
+    def build(cfg: QConfig) -> tuple[QuantPlan, onnx.ModelProto]:
         plan, model, _ = _quantize_in_memory(state, cfg, stats)
-        # Only nodes placed by "auto" may move: an explicit placement is the user's decision.
-        return model, {n.name for n in plan.nodes if n.placement == "integer" and n.scheme.placement == "auto"}
+        return plan, model
 
-    total = max_float_nodes + PATIENCE + 1  # rounds when every candidate helps; fewer when the target is met
-    advance = (progress or noop_progress)("sensitivity", total)
-    searched, result = search_fallback(
+    return choose_placement(
+        Path(state.source.path),
         state.prepared,
         config,
         build,
-        dataset,
-        target_sqnr_db=target_sqnr_db,
-        max_nodes=max_float_nodes,
-        threads=evaluation.threads,
-        on_round=advance,
+        spread(accuracy.samples),
+        spread(min(RANK_SAMPLES, accuracy.samples)),
         weights=state.weights,
+        threads=evaluation.threads,
+        elements={**static_elements(state.prepared), **stats.elements},
+        progress=progress,
     )
-    advance(max(0, total - (1 + len(result.steps) if result else 0)))  # the bar ends full, however early it stopped
-    return searched, result
 
 
 def quantize(
@@ -276,11 +284,11 @@ def quantize(
     else:
         assert data_dir is not None  # exactly one of the two, checked above
         stats = _calibrate(state, config, data_dir, calibration, progress)
-    fallback = None
+    choice = None
     search_dir = (search.data_dir or data_dir) if search is not None else None
     if search is not None and search_dir is not None:
-        with stage("sensitivity search"):
-            config, fallback = _search_fallback(
+        with stage("placement choice (accuracy, search, latency)"):
+            config, choice = _choose_placement(
                 state, config, stats, search_dir, search, evaluation or QUANTIZE_EVALUATION, progress
             )
     with stage("insert Q/DQ"):
@@ -302,7 +310,8 @@ def quantize(
         placements=dict(sorted(Counter(node.placement for node in plan.nodes).items())),
         kernels=dict(sorted(Counter(k.kernel for k in predict_kernels(state.prepared, plan).values()).items())),
         calibration_samples=stats.samples,
-        fallback=fallback,
+        fallback=choice.search if choice else None,
+        placement_choice=choice,
         data_files=[str(p) for p in written[1:]],
     )
     if check_note:

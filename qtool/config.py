@@ -82,7 +82,9 @@ class AccuracySettings:
 
     target_sqnr_db: float | None  # None: no search
     max_float_nodes: int
-    samples: int
+    samples: int  # spread evenly over the data set
+    search_seconds: float  # the search stops trying nodes after this long
+    latency_runs: int  # interleaved timing rounds per candidate placement (0: placement by the MAC model)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class QConfig:
     source: str
     raw: dict[str, Any] = field(repr=False)
     sensitive_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: activations kept float
+    auto_placement: str | None = None  # "integer" | "storage": what every placement "auto" node becomes
 
     def resolve(self, node_name: str, op_type: str) -> tuple[NodeScheme | None, str]:
         """A node's settings (``None``: keep it in float) and the most specific rule that decided them.
@@ -133,6 +136,9 @@ class QConfig:
         if node_name in self.sensitive_nodes and not scheme.weight_only:
             # Float activations, weights still stored quantized: the accuracy of float, most of the size gain.
             return replace(scheme, placement="storage", rule="sensitivity"), "sensitivity"
+        if self.auto_placement and scheme.placement == "auto" and not scheme.weight_only:
+            # A candidate of the placement choice (see qtool.quantization.selection).
+            return replace(scheme, placement=self.auto_placement, rule=f"choice:{self.auto_placement}"), rule
         return scheme, rule
 
     def scheme_for(self, node_name: str, op_type: str) -> NodeScheme | None:
@@ -357,6 +363,8 @@ def _build(raw: dict[str, Any], source: str) -> QConfig:
             target_sqnr_db=None if acc["target_sqnr_db"] is None else float(acc["target_sqnr_db"]),
             max_float_nodes=acc["max_float_nodes"],
             samples=acc["samples"],
+            search_seconds=float(acc["search_seconds"]),
+            latency_runs=acc["latency_runs"],
         ),
         source=source,
         raw=raw,

@@ -31,6 +31,8 @@ class SearchOptions:
     target_sqnr_db: float | None = None  # overrides accuracy.target_sqnr_db
     max_float_nodes: int | None = None  # overrides accuracy.max_float_nodes
     samples: int | None = None  # overrides accuracy.samples
+    search_seconds: float | None = None  # overrides accuracy.search_seconds
+    latency_runs: int | None = None  # overrides accuracy.latency_runs (0: no timing)
     data_dir: Path | str | None = None  # samples to search on (default: the calibration data)
 
 

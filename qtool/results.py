@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,11 +11,10 @@ from qtool.evaluation.layers import LayerError
 from qtool.evaluation.metrics import Agreement, ErrorMetrics, LatencyComparison
 from qtool.graph.model_io import files_sha256, model_files
 from qtool.graph.prepare import PrepareReport
+from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exported
 from qtool.quantization.rewrite import RewriteReport
 from qtool.quantization.search import FallbackResult
-
-# Called once per unit of work with (description, total) -> a callback taking the units done.
-ProgressFactory = Callable[[str, int], Callable[[int], None]]
+from qtool.quantization.selection import PlacementChoice
 
 
 @dataclass(frozen=True)
@@ -95,13 +93,9 @@ class QuantizeResult:
     placements: dict[str, int] = field(default_factory=dict)  # integer / storage / weight_only -> nodes
     kernels: dict[str, int] = field(default_factory=dict)  # kernel onnxruntime (CPU) is predicted to run -> nodes
     fallback: FallbackResult | None = None  # the sensitivity search, when a target SQNR was given
+    placement_choice: PlacementChoice | None = None  # the measured choice of placement, with data
     data_files: list[str] = field(default_factory=list)  # external data written beside the output
 
     @property
     def compression_ratio(self) -> float:
         return self.source.size_bytes / self.output.size_bytes
-
-
-def noop_progress(description: str, total: int) -> Callable[[int], None]:
-    """A progress factory that reports nowhere (library calls without a bar)."""
-    return lambda n: None

@@ -131,6 +131,8 @@ class Dataset:
         directory: the dataset directory.
         inputs: the model's inputs (see :func:`model_inputs`).
         limit: use only the first ``limit`` samples (sorted by name).
+        spread: use only this many samples, spread evenly over the whole (sorted) set: the
+            middle one of each of ``spread`` equal stretches.
         shard: ``(k, n)`` keeps every n-th of those samples starting with the k-th
             (1-based), so ``n`` shards together cover each sample exactly once.
         preprocess: the config's ``preprocess:`` block, for images.
@@ -146,6 +148,7 @@ class Dataset:
         shard: tuple[int, int] | None = None,
         preprocess: dict[str, Any] | None = None,
         skip_nonfinite: bool = False,
+        spread: int | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.inputs = inputs
@@ -169,6 +172,8 @@ class Dataset:
             self.preprocess = build_preprocess(preprocess, inputs[0].shape or (), inputs[0].dtype.name)
         total = len(items)
         items = items[:limit] if limit else items
+        if spread is not None and spread < len(items):
+            items = [items[(2 * i + 1) * len(items) // (2 * spread)] for i in range(spread)]
         if shard is not None:
             k, n = shard
             if not 1 <= k <= n:

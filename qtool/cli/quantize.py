@@ -72,7 +72,30 @@ def quantize(
             help="Samples for the sensitivity search (default: --data; needed with --stats).",
         ),
     ] = None,
-    no_search: Annotated[bool, typer.Option("--no-search", help="Skip the sensitivity search.")] = False,
+    search_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--search-seconds",
+            metavar="S",
+            help="The sensitivity search tries no new node after S seconds (default: accuracy.search_seconds, 60).",
+        ),
+    ] = None,
+    latency_runs: Annotated[
+        int | None,
+        typer.Option(
+            "--latency-runs",
+            metavar="N",
+            help="Timing rounds per candidate placement (default: accuracy.latency_runs, 10; 0: no timing, "
+            "the config's placement rules decide).",
+        ),
+    ] = None,
+    no_search: Annotated[
+        bool,
+        typer.Option(
+            "--no-search",
+            help="Skip the measured placement choice and the sensitivity search: the config's rules decide.",
+        ),
+    ] = False,
     external_data: Annotated[
         bool | None,
         typer.Option(
@@ -118,7 +141,13 @@ def quantize(
                 ),
                 search=None
                 if no_search
-                else SearchOptions(target_sqnr_db=target_sqnr, max_float_nodes=max_float_nodes, data_dir=search_data),
+                else SearchOptions(
+                    target_sqnr_db=target_sqnr,
+                    max_float_nodes=max_float_nodes,
+                    data_dir=search_data,
+                    search_seconds=search_seconds,
+                    latency_runs=latency_runs,
+                ),
                 evaluation=EvaluationOptions(
                     runs=runs, warmup=warmup, threads=threads, limit=limit, skip_nonfinite=skip_nonfinite
                 ),

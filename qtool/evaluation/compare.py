@@ -81,7 +81,7 @@ def compare(
                 candidate_model,
                 dataset,
                 threads=threads,
-                on_progress=factory("per-layer", len(dataset)),
+                progress=factory,
             )
     chosen = list(options.providers) or ["CPUExecutionProvider"]
     with stage(f"latency ({runs} runs per model and provider)"):

@@ -24,6 +24,7 @@ from qtool.calibration.statistics import with_exposed_outputs
 from qtool.evaluation.metrics import ErrorAccumulator
 from qtool.graph.session import create_session, run_session
 from qtool.graph.weights import Weights
+from qtool.progress import ProgressFactory, noop_progress
 
 SQNR_CAP_DB = 100.0  # an exact match counts as 100 dB when differences are taken
 
@@ -97,18 +98,26 @@ class _Lineage:
         return tensor
 
 
+EXPOSED_BYTES = 256 << 20  # at most this many bytes of exposed tensors per sample and session
+
+
 def layer_errors(
     reference: onnx.ModelProto,
     candidate: onnx.ModelProto,
     dataset: Dataset,
     *,
     threads: int | None = None,
-    on_progress: Callable[[int], None] | None = None,
+    progress: ProgressFactory | None = None,
     weights: Weights | None = None,
+    elements: dict[str, int] | None = None,
+    max_exposed_bytes: int = EXPOSED_BYTES,
 ) -> list[LayerError]:
     """SQNR/MSE of every paired float tensor and the drop its candidate node introduces, worst SQNR first.
 
     ``weights`` holds the detached values both models use (see :mod:`qtool.graph.weights`).
+    Exposed tensors stay alive until a run ends, so they are measured in groups of at most
+    ``max_exposed_bytes`` per sample (sized from ``elements``, per-sample element counts; an
+    unknown size counts as the largest known one): each group runs both models over the samples.
     """
     candidate_names = {o for n in candidate.graph.node for o in n.output}
     paired = [t for t in _float_tensors(reference) if t in candidate_names]
@@ -118,26 +127,14 @@ def layer_errors(
     dequantized_inputs = {
         f"{t}/dequantized": t for t in [*graph_inputs, *paired] if f"{t}/dequantized" in candidate_names
     }
-    level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    ref_session = create_session(
-        with_exposed_outputs(reference, paired), "the reference model", threads=threads, level=level, weights=weights
-    )
     exposed = [*paired, *dequantized_inputs]
-    cand_session = create_session(
-        with_exposed_outputs(candidate, exposed), "the candidate model", threads=threads, level=level, weights=weights
-    )
     accumulators = {t: ErrorAccumulator() for t in exposed}
-    for path, feed in dataset.samples():
-        ref_run = run_session(ref_session, paired, feed, f"the reference model on {path}")
-        ref_values = dict(zip(paired, ref_run, strict=True))
-        cand_values = run_session(cand_session, exposed, feed, f"the candidate model on {path}")
-        for name, c in zip(exposed, cand_values, strict=True):
-            source = dequantized_inputs.get(name, name)
-            r = feed[source] if source in feed else ref_values[source]
-            if np.shape(r) == np.shape(c):
-                accumulators[name].add(np.asarray(r), np.asarray(c))
-        if on_progress:
-            on_progress(1)
+    groups = _groups(paired, dequantized_inputs, graph_inputs, elements or {}, max_exposed_bytes)
+    advance = (progress or noop_progress)("per-layer", len(dataset) * len(groups))
+    for group in groups:
+        _measure_group(
+            reference, candidate, dataset, group, dequantized_inputs, accumulators, threads, weights, advance
+        )
     measured = {t: acc.metrics(t) for t, acc in accumulators.items() if acc.count}
     metrics = {t: m for t, m in measured.items() if t not in dequantized_inputs}
     lineage = _Lineage(candidate)
@@ -174,6 +171,71 @@ def layer_errors(
             )
         )
     return sorted(rows, key=lambda r: (_capped(r.sqnr_db), r.tensor))
+
+
+def _groups(
+    paired: list[str],
+    dequantized_inputs: dict[str, str],
+    graph_inputs: set[str],
+    elements: dict[str, int],
+    budget: int,
+) -> list[list[str]]:
+    """The candidate tensors to expose per pass, in graph order, each group within ``budget`` bytes."""
+    twins: dict[str, list[str]] = {}
+    for name, source in dequantized_inputs.items():
+        twins.setdefault(source, []).append(name)
+    largest = max(elements.values(), default=1 << 20)
+    groups: list[list[str]] = [[name for source in graph_inputs for name in twins.get(source, [])]]
+    used = 0
+    for tensor in paired:
+        cost = 4 * elements.get(tensor, largest) * (1 + len(twins.get(tensor, [])))
+        if groups[-1] and used + cost > budget:
+            groups.append([])
+            used = 0
+        groups[-1] += [tensor, *twins.get(tensor, [])]
+        used += cost
+    return [g for g in groups if g]
+
+
+def _measure_group(
+    reference: onnx.ModelProto,
+    candidate: onnx.ModelProto,
+    dataset: Dataset,
+    group: list[str],
+    dequantized_inputs: dict[str, str],
+    accumulators: dict[str, ErrorAccumulator],
+    threads: int | None,
+    weights: Weights | None,
+    advance: Callable[[int], None],
+) -> None:
+    """Run both models over the samples with ``group`` exposed and add each pair's error."""
+    wanted = list(dict.fromkeys(dequantized_inputs.get(t, t) for t in group))
+    graph_inputs = {i.name for i in reference.graph.input}
+    from_reference = [t for t in wanted if t not in graph_inputs]
+    level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    ref_session = create_session(
+        with_exposed_outputs(reference, from_reference),
+        "the reference model",
+        threads=threads,
+        level=level,
+        weights=weights,
+    )
+    cand_session = create_session(
+        with_exposed_outputs(candidate, group), "the candidate model", threads=threads, level=level, weights=weights
+    )
+    for path, feed in dataset.samples():
+        ref_run = (
+            run_session(ref_session, from_reference, feed, f"the reference model on {path}") if from_reference else []
+        )
+        ref_values = dict(zip(from_reference, ref_run, strict=True))
+        cand_values = run_session(cand_session, group, feed, f"the candidate model on {path}")
+        for name, c in zip(group, cand_values, strict=True):
+            source = dequantized_inputs.get(name, name)
+            r = feed[source] if source in feed else ref_values[source]
+            if np.shape(r) == np.shape(c):
+                accumulators[name].add(np.asarray(r), np.asarray(c))
+        del ref_run, ref_values, cand_values
+        advance(1)
 
 
 def largest_drop(rows: list[LayerError]) -> LayerError | None:

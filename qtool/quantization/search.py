@@ -2,18 +2,20 @@
 
 Some networks (mobile detectors, deep depthwise stacks) amplify quantization
 noise so much that a few early layers decide the output's accuracy. The search
-here is greedy and deterministic: quantize, measure every layer's SQNR drop on a
-few samples (:mod:`qtool.evaluation.layers`, the quantization of a node's inputs counted
-as its own), move the integer node with the largest drop
-to float activations (its weights stay stored quantized), and repeat until the model's worst output reaches the target
-SQNR, the node budget is spent, or two candidates in a row did not help. A
-node whose fallback does not improve the output is quantized again and not
-tried again, so every node given float activations pays for itself.
+here is greedy and deterministic. One per-layer pass ranks the integer nodes by
+the SQNR drop they introduce (:mod:`qtool.evaluation.layers`, the quantization of
+a node's inputs counted as its own); then the nodes are tried in that order, each
+moved to float activations (its weights stay stored quantized) and scored on the
+model's outputs only (:mod:`qtool.evaluation.scoring`, float outputs computed once).
+A node whose fallback does not raise the worst output by :data:`MIN_GAIN_DB` is
+quantized again. The search stops when the target is met, the node budget is
+spent, :data:`PATIENCE` candidates in a row did not help, or its time is up.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -22,9 +24,10 @@ import onnx
 from qtool.calibration.dataset import Dataset
 from qtool.config import QConfig
 from qtool.evaluation.layers import LayerError, layer_errors
-from qtool.graph.weights import Weights
+from qtool.evaluation.scoring import OutputScorer
+from qtool.progress import ProgressFactory, noop_progress
 
-PATIENCE = 2  # the search stops after this many candidates in a row that did not help
+PATIENCE = 3  # the search stops after this many candidates in a row that did not help
 MIN_GAIN_DB = 0.1  # a node gets float activations only if the worst output gains at least this much
 
 
@@ -45,10 +48,12 @@ class FallbackResult:
 
     target_sqnr_db: float
     max_nodes: int
-    samples: int
+    samples: int  # samples each trial is scored on
     initial_sqnr_db: float
     final_sqnr_db: float
     steps: list[FallbackStep] = field(default_factory=list)
+    ranked_on: int = 0  # samples of the one per-layer pass that ranked the nodes (0: no pass)
+    stopped: str = ""  # why the search ended
 
     @property
     def float_nodes(self) -> list[str]:
@@ -59,69 +64,104 @@ class FallbackResult:
         return self.final_sqnr_db >= self.target_sqnr_db
 
 
-def output_sqnr(rows: list[LayerError], outputs: list[str]) -> float:
-    """The worst SQNR among the graph outputs (-inf when none was measured)."""
-    values = [r.sqnr_db for r in rows if r.tensor in outputs]
-    return min(values) if values else -math.inf
+def rank_nodes(rows: list[LayerError], movable: set[str]) -> list[LayerError]:
+    """The movable nodes that add error, largest drop first (one row per node)."""
+    best: dict[str, LayerError] = {}
+    for row in rows:
+        if row.node not in movable or row.drop_with_inputs_db <= 0:
+            continue
+        if row.node not in best or row.drop_with_inputs_db > best[row.node].drop_with_inputs_db:
+            best[row.node] = row
+    return sorted(best.values(), key=lambda r: (-r.drop_with_inputs_db, r.position, r.node))
 
 
 def search_fallback(
     reference: onnx.ModelProto,
     config: QConfig,
     quantize: Callable[[QConfig], tuple[onnx.ModelProto, set[str]]],
-    dataset: Dataset,
+    scorer: OutputScorer,
+    rank_dataset: Dataset,
     *,
     target_sqnr_db: float,
     max_nodes: int,
-    threads: int | None = None,
-    on_round: Callable[[int], None] | None = None,
-    weights: Weights | None = None,
+    seconds: float = math.inf,
+    elements: dict[str, int] | None = None,
+    progress: ProgressFactory | None = None,
+    initial: tuple[onnx.ModelProto, set[str], float] | None = None,
 ) -> tuple[QConfig, FallbackResult | None]:
     """Give float activations to the nodes with the largest SQNR drop until the outputs reach the target.
 
     Args:
         reference: the prepared float model (tensor names match the quantized one).
         config: the configuration to start from; the result adds the chosen nodes to ``sensitive_nodes``.
-        quantize: builds the quantized model for a config, and the names of the nodes it quantized.
-        dataset: the samples measured each round.
+        quantize: builds the quantized model for a config, and the names of the nodes it may move.
+        scorer: scores a model's outputs on the search samples (its threads and weights serve the pass too).
+        rank_dataset: the samples of the per-layer pass that ranks the nodes.
         target_sqnr_db: stop once the worst output's SQNR reaches this.
         max_nodes: at most this many nodes are kept in float.
-        threads: onnxruntime intra-op threads for the measurements (None: its default).
-        on_round: called once per measured round.
-        weights: the detached values the models use (see :mod:`qtool.graph.weights`).
+        seconds: no new node is tried after this long.
+        elements: per-sample element counts of tensors (bounds the per-layer pass's memory).
+        progress: receives progress updates.
+        initial: ``config``'s model, the nodes it may move and its score, when already measured.
 
     Returns:
         The config with the chosen nodes in ``sensitive_nodes``, and what was measured
         (None when no node may move: then nothing is measured).
     """
-    outputs = [o.name for o in reference.graph.output]
-
-    def measure(model: onnx.ModelProto) -> tuple[float, list[LayerError]]:
-        rows = layer_errors(reference, model, dataset, threads=threads, weights=weights)
-        if on_round:
-            on_round(1)
-        return output_sqnr(rows, outputs), rows
-
-    model, quantized = quantize(config)
-    if not quantized:  # no node the search may move: nothing to measure
+    started = time.perf_counter()
+    if initial is None:
+        model, movable = quantize(config)
+        sqnr = scorer.score(model).worst_db if movable else -math.inf
+    else:
+        model, movable, sqnr = initial
+    if not movable:  # no node the search may move: nothing to measure
         return config, None
-    sqnr, rows = measure(model)
-    result = FallbackResult(target_sqnr_db, max_nodes, len(dataset), sqnr, sqnr)
-    tried: set[str] = set()
+    result = FallbackResult(target_sqnr_db, max_nodes, len(scorer.samples), sqnr, sqnr)
+    if sqnr >= target_sqnr_db:
+        result.stopped = "target reached"
+        return config, result
+    rows = layer_errors(
+        reference,
+        model,
+        rank_dataset,
+        threads=scorer.threads,
+        weights=scorer.weights,
+        elements=elements,
+        progress=progress,
+    )
+    result.ranked_on = len(rank_dataset)
+    del model
+    ranking = rank_nodes(rows, movable)
+    advance = (progress or noop_progress)("sensitivity", min(len(ranking), max_nodes + PATIENCE))
     rejected_in_a_row = 0
-    while sqnr < target_sqnr_db and len(result.float_nodes) < max_nodes and rejected_in_a_row < PATIENCE:
-        candidates = [r for r in rows if r.node in quantized and r.node not in tried and r.drop_with_inputs_db > 0]
-        if not candidates:
+    result.stopped = "no node left to try"
+    for candidate in ranking:
+        if sqnr >= target_sqnr_db:
+            result.stopped = "target reached"
             break
-        worst = max(candidates, key=lambda r: (r.drop_with_inputs_db, -r.position))
-        tried.add(worst.node)
-        trial = replace(config, sensitive_nodes=config.sensitive_nodes | {worst.node})
-        trial_model, trial_quantized = quantize(trial)
-        trial_sqnr, trial_rows = measure(trial_model)
+        if len(result.float_nodes) >= max_nodes:
+            result.stopped = f"{max_nodes} nodes in float (accuracy.max_float_nodes)"
+            break
+        if rejected_in_a_row >= PATIENCE:
+            result.stopped = f"{PATIENCE} nodes in a row did not help"
+            break
+        if time.perf_counter() - started > seconds:
+            result.stopped = f"time is up ({seconds:g} s, accuracy.search_seconds)"
+            break
+        trial = replace(config, sensitive_nodes=config.sensitive_nodes | {candidate.node})
+        trial_model, _ = quantize(trial)
+        trial_sqnr = scorer.score(trial_model).worst_db
+        del trial_model
         kept = trial_sqnr >= sqnr + MIN_GAIN_DB
-        result.steps.append(FallbackStep(worst.node, worst.op_type, worst.drop_with_inputs_db, trial_sqnr, kept))
+        result.steps.append(
+            FallbackStep(candidate.node, candidate.op_type, candidate.drop_with_inputs_db, trial_sqnr, kept)
+        )
         if kept:
-            config, sqnr, rows, quantized = trial, trial_sqnr, trial_rows, trial_quantized
+            config, sqnr = trial, trial_sqnr
         rejected_in_a_row = 0 if kept else rejected_in_a_row + 1
+        advance(1)
+    else:
+        if sqnr >= target_sqnr_db:
+            result.stopped = "target reached"
     result.final_sqnr_db = sqnr
     return config, result

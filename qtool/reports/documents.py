@@ -14,6 +14,7 @@ from qtool.evaluation.layers import largest_drop
 from qtool.evaluation.metrics import ErrorMetrics, LatencyStats
 from qtool.quantization.inspection import Inspection
 from qtool.quantization.search import FallbackResult
+from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult, QuantizeResult
 from qtool.schemas.reports import CalibrateReport, CompareReport, QuantizeReport
 from qtool.system.doctor import Doctor
@@ -163,6 +164,7 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
                 "shape_inference_error": result.prepare.shape_inference_error,
             },
             "sensitivity": _fallback_dict(result.fallback) if result.fallback else None,
+            "placement_choice": _choice_dict(result.placement_choice) if result.placement_choice else None,
             "notes": result.notes,
             "comparison": comparison_to_dict(result.comparison) if result.comparison else None,
         },
@@ -181,6 +183,35 @@ def _fallback_dict(f: FallbackResult) -> dict[str, Any]:
         "steps": [
             {"node": s.node, "op_type": s.op_type, "drop_db": s.drop_db, "sqnr_db": _finite(s.sqnr_db), "kept": s.kept}
             for s in f.steps
+        ],
+        "ranked_on_samples": f.ranked_on,
+        "stopped": f.stopped,
+    }
+
+
+def _choice_dict(c: PlacementChoice) -> dict[str, Any]:
+    return {
+        "target_sqnr_db": c.target_sqnr_db,
+        "samples": c.samples,
+        "threads": c.threads,
+        "fp32_ms": c.fp32_ms,
+        "timing_note": c.timing_note,
+        "chosen": c.chosen,
+        "reason": c.reason,
+        "expects_speedup": c.expects_speedup,
+        "candidates": [
+            {
+                "name": k.name,
+                "same_as": list(k.same_as),
+                "integer_nodes": k.integer_nodes,
+                "storage_nodes": k.storage_nodes,
+                "sqnr_db": _finite(k.sqnr_db),
+                "meets_target": k.meets_target,
+                "latency_ms": k.latency_ms,
+                "speedup": c.speedup(k),
+                "chosen": k.name == c.chosen,
+            }
+            for k in c.candidates
         ],
     }
 

@@ -11,6 +11,7 @@ from rich.table import Table
 from qtool.evaluation.layers import LayerError, largest_drop
 from qtool.quantization.inspection import Inspection
 from qtool.quantization.search import FallbackResult
+from qtool.quantization.selection import PlacementChoice
 from qtool.reports.terminal import for_terminal
 from qtool.results import ComparisonResult, QuantizeResult
 from qtool.system.doctor import Doctor
@@ -172,15 +173,58 @@ def render_inspection(console: Console, result: Inspection) -> None:
 
 def _render_fallback(console: Console, f: FallbackResult) -> None:
     verdict = "[green]reached[/green]" if f.reached else "[yellow]not reached[/yellow]"
+    ranked = f", nodes ranked by one per-layer pass on {f.ranked_on}" if f.ranked_on else ""
     console.print(
-        f"sensitivity search on {f.samples} samples: worst output {f.initial_sqnr_db:.2f} -> "
-        f"{f.final_sqnr_db:.2f} dB, target {f.target_sqnr_db:g} dB {verdict}",
+        f"sensitivity search on {f.samples} samples{ranked}: worst output {f.initial_sqnr_db:.2f} -> "
+        f"{f.final_sqnr_db:.2f} dB, target {f.target_sqnr_db:g} dB {verdict} ({f.stopped})",
         highlight=False,
     )
     for step in f.steps:
         outcome = "float activations" if step.kept else "no gain, kept integer"
         console.print(
             f"  {step.node} ({step.op_type}, drop {step.drop_db:.1f} dB): {outcome}, output {step.sqnr_db:.2f} dB",
+            highlight=False,
+        )
+
+
+def _render_choice(console: Console, c: PlacementChoice, comparison: ComparisonResult | None) -> None:
+    listed = ", ".join(c.samples[:4]) + (f", ... ({len(c.samples)} in all)" if len(c.samples) > 4 else "")
+    table = Table(
+        title=f"placement chosen by measurement: [bold]{c.chosen}[/bold], {c.reason}",
+        title_justify="left",
+        caption=f"worst output SQNR on the scored samples ({listed}); latency: median, {c.threads} thread"
+        + ("s" if c.threads != 1 else "")
+        + (f"; {c.timing_note}" if c.timing_note else ""),
+        caption_justify="left",
+    )
+    for column in ("placement", "integer nodes", "storage nodes", "worst output dB", "median ms", "vs fp32"):
+        table.add_column(column, justify="left" if column == "placement" else "right")
+    if c.fp32_ms is not None:
+        table.add_row("fp32", "", "", "", f"{c.fp32_ms:.3f}", "1.00x")
+    for k in c.candidates:
+        name = k.name + (f" (= {', '.join(k.same_as)})" if k.same_as else "")
+        if k.name == c.chosen:
+            name = f"[bold green]> {name}[/bold green]"
+        speedup = c.speedup(k)
+        table.add_row(
+            name,
+            str(k.integer_nodes),
+            str(k.storage_nodes),
+            f"[{'green' if k.meets_target else 'yellow'}]{k.sqnr_db:.2f}[/]",
+            "" if k.latency_ms is None else f"{k.latency_ms:.3f}",
+            "" if speedup is None else f"{speedup:.2f}x",
+        )
+    console.print(table)
+    if not c.expects_speedup:
+        console.print(
+            "[yellow]note[/yellow] no integer kernel measured faster than fp32 here: the model runs at fp32 speed "
+            "(no speed-up expected); its weights are stored quantized"
+        )
+    if comparison is not None and comparison.outputs:
+        worst = min(m.sqnr_db for m in comparison.outputs)
+        console.print(
+            f"worst output: {c.chosen_candidate.sqnr_db:.2f} dB on the {len(c.samples)} scored samples, "
+            f"{worst:.2f} dB on the {comparison.samples} samples compared below",
             highlight=False,
         )
 
@@ -220,6 +264,8 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         console.print(f"passed through untouched (not quantized by qtool): {listed}", highlight=False)
     if result.fallback is not None:
         _render_fallback(console, result.fallback)
+    if result.placement_choice is not None:
+        _render_choice(console, result.placement_choice, result.comparison)
     for note in result.notes:
         console.print(f"[yellow]note[/yellow] {note}")
     if result.comparison is not None:

@@ -36,6 +36,8 @@ WeightDtype = Literal["int8", "uint8", "int4", "uint4", "int2", "uint2", "fp16"]
 ActivationDtype = Literal["uint8", "int8", "uint16", "int16"]
 Granularity = Literal["per_tensor", "per_channel", "per_block"]
 Positive = Annotated[int, Field(ge=1)]
+NonNegative = Annotated[int, Field(ge=0, le=10_000)]
+PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
 Size = int | list[Positive]
 
 
@@ -153,6 +155,8 @@ class AccuracySection(_Strict):
     target_sqnr_db: float | None = None
     max_float_nodes: Positive | None = None
     samples: Positive | None = None
+    search_seconds: PositiveSeconds | None = None
+    latency_runs: NonNegative | None = None
 
     nullable: ClassVar[frozenset[str]] = frozenset({"target_sqnr_db"})
 
@@ -285,6 +289,8 @@ _FIELD_MESSAGES = {
     "limit": "expected a positive integer",
     "max_float_nodes": "expected a positive integer",
     "samples": "expected a positive integer",
+    "search_seconds": "expected a number of seconds above 0 (at most 86400)",
+    "latency_runs": "expected an integer from 0 to 10000 (0: no timing)",
     "exclude": "expected a list of node names",
 }
 _CHOICES = {

@@ -227,6 +227,36 @@ class Sensitivity(_Report):
     reached: bool
     float_activation_nodes: list[str]
     steps: list[SearchStep]
+    ranked_on_samples: int
+    stopped: str
+
+
+class PlacementCandidate(_Report):
+    """One placement the choice measured."""
+
+    name: str
+    same_as: list[str]
+    integer_nodes: int
+    storage_nodes: int
+    sqnr_db: float | None
+    meets_target: bool
+    latency_ms: float | None
+    speedup: float | None
+    chosen: bool
+
+
+class PlacementChoiceReport(_Report):
+    """How quantize chose the placement: candidates scored on samples, then timed against fp32."""
+
+    target_sqnr_db: float
+    samples: list[str]
+    threads: int
+    fp32_ms: float | None
+    timing_note: str
+    chosen: str
+    reason: str
+    expects_speedup: bool
+    candidates: list[PlacementCandidate]
 
 
 class QuantizeReport(_Report):
@@ -245,6 +275,7 @@ class QuantizeReport(_Report):
     predicted_kernels: dict[str, int]
     prepare: Prepare
     sensitivity: Sensitivity | None
+    placement_choice: PlacementChoiceReport | None
     notes: list[str]
     comparison: CompareReport | None
 

@@ -78,7 +78,7 @@ def test_the_steps_run_as_written_and_every_gate_passes_on_the_sample(tmp_path):
     for name, code, output in results:
         assert code == 0, f"{name} failed:\n{output[-3000:]}"
     quantize = json.loads((tmp_path / "quantize.json").read_text())
-    assert quantize["sensitivity"] is not None  # --search-data: the sensitivity search ran with --stats
+    assert quantize["placement_choice"] is not None  # --search-data: the placement was measured with --stats
     report = json.loads((tmp_path / "report.json").read_text())
     gates = report["gates"]["results"]
     assert report["gates"]["passed"] and all(g["passed"] for g in gates)

@@ -69,9 +69,15 @@ def test_onnxruntime_dequantizes_our_packed_weights_exactly(dtype):
 
 
 def quantize_with(tmp_path: Path, name: str, config: str) -> Path:
+    """Quantize with the config's placement rules (no measured choice, which could pick storage)."""
     out = tmp_path / f"{name}.onnx"
     qtool.quantize(
-        sample(name), out, data_dir=calib_dir(name), config_path=write_config(tmp_path, config), evaluation=None
+        sample(name),
+        out,
+        data_dir=calib_dir(name),
+        config_path=write_config(tmp_path, config),
+        search=None,
+        evaluation=None,
     )
     return out
 

@@ -37,9 +37,9 @@ def test_default_keeps_small_models_float_at_run_time_but_small_on_disk(tmp_path
     assert 10 * np.log10((reference**2).sum() / ((reference - candidate) ** 2).sum()) > 40
 
 
-def test_default_runs_the_cnn_convolutions_as_integer_kernels_and_its_tiny_head_in_float(tmp_path):
+def test_the_auto_rules_run_the_cnn_convolutions_as_integer_kernels_and_its_tiny_head_in_float(tmp_path):
     out = tmp_path / "cnn.onnx"
-    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), evaluation=None)
+    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), search=None, evaluation=None)
     ops = optimized_ops(out, tmp_path)
     assert ops["QLinearConv"] == 3 and ops["Conv"] == 0 and ops["QGemm"] == 0, ops
     inspection = qtool.inspect(sample("cnn"))

@@ -15,7 +15,9 @@ from qtool.options import SearchOptions
 from tests.conftest import calib_dir, eval_dir, run_model, sample
 
 # block1/conv's input range clipped at its 60th percentile: one badly quantized layer in a good model
-DAMAGED = "node_name: {block1/conv: {activation: {observer: {name: percentile, percentile: 60}}}}\n"
+DAMAGE = "node_name: {block1/conv: {activation: {observer: {name: percentile, percentile: 60}}}}\n"
+# without timing the choice keeps the search's placement whenever it reaches the target (deterministic)
+DAMAGED = DAMAGE + "accuracy: {latency_runs: 0}\n"
 
 
 def sqnr(model, candidate, name="cnn") -> float:
@@ -75,7 +77,7 @@ def test_search_is_deterministic_and_reported_in_json(damaged, tmp_path):
 def test_search_is_off_with_no_search_with_null_target_and_without_samples(damaged, tmp_path):
     config, plain, _, _ = damaged
     off = tmp_path / "off.yaml"
-    off.write_text(DAMAGED + "accuracy: {target_sqnr_db: null}\n")
+    off.write_text(DAMAGE + "accuracy: {target_sqnr_db: null}\n")
     out = tmp_path / "q.onnx"
     result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=off, evaluation=None)
     assert result.fallback is None and out.read_bytes() == plain.read_bytes()

@@ -84,7 +84,7 @@ def test_external_data_that_is_missing_or_too_short_is_a_clear_error(tmp_path):
 
 def test_an_already_quantized_model_is_refused(tmp_path):
     once = tmp_path / "once.onnx"
-    qtool.quantize(sample("cnn"), once, data_dir=calib_dir("cnn"), evaluation=None)
+    qtool.quantize(sample("cnn"), once, data_dir=calib_dir("cnn"), search=None, evaluation=None)  # Q/DQ nodes
     for command in (
         ["quantize", str(once), "--data", str(calib_dir("cnn")), "-o", str(tmp_path / "twice.onnx")],
         ["calibrate", str(once), str(calib_dir("cnn")), "-o", str(tmp_path / "s.json")],

@@ -1,0 +1,98 @@
+"""Output accuracy of candidate models on a few samples, against float outputs computed once.
+
+The placement choice and the sensitivity search score many candidate models on the same
+samples. The float model runs once per sample and its outputs are kept (up to
+:data:`CACHED_BYTES`; beyond that they are recomputed per candidate), the samples' inputs are
+read once, and each candidate only runs its outputs: no intermediate tensor is exposed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from qtool.calibration.dataset import Dataset, Feed
+from qtool.evaluation.metrics import ErrorAccumulator
+from qtool.graph.session import create_session, run_session
+from qtool.graph.weights import Weights
+
+CACHED_BYTES = 256 << 20  # float outputs kept across candidates; past this they are recomputed
+
+
+@dataclass(frozen=True)
+class OutputScore:
+    """SQNR of each float output of a candidate on the scored samples."""
+
+    outputs: dict[str, float]  # output name -> SQNR in dB (+inf: exact)
+
+    @property
+    def worst_db(self) -> float:
+        """The lowest SQNR among the outputs (-inf when none was measured)."""
+        return min(self.outputs.values(), default=-math.inf)
+
+
+class OutputScorer:
+    """Scores candidate models on a fixed set of samples against the float model."""
+
+    def __init__(
+        self,
+        reference: onnx.ModelProto,
+        dataset: Dataset,
+        *,
+        threads: int | None = None,
+        weights: Weights | None = None,
+        on_sample: Callable[[int], None] | None = None,
+    ) -> None:
+        self.threads = threads
+        self.weights = weights
+        self._session = create_session(reference, "the float model", threads=threads, weights=weights)
+        self.samples: list[tuple[Path, Feed]] = list(dataset.samples())
+        self.files = [path.name for path, _ in self.samples]
+        self.names: list[str] = []
+        self._cached: list[list[np.ndarray] | None] = []
+        kept = 0
+        for path, feed in self.samples:
+            values = run_session(self._session, None, feed, f"the float model on {path}")
+            if not self.names:
+                every = [o.name for o in self._session.get_outputs()]
+                self.names = [n for n, v in zip(every, values, strict=True) if _is_float(v)]
+            floats = [
+                np.asarray(v) for v, o in zip(values, self._session.get_outputs(), strict=True) if o.name in self.names
+            ]
+            size = sum(v.nbytes for v in floats)
+            self._cached.append(floats if kept + size <= CACHED_BYTES else None)
+            kept += size if kept + size <= CACHED_BYTES else 0
+            if on_sample:
+                on_sample(1)
+
+    def _reference(self, index: int) -> list[np.ndarray]:
+        cached = self._cached[index]
+        if cached is not None:
+            return cached
+        path, feed = self.samples[index]
+        return [np.asarray(v) for v in run_session(self._session, self.names, feed, f"the float model on {path}")]
+
+    def score(self, model: onnx.ModelProto, what: str = "the candidate model") -> OutputScore:
+        """Run ``model`` (detached values from the scorer's weights) on the samples and compare its outputs."""
+        session = create_session(model, what, threads=self.threads, weights=self.weights)
+        return self.score_session(session, what)
+
+    def score_session(self, session: ort.InferenceSession, what: str = "the candidate model") -> OutputScore:
+        """Like :meth:`score`, for a session already created."""
+        accumulators = {name: ErrorAccumulator() for name in self.names}
+        for index, (path, feed) in enumerate(self.samples):
+            values = run_session(session, self.names, feed, f"{what} on {path}")
+            for name, r, c in zip(self.names, self._reference(index), values, strict=True):
+                if np.shape(r) == np.shape(c):
+                    accumulators[name].add(r, np.asarray(c))
+        return OutputScore({name: acc.metrics(name).sqnr_db for name, acc in accumulators.items() if acc.count})
+
+
+def _is_float(value: object) -> bool:
+    return isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)

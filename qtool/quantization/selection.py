@@ -1,0 +1,259 @@
+"""The placement a model ships with, chosen by measurement: accuracy on samples, then latency.
+
+The MAC model of :mod:`qtool.quantization.placement` guesses where integer kernels pay off;
+whether they do depends on the CPU, onnxruntime's fusions and the shapes. So ``quantize``
+builds a few candidates and measures them:
+
+- ``auto``: the placement rules of the config;
+- ``integer``: every ``placement: auto`` node an integer kernel (what fast int8 CPUs want);
+- ``storage``: every ``auto`` node storage-only (weights stored quantized, float compute);
+- ``search``: ``auto`` plus the float activations the sensitivity search chose
+  (:mod:`qtool.quantization.search`), when ``auto`` misses the target.
+
+Each distinct candidate is scored on the same samples (the worst output's SQNR), then the
+float model and the candidates are timed interleaved. The fastest candidate that reaches the
+target wins; candidates within :data:`TIE` of the fastest count as equally fast and the most
+accurate of them is kept. When none reaches the target, the most accurate candidate is kept.
+Storage-only runs at float speed, so the choice is never meaningfully slower than fp32 when
+storage reaches the target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import onnx
+
+from qtool.calibration.dataset import Dataset
+from qtool.config import QConfig
+from qtool.evaluation.scoring import OutputScorer
+from qtool.evaluation.timing import time_interleaved
+from qtool.graph.session import create_session
+from qtool.graph.weights import Weights
+from qtool.progress import ProgressFactory, noop_progress
+from qtool.quantization.plan import QuantPlan
+from qtool.quantization.search import FallbackResult, search_fallback
+
+TIE = 0.05  # candidates within 5 % of the fastest median latency count as equally fast
+TIMING_SECONDS = 10.0  # timing stops after this long once MIN_ROUNDS rounds are done
+MIN_ROUNDS = 3
+TIMING_MAX_BYTES = 1 << 30  # the float model's bytes times the sessions timed together; past it, no timing
+
+Build = Callable[[QConfig], tuple[QuantPlan, onnx.ModelProto]]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One placement the choice measured."""
+
+    name: str  # auto | integer | storage | search
+    same_as: tuple[str, ...]  # other candidates that planned exactly this placement
+    integer_nodes: int
+    storage_nodes: int
+    sqnr_db: float  # the worst output's SQNR on the scored samples
+    meets_target: bool
+    latency_ms: float | None = None  # median at the choice's thread count (None: not timed)
+
+
+@dataclass
+class PlacementChoice:
+    """What the placement choice measured and what it kept."""
+
+    target_sqnr_db: float
+    samples: list[str]  # the files scored, spread over the data
+    threads: int
+    candidates: list[Candidate]
+    chosen: str
+    reason: str
+    fp32_ms: float | None = None
+    timing_note: str = ""
+    search: FallbackResult | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def chosen_candidate(self) -> Candidate:
+        return next(c for c in self.candidates if c.name == self.chosen)
+
+    def speedup(self, candidate: Candidate) -> float | None:
+        """fp32 median / the candidate's median (None when not timed)."""
+        if candidate.latency_ms is None or self.fp32_ms is None or candidate.latency_ms <= 0:
+            return None
+        return self.fp32_ms / candidate.latency_ms
+
+    @property
+    def expects_speedup(self) -> bool:
+        """Whether the kept placement runs integer kernels that measured faster than fp32."""
+        chosen = self.chosen_candidate
+        speedup = self.speedup(chosen)
+        return chosen.integer_nodes > 0 and (speedup is None or speedup > 1 + TIE)
+
+
+def _signature(plan: QuantPlan) -> tuple[tuple[str, str], ...]:
+    return tuple((n.name, n.placement) for n in plan.nodes)
+
+
+def _movable(plan: QuantPlan) -> set[str]:
+    """The nodes the search may move: only those placed by "auto" (an explicit placement is the user's)."""
+    return {n.name for n in plan.nodes if n.placement == "integer" and n.scheme.placement == "auto"}
+
+
+def _meets(sqnr: float, target: float) -> bool:
+    return not math.isnan(sqnr) and sqnr >= target
+
+
+def choose_placement(
+    model_path: Path,
+    reference: onnx.ModelProto,
+    config: QConfig,
+    build: Build,
+    dataset: Dataset,
+    rank_dataset: Dataset,
+    *,
+    weights: Weights,
+    threads: int | None,
+    elements: dict[str, int],
+    progress: ProgressFactory | None = None,
+) -> tuple[QConfig, PlacementChoice]:
+    """Measure the candidate placements of ``config`` and return the config of the one to keep.
+
+    Args:
+        model_path: the float model file (timed as fp32, as ``compare`` times it).
+        reference: the prepared float model.
+        config: the configuration; its ``accuracy:`` section sets the target and the budgets.
+        build: plans and rewrites the model for a config.
+        dataset: the samples every candidate is scored on.
+        rank_dataset: the samples of the search's per-layer pass.
+        weights: the detached values the models use.
+        threads: onnxruntime intra-op threads for timing (None: 1, the most stable measure).
+        elements: per-sample element counts of tensors.
+        progress: receives progress updates.
+    """
+    settings = config.accuracy
+    target = settings.target_sqnr_db if settings.target_sqnr_db is not None else -math.inf
+    factory = progress or noop_progress
+    scorer = OutputScorer(reference, dataset, weights=weights, on_sample=factory("float outputs", len(dataset)))
+    configs = {
+        "auto": config,
+        "integer": replace(config, auto_placement="integer"),
+        "storage": replace(config, auto_placement="storage"),
+    }
+    plans: dict[str, tuple[QuantPlan, onnx.ModelProto]] = {}
+    aliases: dict[str, list[str]] = {}
+    seen: dict[tuple[tuple[str, str], ...], str] = {}
+    for name, cfg in configs.items():
+        plan, model = build(cfg)
+        first = seen.setdefault(_signature(plan), name)
+        if first != name:
+            aliases[first].append(name)
+            continue
+        plans[name], aliases[name] = (plan, model), []
+    advance = factory("placements", len(plans))
+    scores: dict[str, float] = {}
+    for name, (_, model) in plans.items():
+        scores[name] = scorer.score(model, f"the '{name}' placement").worst_db
+        advance(1)
+    search = None
+    storage_name = next((n for n, a in aliases.items() if n == "storage" or "storage" in a), None)
+    storage_meets = storage_name is None or _meets(scores[storage_name], target)
+    if not _meets(scores["auto"], target) and storage_meets and settings.target_sqnr_db is not None:
+        auto_plan, auto_model = plans["auto"]
+
+        def movable(cfg: QConfig) -> tuple[onnx.ModelProto, set[str]]:
+            plan, model = build(cfg)
+            return model, _movable(plan)
+
+        searched, search = search_fallback(
+            reference,
+            config,
+            movable,
+            scorer,
+            rank_dataset,
+            target_sqnr_db=target,
+            max_nodes=settings.max_float_nodes,
+            seconds=settings.search_seconds,
+            elements=elements,
+            progress=progress,
+            initial=(auto_model, _movable(auto_plan), scores["auto"]),
+        )
+        if search is not None and search.float_nodes:
+            configs["search"] = searched
+            plan, model = build(searched)
+            plans["search"], aliases["search"], scores["search"] = (plan, model), [], search.final_sqnr_db
+    candidates = [
+        Candidate(
+            name,
+            tuple(aliases[name]),
+            sum(1 for n in plan.nodes if n.placement == "integer"),
+            sum(1 for n in plan.nodes if n.placement == "storage"),
+            scores[name],
+            _meets(scores[name], target),
+        )
+        for name, (plan, _) in plans.items()
+    ]
+    timing_threads = threads or 1
+    choice = PlacementChoice(target, scorer.files, timing_threads, candidates, "auto", "")
+    choice.search = search
+    if settings.latency_runs > 0 and len(candidates) > 1:
+        _time_candidates(choice, model_path, plans, weights, settings.latency_runs, scorer, factory)
+    _decide(choice)
+    return configs[choice.chosen], choice
+
+
+def _time_candidates(
+    choice: PlacementChoice,
+    model_path: Path,
+    plans: dict[str, tuple[QuantPlan, onnx.ModelProto]],
+    weights: Weights,
+    rounds: int,
+    scorer: OutputScorer,
+    factory: ProgressFactory,
+) -> None:
+    """Time fp32 and every candidate interleaved (in place: latency_ms, fp32_ms, timing_note)."""
+    size = model_path.stat().st_size + sum(weights.nbytes(model) for _, model in plans.values())
+    if size * (len(plans) + 1) > TIMING_MAX_BYTES:
+        choice.timing_note = "not timed: the sessions together would take more than 1 GiB"
+        return
+    threads = choice.threads
+    sessions = {"fp32": create_session(model_path, "the float model", threads=threads)}
+    for name, (_, model) in plans.items():
+        # Timed as written: weights embedded, so onnxruntime folds and prepacks them as it will at load.
+        sessions[name] = create_session(weights.embedded(model), f"the '{name}' placement", threads=threads)
+    feed = scorer.samples[0][1]
+    medians = time_interleaved(
+        sessions,
+        feed,
+        rounds=rounds,
+        seconds=TIMING_SECONDS,
+        min_rounds=min(MIN_ROUNDS, rounds),
+        on_round=factory("timing", rounds),
+    )
+    choice.fp32_ms = medians["fp32"] * 1e3
+    choice.candidates = [replace(c, latency_ms=medians[c.name] * 1e3) for c in choice.candidates]
+
+
+def _decide(choice: PlacementChoice) -> None:
+    """Set ``chosen`` and ``reason`` from the measurements."""
+    candidates = choice.candidates
+    meeting = [c for c in candidates if c.meets_target]
+    timed = all(c.latency_ms is not None for c in candidates)
+    target = f"{choice.target_sqnr_db:g} dB"
+    if not meeting:
+        best = max(candidates, key=lambda c: (c.sqnr_db, -candidates.index(c)))
+        choice.chosen = best.name
+        choice.reason = f"no placement reaches {target} on the scored samples: the most accurate is kept"
+    elif not timed:
+        preference = ["search", "auto", "integer", "storage"]
+        choice.chosen = min(meeting, key=lambda c: preference.index(c.name)).name
+        choice.reason = f"reaches {target} (not timed: {choice.timing_note or 'timing is off'})"
+    else:
+        fastest = min(c.latency_ms or math.inf for c in meeting)
+        ties = [c for c in meeting if (c.latency_ms or math.inf) <= fastest * (1 + TIE)]
+        best = max(ties, key=lambda c: (c.sqnr_db, -candidates.index(c)))
+        choice.chosen = best.name
+        others = "the only placement" if len(meeting) == 1 else f"the fastest of {len(meeting)} placements"
+        choice.reason = f"{others} that reach {target}" + (
+            f" (the most accurate of {len(ties)} within {TIE:.0%} of the fastest)" if len(ties) > 1 else ""
+        )

@@ -1,0 +1,221 @@
+"""The placement quantize ships: candidates scored on spread samples, timed against fp32, the fastest accurate kept."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
+
+import qtool
+from qtool.calibration.dataset import Dataset, InputSpec
+from qtool.cli import app
+from qtool.options import SearchOptions
+from qtool.quantization import selection
+from qtool.quantization.selection import Candidate, PlacementChoice
+from tests.conftest import calib_dir, eval_dir, run_model, sample
+
+# block1/conv and block2/conv with input ranges clipped at their 60th percentile: two bad layers
+TWO_DAMAGED = (
+    "node_name:\n"
+    "  block1/conv: {activation: {observer: {name: percentile, percentile: 60}}}\n"
+    "  block2/conv: {activation: {observer: {name: percentile, percentile: 60}}}\n"
+)
+
+
+def _sqnr(reference: np.ndarray, candidate: np.ndarray) -> float:
+    return float(10 * np.log10((reference**2).sum() / ((reference - candidate) ** 2).sum()))
+
+
+def _timing(medians: dict[str, float]):
+    """A stand-in for time_interleaved returning fixed medians (seconds) by candidate name."""
+
+    def fake(sessions, feed, **kwargs):
+        return {name: medians[name] for name in sessions}
+
+    return fake
+
+
+def test_when_integer_kernels_measure_slower_storage_is_kept_and_the_summary_says_no_speedup(tmp_path, monkeypatch):
+    # The MAC model places the CNN's convolutions integer; here they measure slower than fp32.
+    monkeypatch.setattr(
+        selection, "time_interleaved", _timing({"fp32": 1.0e-3, "auto": 1.3e-3, "integer": 1.4e-3, "storage": 1.0e-3})
+    )
+    out = tmp_path / "q.onnx"
+    result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), evaluation=None)
+    choice = result.placement_choice
+    assert choice is not None and choice.chosen == "storage" and not choice.expects_speedup
+    assert {c.name for c in choice.candidates} == {"auto", "integer", "storage"}
+    assert all(c.meets_target for c in choice.candidates)  # all accurate: speed decides
+    assert result.placements == {"storage": 4}
+    model = onnx.load(str(out))
+    assert not [n for n in model.graph.node if n.op_type == "QuantizeLinear"]  # no activation is quantized
+    assert sample("cnn").stat().st_size / out.stat().st_size > 3.5  # weights still stored as 8 bits
+    x = np.load(next(eval_dir("cnn").glob("*.npy")))[None]
+    assert _sqnr(run_model(sample("cnn"), {"input": x})[0], run_model(out, {"input": x})[0]) > 30
+
+
+def test_when_integer_kernels_measure_faster_the_fastest_accurate_placement_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        selection, "time_interleaved", _timing({"fp32": 1.0e-3, "auto": 0.7e-3, "integer": 0.5e-3, "storage": 1.0e-3})
+    )
+    result = qtool.quantize(sample("cnn"), tmp_path / "q.onnx", data_dir=calib_dir("cnn"), evaluation=None)
+    choice = result.placement_choice
+    assert choice is not None and choice.chosen == "integer" and choice.expects_speedup
+    assert result.placements == {"integer": 4}
+    assert choice.speedup(choice.chosen_candidate) == pytest.approx(2.0)
+
+
+def test_a_search_that_misses_the_target_loses_to_storage_which_reaches_it(tmp_path):
+    config = tmp_path / "c.yaml"
+    # one node may move but two are damaged: the search cannot reach 30 dB; untimed, for a fixed result
+    config.write_text(TWO_DAMAGED + "accuracy: {max_float_nodes: 1, latency_runs: 0}\n")
+    out = tmp_path / "q.onnx"
+    result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluation=None)
+    choice = result.placement_choice
+    assert choice is not None and result.fallback is not None
+    scores = {c.name: c.sqnr_db for c in choice.candidates}
+    assert scores["auto"] < 30 and result.fallback.final_sqnr_db < 30, scores
+    assert choice.chosen == "storage" and scores["storage"] >= 30
+    assert result.placements == {"storage": 4}
+
+
+def test_no_placement_reaching_the_target_keeps_the_most_accurate(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("accuracy: {target_sqnr_db: 80, latency_runs: 0}\n")  # out of int8's reach
+    result = qtool.quantize(sample("cnn"), tmp_path / "q.onnx", data_dir=calib_dir("cnn"), config_path=config)
+    choice = result.placement_choice
+    assert choice is not None and not any(c.meets_target for c in choice.candidates)
+    best = max(choice.candidates, key=lambda c: c.sqnr_db)
+    assert choice.chosen == best.name and "most accurate" in choice.reason
+
+
+def test_choice_reports_the_spread_samples_and_its_accuracy_next_to_the_comparison(tmp_path):
+    out = tmp_path / "q.onnx"
+    r = CliRunner().invoke(
+        app,
+        [
+            *("quantize", str(sample("cnn")), "--data", str(calib_dir("cnn")), "-o", str(out)),
+            *("--runs", "3", "--latency-runs", "3", "--json", str(tmp_path / "r.json")),
+        ],
+    )
+    assert r.exit_code == 0, r.stderr
+    report = json.loads((tmp_path / "r.json").read_text())["placement_choice"]
+    files = sorted(p.name for p in calib_dir("cnn").glob("*.npy"))
+    # 8 samples spread over all 64, not the first 8
+    assert report["samples"] == [files[(2 * i + 1) * len(files) // 16] for i in range(8)]
+    assert report["threads"] == 1 and report["fp32_ms"] > 0
+    chosen = [c for c in report["candidates"] if c["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["name"] == report["chosen"] and chosen[0]["latency_ms"] > 0
+    assert "placement chosen by measurement" in r.stdout
+    assert "on the 8 scored samples" in r.stdout and "on the 64 samples compared below" in r.stdout
+
+
+def test_no_search_and_zero_latency_runs_turn_the_measurement_off(tmp_path):
+    plain = qtool.quantize(sample("cnn"), tmp_path / "a.onnx", data_dir=calib_dir("cnn"), search=None, evaluation=None)
+    assert plain.placement_choice is None and plain.placements == {"integer": 3, "storage": 1}  # the MAC rules
+    untimed = qtool.quantize(
+        sample("cnn"),
+        tmp_path / "b.onnx",
+        data_dir=calib_dir("cnn"),
+        search=SearchOptions(latency_runs=0),
+        evaluation=None,
+    )
+    choice = untimed.placement_choice
+    assert choice is not None and choice.fp32_ms is None and choice.chosen == "auto"
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+
+
+def test_candidates_that_plan_the_same_placement_are_measured_once(tmp_path):
+    # every node explicitly integer: "auto", "integer" and "storage" are one and the same placement
+    config = tmp_path / "c.yaml"
+    config.write_text("global: {placement: integer}\n")
+    result = qtool.quantize(sample("cnn"), tmp_path / "q.onnx", data_dir=calib_dir("cnn"), config_path=config)
+    choice = result.placement_choice
+    assert choice is not None and [c.name for c in choice.candidates] == ["auto"]
+    assert choice.candidates[0].same_as == ("integer", "storage") and choice.fp32_ms is None  # nothing to time
+
+
+def _decided(candidates: list[Candidate], fp32_ms: float | None = 1.0) -> PlacementChoice:
+    choice = PlacementChoice(30.0, ["a.npy"], 1, candidates, "auto", "", fp32_ms=fp32_ms)
+    selection._decide(choice)
+    return choice
+
+
+def test_decision_rules_on_fixed_measurements():
+    def c(name: str, sqnr: float, ms: float | None, integer: int = 2) -> Candidate:
+        return Candidate(name, (), integer, 4 - integer, sqnr, sqnr >= 30, ms)
+
+    # the fastest accurate one; a faster but inaccurate one does not count
+    assert _decided([c("auto", 33, 0.8), c("integer", 25, 0.5), c("storage", 36, 1.0, 0)]).chosen == "auto"
+    # within 5 % of the fastest: the most accurate of the ties
+    assert _decided([c("auto", 33, 0.80), c("integer", 31, 0.78), c("storage", 36, 1.0, 0)]).chosen == "auto"
+    # nothing accurate: the most accurate, whatever its speed
+    choice = _decided([c("auto", 20, 0.8), c("storage", 25, 1.0, 0)])
+    assert choice.chosen == "storage" and "most accurate" in choice.reason
+    # untimed: the rules' placement (with the search's nodes) when it is accurate
+    assert _decided([c("auto", 31, None), c("storage", 36, None, 0)], fp32_ms=None).chosen == "auto"
+    assert _decided([c("auto", 29, None), c("search", 31, None), c("storage", 36, None, 0)], None).chosen == "search"
+
+
+def test_spread_picks_the_middle_of_equal_stretches(tmp_path):
+    for i in range(10):
+        np.save(tmp_path / f"{i:02d}.npy", np.zeros((1, 2), np.float32))
+    spec = [InputSpec("x", np.dtype(np.float32), (1, 2))]
+    assert [p.name for p in Dataset(tmp_path, spec, spread=3).files] == ["01.npy", "05.npy", "08.npy"]
+    assert len(Dataset(tmp_path, spec, spread=20).files) == 10  # all of them, once each
+    assert [p.name for p in Dataset(tmp_path, spec, limit=4, spread=2).files] == ["01.npy", "03.npy"]
+
+
+def test_a_model_whose_float_outputs_are_few_is_scored_on_those_only(tmp_path):
+    # an int64 side output (argmax) is not scored; the float output is
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+            helper.make_node("ArgMax", ["y"], ["k"], axis=1, name="argmax"),
+        ],
+        "g",
+        [x],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64]), helper.make_tensor_value_info("k", 7, None)],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):
+        np.save(data / f"{i}.npy", np.random.default_rng(i).standard_normal((1, 64)).astype(np.float32))
+    result = qtool.quantize(path, tmp_path / "q.onnx", data_dir=data, evaluation=None)
+    choice = result.placement_choice
+    assert choice is not None and all(np.isfinite(c.sqnr_db) and c.sqnr_db > 30 for c in choice.candidates)
+
+
+def test_per_layer_errors_measured_in_small_groups_equal_one_pass(tmp_path):
+    from qtool.calibration.dataset import model_inputs
+    from qtool.evaluation.layers import layer_errors
+
+    out = tmp_path / "q.onnx"
+    qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), search=None, evaluation=None)
+    reference, candidate = onnx.load(str(sample("cnn"))), onnx.load(str(out))
+    data = Dataset(calib_dir("cnn"), model_inputs(reference), spread=3)
+    whole = layer_errors(reference, candidate, data)
+    parts: list[int] = []
+
+    def progress(label: str, total: int):
+        parts.append(total)
+        return lambda n: None
+
+    grouped = layer_errors(reference, candidate, data, max_exposed_bytes=1, progress=progress)
+    assert parts[0] > 3 * len(data)  # many passes, one per tensor
+    assert sorted((r.tensor, r.node) for r in grouped) == sorted((r.tensor, r.node) for r in whole)
+    whole = sorted(whole, key=lambda r: r.tensor)
+    grouped = sorted(grouped, key=lambda r: r.tensor)
+    # exposing fewer tensors lets onnxruntime fuse a little differently: the same errors within rounding
+    for a, b in zip(grouped, whole, strict=True):
+        assert a.sqnr_db == pytest.approx(b.sqnr_db, abs=0.05) and a.drop_db == pytest.approx(b.drop_db, abs=0.05)
