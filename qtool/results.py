@@ -8,7 +8,8 @@ from typing import Any
 
 from qtool.evaluation.gates import GateResult
 from qtool.evaluation.layers import LayerError
-from qtool.evaluation.metrics import Agreement, ErrorMetrics, LatencyComparison
+from qtool.evaluation.metrics import Agreement, BoxIoU, ErrorMetrics, LatencyComparison
+from qtool.evaluation.output_kinds import OutputKind
 from qtool.graph.model_io import files_sha256, model_files
 from qtool.graph.prepare import PrepareReport
 from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exported
@@ -49,6 +50,8 @@ class ComparisonResult:
     layers: list[LayerError] | None = None
     gates: list[GateResult] = field(default_factory=list)
     reproducibility: dict[str, Any] = field(default_factory=dict)
+    output_kinds: list[OutputKind] = field(default_factory=list)  # how each float output was judged, and why
+    boxes: list[BoxIoU] = field(default_factory=list)  # mean IoU of each box output
 
     @property
     def compression_ratio(self) -> float:
@@ -73,6 +76,7 @@ class ComparisonResult:
             "max_abs_error": self.overall.max_abs_error,
             "top1": min((a.top1 for a in self.agreement), default=None),
             "top5": min((a.top5 for a in self.agreement), default=None),
+            "box_iou": min((b.mean_iou for b in self.boxes), default=None),
             "compression": self.compression_ratio,
             "latency_ratio": lat.candidate.median_ms / lat.reference.median_ms if lat else None,
         }

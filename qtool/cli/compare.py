@@ -36,7 +36,8 @@ def compare(
         typer.Option(
             "--task",
             metavar="TASK",
-            help="auto: top-1/top-5 agreement for 2-D [N, C] outputs; classification: for every output; none.",
+            help="auto: top-1/top-5 agreement for outputs that hold class scores (Softmax, logits heads, "
+            "names; the report says why); classification: for every output; none.",
         ),
     ] = "auto",
     per_layer: Annotated[
@@ -75,7 +76,8 @@ def compare(
         typer.Option(
             "--fail-under",
             metavar="METRIC=VALUE",
-            help="Gate METRIC=VALUE that fails below VALUE: sqnr, cosine, top1, top5, compression. Repeatable.",
+            help="Gate METRIC=VALUE that fails below VALUE: sqnr, cosine, top1, top5, box_iou, compression. "
+            "Repeatable.",
         ),
     ] = None,
     fail_over: Annotated[

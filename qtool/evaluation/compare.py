@@ -13,6 +13,7 @@ from qtool.errors import QtoolError
 from qtool.evaluation.gates import Gate, evaluate_gates
 from qtool.evaluation.layers import layer_errors
 from qtool.evaluation.metrics import TASKS, LatencyComparison, measure_latency, output_metrics
+from qtool.evaluation.output_kinds import output_sources
 from qtool.evaluation.providers import session_providers, unavailable_reason
 from qtool.graph.model_io import file_sha256, load_model
 from qtool.graph.session import create_session
@@ -44,7 +45,8 @@ def compare(
         candidate_path: the quantized model.
         data_dir: evaluation samples for both models.
         options: runs, warm-up, threads, sample limit, NaN handling, task ("auto": top-1/top-5 for
-            2-D [N, C] outputs), per-layer pairing, providers (unavailable ones are skipped).
+            outputs that hold class scores, see :mod:`qtool.evaluation.output_kinds`), per-layer
+            pairing, providers (unavailable ones are skipped).
         config_path: a QConfigDict whose ``preprocess:`` block turns images into inputs.
         gates: thresholds to judge (see :mod:`qtool.evaluation.gates`).
         progress: receives progress updates.
@@ -72,7 +74,14 @@ def compare(
     candidate = create_session(candidate_path, str(candidate_path), threads=threads)
     factory = progress or noop_progress
     with stage(f"accuracy on {len(dataset)} samples"):
-        accuracy = output_metrics(reference, candidate, dataset, factory("accuracy", len(dataset)), task=task)
+        accuracy = output_metrics(
+            reference,
+            candidate,
+            dataset,
+            output_sources(reference_model),
+            factory("accuracy", len(dataset)),
+            task=task,
+        )
     layers = None
     if options.per_layer:
         with stage("per-layer error"):
@@ -101,6 +110,8 @@ def compare(
         accuracy.task_note,
         layers,
         reproducibility=_reproducibility(dataset, config_path, threads, chosen, latency),
+        output_kinds=accuracy.kinds,
+        boxes=accuracy.boxes,
     )
     return replace(result, gates=evaluate_gates(gates or [], result.measured()))
 

@@ -13,6 +13,7 @@ FAIL_UNDER = {
     "cosine": "cosine",
     "top1": "top-1 agreement",
     "top5": "top-5 agreement",
+    "box_iou": "mean box IoU",
     "compression": "compression ratio",
 }
 FAIL_OVER = {"mse": "MSE", "max_abs_error": "max abs error", "latency_ratio": "latency ratio (candidate/reference)"}

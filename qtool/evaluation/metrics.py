@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset, Feed
 from qtool.errors import QtoolError
+from qtool.evaluation.output_kinds import OutputKind, OutputSource, decide_kind, task_note
 from qtool.graph.session import run_session
 
 
@@ -119,12 +119,45 @@ class _AgreementCounter:
         return Agreement(name, self.top1 / rows, self.top5 / rows, self.rows)
 
 
+def box_iou(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    """IoU of each pair of ``(x1, y1, x2, y2)`` boxes (last axis 4); a candidate box turned inside out is empty."""
+    ref, cand = reference.reshape(-1, 4).astype(np.float64), candidate.reshape(-1, 4).astype(np.float64)
+    width = np.clip(np.minimum(ref[:, 2], cand[:, 2]) - np.maximum(ref[:, 0], cand[:, 0]), 0, None)
+    height = np.clip(np.minimum(ref[:, 3], cand[:, 3]) - np.maximum(ref[:, 1], cand[:, 1]), 0, None)
+    intersection = width * height
+    union = _area(ref) + _area(cand) - intersection
+    return np.divide(intersection, union, out=np.zeros_like(union), where=union > 0)
+
+
+def _area(boxes: np.ndarray) -> np.ndarray:
+    return np.clip(boxes[:, 2] - boxes[:, 0], 0, None) * np.clip(boxes[:, 3] - boxes[:, 1], 0, None)
+
+
+@dataclass(frozen=True)
+class BoxIoU:
+    """How well the candidate's boxes overlap the reference's (box outputs)."""
+
+    name: str
+    mean_iou: float  # over the reference boxes with a positive area
+    boxes: int  # how many; empty reference boxes (padding) have no IoU and are left out
+
+
+@dataclass
+class _IouCounter:
+    total: float = 0.0
+    boxes: int = 0
+
+    def add(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        ref2 = ref.reshape(-1, 4)
+        kept = _area(ref2.astype(np.float64)) > 0
+        self.total += float(box_iou(ref2[kept], cand.reshape(-1, 4)[kept]).sum())
+        self.boxes += int(kept.sum())
+
+    def result(self, name: str) -> BoxIoU:
+        return BoxIoU(name, self.total / max(self.boxes, 1), self.boxes)
+
+
 TASKS = ("auto", "classification", "none")
-
-
-def _is_class_scores(shape: list[Any]) -> bool:
-    """A 2-D [N, C] output with C >= 2 classes looks like classification scores."""
-    return len(shape) == 2 and isinstance(shape[1], int) and shape[1] >= 2
 
 
 @dataclass(frozen=True)
@@ -136,38 +169,34 @@ class OutputComparison:
     samples: int
     agreement: list[Agreement]
     task: str  # "classification" or "none"
-    task_note: str  # how the task was decided, for the report
+    task_note: str  # how each output was judged, for the report
+    kinds: list[OutputKind] = field(default_factory=list)  # one per float output, in graph order
+    boxes: list[BoxIoU] = field(default_factory=list)
 
 
 def output_metrics(
     reference: ort.InferenceSession,
     candidate: ort.InferenceSession,
     dataset: Dataset,
+    sources: Mapping[str, OutputSource],
     on_progress: Callable[[int], None] | None = None,
     task: str = "auto",
 ) -> OutputComparison:
     """Run both sessions on every sample and compare their float outputs.
 
-    With ``task`` "classification" every float output gets top-1/top-5
-    agreement; with "auto" only 2-D ``[N, C]`` outputs do (and the report says so).
+    Every float output gets error metrics. Each is judged on the first sample (see
+    :mod:`qtool.evaluation.output_kinds`): class scores also get top-1/top-5 agreement, corner boxes
+    also get mean IoU. ``sources`` (from :func:`~qtool.evaluation.output_kinds.output_sources` of
+    the reference model) says which op computes each output; ``task`` "classification" makes every
+    output with two or more columns class scores, "none" makes none.
     """
     names = [o.name for o in reference.get_outputs()]
     candidate_names = {o.name for o in candidate.get_outputs()}
     names = [n for n in names if n in candidate_names]
-    shapes = {o.name: list(o.shape) for o in reference.get_outputs()}
-    if task == "classification":
-        scored, note = names, "classification (--task classification)"
-    elif task == "auto":
-        scored = [n for n in names if _is_class_scores(shapes[n])]
-        note = (
-            f"classification, auto-detected from the 2-D [N, C] output {', '.join(scored)}"
-            if scored
-            else "none (no 2-D [N, C] score output; --task classification forces it)"
-        )
-    else:
-        scored, note = [], "none (--task none)"
     per_output = {name: ErrorAccumulator() for name in names}
-    agreements = {name: _AgreementCounter() for name in scored}
+    kinds: dict[str, OutputKind] = {}
+    agreements: dict[str, _AgreementCounter] = {}
+    ious: dict[str, _IouCounter] = {}
     samples = 0
     for path, feed in dataset.samples():
         ref_values = run_session(reference, names, feed, f"the reference model on {path}")
@@ -181,9 +210,15 @@ def output_metrics(
                     f"in the candidate (sample {path})",
                     hint="compare a quantized model with the float model it came from",
                 )
-            per_output[name].add(np.asarray(r), np.asarray(c))
-            if name in agreements and np.ndim(r) >= 1 and np.shape(r)[-1] >= 2:
-                agreements[name].add(np.asarray(r), np.asarray(c))
+            ref, cand = np.asarray(r), np.asarray(c)
+            per_output[name].add(ref, cand)
+            if name not in kinds:
+                kinds[name] = decide_kind(sources.get(name, OutputSource(name, None)), ref, task)
+            kind = kinds[name].kind
+            if kind == "class_scores" and ref.ndim >= 1 and ref.shape[-1] >= 2:
+                agreements.setdefault(name, _AgreementCounter()).add(ref, cand)
+            elif kind == "boxes" and ref.ndim >= 1 and ref.shape[-1] == 4:
+                ious.setdefault(name, _IouCounter()).add(ref, cand)
         samples += 1
         if on_progress:
             on_progress(1)
@@ -192,8 +227,16 @@ def output_metrics(
         overall.merge(acc)
     metrics = [acc.metrics(name) for name, acc in per_output.items() if acc.count]
     agreement = [counter.result(name) for name, counter in agreements.items() if counter.rows]
+    judged = [kinds[name] for name in names if name in kinds]
     return OutputComparison(
-        metrics, overall.metrics("overall"), samples, agreement, "classification" if agreement else "none", note
+        metrics,
+        overall.metrics("overall"),
+        samples,
+        agreement,
+        "classification" if agreement else "none",
+        task_note(judged),
+        judged,
+        [counter.result(name) for name, counter in ious.items() if counter.boxes],
     )
 
 

@@ -41,6 +41,8 @@ def to_markdown(result: ComparisonResult) -> str:
     lines += ["", f"Task: {result.task_note}."]
     for a in result.agreement:
         lines.append(f"- `{a.name}`: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} ({a.rows} rows)")
+    for b in result.boxes:
+        lines.append(f"- `{b.name}`: mean box IoU {b.mean_iou:.4f} ({b.boxes} boxes)")
     if result.layers is not None:
         drop = largest_drop(result.layers)
         lines += [

@@ -20,7 +20,8 @@ from qtool.schemas.reports import CalibrateReport, CompareReport, QuantizeReport
 from qtool.system.doctor import Doctor
 
 SCHEMA_VERSION = 1  # inspect / quantize / calibrate documents
-COMPARE_SCHEMA_VERSION = 2  # 2: latency per provider, gates, per-layer, classification, reproducibility
+# 2: latency per provider, gates, per-layer, classification, reproducibility; 3: output kinds, box IoU
+COMPARE_SCHEMA_VERSION = 3
 
 
 def _finite(value: float) -> float | None:
@@ -71,9 +72,11 @@ def comparison_to_dict(result: ComparisonResult) -> dict[str, Any]:
                 "overall": _metrics_dict(result.overall),
                 "outputs": [_metrics_dict(m) for m in result.outputs],
                 "task": result.task_note,
+                "output_kinds": [{"output": k.name, "kind": k.kind, "reason": k.reason} for k in result.output_kinds],
                 "classification": [
                     {"output": a.name, "top1": a.top1, "top5": a.top5, "rows": a.rows} for a in result.agreement
                 ],
+                "boxes": [{"output": b.name, "mean_iou": b.mean_iou, "boxes": b.boxes} for b in result.boxes],
             },
             "per_layer": None
             if result.layers is None

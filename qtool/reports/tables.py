@@ -62,6 +62,8 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
     console.print(f"task: {result.task_note}", highlight=False)
     for a in result.agreement:
         console.print(f"  {a.name}: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} over {a.rows} rows")
+    for b in result.boxes:
+        console.print(f"  {b.name}: mean box IoU {b.mean_iou:.4f} over {b.boxes} boxes")
 
     if result.layers is not None:
         render_layers(console, result.layers)

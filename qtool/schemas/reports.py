@@ -6,7 +6,7 @@ report cannot drift from its schema; ``qtool schema quantize-report`` prints the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,13 +64,33 @@ class Agreement(_Report):
     rows: int
 
 
+class OutputKind(_Report):
+    """How one float output was judged, and why."""
+
+    output: str
+    kind: Literal["class_scores", "boxes", "values"] = Field(
+        description="class_scores: error metrics and top-1/top-5; boxes: error metrics and IoU; values: error only"
+    )
+    reason: str
+
+
+class BoxIoU(_Report):
+    """Mean IoU of the candidate's (x1, y1, x2, y2) boxes with the reference's, for one box output."""
+
+    output: str
+    mean_iou: float
+    boxes: int = Field(description="reference boxes with a positive area (empty padding boxes are left out)")
+
+
 class Accuracy(_Report):
     """Error against the reference, overall and per output."""
 
     overall: Metrics
     outputs: list[Metrics]
-    task: str
+    task: str = Field(description="how each output was judged, in one line")
+    output_kinds: list[OutputKind]
     classification: list[Agreement]
+    boxes: list[BoxIoU]
 
 
 class LargestDrop(_Report):

@@ -63,7 +63,7 @@ def test_calibrate_quantize_compare_end_to_end(tmp_path):
     )
     assert r.exit_code == 0, r.stderr
     report = json.loads(r.stdout)
-    assert report["schema_version"] == 2
+    assert report["schema_version"] == 3
     assert report["size"]["candidate_bytes"] == out.stat().st_size
     assert report["size"]["compression_ratio"] == pytest.approx(sample("cnn").stat().st_size / out.stat().st_size)
     assert report["accuracy"]["overall"]["sqnr_db"] > 25
