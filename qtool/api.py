@@ -338,15 +338,18 @@ def inspect(
     Args:
         model_path: the float model.
         config_path: a QConfigDict YAML file; None for the built-in default.
-        data_dir: a sample directory; its first sample gives tensor sizes that the model's
-            dynamic shapes leave open, so ``placement: auto`` decides as quantize will.
+        data_dir: a sample directory; its first batch (the config's ``calibration.batch_size``)
+            gives tensor sizes that the model's dynamic shapes leave open, per sample as quantize
+            counts them, so ``placement: auto`` decides as quantize will.
     """
     config = load_config(config_path)
     state = _prepare(Path(model_path), config)
     elements = static_elements(state.prepared)
     if data_dir is not None:
-        sized = _calibrate(state, config, data_dir, CalibrationOptions(observer="minmax", batch_size=1, limit=1), None)
-        elements.update(sized.elements)
+        # quantize takes each tensor's per-sample size from its first calibration batch: run just that batch
+        first_batch = min(config.calibration.batch_size, config.calibration.limit or config.calibration.batch_size)
+        sizing = CalibrationOptions(observer="minmax", batch_size=config.calibration.batch_size, limit=first_batch)
+        elements.update(_calibrate(state, config, data_dir, sizing, None).elements)
     plan = build_plan(state.prepared, config, elements)
     result = inspect_plan(str(model_path), state.source.size_bytes, state.prepared, plan, config)
     # The exact size comes from doing the rewrite with placeholder activation ranges: only scale values

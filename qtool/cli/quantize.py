@@ -170,8 +170,8 @@ def inspect(
         typer.Option(
             "--data",
             metavar="DATA_DIR",
-            help="Sample directory: its first sample sizes the tensors that dynamic shapes leave "
-            "open, so placement 'auto' decides exactly as quantize will.",
+            help="Sample directory: its first calibration batch sizes the tensors that dynamic shapes "
+            "leave open, per sample as quantize counts them, so placement 'auto' decides exactly as quantize will.",
         ),
     ] = None,
     json_out: JsonOption = None,

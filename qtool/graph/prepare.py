@@ -29,6 +29,7 @@ class PrepareReport:
 
     constants_to_initializers: int = 0
     folded_batchnorms: list[str] = field(default_factory=list)
+    folded_shapes: list[str] = field(default_factory=list)  # Shape nodes of initializers, now constants
     removed_initializers: int = 0
     initializers_removed_from_inputs: int = 0
     opset_before: int = 0
@@ -113,7 +114,8 @@ def prepare_model(
     Steps: Constant nodes become initializers; the opset is converted to
     ``target_opset`` (raised or lowered), or raised to ``min_opset`` when lower
     (see :mod:`qtool.graph.opsets`); BatchNormalization is folded into the Conv before
-    it; ONNX shape inference annotates tensor types where it can. Detached values
+    it; the Shape of an initializer becomes a constant, and initializers no node reads any
+    more are dropped; ONNX shape inference annotates tensor types where it can. Detached values
     (see :mod:`qtool.graph.weights`) are read from ``weights``; folded ones replace them there.
 
     Raises:
@@ -138,6 +140,7 @@ def prepare_model(
     report.opset_after = default_opset(prepared)
     _name_unnamed_nodes(prepared.graph)  # after the upgrade: the version converter adds unnamed nodes
     report.folded_batchnorms = _fold_batchnorms(prepared.graph, weights)
+    report.folded_shapes = _fold_shapes_of_initializers(prepared.graph)
     report.removed_initializers = _remove_unused_initializers(prepared.graph)
     prepared, report.shape_inference_error = _infer_shapes(prepared)
     return prepared, report
@@ -285,6 +288,36 @@ def _fold_batchnorms(graph: onnx.GraphProto, weights: Weights) -> list[str]:
         folded.append(bn.name or bn.output[0])
     if removed:
         kept = [n for i, n in enumerate(graph.node) if i not in removed]
+        del graph.node[:]
+        graph.node.extend(kept)
+    return folded
+
+
+def _fold_shapes_of_initializers(graph: onnx.GraphProto) -> list[str]:
+    """Replace ``Shape(initializer)`` by an int64 initializer holding that shape; returns the nodes folded.
+
+    tf2onnx exports read weight shapes at run time; once folded, a weight that only a Shape read
+    is no longer used and is dropped instead of being kept (and stored) in float.
+    """
+    inits = {init.name: init for init in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    folded: list[str] = []
+    kept: list[onnx.NodeProto] = []
+    for node in graph.node:
+        source = inits.get(node.input[0]) if node.op_type == "Shape" and len(node.input) == 1 else None
+        if source is None or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
+            kept.append(node)
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        start, end = attrs.get("start", 0), attrs.get("end", len(source.dims))
+        if not (isinstance(start, int) and isinstance(end, int)):
+            kept.append(node)  # a malformed attribute: leave the node for onnxruntime to judge
+            continue
+        # opset 15's start/end: negative counts from the end, then both clamp to [0, rank] - Python's slicing
+        dims = list(source.dims)[start:end]
+        graph.initializer.append(numpy_helper.from_array(np.asarray(dims, dtype=np.int64), node.output[0]))
+        folded.append(node.name)
+    if folded:
         del graph.node[:]
         graph.node.extend(kept)
     return folded

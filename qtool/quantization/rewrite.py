@@ -5,12 +5,16 @@ produced by a node is renamed ``T/float`` at its producer, and the
 DequantizeLinear that follows writes ``T`` again, so every consumer (and a graph
 output) reads the dequantized value under the original name. Weights become
 integer initializers ``W/quantized`` whose DequantizeLinear writes ``W``. One
-Q/DQ pair exists per tensor, shared by all its consumers. Every generated name
-is derived from tensor names, so the same inputs give the same graph.
+Q/DQ pair exists per tensor, shared by all its consumers; a weight is stored once
+per quantization grid, whatever placement its readers get (see
+:mod:`qtool.quantization.weight_copies`). Every generated name is derived from
+tensor names, so the same inputs give the same graph.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +36,9 @@ from qtool.quantization.qparams import (
     weight_range,
 )
 from qtool.quantization.stored_forms import Names, StoredForms
+from qtool.quantization.weight_copies import FP16, RESTORED, CopyKey, WeightUse, copy_key, weight_uses
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,6 +50,8 @@ class RewriteReport:
     quantized_biases: list[str] = field(default_factory=list)
     quantized_activations: list[str] = field(default_factory=list)
     passthrough: dict[str, int] = field(default_factory=dict)  # op type -> nodes left untouched (no quantization)
+    # weight -> quantized copies stored, for weights whose readers asked for different schemes (int4 and int8)
+    weight_copies: dict[str, int] = field(default_factory=dict)
 
 
 def weight_qparams(
@@ -78,24 +87,6 @@ def weight_qparams(
     return QParams(qp.scale, qp.zero_point, qp.qtype, axis, block_size, qp.narrow)
 
 
-WeightKey = tuple[int | None, int | None, str, bool, bool, bool]
-# axis, block size, dtype, symmetric, stored only, reduced range
-
-
-def weight_key(node: NodePlan) -> WeightKey:
-    """What decides a weight's stored form for one node; nodes with equal keys share one copy."""
-    assert node.weight is not None
-    spec = node.scheme.weight
-    return (
-        node.weight.axis,
-        node.weight.block_size,
-        spec.dtype,
-        spec.symmetric,
-        node.placement == "storage",
-        node.reduced_weight_range,
-    )
-
-
 _INT32_MAX = float(np.iinfo(np.int32).max)
 
 
@@ -120,7 +111,9 @@ class _Rewriter:
         self.forms = StoredForms(self.names, self.graph, self.prologue)
         self.after: dict[str, list[onnx.NodeProto]] = {}  # tensor -> Q/DQ to emit after its producer
         self.replaced: set[str] = set()  # float initializers replaced by integer ones (dropped once unread)
-        self.weights: dict[tuple[str, WeightKey], tuple[str, QParams | None]] = {}
+        self.uses = weight_uses(plan.nodes)
+        self.copies: dict[tuple[str, CopyKey], tuple[str, QParams | None]] = {}  # stored integers and their qparams
+        self.restored: dict[tuple[str, CopyKey, str], str] = {}  # (weight, copy, form) -> the float tensor
         self.report = RewriteReport()
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in self.graph.node:
@@ -169,61 +162,80 @@ class _Rewriter:
         target.append(self.forms.dq_node(tensor, quantized, scale, zero, output, None))
         self.report.quantized_activations.append(tensor)
 
-    def _bias_scale_floor(self, weight: str, key: WeightKey) -> np.ndarray | None:
-        """Smallest weight scale per channel that keeps every int32 bias using ``weight`` from saturating."""
+    def _bias_scale_floor(self, weight: str, copy: CopyKey) -> np.ndarray | None:
+        """Smallest weight scale per channel that keeps every int32 bias using this copy from saturating."""
         floor = None
         for node in self.plan.nodes:
-            if node.weight is None or node.weight.name != weight or node.bias is None or not node.activations:
+            if node.bias is None or not node.activations or node.name not in self.uses:
                 continue
-            if weight_key(node) != key:
+            if (self.uses[node.name].weight, self.uses[node.name].copy) != (weight, copy):
                 continue
             bias = np.abs(self.store.value(self.inits[node.bias]).astype(np.float64))
             input_scale = float(self.act_qparams[node.activations[0]].scale)
             need = bias / (input_scale * _INT32_MAX * 0.5)  # keep half the int32 range as headroom
             floor = need if floor is None else np.maximum(floor, need)
-        if floor is not None and key[0] is None:
+        if floor is not None and copy[0] is None:
             floor = np.asarray(floor.max())
         return floor
 
-    def quantize_weight(self, node: NodePlan) -> QParams | None:
-        """Replace the node's weight by its stored form; returns its qparams (None for fp16)."""
-        assert node.weight is not None  # the caller checks
-        weight_name, key = node.weight.name, weight_key(node)
-        if (weight_name, key) not in self.weights:
-            values = self.store.value(self.inits[weight_name])
-            planned = [p for p in self.plan.nodes if p.weight and p.weight.name == weight_name]
-            readers = {n.name for n in self.consumers.get(weight_name, [])}
-            exclusive = readers <= {p.name for p in planned} and len({weight_key(p) for p in planned}) == 1
-            # Only a weight read by nodes that all want the same form keeps its name.
-            output = weight_name if exclusive else self.names.new(f"{weight_name}/dequantized")
-            qp: QParams | None = None
-            if node.scheme.weight.fp16:
-                self.forms.fp16(weight_name, values, output)
+    def _stored_copy(self, use: WeightUse, values: np.ndarray) -> tuple[str, QParams | None]:
+        """The integers ``use`` reads (with their qparams), quantized and stored on first use."""
+        if (use.weight, use.copy) in self.copies:
+            return self.copies[(use.weight, use.copy)]
+        # the reader whose scheme this copy is (an integer kernel's, when one reads the weight)
+        owner = next(p for p in self.plan.nodes if p.weight and p.weight.name == use.weight and copy_key(p) == use.copy)
+        assert owner.weight is not None  # found by its weight
+        qp = weight_qparams(
+            values,
+            owner.scheme.weight,
+            owner.weight.axis,
+            f"weight {use.weight}",
+            owner.weight.block_size,
+            reduce_range=owner.reduced_weight_range,
+        )
+        floor = self._bias_scale_floor(use.weight, use.copy)
+        if floor is not None and np.any(qp.scale < floor):
+            raised = np.maximum(qp.scale, floor).astype(np.float32)
+            qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
+        self.copies[(use.weight, use.copy)] = (self.forms.integers(use.weight, quantize(values, qp), qp), qp)
+        self.report.quantized_weights.append(use.weight)
+        return self.copies[(use.weight, use.copy)]
+
+    def _restore(self, use: WeightUse) -> str:
+        """Write the float tensor ``use`` reads: its copy (stored on first use) and the nodes that restore it."""
+        weight = use.weight
+        values = self.store.value(self.inits[weight])
+        planned = [name for name, u in self.uses.items() if u.weight == weight]
+        readers = {n.name for n in self.consumers.get(weight, [])}
+        forms = {(u.copy, u.form) for u in self.uses.values() if u.weight == weight}
+        # Only a weight whose readers all read one float form keeps its name.
+        if readers <= set(planned) and len(forms) == 1:
+            output = weight
+        else:
+            output = self.names.new(f"{weight}/{'restored' if use.form == RESTORED else 'dequantized'}")
+        if use.form == FP16:
+            self.forms.fp16(weight, values, output)
+            self.copies[(weight, use.copy)] = (output, None)
+            self.report.quantized_weights.append(weight)
+        else:
+            stored, qp = self._stored_copy(use, values)
+            assert qp is not None  # only float16 copies have none
+            if use.form == RESTORED:
+                self.forms.restored_at_load(weight, stored, qp, output, values.shape)
             else:
-                axis, block = node.weight.axis, node.weight.block_size
-                qp = weight_qparams(
-                    values,
-                    node.scheme.weight,
-                    axis,
-                    f"weight {weight_name}",
-                    block,
-                    reduce_range=node.reduced_weight_range,
-                )
-                floor = self._bias_scale_floor(weight_name, key)
-                if floor is not None and np.any(qp.scale < floor):
-                    raised = np.maximum(qp.scale, floor).astype(np.float32)
-                    qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
-                if node.placement == "storage":
-                    self.forms.restored_at_load(weight_name, quantize(values, qp), qp, output, values.ndim)
-                else:
-                    self.forms.dequantized(weight_name, quantize(values, qp), qp, output)
-            self.replaced.add(weight_name)
-            self.weights[(weight_name, key)] = (output, qp)
-            self.report.quantized_weights.append(weight_name)
-        output, stored_qp = self.weights[(weight_name, key)]
-        if output != weight_name:
-            self._rename_input(self.nodes[node.name], weight_name, output)
-        return stored_qp
+                self.forms.dequantized(weight, stored, qp, output)
+        self.replaced.add(weight)
+        return output
+
+    def quantize_weight(self, node: NodePlan) -> QParams | None:
+        """Make the node read its weight's float form; returns the stored copy's qparams (None for fp16)."""
+        use = self.uses[node.name]
+        key = (use.weight, use.copy, use.form)
+        if key not in self.restored:
+            self.restored[key] = self._restore(use)
+        if self.restored[key] != use.weight:
+            self._rename_input(self.nodes[node.name], use.weight, self.restored[key])
+        return self.copies[(use.weight, use.copy)][1]
 
     def quantize_bias(self, node: NodePlan, weight_qp: QParams) -> None:
         assert node.bias is not None  # the caller checks
@@ -235,7 +247,7 @@ class _Rewriter:
         else:  # a shared bias: each node gets its own int32 copy under its own name
             output = self.names.new(f"{node.bias}/{node.name}")
             self._rename_input(self.nodes[node.name], node.bias, output)
-        self.forms.dequantized(output, q, qp, output)
+        self.forms.dequantized(output, self.forms.integers(output, q, qp), qp, output)
         self.replaced.add(node.bias)
         self.report.quantized_biases.append(node.bias)
 
@@ -254,6 +266,10 @@ class _Rewriter:
                     self.quantize_bias(plan_node, weight_qp)
             self.report.quantized_nodes.append(plan_node.name)
         self.report.passthrough = passthrough_ops(self.model, self.plan)
+        copies = Counter(weight for weight, _ in self.copies)
+        self.report.weight_copies = {weight: count for weight, count in copies.items() if count > 1}
+        for weight, count in self.report.weight_copies.items():
+            log.info("weight %s is stored %d times: its readers ask for different quantization schemes", weight, count)
         self._assemble()
         return self.model, self.report
 

@@ -61,8 +61,17 @@ class StoredForms:
             node.attribute.append(helper.make_attribute("block_size", block))
         return node
 
-    def dequantized(self, name: str, values: np.ndarray, qp: QParams, output: str) -> None:
-        """Store ``values`` as integers (4- and 2-bit packed) and make a DequantizeLinear write ``output``.
+    def integers(self, name: str, values: np.ndarray, qp: QParams) -> str:
+        """Store quantized ``values`` (4- and 2-bit packed) as an initializer; returns its name.
+
+        One stored tensor may feed several of the forms below (see :mod:`qtool.quantization.weight_copies`).
+        """
+        stored = self.names.new(f"{name}/quantized")
+        self.graph.initializer.append(to_tensor_proto(values, qp.qtype, stored))
+        return stored
+
+    def dequantized(self, name: str, stored: str, qp: QParams, output: str) -> None:
+        """Make a DequantizeLinear turn the integers ``stored`` into ``output``.
 
         A 4- or 2-bit weight with per-tensor/per-channel scales is first widened by
         a Cast to its 8-bit type: onnxruntime folds that Cast at load and then runs
@@ -70,8 +79,6 @@ class StoredForms:
         otherwise fuse them anyway and reject the model). Block-wise weights keep
         a narrow DequantizeLinear, which onnxruntime turns into MatMulNBits.
         """
-        stored = self.names.new(f"{name}/quantized")
-        self.graph.initializer.append(to_tensor_proto(values, qp.qtype, stored))
         zero_type = qp.qtype
         if qp.qtype.bits < 8 and qp.block_size is None:
             zero_type = quant_type("int8" if qp.qtype.signed else "uint8")
@@ -88,14 +95,12 @@ class StoredForms:
         self.graph.initializer.append(to_tensor_proto(qp.zero_point, zero_type, zero))
         self.prologue.append(self.dq_node(name, stored, scale, zero, output, qp.axis, qp.block_size))
 
-    def restored_at_load(self, name: str, values: np.ndarray, qp: QParams, output: str, ndim: int) -> None:
-        """Store integers and restore float with Cast/Sub/Mul on constants, which onnxruntime folds at load.
+    def restored_at_load(self, name: str, stored: str, qp: QParams, output: str, shape: tuple[int, ...]) -> None:
+        """Restore float ``output`` from the integers ``stored`` (of ``shape``) with Cast/Sub/Mul on constants.
 
-        The file keeps the quantized size; inference runs the float kernel with
-        no Quantize/DequantizeLinear cost (placement "storage").
+        onnxruntime folds them at load: the file keeps the quantized size, and inference runs the
+        float kernel with no Quantize/DequantizeLinear cost (placement "storage").
         """
-        stored = self.names.new(f"{name}/quantized")
-        self.graph.initializer.append(to_tensor_proto(values, qp.qtype, stored))
         source = stored
         if qp.qtype.bits < 8:  # widen first: Cast from 4/2-bit to float is not foldable everywhere
             widened = self.names.new(f"{name}/widened")
@@ -108,9 +113,9 @@ class StoredForms:
         self.prologue.append(
             helper.make_node("Cast", [source], [as_float], name=self.names.new(f"{name}/Cast"), to=TensorProto.FLOAT)
         )
-        length = values.shape[qp.axis] if qp.axis is not None else 0
-        scale = qp.expand(qp.scale, ndim, length).astype(np.float32)
-        zero = qp.expand(qp.zero_point.astype(np.float32), ndim, length).astype(np.float32)
+        length = shape[qp.axis] if qp.axis is not None else 0
+        scale = qp.expand(qp.scale, len(shape), length).astype(np.float32)
+        zero = qp.expand(qp.zero_point.astype(np.float32), len(shape), length).astype(np.float32)
         if np.any(zero != 0):
             zero_name = self.names.new(f"{name}/zero_point")
             self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(zero), zero_name))

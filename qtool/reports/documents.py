@@ -162,6 +162,8 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
             "prepare": {
                 "constants_to_initializers": result.prepare.constants_to_initializers,
                 "folded_batchnorms": result.prepare.folded_batchnorms,
+                "folded_shapes": result.prepare.folded_shapes,
+                "removed_initializers": result.prepare.removed_initializers,
                 "opset_before": result.prepare.opset_before,
                 "opset_after": result.prepare.opset_after,
                 "shape_inference_error": result.prepare.shape_inference_error,

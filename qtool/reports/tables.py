@@ -253,6 +253,8 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
     done = []
     if p.folded_batchnorms:
         done.append(f"folded {len(p.folded_batchnorms)} BatchNormalization")
+    if p.folded_shapes:
+        done.append(f"folded {len(p.folded_shapes)} Shape of constants")
     if p.constants_to_initializers:
         done.append(f"{p.constants_to_initializers} Constant nodes -> initializers")
     if p.opset_after != p.opset_before:

@@ -221,6 +221,10 @@ class Prepare(_Report):
 
     constants_to_initializers: int
     folded_batchnorms: list[str]
+    folded_shapes: list[str] = Field(
+        default_factory=list, description="Shape nodes of initializers replaced by constants"
+    )
+    removed_initializers: int = Field(0, description="initializers no node read any more, dropped")
     opset_before: int
     opset_after: int
     shape_inference_error: str | None

@@ -115,3 +115,51 @@ def test_auto_counts_the_float_integer_boundaries_a_node_would_add(tmp_path, iso
         # 64 MACs per value
         assert result.placements == {"integer": 2}, placement
         assert optimized_ops(out, tmp_path)["QLinearConv"] == 2
+
+
+def _sequence_model(path) -> None:
+    """[N, T, 64] -> MatMul 64x256 -> Relu -> MatMul 256x64: 16,384 T MACs per row for each MatMul."""
+    rng = np.random.default_rng(0)
+    value = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
+            onnx.helper.make_node("Relu", ["h"], ["r"]),
+            onnx.helper.make_node("MatMul", ["r", "w2"], ["y"], name="down"),
+        ],
+        "sequence",
+        [value("x", onnx.TensorProto.FLOAT, ["N", "T", 64])],
+        [value("y", onnx.TensorProto.FLOAT, ["N", "T", 64])],
+        [
+            onnx.numpy_helper.from_array(rng.normal(0, 0.1, (64, 256)).astype(np.float32), "w1"),
+            onnx.numpy_helper.from_array(rng.normal(0, 0.1, (256, 64)).astype(np.float32), "w2"),
+        ],
+    )
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)], ir_version=8), path)
+
+
+@pytest.mark.parametrize(
+    ("steps", "rows", "placement"),
+    [
+        ((8, 8, 8, 8), (1, 1, 1, 1), "storage"),  # 131 k MACs per sample < 500 k
+        ((64, 64, 64, 64), (1, 1, 1, 1), "integer"),  # 1.05 M
+        # batched by 4, the first batch holds 10 rows in 4 samples: 655 k MACs per sample, as quantize counts
+        # them; the first sample alone (one row, 262 k) would say storage
+        ((16, 16, 16, 16), (1, 3, 3, 3), "integer"),
+    ],
+)
+def test_inspect_sizes_dynamic_dimensions_from_the_data_as_quantize_does(tmp_path, steps, rows, placement):
+    model = tmp_path / "m.onnx"
+    _sequence_model(model)
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(1)
+    for i, (t, n) in enumerate(zip(steps, rows, strict=True)):
+        np.save(data / f"{i}.npy", rng.normal(0, 1, (n, t, 64)).astype(np.float32))
+    config = tmp_path / "c.yaml"
+    config.write_text("calibration: {batch_size: 4}\n")
+    inspection = qtool.inspect(model, config_path=config, data_dir=data)
+    result = qtool.quantize(model, tmp_path / "q.onnx", data_dir=data, config_path=config, search=None, evaluation=None)
+    assert result.placements == {placement: 2}
+    assert collections.Counter(r.placement for r in inspection.rows) == result.placements
+    assert collections.Counter(r.kernel for r in inspection.rows) == result.kernels

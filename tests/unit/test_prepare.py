@@ -70,3 +70,61 @@ def test_prepare_never_modifies_its_input():
     before = model.SerializeToString()
     prepare_model(model, min_opset=13)
     assert model.SerializeToString() == before
+
+
+def tf2onnx_shapes_model(rows: int = 16, columns: int = 32) -> onnx.ModelProto:
+    """As tf2onnx writes it: a weight read only by a Shape -> Gather -> Concat -> Reshape chain, and an opset-15
+    Shape(start=-1) of a weight that a MatMul also reads."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.1, (rows, columns)).astype(np.float32), name)
+        for name in ("w_dead", "w_live")
+    ]
+    inits += [
+        numpy_helper.from_array(np.array(1, np.int64), "one"),
+        numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+        numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["w_dead"], ["dead_shape"], name="shape_dead"),
+        helper.make_node("Gather", ["dead_shape", "one"], ["columns"], axis=0),
+        helper.make_node("Unsqueeze", ["columns", "axis0"], ["columns_1d"]),
+        helper.make_node("Concat", ["minus_one", "columns_1d"], ["target"], axis=0),
+        helper.make_node("MatMul", ["x", "w_live"], ["y"], name="matmul"),
+        helper.make_node("Reshape", ["y", "target"], ["reshaped"]),
+        helper.make_node("Shape", ["w_live"], ["live_columns"], name="shape_live", start=-1),
+        helper.make_node("Concat", ["minus_one", "live_columns"], ["target2"], axis=0),
+        helper.make_node("Reshape", ["reshaped", "target2"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tf2onnx",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", rows])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", columns])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)], ir_version=8)
+
+
+def test_shapes_of_initializers_become_constants_and_weights_only_they_read_are_dropped():
+    model = tf2onnx_shapes_model()
+    prepared, report = prepare_model(model)
+    assert report.folded_shapes == ["shape_dead", "shape_live"]
+    assert report.removed_initializers == 1
+    inits = {i.name: numpy_helper.to_array(i) for i in prepared.graph.initializer}
+    assert "w_dead" not in inits and "w_live" in inits
+    np.testing.assert_array_equal(inits["dead_shape"], [16, 32])
+    np.testing.assert_array_equal(inits["live_columns"], [32])  # start=-1: the last dimension only
+    assert "Shape" not in {n.op_type for n in prepared.graph.node}
+    x = np.random.default_rng(1).normal(size=(3, 16)).astype(np.float32)
+    np.testing.assert_array_equal(
+        run_model(prepared.SerializeToString(), {"x": x})[0], run_model(model.SerializeToString(), {"x": x})[0]
+    )
+
+
+def test_a_shape_that_is_a_graph_output_is_left_alone():
+    model = tf2onnx_shapes_model()
+    model.graph.output.append(helper.make_tensor_value_info("dead_shape", TensorProto.INT64, [2]))
+    prepared, report = prepare_model(model)
+    assert report.folded_shapes == ["shape_live"]
+    assert "w_dead" in {i.name for i in prepared.graph.initializer}

@@ -1,0 +1,78 @@
+"""Which stored copy of a weight each quantized node reads, and how that copy is turned back into float.
+
+A weight shared by several nodes is quantized and stored once per quantization grid (granularity,
+bits, symmetry, float16), whatever placement each node gets: integer kernels read the stored integers
+through a DequantizeLinear, storage-placed nodes through a Cast/Mul that onnxruntime folds at load,
+weight-only nodes through a DequantizeLinear too. An integer kernel constrains the stored type (uint8
+against int16 saturation, or the reduced int8 range), so the copy an integer reader needs is the one
+stored and the other readers derive their float values from it. Only readers that ask for different
+grids (int4 for one node, int8 for another), or integer readers that need different stored types, get
+copies of their own: each is what that reader was configured to compute with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from qtool.quantization.plan import NodePlan
+from qtool.quantization.qparams import quant_type
+
+CopyKey = tuple[int | None, int | None, str, bool, bool]
+# axis, block size, dtype, symmetric, reduced range: what the stored integers of one copy depend on
+
+DEQUANTIZED, RESTORED, FP16 = "dequantized", "restored", "fp16"
+
+
+@dataclass(frozen=True)
+class WeightUse:
+    """How one node reads its weight: the stored copy (by key) and the form that restores it."""
+
+    weight: str
+    copy: CopyKey
+    form: str  # DEQUANTIZED (DequantizeLinear), RESTORED (Cast/Mul folded at load) or FP16 (Cast)
+
+
+def copy_key(node: NodePlan) -> CopyKey:
+    """The stored copy ``node`` would need if it were the weight's only reader."""
+    assert node.weight is not None  # the callers pass nodes with a weight
+    spec = node.scheme.weight
+    return (node.weight.axis, node.weight.block_size, spec.dtype, spec.symmetric, node.reduced_weight_range)
+
+
+def _grid(node: NodePlan) -> tuple[object, ...]:
+    """The values a copy can represent: equal grids restore to equal floats, whatever the stored type.
+
+    A symmetric signed type in its narrow range and the unsigned type of the same width with the
+    zero point in its centre hold the same levels (int8 [-127, 127] and uint8 [1, 255] around 128).
+    """
+    assert node.weight is not None  # the caller keeps nodes with a weight
+    spec = node.scheme.weight
+    if spec.fp16:
+        return ("fp16",)
+    qtype = quant_type(spec.dtype)
+    signed = None if spec.symmetric else qtype.signed
+    return (node.weight.axis, node.weight.block_size, qtype.bits, spec.symmetric, signed)
+
+
+def weight_uses(nodes: Iterable[NodePlan]) -> dict[str, WeightUse]:
+    """Node name -> how it reads its weight, for every node of ``nodes`` with a weight.
+
+    Nodes are taken in order: the first integer reader's copy is the one the other readers of
+    the same grid derive from (the first reader's when none is integer).
+    """
+    by_grid: dict[tuple[str, tuple[object, ...]], list[NodePlan]] = {}
+    for node in nodes:
+        if node.weight is not None:
+            by_grid.setdefault((node.weight.name, _grid(node)), []).append(node)
+    uses: dict[str, WeightUse] = {}
+    for (weight, _), readers in by_grid.items():
+        integer = [copy_key(n) for n in readers if n.placement == "integer"]
+        shared = integer[0] if integer else copy_key(readers[0])
+        for node in readers:
+            if node.scheme.weight.fp16:
+                form = FP16
+            else:
+                form = RESTORED if node.placement == "storage" else DEQUANTIZED
+            uses[node.name] = WeightUse(weight, copy_key(node) if node.placement == "integer" else shared, form)
+    return uses
