@@ -17,6 +17,7 @@ from qtool.calibration.statistics import CalibrationStats, collect_statistics
 from qtool.config import AccuracySettings, QConfig, load_config, split_observer
 from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare
+from qtool.evaluation.metrics import LatencyComparison, LatencyStats
 from qtool.graph.model_io import load_model, same_file, save_model, write_text
 from qtool.graph.opsets import choose_opset, runtime_qdq_limit
 from qtool.graph.prepare import PrepareReport, default_opset, prepare_model, refuse_quantized
@@ -324,9 +325,30 @@ def quantize(
     if state.report.shape_inference_error:
         result.notes.append(f"shape inference failed and was skipped: {state.report.shape_inference_error}")
     if data_dir is not None and evaluation is not None:
+        timed = choice is not None and choice.chosen in choice.times and evaluation.runs > 0
         result.comparison = compare(
-            model_path, output_path, data_dir, options=evaluation, config_path=config_path, progress=progress
+            model_path,
+            output_path,
+            data_dir,
+            options=replace(evaluation, runs=0) if timed else evaluation,
+            config_path=config_path,
+            progress=progress,
         )
+        if timed:
+            assert choice is not None  # checked in timed
+            # The choice already timed this very model against fp32, interleaved: that is the latency to report.
+            latency = LatencyComparison(
+                "CPUExecutionProvider",
+                choice.threads,
+                LatencyStats.from_seconds(choice.times["fp32"]),
+                LatencyStats.from_seconds(choice.times[choice.chosen]),
+            )
+            reproducibility = {
+                **result.comparison.reproducibility,
+                "threads": {"intra_op": choice.threads, "onnxruntime_default": False},
+                "providers_measured": [latency.provider],
+            }
+            result.comparison = replace(result.comparison, latency=[latency], reproducibility=reproducibility)
     return result
 
 

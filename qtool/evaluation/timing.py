@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-import numpy as np
 import onnxruntime as ort
 
 from qtool.calibration.dataset import Feed
@@ -21,8 +20,8 @@ def time_interleaved(
     min_rounds: int = 3,
     warmup: int = 1,
     on_round: Callable[[int], None] | None = None,
-) -> dict[str, float]:
-    """Median seconds per run of each session.
+) -> dict[str, list[float]]:
+    """Seconds of every timed run of each session.
 
     Each round runs every session once, in an order that rotates from round to round, so
     machine noise (frequency changes, other processes) hits every model alike. Timing stops
@@ -44,4 +43,4 @@ def time_interleaved(
             times[name].append(time.perf_counter() - begin)
         if on_round:
             on_round(1)
-    return {name: float(np.median(t)) for name, t in times.items()}
+    return times

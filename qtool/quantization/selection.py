@@ -21,6 +21,7 @@ storage reaches the target.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -71,7 +72,7 @@ class PlacementChoice:
     fp32_ms: float | None = None
     timing_note: str = ""
     search: FallbackResult | None = None
-    notes: list[str] = field(default_factory=list)
+    times: dict[str, list[float]] = field(default_factory=dict, repr=False)  # seconds per run, fp32 included
 
     @property
     def chosen_candidate(self) -> Candidate:
@@ -222,7 +223,7 @@ def _time_candidates(
         # Timed as written: weights embedded, so onnxruntime folds and prepacks them as it will at load.
         sessions[name] = create_session(weights.embedded(model), f"the '{name}' placement", threads=threads)
     feed = scorer.samples[0][1]
-    medians = time_interleaved(
+    times = time_interleaved(
         sessions,
         feed,
         rounds=rounds,
@@ -230,8 +231,9 @@ def _time_candidates(
         min_rounds=min(MIN_ROUNDS, rounds),
         on_round=factory("timing", rounds),
     )
-    choice.fp32_ms = medians["fp32"] * 1e3
-    choice.candidates = [replace(c, latency_ms=medians[c.name] * 1e3) for c in choice.candidates]
+    choice.times = times
+    choice.fp32_ms = statistics.median(times["fp32"]) * 1e3
+    choice.candidates = [replace(c, latency_ms=statistics.median(times[c.name]) * 1e3) for c in choice.candidates]
 
 
 def _decide(choice: PlacementChoice) -> None:
