@@ -13,6 +13,7 @@ import onnx
 
 from qtool import __version__
 from qtool.calibration.dataset import Dataset, model_inputs
+from qtool.calibration.outputs import FloatOutputs
 from qtool.calibration.statistics import CalibrationStats, collect_statistics
 from qtool.config import AccuracySettings, QConfig, load_config, split_observer
 from qtool.errors import QtoolError
@@ -118,6 +119,7 @@ def _calibrate(
     data_dir: Path | str,
     options: CalibrationOptions,
     progress: ProgressFactory | None,
+    outputs: FloatOutputs | None = None,
 ) -> CalibrationStats:
     name = options.observer or config.calibration.observer
     observer_options = dict(config.calibration.observer_options) if name == config.calibration.observer else {}
@@ -152,6 +154,7 @@ def _calibrate(
             batch_size=options.batch_size or config.calibration.batch_size,
             on_progress=advance,
             weights=state.weights,
+            outputs=outputs,
         )
     if seen == 0:
         skipped = f" ({len(dataset.skipped)} skipped for holding NaN or Inf)" if dataset.skipped else ""
@@ -184,6 +187,7 @@ def _choose_placement(
     search: SearchOptions,
     evaluation: EvaluationOptions,
     progress: ProgressFactory | None,
+    known: FloatOutputs | None,
 ) -> tuple[QConfig, PlacementChoice | None]:
     given = config.accuracy
     accuracy = AccuracySettings(
@@ -225,6 +229,7 @@ def _choose_placement(
         threads=evaluation.threads,
         elements={**static_elements(state.prepared), **stats.elements},
         progress=progress,
+        known=known,
     )
 
 
@@ -273,6 +278,7 @@ def quantize(
         )
     config = load_config(config_path)
     state = _prepare(model_path, config, output.opset)
+    kept_outputs: FloatOutputs | None = None
     if stats_path is not None:
         # a module:Class observer in the file is imported only if the user named it too
         trusted = config.observer_references() | ({calibration.observer} if calibration.observer else set())
@@ -284,13 +290,15 @@ def quantize(
             )
     else:
         assert data_dir is not None  # exactly one of the two, checked above
-        stats = _calibrate(state, config, data_dir, calibration, progress)
+        # the float outputs it computes anyway serve the placement choice and the comparison
+        kept_outputs = FloatOutputs()
+        stats = _calibrate(state, config, data_dir, calibration, progress, kept_outputs)
     choice = None
     search_dir = (search.data_dir or data_dir) if search is not None else None
     if search is not None and search_dir is not None:
         with stage("placement choice (accuracy, search, latency)"):
             config, choice = _choose_placement(
-                state, config, stats, search_dir, search, evaluation or QUANTIZE_EVALUATION, progress
+                state, config, stats, search_dir, search, evaluation or QUANTIZE_EVALUATION, progress, kept_outputs
             )
     with stage("insert Q/DQ"):
         plan, quantized, rewrite_report = _quantize_in_memory(state, config, stats)
@@ -333,6 +341,7 @@ def quantize(
             options=replace(evaluation, runs=0) if timed else evaluation,
             config_path=config_path,
             progress=progress,
+            reference_outputs=kept_outputs,
         )
         if timed:
             assert choice is not None  # checked in timed

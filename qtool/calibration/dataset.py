@@ -268,21 +268,23 @@ class Dataset:
             return 1
         return max(1, requested)
 
-    def batches(self, batch_size: int = 1) -> Iterator[tuple[int, Feed]]:
-        """Yield (number of samples, feed), concatenating up to ``batch_size`` samples."""
+    def batches(self, batch_size: int = 1) -> Iterator[tuple[list[Path], Feed]]:
+        """Yield (the sample files, feed), concatenating up to ``batch_size`` samples."""
         batch_size = self.effective_batch_size(batch_size)
         pending: list[Feed] = []
-        for _, feed in self.samples():
+        paths: list[Path] = []
+        for path, feed in self.samples():
             if pending and any(feed[k].shape[1:] != pending[0][k].shape[1:] for k in feed):
                 # samples with other dynamic sizes cannot share a batch: run what is pending first
-                yield len(pending), _concat(pending)
-                pending = []
+                yield paths, _concat(pending)
+                pending, paths = [], []
             pending.append(feed)
+            paths.append(path)
             if len(pending) == batch_size:
-                yield len(pending), _concat(pending)
-                pending = []
+                yield paths, _concat(pending)
+                pending, paths = [], []
         if pending:
-            yield len(pending), _concat(pending)
+            yield paths, _concat(pending)
 
 
 def _concat(feeds: list[Feed]) -> Feed:

@@ -20,6 +20,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from qtool.calibration.dataset import Dataset
+from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
 from qtool.graph.session import create_session, run_session
 from qtool.graph.weights import Weights
@@ -173,10 +174,12 @@ def collect_statistics(
     batch_size: int = 1,
     on_progress: ProgressCallback | None = None,
     weights: Weights | None = None,
+    outputs: FloatOutputs | None = None,
 ) -> tuple[dict[str, Observer], int, dict[str, int]]:
     """Run ``prepared`` over ``dataset`` and observe each tensor in ``tensors``.
 
-    Only one batch of activations is alive at a time, whatever the dataset size.
+    Only one batch of activations is alive at a time, whatever the dataset size. With
+    ``outputs``, the graph outputs of each sample run alone (batch size 1) are kept there.
 
     Returns:
         The observers by tensor name, the number of samples seen, and each tensor's
@@ -196,8 +199,16 @@ def collect_statistics(
     )
     seen = 0
     elements: dict[str, int] = {}
-    for count, feed in dataset.batches(batch_size):
-        values = run_session(session, names, feed, f"the float model on samples of {dataset.directory}")
+    graph_outputs = [o.name for o in prepared.graph.output] if outputs is not None else []
+    fetched = list(dict.fromkeys([*names, *graph_outputs]))
+    for paths, feed in dataset.batches(batch_size):
+        count = len(paths)
+        run = run_session(session, fetched, feed, f"the float model on samples of {dataset.directory}")
+        by_name = dict(zip(fetched, run, strict=True))
+        if outputs is not None and count == 1:
+            outputs.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
+        values = [by_name[name] for name in names]
+        del run, by_name
         for name, value in zip(names, values, strict=True):
             observers[name].observe(np.asarray(value))
             elements.setdefault(name, int(np.asarray(value).size) // count)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from qtool.calibration.dataset import Dataset, model_inputs
+from qtool.calibration.outputs import FloatOutputs
 from qtool.config import load_config
 from qtool.errors import QtoolError
 from qtool.evaluation.gates import Gate, evaluate_gates
@@ -37,6 +38,7 @@ def compare(
     config_path: Path | str | None = None,
     gates: list[Gate] | None = None,
     progress: ProgressFactory | None = None,
+    reference_outputs: FloatOutputs | None = None,
 ) -> ComparisonResult:
     """Compare a candidate model with its reference: size, accuracy, latency per provider, and gates.
 
@@ -50,6 +52,8 @@ def compare(
         config_path: a QConfigDict whose ``preprocess:`` block turns images into inputs.
         gates: thresholds to judge (see :mod:`qtool.evaluation.gates`).
         progress: receives progress updates.
+        reference_outputs: the float model's outputs that calibration kept for some of these
+            samples (``quantize --data``): those samples do not run the reference again.
     """
     runs, warmup, threads, task = options.runs, options.warmup, options.threads, options.task
     if runs < 0 or warmup < 0:
@@ -81,6 +85,7 @@ def compare(
             output_sources(reference_model),
             factory("accuracy", len(dataset)),
             task=task,
+            known=reference_outputs,
         )
     layers = None
     if options.per_layer:

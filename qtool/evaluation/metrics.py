@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset, Feed
+from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
 from qtool.evaluation.output_kinds import OutputKind, OutputSource, decide_kind, task_note
 from qtool.graph.session import run_session
@@ -181,6 +182,7 @@ def output_metrics(
     sources: Mapping[str, OutputSource],
     on_progress: Callable[[int], None] | None = None,
     task: str = "auto",
+    known: FloatOutputs | None = None,
 ) -> OutputComparison:
     """Run both sessions on every sample and compare their float outputs.
 
@@ -188,7 +190,8 @@ def output_metrics(
     :mod:`qtool.evaluation.output_kinds`): class scores also get top-1/top-5 agreement, corner boxes
     also get mean IoU. ``sources`` (from :func:`~qtool.evaluation.output_kinds.output_sources` of
     the reference model) says which op computes each output; ``task`` "classification" makes every
-    output with two or more columns class scores, "none" makes none.
+    output with two or more columns class scores, "none" makes none. The reference's outputs of
+    samples in ``known`` (kept by calibration) are taken from there instead of running it again.
     """
     names = [o.name for o in reference.get_outputs()]
     candidate_names = {o.name for o in candidate.get_outputs()}
@@ -199,7 +202,9 @@ def output_metrics(
     ious: dict[str, _IouCounter] = {}
     samples = 0
     for path, feed in dataset.samples():
-        ref_values = run_session(reference, names, feed, f"the reference model on {path}")
+        ref_values = (known.get(path, names) if known is not None else None) or run_session(
+            reference, names, feed, f"the reference model on {path}"
+        )
         cand_values = run_session(candidate, names, feed, f"the candidate model on {path}")
         for name, r, c in zip(names, ref_values, cand_values, strict=True):
             if not _is_float(r):

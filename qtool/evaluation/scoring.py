@@ -1,7 +1,8 @@
 """Output accuracy of candidate models on a few samples, against float outputs computed once.
 
 The placement choice and the sensitivity search score many candidate models on the same
-samples. The float model runs once per sample and its outputs are kept (up to
+samples. The float model runs at most once per sample (not at all for samples whose outputs
+calibration kept, see :mod:`qtool.calibration.outputs`) and its outputs are kept (up to
 :data:`CACHED_BYTES`; beyond that they are recomputed per candidate), the samples' inputs are
 read once, and each candidate only runs its outputs: no intermediate tensor is exposed.
 """
@@ -18,6 +19,7 @@ import onnx
 import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset, Feed
+from qtool.calibration.outputs import FloatOutputs
 from qtool.evaluation.metrics import ErrorAccumulator
 from qtool.graph.session import create_session, run_session
 from qtool.graph.weights import Weights
@@ -48,6 +50,7 @@ class OutputScorer:
         threads: int | None = None,
         weights: Weights | None = None,
         on_sample: Callable[[int], None] | None = None,
+        known: FloatOutputs | None = None,
     ) -> None:
         self.threads = threads
         self.weights = weights
@@ -56,15 +59,15 @@ class OutputScorer:
         self.files = [path.name for path, _ in self.samples]
         self.names: list[str] = []
         self._cached: list[list[np.ndarray] | None] = []
+        every = [o.name for o in self._session.get_outputs()]
         kept = 0
         for path, feed in self.samples:
-            values = run_session(self._session, None, feed, f"the float model on {path}")
+            values = (known.get(path, every) if known is not None else None) or run_session(
+                self._session, None, feed, f"the float model on {path}"
+            )
             if not self.names:
-                every = [o.name for o in self._session.get_outputs()]
                 self.names = [n for n, v in zip(every, values, strict=True) if _is_float(v)]
-            floats = [
-                np.asarray(v) for v, o in zip(values, self._session.get_outputs(), strict=True) if o.name in self.names
-            ]
+            floats = [np.asarray(v) for v, name in zip(values, every, strict=True) if name in self.names]
             size = sum(v.nbytes for v in floats)
             self._cached.append(floats if kept + size <= CACHED_BYTES else None)
             kept += size if kept + size <= CACHED_BYTES else 0

@@ -29,6 +29,7 @@ from pathlib import Path
 import onnx
 
 from qtool.calibration.dataset import Dataset
+from qtool.calibration.outputs import FloatOutputs
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.evaluation.timing import time_interleaved
@@ -117,6 +118,7 @@ def choose_placement(
     threads: int | None,
     elements: dict[str, int],
     progress: ProgressFactory | None = None,
+    known: FloatOutputs | None = None,
 ) -> tuple[QConfig, PlacementChoice]:
     """Measure the candidate placements of ``config`` and return the config of the one to keep.
 
@@ -131,11 +133,14 @@ def choose_placement(
         threads: onnxruntime intra-op threads for timing (None: 1, the most stable measure).
         elements: per-sample element counts of tensors.
         progress: receives progress updates.
+        known: float outputs calibration kept (see :mod:`qtool.calibration.outputs`).
     """
     settings = config.accuracy
     target = settings.target_sqnr_db if settings.target_sqnr_db is not None else -math.inf
     factory = progress or noop_progress
-    scorer = OutputScorer(reference, dataset, weights=weights, on_sample=factory("float outputs", len(dataset)))
+    scorer = OutputScorer(
+        reference, dataset, weights=weights, on_sample=factory("float outputs", len(dataset)), known=known
+    )
     configs = {
         "auto": config,
         "integer": replace(config, auto_placement="integer"),

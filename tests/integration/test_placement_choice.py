@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import qtool
 from qtool.calibration.dataset import Dataset, InputSpec
 from qtool.cli import app
-from qtool.options import SearchOptions
+from qtool.options import EvaluationOptions, SearchOptions
 from qtool.quantization import selection
 from qtool.quantization.selection import Candidate, PlacementChoice
 from tests.conftest import calib_dir, eval_dir, run_model, sample
@@ -219,3 +219,25 @@ def test_per_layer_errors_measured_in_small_groups_equal_one_pass(tmp_path):
     # exposing fewer tensors lets onnxruntime fuse a little differently: the same errors within rounding
     for a, b in zip(grouped, whole, strict=True):
         assert a.sqnr_db == pytest.approx(b.sqnr_db, abs=0.05) and a.drop_db == pytest.approx(b.drop_db, abs=0.05)
+
+
+def test_float_outputs_kept_by_calibration_spare_the_reference_runs_and_change_no_number(tmp_path, monkeypatch):
+    from qtool.evaluation import metrics, scoring
+
+    reference_runs: list[str] = []
+    for module in (metrics, scoring):
+        original = module.run_session
+
+        def counting(session, names, feed, what, _original=original):
+            if "float model" in what or "reference model" in what:
+                reference_runs.append(what)
+            return _original(session, names, feed, what)
+
+        monkeypatch.setattr(module, "run_session", counting)
+    result = qtool.quantize(sample("cnn"), tmp_path / "q.onnx", data_dir=calib_dir("cnn"))
+    assert reference_runs == []  # calibration kept every float output: neither the choice nor the comparison reran it
+    assert result.comparison is not None and result.comparison.samples == 64
+    plain = qtool.compare(sample("cnn"), tmp_path / "q.onnx", calib_dir("cnn"), options=EvaluationOptions(runs=0))
+    assert len(reference_runs) == 64  # compare alone runs the reference on every sample
+    kept, rerun = result.comparison.outputs[0], plain.outputs[0]
+    assert kept.sqnr_db == pytest.approx(rerun.sqnr_db, abs=0.01)  # the prepared model's outputs: the same to rounding

@@ -102,10 +102,12 @@ def test_shards_partition_the_samples(tmp_path):
 def test_batches_concatenate_samples_when_the_batch_is_dynamic(tmp_path):
     for i in range(5):
         np.save(tmp_path / f"{i}.npy", np.full((3, 8, 8), i, np.float32))
-    sizes = [count for count, _ in Dataset(tmp_path, IMAGE_INPUT).batches(2)]
-    assert sizes == [2, 2, 1]
+    batches = list(Dataset(tmp_path, IMAGE_INPUT).batches(2))
+    assert [len(paths) for paths, _ in batches] == [2, 2, 1]
+    assert [p.name for paths, _ in batches for p in paths] == [f"{i}.npy" for i in range(5)]
+    assert [feed["image"].shape[0] for _, feed in batches] == [2, 2, 1]
     fixed = [InputSpec("image", np.dtype(np.float32), (1, 3, 8, 8))]
-    assert [count for count, _ in Dataset(tmp_path, fixed).batches(4)] == [1] * 5
+    assert [len(paths) for paths, _ in Dataset(tmp_path, fixed).batches(4)] == [1] * 5
 
 
 def test_samples_with_different_dynamic_sizes_are_batched_separately(tmp_path):
