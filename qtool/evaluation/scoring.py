@@ -54,17 +54,16 @@ class OutputScorer:
     ) -> None:
         self.threads = threads
         self.weights = weights
-        self._session = create_session(reference, "the float model", threads=threads, weights=weights)
+        self._reference_model = reference
+        self._session: ort.InferenceSession | None = None  # created only when a float output must be computed
         self.samples: list[tuple[Path, Feed]] = list(dataset.samples())
         self.files = [path.name for path, _ in self.samples]
         self.names: list[str] = []
         self._cached: list[list[np.ndarray] | None] = []
-        every = [o.name for o in self._session.get_outputs()]
+        every = [o.name for o in reference.graph.output]
         kept = 0
         for path, feed in self.samples:
-            values = (known.get(path, every) if known is not None else None) or run_session(
-                self._session, None, feed, f"the float model on {path}"
-            )
+            values = (known.get(path, every) if known is not None else None) or self._run_reference(path, feed, every)
             if not self.names:
                 self.names = [n for n, v in zip(every, values, strict=True) if _is_float(v)]
             floats = [np.asarray(v) for v, name in zip(values, every, strict=True) if name in self.names]
@@ -74,12 +73,23 @@ class OutputScorer:
             if on_sample:
                 on_sample(1)
 
+    def _run_reference(self, path: Path, feed: Feed, names: list[str]) -> list[np.ndarray]:
+        if self._session is None:
+            self._session = create_session(
+                self._reference_model, "the float model", threads=self.threads, weights=self.weights
+            )
+        return [np.asarray(v) for v in run_session(self._session, names, feed, f"the float model on {path}")]
+
     def _reference(self, index: int) -> list[np.ndarray]:
         cached = self._cached[index]
         if cached is not None:
             return cached
         path, feed = self.samples[index]
-        return [np.asarray(v) for v in run_session(self._session, self.names, feed, f"the float model on {path}")]
+        return self._run_reference(path, feed, self.names)
+
+    def release(self) -> None:
+        """Free the float model's session (scoring later creates it again if needed)."""
+        self._session = None
 
     def score(self, model: onnx.ModelProto, what: str = "the candidate model") -> OutputScore:
         """Run ``model`` (detached values from the scorer's weights) on the samples and compare its outputs."""

@@ -20,15 +20,38 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+_shared_arena: bool | None = None  # None: not tried yet
+
+
+def _use_shared_arena() -> bool:
+    """Register one CPU arena for all of qtool's sessions (once per process); False if onnxruntime refuses.
+
+    Each session would otherwise keep its own arena at its peak activation size: qtool holds
+    several sessions at once (candidates timed interleaved), and runs them one at a time, so
+    one arena sized for the largest run serves them all.
+    """
+    global _shared_arena
+    if _shared_arena is None:
+        try:
+            memory = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+            ort.create_and_register_allocator(memory, ort.OrtArenaCfg(0, -1, -1, -1))
+            _shared_arena = True
+        except Exception:  # noqa: BLE001 - an onnxruntime without it: every session keeps its own arena
+            _shared_arena = False
+    return _shared_arena
+
+
 def session_options(
     *, threads: int | None = None, level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 ) -> ort.SessionOptions:
-    """Quiet, deterministic onnxruntime session options."""
+    """Quiet, deterministic onnxruntime session options, sharing one CPU memory arena."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = level
     if threads:
         options.intra_op_num_threads = threads
+    if _use_shared_arena():
+        options.add_session_config_entry("session.use_env_allocators", "1")
     return options
 
 

@@ -202,6 +202,7 @@ def choose_placement(
     timing_threads = threads or 1
     choice = PlacementChoice(target, scorer.files, timing_threads, candidates, "auto", "")
     choice.search = search
+    scorer.release()  # its session's memory is not needed while timing
     if settings.latency_runs > 0 and len(candidates) > 1:
         _time_candidates(choice, model_path, plans, weights, settings.latency_runs, scorer, factory)
     _decide(choice)

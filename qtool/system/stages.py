@@ -16,4 +16,18 @@ def stage(name: str) -> Iterator[None]:
     log.info("%s ...", name)
     started = time.perf_counter()
     yield
-    log.info("%s: %.2f s", name, time.perf_counter() - started)
+    log.info("%s: %.2f s (peak memory so far %.0f MB)", name, time.perf_counter() - started, peak_rss_mb())
+
+
+def peak_rss_mb() -> float:
+    """The peak resident memory of this process in MB (VmHWM on Linux, ru_maxrss elsewhere)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -48,11 +48,12 @@ def test_quiet_prints_nothing_but_writes_the_outputs(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("error:")  # errors still show
 
 
-def test_verbose_logs_every_stage_with_its_duration(tmp_path):
+def test_verbose_logs_every_stage_with_its_duration_and_peak_memory(tmp_path):
     r = _qtool("-v", "calibrate", sample("cnn"), calib_dir("cnn"), "-o", tmp_path / "s.json")
     assert r.returncode == 0, r.stderr
-    timed = [line for line in r.stderr.splitlines() if line.startswith("INFO: ") and line.endswith(" s")]
+    timed = [line for line in r.stderr.splitlines() if line.startswith("INFO: ") and " s (peak memory so far " in line]
     assert any("calibrate (float pass):" in line for line in timed), r.stderr
+    assert all(line.endswith(" MB)") for line in timed)
     assert any(line.startswith("INFO: load ") for line in timed)
     assert all(len(line) < 200 for line in r.stderr.splitlines())  # no padding to the pipe width
 
