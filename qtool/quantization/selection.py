@@ -73,6 +73,7 @@ class PlacementChoice:
     fp32_ms: float | None = None
     timing_note: str = ""
     search: FallbackResult | None = None
+    search_note: str = ""  # why no search ran, when it could have
     times: dict[str, list[float]] = field(default_factory=dict, repr=False)  # seconds per run, fp32 included
 
     @property
@@ -161,34 +162,60 @@ def choose_placement(
     for name, (_, model) in plans.items():
         scores[name] = scorer.score(model, f"the '{name}' placement").worst_db
         advance(1)
-    search = None
+    timing_threads = threads or 1
+    choice = PlacementChoice(
+        target, scorer.files, timing_threads, _candidates(plans, aliases, scores, target), "auto", ""
+    )
+    timed = settings.latency_runs > 0 and len(plans) > 1
+    if timed:
+        _time_candidates(choice, model_path, plans, weights, settings.latency_runs, scorer, factory)
     storage_name = next((n for n, a in aliases.items() if n == "storage" or "storage" in a), None)
     storage_meets = storage_name is None or _meets(scores[storage_name], target)
     if not _meets(scores["auto"], target) and storage_meets and settings.target_sqnr_db is not None:
-        auto_plan, auto_model = plans["auto"]
+        faster = _faster_than_storage(choice, storage_name)
+        if timed and choice.fp32_ms is not None and not faster:
+            # The search turns integer nodes back to float compute: its model runs between "auto" and
+            # storage-only, so it can only win if "auto" is measurably faster than storage.
+            choice.search_note = "no search: the integer kernels measured no faster than storage-only here"
+        else:
+            auto_plan, auto_model = plans["auto"]
 
-        def movable(cfg: QConfig) -> tuple[onnx.ModelProto, set[str]]:
-            plan, model = build(cfg)
-            return model, _movable(plan)
+            def movable(cfg: QConfig) -> tuple[onnx.ModelProto, set[str]]:
+                plan, model = build(cfg)
+                return model, _movable(plan)
 
-        searched, search = search_fallback(
-            reference,
-            config,
-            movable,
-            scorer,
-            rank_dataset,
-            target_sqnr_db=target,
-            max_nodes=settings.max_float_nodes,
-            seconds=settings.search_seconds,
-            elements=elements,
-            progress=progress,
-            initial=(auto_model, _movable(auto_plan), scores["auto"]),
-        )
-        if search is not None and search.float_nodes:
-            configs["search"] = searched
-            plan, model = build(searched)
-            plans["search"], aliases["search"], scores["search"] = (plan, model), [], search.final_sqnr_db
-    candidates = [
+            searched, choice.search = search_fallback(
+                reference,
+                config,
+                movable,
+                scorer,
+                rank_dataset,
+                target_sqnr_db=target,
+                max_nodes=settings.max_float_nodes,
+                seconds=settings.search_seconds,
+                elements=elements,
+                progress=progress,
+                initial=(auto_model, _movable(auto_plan), scores["auto"]),
+            )
+            if choice.search is not None and choice.search.float_nodes:
+                configs["search"] = searched
+                plans["search"], aliases["search"] = build(searched), []
+                scores["search"] = choice.search.final_sqnr_db
+                choice.candidates = _candidates(plans, aliases, scores, target)
+                if timed and choice.fp32_ms is not None:  # time everything again, the new candidate among them
+                    _time_candidates(choice, model_path, plans, weights, settings.latency_runs, scorer, factory)
+    scorer.release()
+    _decide(choice)
+    return configs[choice.chosen], choice
+
+
+def _candidates(
+    plans: dict[str, tuple[QuantPlan, onnx.ModelProto]],
+    aliases: dict[str, list[str]],
+    scores: dict[str, float],
+    target: float,
+) -> list[Candidate]:
+    return [
         Candidate(
             name,
             tuple(aliases[name]),
@@ -199,14 +226,13 @@ def choose_placement(
         )
         for name, (plan, _) in plans.items()
     ]
-    timing_threads = threads or 1
-    choice = PlacementChoice(target, scorer.files, timing_threads, candidates, "auto", "")
-    choice.search = search
-    scorer.release()  # its session's memory is not needed while timing
-    if settings.latency_runs > 0 and len(candidates) > 1:
-        _time_candidates(choice, model_path, plans, weights, settings.latency_runs, scorer, factory)
-    _decide(choice)
-    return configs[choice.chosen], choice
+
+
+def _faster_than_storage(choice: PlacementChoice, storage_name: str | None) -> bool:
+    """Whether "auto" measured faster than storage-only by more than :data:`TIE` (True when untimed)."""
+    latency = {c.name: c.latency_ms for c in choice.candidates}
+    auto, storage = latency.get("auto"), latency.get(storage_name or "")
+    return auto is None or storage is None or auto < storage * (1 - TIE)
 
 
 def _time_candidates(

@@ -204,6 +204,7 @@ def _choice_dict(c: PlacementChoice) -> dict[str, Any]:
         "chosen": c.chosen,
         "reason": c.reason,
         "expects_speedup": c.expects_speedup,
+        "search_note": c.search_note,
         "candidates": [
             {
                 "name": k.name,

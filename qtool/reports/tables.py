@@ -217,6 +217,8 @@ def _render_choice(console: Console, c: PlacementChoice, comparison: ComparisonR
             "" if speedup is None else f"{speedup:.2f}x",
         )
     console.print(table)
+    if c.search_note:
+        console.print(f"[yellow]note[/yellow] {c.search_note}", highlight=False)
     if not c.expects_speedup:
         console.print(
             "[yellow]note[/yellow] no integer kernel measured faster than fp32 here: the model runs at fp32 speed "

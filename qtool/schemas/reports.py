@@ -280,6 +280,7 @@ class PlacementChoiceReport(_Report):
     chosen: str
     reason: str
     expects_speedup: bool
+    search_note: str
     candidates: list[PlacementCandidate]
 
 

@@ -241,3 +241,24 @@ def test_float_outputs_kept_by_calibration_spare_the_reference_runs_and_change_n
     assert len(reference_runs) == 64  # compare alone runs the reference on every sample
     kept, rerun = result.comparison.outputs[0], plain.outputs[0]
     assert kept.sqnr_db == pytest.approx(rerun.sqnr_db, abs=0.01)  # the prepared model's outputs: the same to rounding
+
+
+def test_the_search_runs_only_when_integer_kernels_pay_off(tmp_path, monkeypatch):
+    config = tmp_path / "c.yaml"
+    config.write_text(TWO_DAMAGED)  # "auto" misses 30 dB, storage reaches it
+    slow = {"fp32": 1.0e-3, "auto": 1.2e-3, "integer": 1.3e-3, "storage": 1.0e-3, "search": 1.1e-3}
+    monkeypatch.setattr(selection, "time_interleaved", _timing(slow))
+    result = qtool.quantize(sample("cnn"), tmp_path / "a.onnx", data_dir=calib_dir("cnn"), config_path=config)
+    choice = result.placement_choice
+    assert choice is not None and choice.search is None and "no faster than storage" in choice.search_note
+    assert choice.chosen == "storage"
+    fast = {"fp32": 1.0e-3, "auto": 0.5e-3, "integer": 0.45e-3, "storage": 1.0e-3, "search": 0.6e-3}
+    monkeypatch.setattr(selection, "time_interleaved", _timing(fast))
+    result = qtool.quantize(sample("cnn"), tmp_path / "b.onnx", data_dir=calib_dir("cnn"), config_path=config)
+    choice = result.placement_choice
+    assert choice is not None and choice.search is not None and choice.search_note == ""
+    names = [c.name for c in choice.candidates]
+    if choice.search.float_nodes:  # its proposal is a candidate, timed with the others
+        assert "search" in names and next(c for c in choice.candidates if c.name == "search").latency_ms == 0.6
+    reaching = [c for c in choice.candidates if c.meets_target]
+    assert choice.chosen == min(reaching, key=lambda c: c.latency_ms or 0).name
