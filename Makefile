@@ -43,8 +43,9 @@ lint: dev  ## ruff + mypy
 	$(BIN)/ruff format --check qtool tests bench
 	$(BIN)/mypy
 
-bench: $(BIN)/python  ## qtool vs onnxruntime: quantizer, calibrators (sample + real PP-OCR models), 1 GiB model memory
+bench: $(BIN)/python  ## qtool vs onnxruntime: default's cost, quantizer, calibrators (sample, PP-OCR, generated), 1 GiB model memory
 	$(BIN)/pip install --quiet -c $(LOCK) -e ".[bench]"
+	$(BIN)/python bench/cost.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/large_model.py
