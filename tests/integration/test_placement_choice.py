@@ -262,3 +262,33 @@ def test_the_search_runs_only_when_integer_kernels_pay_off(tmp_path, monkeypatch
         assert "search" in names and next(c for c in choice.candidates if c.name == "search").latency_ms == 0.6
     reaching = [c for c in choice.candidates if c.meets_target]
     assert choice.chosen == min(reaching, key=lambda c: c.latency_ms or 0).name
+
+
+def test_real_timing_keeps_quantize_dequantize_overhead_off_a_model_of_tiny_layers(tmp_path):
+    # Six 64x64 MatMuls: Q/DQ around each costs more than int8 saves on any CPU, measured for real here.
+    rng = np.random.default_rng(3)
+    nodes, inits, x = [], [], "x"
+    for i in range(6):
+        inits.append(numpy_helper.from_array((rng.standard_normal((64, 64)) / 8).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"], name=f"mm{i}"))
+        nodes.append(helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}"))
+        x = f"r{i}"
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 64])],
+        inits,
+    )
+    path = tmp_path / "tiny.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(8):
+        np.save(data / f"{i}.npy", rng.standard_normal((1, 64)).astype(np.float32))
+    result = qtool.quantize(path, tmp_path / "q.onnx", data_dir=data, evaluation=None)
+    choice = result.placement_choice
+    assert choice is not None and choice.fp32_ms is not None
+    integer = next(c for c in choice.candidates if c.name == "integer")
+    assert integer.integer_nodes == 6 and integer.latency_ms is not None and integer.latency_ms > choice.fp32_ms
+    assert choice.chosen != "integer" and result.placements.get("integer", 0) == 0
