@@ -21,7 +21,7 @@ dev: $(BIN)/python  ## install qtool with the dev extras, at the locked versions
 demo: install  ## calibrate + quantize the sample CNN, then print the comparison report
 	@mkdir -p $(DEMO)
 	$(BIN)/qtool calibrate sample_models/cnn/model.onnx sample_models/cnn/calib -o $(DEMO)/cnn.stats.json
-	$(BIN)/qtool quantize sample_models/cnn/model.onnx --stats $(DEMO)/cnn.stats.json -o $(DEMO)/cnn.int8.onnx
+	$(BIN)/qtool quantize sample_models/cnn/model.onnx --stats $(DEMO)/cnn.stats.json --search-data sample_models/cnn/calib -o $(DEMO)/cnn.int8.onnx
 	$(BIN)/qtool compare sample_models/cnn/model.onnx $(DEMO)/cnn.int8.onnx --data sample_models/cnn/eval
 
 test: dev  ## run the whole test suite (dependencies from requirements.lock)
