@@ -43,11 +43,12 @@ lint: dev  ## ruff + mypy
 	$(BIN)/ruff format --check qtool tests bench
 	$(BIN)/mypy
 
-bench: $(BIN)/python  ## qtool vs onnxruntime: default's cost, quantizer, calibrators (sample, PP-OCR, generated), 1 GiB model memory
+bench: $(BIN)/python  ## qtool vs onnxruntime: default's cost, quantizer, calibrators, observer overhead, 1 GiB model memory
 	$(BIN)/pip install --quiet -c $(LOCK) -e ".[bench]"
 	$(BIN)/python bench/cost.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/calibration.py
+	$(BIN)/python bench/observers.py
 	$(BIN)/python bench/large_model.py
 
 golden: dev  ## rewrite tests/golden/*.json from the current code (review the diff like code)

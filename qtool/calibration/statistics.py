@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,8 +180,9 @@ def collect_statistics(
 ) -> tuple[dict[str, Observer], int, dict[str, int]]:
     """Run ``prepared`` over ``dataset`` and observe each tensor in ``tensors``.
 
-    Only one batch of activations is alive at a time, whatever the dataset size. With
-    ``outputs``, the graph outputs of each sample run alone (batch size 1) are kept there.
+    Only one batch of activations is alive at a time, whatever the dataset size. The observers of
+    a batch run on all cores (see :class:`_BatchObserver`). With ``outputs``, the graph outputs of
+    each sample run alone (batch size 1) are kept there.
 
     Returns:
         The observers by tensor name, the number of samples seen, and each tensor's
@@ -191,29 +194,86 @@ def collect_statistics(
     default = (observer, options or {})
     specs = {name: (per_tensor or {}).get(name, default) for name in names}
     observers = {name: create_observer(spec[0], None, spec[1]) for name, spec in specs.items()}
-    session = create_session(
-        with_exposed_outputs(prepared, names),
-        "the prepared float model",
-        level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        weights=weights,
-    )
-    seen = 0
-    elements: dict[str, int] = {}
-    graph_outputs = [o.name for o in prepared.graph.output] if outputs is not None else []
-    fetched = list(dict.fromkeys([*names, *graph_outputs]))
-    for paths, feed in dataset.batches(batch_size):
-        count = len(paths)
-        run = run_session(session, fetched, feed, f"the float model on samples of {dataset.directory}")
-        by_name = dict(zip(fetched, run, strict=True))
-        if outputs is not None and count == 1:
-            outputs.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
-        values = [by_name[name] for name in names]
-        del run, by_name
-        for name, value in zip(names, values, strict=True):
-            observers[name].observe(np.asarray(value))
-            elements.setdefault(name, int(np.asarray(value).size) // count)
-        del values  # drop this batch's activations before the next one is computed
-        seen += count
-        if on_progress:
-            on_progress(count)
+    observe = _BatchObserver([observers[name] for name in names])
+    try:
+        session = create_session(
+            with_exposed_outputs(prepared, names),
+            "the prepared float model",
+            level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            weights=weights,
+            # onnxruntime's idle workers would otherwise busy-wait through the observing between runs
+            spinning=observe.threads == 1,
+        )
+        seen = 0
+        elements: dict[str, int] = {}
+        graph_outputs = [o.name for o in prepared.graph.output] if outputs is not None else []
+        fetched = list(dict.fromkeys([*names, *graph_outputs]))
+        for paths, feed in dataset.batches(batch_size):
+            count = len(paths)
+            run = run_session(session, fetched, feed, f"the float model on samples of {dataset.directory}")
+            by_name = dict(zip(fetched, run, strict=True))
+            if outputs is not None and count == 1:
+                outputs.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
+            values = [np.asarray(by_name[name]) for name in names]
+            del run, by_name
+            observe(values)
+            for name, value in zip(names, values, strict=True):
+                elements.setdefault(name, int(value.size) // count)
+            del values  # drop this batch's activations before the next one is computed
+            seen += count
+            if on_progress:
+                on_progress(count)
+    finally:
+        observe.close()
     return observers, seen, elements
+
+
+MAX_OBSERVER_THREADS = 8  # observing is bounded by memory bandwidth well before this
+
+
+def _cores() -> int:
+    """The CPUs this process may run on (its affinity where the OS says, else all of them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+class _BatchObserver:
+    """Shows each observer its tensor of a batch, on every core when the observers allow it.
+
+    Observers are split once into one group per thread, balanced by tensor size; each group is
+    observed in order by one thread, and a batch is finished before the next one is computed. An
+    observer thus sees the same batches in the same order as in one thread: the statistics do
+    not depend on the number of threads. Only observers whose class says ``concurrent`` take part.
+    """
+
+    def __init__(self, observers: Sequence[Observer]) -> None:
+        self.observers = list(observers)
+        parallel = all(type(o).concurrent for o in self.observers)
+        self.threads = min(_cores(), MAX_OBSERVER_THREADS, len(self.observers)) if parallel else 1
+        self.pool = ThreadPoolExecutor(self.threads - 1, "qtool-observe") if self.threads > 1 else None
+        self.groups: list[list[int]] | None = None
+
+    def __call__(self, values: list[np.ndarray]) -> None:
+        if self.pool is None:
+            for observer, value in zip(self.observers, values, strict=True):
+                observer.observe(value)
+            return
+        if self.groups is None:  # sizes of the first batch: later batches have the same shapes, or nearly
+            self.groups = [[] for _ in range(self.threads)]
+            by_size = sorted(range(len(values)), key=lambda i: -values[i].size)
+            for rank, index in enumerate(by_size):  # largest first, dealt out like cards: balanced
+                self.groups[rank % self.threads].append(index)
+        pending = [self.pool.submit(self._observe, group, values) for group in self.groups[1:]]
+        self._observe(self.groups[0], values)
+        for future in pending:
+            future.result()
+
+    def _observe(self, group: list[int], values: list[np.ndarray]) -> None:
+        for index in group:
+            self.observers[index].observe(values[index])
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()

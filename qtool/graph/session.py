@@ -42,9 +42,16 @@ def _use_shared_arena() -> bool:
 
 
 def session_options(
-    *, threads: int | None = None, level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    *,
+    threads: int | None = None,
+    level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    spinning: bool = True,
 ) -> ort.SessionOptions:
-    """Quiet, deterministic onnxruntime session options, sharing one CPU memory arena."""
+    """Quiet, deterministic onnxruntime session options, sharing one CPU memory arena.
+
+    ``spinning=False`` makes onnxruntime's worker threads sleep between runs instead of busy-waiting
+    for the next one, so that work done between runs (observing activations) has the cores.
+    """
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = level
@@ -52,6 +59,8 @@ def session_options(
         options.intra_op_num_threads = threads
     if _use_shared_arena():
         options.add_session_config_entry("session.use_env_allocators", "1")
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 
@@ -63,16 +72,18 @@ def create_session(
     level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     providers: list[str] | None = None,
     weights: Weights | None = None,
+    spinning: bool = True,
 ) -> ort.InferenceSession:
     """An onnxruntime CPU session, with a QtoolError naming ``what`` if onnxruntime refuses the model.
 
     A ModelProto's detached initializers (see :mod:`qtool.graph.weights`) take their values from ``weights``.
+    ``spinning``: see :func:`session_options`.
     """
     if isinstance(model, (str, Path)):
-        return _session(str(model), session_options(threads=threads, level=level), providers, what)
+        return _session(str(model), session_options(threads=threads, level=level, spinning=spinning), providers, what)
     source = model.SerializeToString()
     store = weights or Weights()
-    options = session_options(threads=threads, level=level)
+    options = session_options(threads=threads, level=level, spinning=spinning)
     shared = store.session_options(model, options)
     if not shared:
         return _session(source, options, providers, what)
@@ -82,7 +93,7 @@ def create_session(
     try:
         session = _session(source, options, providers, what, disabled=["ConstantFolding"])
     except QtoolError:
-        options = session_options(threads=threads, level=level)
+        options = session_options(threads=threads, level=level, spinning=spinning)
         shared = store.session_options(model, options, copy=True)
         session = _session(source, options, providers, what)
     session._qtool_initializers = shared  # onnxruntime reads these arrays: they live as long as the session

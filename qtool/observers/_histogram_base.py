@@ -17,10 +17,12 @@ class HistogramObserver(Observer):
     """Keeps a :class:`StreamingHistogram` (one per channel with ``axis``) and the exact min/max.
 
     Subclasses implement :meth:`_range_1d`, which picks a range from one
-    histogram. Non-finite values are left out of the histogram; they still reach
-    the min/max, so the range becomes non-finite and quantization reports it.
-    ``bins`` counts the bins on each side of zero.
+    histogram. Non-finite values are counted as zeros; they reach the min/max, so
+    the range becomes non-finite and quantization reports it. ``bins`` counts the
+    bins on each side of zero.
     """
+
+    concurrent = True
 
     def __init__(self, axis: int | None = None, bins: int = DEFAULT_BINS) -> None:
         super().__init__(axis)
@@ -35,14 +37,21 @@ class HistogramObserver(Observer):
     def observe(self, batch: np.ndarray) -> None:
         if batch.size == 0:
             return
+        if self.axis is None:
+            if self.histogram is None:
+                self.histogram = StreamingHistogram(self.bins)
+            lo, hi = self.histogram.add_with_extremes(batch.reshape(-1))
+            # + 0.0 turns -0.0 into 0.0: the statistics do not depend on which zero came first
+            self.extremes.update_scalar(lo + 0.0, hi + 0.0)
+            return
         flat = channels_first(batch, self.axis)
         if self.histogram is None:
-            self.histogram = StreamingHistogram(self.bins, None if self.axis is None else flat.shape[0])
-        lo, hi = reduce_min_max(batch, self.axis)
-        self.extremes.update(lo, hi)
-        if np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)):
-            self.histogram.add(flat, peak=max(-float(np.min(lo)), float(np.max(hi))))
-        else:  # NaN/Inf reach the extremes (and make the range non-finite), not the histogram
+            self.histogram = StreamingHistogram(self.bins, flat.shape[0])
+        lows, highs = reduce_min_max(batch, self.axis)
+        self.extremes.update(lows + 0.0, highs + 0.0)
+        if np.all(np.isfinite(lows)) and np.all(np.isfinite(highs)):
+            self.histogram.add(flat, peak=max(-float(np.min(lows)), float(np.max(highs))))
+        else:  # NaN/Inf reach the extremes (the range becomes non-finite); the histogram counts them as 0
             finite = np.where(np.isfinite(flat), flat, 0.0)
             self.histogram.add(finite)
 

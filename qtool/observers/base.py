@@ -13,6 +13,11 @@ Contract (what a third-party observer implements):
 * ``state()`` / ``load_state(state)`` - JSON-serialisable statistics and back.
 * ``range(bits, symmetric)`` - the (min, max) to quantize to, scalars or one
   value per channel when ``axis`` is set.
+* ``concurrent`` (optional class attribute, default False) - True when different instances
+  may ``observe`` at the same time in different threads and it pays: calibration then observes a
+  batch's tensors on all cores, and onnxruntime's idle workers sleep between runs instead of
+  spinning (which slows models of many tiny layers). The histogram observers say True: their
+  counting kernel releases the GIL. minmax does not: two numpy passes gain less than that costs.
 
 Observers are found by built-in name, by the name of an installed plugin (the
 ``qtool.observers`` entry-point group) or by a ``package.module:ClassName``
@@ -64,6 +69,7 @@ class Observer(ABC):
     """
 
     name: ClassVar[str]
+    concurrent: ClassVar[bool] = False  # instances may observe in parallel threads (see the module doc)
 
     def __init__(self, axis: int | None = None) -> None:
         self.axis = axis

@@ -11,17 +11,45 @@ That is what lets calibration shards run on different machines and still
 produce the single-run statistics.
 
 With ``axis`` set, one histogram per channel is kept in a 2-D array.
+
+Counting is the observers' whole cost: a compiled kernel (``_counting.c``) reads each float32
+value once for its bin and the batch's extremes; numpy, where the kernel is not built, needs
+several passes. Both give the same counts (tests/unit/test_histogram.py checks it).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
 
+try:
+    from qtool.observers import _counting
+except ImportError:  # installed without a C compiler: numpy counts, exactly as the kernel would
+    _counting = None  # type: ignore[assignment]
+
+_FLOAT32 = np.dtype(np.float32)  # the kernel's dtype (compared by identity: a native float32 array's dtype is it)
+
 DEFAULT_BINS = 2048
 MAX_BINS = 1 << 20  # 16 MiB of counts per histogram: more says nothing more about a range
+
+
+_SCRATCH = threading.local()  # the kernel's sub-histograms: one zeroed buffer per thread, reused
+
+
+def _scratch(bins: int) -> np.ndarray:
+    """The calling thread's zeroed uint32 scratch for the kernel (it hands the buffer back zeroed)."""
+    found: dict[int, np.ndarray] = _SCRATCH.__dict__.setdefault("buffers", {})
+    if bins not in found:
+        found[bins] = np.zeros(4 * (2 * bins + 16), np.uint32)
+    return found[bins]
+
+
+def counting_kernel() -> bool:
+    """Whether the compiled counting kernel is built (pip builds it where a C compiler is found)."""
+    return _counting is not None
 
 
 def _pow2_above(value: float) -> float:
@@ -89,18 +117,47 @@ class StreamingHistogram:
         dtype = np.float32 if 2.0**-100 < inverse < 2.0**100 else np.float64
         scaled = np.multiply(values, dtype(inverse), dtype=dtype)
         np.floor(scaled, out=scaled)
-        index = scaled.astype(np.intp)
         if inverse < 1.0:
             # Scaling down, a tiny negative value can underflow to -0.0 and floor to bin 0 instead
             # of -1: it would land on the other side of zero than in a histogram of another radius.
             underflow = scaled == 0
             if underflow.any():
-                index[underflow & (values < 0)] = -1
-        index += self.bins
+                scaled[underflow & (values < 0)] = -1.0
+        np.add(scaled, self.bins, out=scaled)  # whole numbers below 2**22: exact in float32
+        index = scaled.astype(np.intp)
         if self.channels is not None:
             index += (np.arange(self.channels, dtype=np.intp) * total)[:, None]
         found = np.bincount(index.ravel(), minlength=rows * total)
         self.counts += found.reshape(self.counts.shape)
+
+    def add_with_extremes(self, values: np.ndarray) -> tuple[float, float]:
+        """Count a flat batch (one histogram) and return its min and max.
+
+        NaN and +-inf reach the extremes and are counted as zeros (the range is unusable anyway).
+        With the compiled kernel a float32 batch is read once (twice when the range grows).
+        """
+        if self.channels is not None:
+            raise ValueError("add_with_extremes counts one histogram; per-channel batches go through add()")
+        if _counting is not None and values.dtype is _FLOAT32 and values.size:
+            scratch = _scratch(self.bins)
+            try:
+                lo, hi, counted = _counting.scan(values, self.radius, self.counts, scratch)
+            except (BufferError, ValueError):  # numpy refuses the buffer of a strided view: copy it
+                values = np.ascontiguousarray(values)
+                lo, hi, counted = _counting.scan(values, self.radius, self.counts, scratch)
+            if counted:
+                return lo, hi
+            if math.isfinite(lo) and math.isfinite(hi) and max(-lo, hi) > 0:
+                self._grow_to(_pow2_above(max(-lo, hi)))
+                lo, hi, counted = _counting.scan(values, self.radius, self.counts, scratch)
+                if counted:
+                    return lo, hi
+        lo, hi = float(np.min(values)), float(np.max(values))
+        if math.isfinite(lo) and math.isfinite(hi):
+            self.add(values, peak=max(-lo, hi))
+        else:
+            self.add(np.where(np.isfinite(values), values, 0.0))
+        return lo, hi
 
     def merge(self, other: StreamingHistogram) -> None:
         """Add another histogram's counts (same bins and channels) exactly."""

@@ -24,12 +24,31 @@ class MinMaxObserver(Observer):
     def observe(self, batch: np.ndarray) -> None:
         if batch.size == 0:
             return
+        if self.axis is None:  # the common case, without the per-channel machinery's numpy calls
+            flat = batch.reshape(-1)
+            self.update_scalar(float(flat.min()), float(flat.max()))
+            return
         self.update(*reduce_min_max(batch, self.axis))
 
     def update(self, lo: np.ndarray, hi: np.ndarray) -> None:
         """Fold in a batch's already computed extremes."""
         self.min = lo if self.min is None else np.minimum(self.min, lo)
         self.max = hi if self.max is None else np.maximum(self.max, hi)
+
+    def update_scalar(self, lo: float, hi: float) -> None:
+        """:meth:`update` for a tensor-wide (min, max), with numpy calls only when the extremes move.
+
+        Exactly ``np.minimum(current, lo)`` and ``np.maximum(current, hi)``: NaN wins and stays, and a
+        tie takes the new value (which decides the sign of a zero extreme).
+        """
+        if self.min is None or self.max is None:
+            self.min, self.max = np.asarray(lo), np.asarray(hi)
+            return
+        low, high = float(self.min), float(self.max)
+        if low == low and not low < lo:
+            self.min = np.asarray(lo)
+        if high == high and not high > hi:
+            self.max = np.asarray(hi)
 
     def merge(self, other: Observer) -> None:
         self._check_same_kind(other)

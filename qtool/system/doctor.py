@@ -12,6 +12,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from qtool.graph.opsets import qdq_kernel_opset
+from qtool.observers.histogram import counting_kernel
 from qtool.system.environment import cpu_info, int8_kernels_saturate, versions
 
 
@@ -76,7 +77,11 @@ def diagnose() -> Doctor:
     """Look at this machine: library versions, providers (each loaded once), CPU flags, GPUs."""
     cpu = cpu_info()
     return Doctor(
-        versions={**versions(), "onnx opset": str(onnx.defs.onnx_opset_version())},
+        versions={
+            **versions(),
+            "onnx opset": str(onnx.defs.onnx_opset_version()),
+            "histogram counting": "compiled kernel" if counting_kernel() else "numpy (the C kernel is not built)",
+        },
         system=f"{platform.system()} {platform.release()} ({platform.machine()})",
         cpu=cpu,
         int8_saturates=int8_kernels_saturate(list(cpu["flags"]), str(cpu["machine"])),

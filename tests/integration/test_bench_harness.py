@@ -42,3 +42,30 @@ def test_bench_runs_on_the_sample_mlp(tmp_path):
         assert runs[key]["speedup_1t"] > 0 and runs[key]["compression"] > 3
     assert document["versions"]["onnxruntime"] and document["machine"]["model"]
     assert "| mlp | qtool | default |" in (tmp_path / "latest.md").read_text()
+
+
+def test_observer_bench_runs_on_the_sample_cnn(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "observers.py"),
+            "--models",
+            "cnn",
+            "--observers",
+            "minmax,percentile",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "observers.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["bare", "unexposed", "minmax", "percentile"]
+    assert all(r["seconds"] > 0 and not r["errors"] for r in rows)
+    assert rows[3]["overhead"] is not None and rows[3]["float_pass"] > 0  # the float pass was timed from qtool's log
+    assert "| cnn | percentile |" in (tmp_path / "observers.md").read_text()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -13,8 +15,10 @@ from qtool.observers import (
     PercentileObserver,
     builtin_observers,
     create_observer,
+    histogram,
     observer_class,
 )
+from qtool.observers._reduce import reduce_min_max
 from qtool.quantization.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize
 
 ALL = ["entropy", "mean_std", "minmax", "moving_average", "mse", "percentile"]
@@ -37,6 +41,16 @@ def test_minmax_tracks_extremes_across_batches():
     obs.observe(np.array([-3.0, 0.5]))
     lo, hi = obs.range(8, False)
     assert float(lo) == -3.0 and float(hi) == 2.0
+
+
+def test_minmax_fast_path_keeps_numpys_semantics_for_zeros_and_nan():
+    batches = [np.float32([0.0, 1.0]), np.float32([-0.0, 2.0]), np.float32([-0.0, -0.0]), np.float32([0.0, 0.5])]
+    batches += [np.float32([np.nan, 3.0]), np.float32([-5.0, 9.0])]
+    fast, reference = MinMaxObserver(), MinMaxObserver()
+    for batch in batches:
+        fast.observe(batch)
+        reference.update(*reduce_min_max(batch, None))  # np.minimum / np.maximum, as before the fast path
+        assert json.dumps(fast.state()) == json.dumps(reference.state())
 
 
 def test_moving_average_follows_the_ema_formula():
@@ -108,6 +122,24 @@ def test_mse_observer_picks_the_lowest_error_range_it_tried():
     chosen = quantization_mse(x, lo, hi, False)
     for fraction in (0.5, 0.8, 1.0):
         assert chosen <= quantization_mse(x, fraction * x.min(), fraction * x.max(), False) * 1.05
+
+
+@pytest.mark.parametrize("name", ["entropy", "mse", "percentile"])
+def test_histogram_observers_write_the_same_statistics_with_or_without_the_kernel(monkeypatch, name):
+    rng = np.random.default_rng(7)
+    batches = [rng.normal(0, s, (2, 3000)).astype(np.float32) for s in (0.1, 10.0, 1.0)]
+    batches += [np.float32([-0.0, 0.0]), np.float32([0.0, -0.0]), np.float32([np.nan, 1.0])]
+    states = []
+    for kernel in (histogram._counting, None):
+        monkeypatch.setattr(histogram, "_counting", kernel)
+        obs = create_observer(name)
+        for batch in batches[:-1]:
+            obs.observe(batch)
+        states.append(json.dumps(obs.state()))
+        obs.observe(batches[-1])
+        states.append(json.dumps(obs.state()))  # NaN extremes: compared as text
+    assert states[0] == states[2] and states[1] == states[3]
+    assert "-0.0" not in states[0]  # which zero a batch holds first leaves no trace
 
 
 @pytest.mark.parametrize("name", ALL)
