@@ -129,66 +129,87 @@ def gptq_round(
     scale_full = _per_column(np.asarray(scale, np.float32), rows, k, block_size)
     zero_full = _per_column(np.asarray(zero_point, np.int64), rows, k, block_size)
     codes = round_nearest(w, scale_full, zero_full, qmin, qmax)
-    per_group = rows // groups
-    used_damp, nearest, dead_total = damp, 0, 0
-    for g in range(groups):
-        part = slice(g * per_group, (g + 1) * per_group)
-        live = np.diag(h[g]) > 0
-        dead_total += int((~live).sum()) * per_group
-        if not live.any():
-            continue
-        factor, group_damp = _inverse_factor(h[g][np.ix_(live, live)], damp)
-        if factor is None:
-            nearest += 1
-            continue
-        used_damp = max(used_damp, group_damp)
-        codes[part, live] = _gptq_columns(
-            w[part][:, live], factor, scale_full[part][:, live], zero_full[part][:, live], qmin, qmax, block
+    dead = np.diagonal(h, axis1=1, axis2=2) <= 0  # [groups, K]: inputs that were always zero
+    h = h.copy()
+    h[:, np.arange(k), np.arange(k)] = np.where(dead, 1.0, np.diagonal(h, axis1=1, axis2=2))
+    upper, damps = _inverse_factors(h, damp)
+    ok = ~np.isnan(damps)
+    shape = (groups, rows // groups, k)
+    if ok.any():
+        gptq_codes = _gptq_columns(
+            w.reshape(shape)[ok],
+            upper[ok],
+            scale_full.reshape(shape)[ok],
+            zero_full.reshape(shape)[ok],
+            qmin,
+            qmax,
+            block,
         )
+        grouped = codes.reshape(shape)
+        # A dead column is independent of the others (H is block diagonal there); nearest rounding makes that exact.
+        grouped[ok] = np.where(dead[ok][:, None, :], grouped[ok], gptq_codes)
+        codes = grouped.reshape(rows, k)
+    nearest = int((~ok).sum())
     if nearest:
         log.warning("GPTQ: %d of %d weight groups have a singular Hessian; they use nearest rounding", nearest, groups)
-    return GptqResult(codes, used_damp, nearest, dead_total)
+    used_damp = float(np.nanmax(damps)) if ok.any() else damp * 10**DAMP_RETRIES
+    return GptqResult(codes, used_damp, nearest, int(dead.sum()) * (rows // groups))
 
 
-def _inverse_factor(h: np.ndarray, damp: float) -> tuple[np.ndarray | None, float]:
-    """The upper Cholesky factor of the damped ``H^-1``, retrying with 10x damping; None if it never works."""
-    mean_diag = float(np.mean(np.diag(h)))
-    for attempt in range(DAMP_RETRIES + 1):
-        relative = damp * 10**attempt
-        damped = h + np.eye(len(h)) * relative * mean_diag
-        try:
-            lower = np.linalg.cholesky(damped)
-            inverse_lower = np.linalg.inv(lower)
-            inverse = inverse_lower.T @ inverse_lower
-            upper = np.linalg.cholesky(inverse).T
-        except np.linalg.LinAlgError:
-            continue
-        if np.all(np.isfinite(upper)):
-            return upper, relative
-    return None, damp * 10**DAMP_RETRIES
+def _inverse_factors(h: np.ndarray, damp: float) -> tuple[np.ndarray, np.ndarray]:
+    """Upper Cholesky factors of the damped ``H^-1`` per group, and the damping each needed (NaN: none worked).
+
+    All groups are factorised together first (depthwise Conv has hundreds of tiny ones); only
+    when that fails does each group retry alone with 10x more damping.
+    """
+    try:
+        return _damped_factor(h, damp), np.full(len(h), damp)
+    except np.linalg.LinAlgError:
+        pass
+    upper = np.zeros_like(h)
+    damps = np.full(len(h), np.nan)
+    for g in range(len(h)):
+        for attempt in range(DAMP_RETRIES + 1):
+            try:
+                upper[g] = _damped_factor(h[g : g + 1], damp * 10**attempt)[0]
+            except np.linalg.LinAlgError:
+                continue
+            damps[g] = damp * 10**attempt
+            break
+    return upper, damps
+
+
+def _damped_factor(h: np.ndarray, relative: float) -> np.ndarray:
+    """[groups, K, K] Hessians -> upper ``U`` with ``U^T U = (H + relative * mean(diag H) * I)^-1``."""
+    k = h.shape[-1]
+    mean_diag = np.diagonal(h, axis1=1, axis2=2).mean(axis=1)
+    damped = h + np.eye(k) * (relative * mean_diag)[:, None, None]
+    inverse_lower = np.linalg.inv(np.linalg.cholesky(damped))
+    upper = np.linalg.cholesky(inverse_lower.transpose(0, 2, 1) @ inverse_lower).transpose(0, 2, 1)
+    if not np.all(np.isfinite(upper)):
+        raise np.linalg.LinAlgError("non-finite Cholesky factor")
+    return upper
 
 
 def _gptq_columns(
     w: np.ndarray, upper: np.ndarray, scale: np.ndarray, zero: np.ndarray, qmin: int, qmax: int, block: int
 ) -> np.ndarray:
-    """The GPTQ loop on live columns: [rows, K] floats -> [rows, K] codes."""
+    """The GPTQ loop over [groups, rows, K] weights with [groups, K, K] factors -> codes of that shape."""
     work = w.astype(np.float64)
-    k = work.shape[1]
+    k = work.shape[2]
     codes = np.empty(work.shape, np.int64)
     for start in range(0, k, block):
         stop = min(start + block, k)
-        chunk = work[:, start:stop].copy()
+        chunk = work[:, :, start:stop].copy()
         errors = np.zeros_like(chunk)
-        u = upper[start:stop, start:stop]
+        u = upper[:, start:stop, start:stop]
         for i in range(stop - start):
             column = start + i
-            q = round_nearest(
-                chunk[:, i : i + 1], scale[:, column : column + 1], zero[:, column : column + 1], qmin, qmax
-            )
-            codes[:, column] = q[:, 0]
-            dequantized = ((q[:, 0] - zero[:, column]).astype(np.float32) * scale[:, column]).astype(np.float64)
-            error = (chunk[:, i] - dequantized) / u[i, i]
-            chunk[:, i:] -= np.outer(error, u[i, i:])
-            errors[:, i] = error
-        work[:, stop:] -= errors @ upper[start:stop, stop:]
+            q = round_nearest(chunk[:, :, i], scale[:, :, column], zero[:, :, column], qmin, qmax)
+            codes[:, :, column] = q
+            dequantized = ((q - zero[:, :, column]).astype(np.float32) * scale[:, :, column]).astype(np.float64)
+            error = (chunk[:, :, i] - dequantized) / u[:, i, i, None]
+            chunk[:, :, i:] -= error[:, :, None] * u[:, None, i, i:]
+            errors[:, :, i] = error
+        work[:, :, stop:] -= errors @ upper[:, start:stop, stop:]
     return codes

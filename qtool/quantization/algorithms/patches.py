@@ -185,9 +185,13 @@ def input_stats(
 
 
 def _hessian(patches: np.ndarray) -> np.ndarray:
-    """[P, G, K] patches -> [G, K, K] sums of outer products (a batched BLAS matmul)."""
-    by_group = np.ascontiguousarray(patches.transpose(1, 0, 2), dtype=np.float64)
-    return by_group.transpose(0, 2, 1) @ by_group
+    """[P, G, K] patches -> [G, K, K] sums of outer products, as float64.
+
+    The product runs in float32 BLAS (twice as fast as float64, and this is the costly step);
+    one batch sums at most ``max_positions`` products, and batches add up in float64.
+    """
+    by_group = np.ascontiguousarray(patches.transpose(1, 0, 2), dtype=np.float32)
+    return (by_group.transpose(0, 2, 1) @ by_group).astype(np.float64)
 
 
 def _matmul_stats(

@@ -35,7 +35,7 @@ def test_conv_hessian_and_mean_match_brute_force_im2col(case):
     stats = input_stats(x, geometry, max_positions=10**6)
     patches = im2col(x, kernel, strides, pads, dilations, group)
     assert stats.hessian_count == stats.mean_count == len(patches)
-    np.testing.assert_allclose(stats.hessian_sum, np.einsum("pgk,pgl->gkl", patches, patches), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(stats.hessian_sum, np.einsum("pgk,pgl->gkl", patches, patches), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(stats.mean(), patches.mean(axis=0), rtol=1e-9, atol=1e-12)
     k = channels // group * int(np.prod(kernel))
     assert stats.hessian().shape == (group, k, k) and stats.mean().shape == (group, k)
@@ -48,7 +48,7 @@ def test_subsampled_hessian_uses_exactly_the_drawn_positions_and_the_mean_uses_a
     patches = im2col(x, kernel, strides, pads, dilations, group)
     chosen = patches[sample_positions(len(patches), 7, 3)]
     assert stats.hessian_count == 7 and stats.mean_count == len(patches)
-    np.testing.assert_allclose(stats.hessian_sum, np.einsum("pgk,pgl->gkl", chosen, chosen), rtol=1e-9)
+    np.testing.assert_allclose(stats.hessian_sum, np.einsum("pgk,pgl->gkl", chosen, chosen), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(stats.mean(), patches.mean(axis=0), rtol=1e-9, atol=1e-12)
 
 
@@ -70,11 +70,11 @@ def test_matmul_and_gemm_trans_a_reduce_along_their_axis():
     x = np.random.default_rng(2).normal(size=(2, 3, 5)).astype(np.float32)
     stats = input_stats(x, MatMulGeometry())
     rows = x.reshape(-1, 5).astype(np.float64)
-    np.testing.assert_allclose(stats.hessian_sum[0], rows.T @ rows, rtol=1e-12)
+    np.testing.assert_allclose(stats.hessian_sum[0], rows.T @ rows, rtol=1e-5)
     np.testing.assert_allclose(stats.mean()[0], rows.mean(axis=0), rtol=1e-12)
     gemm = input_stats(np.ascontiguousarray(x[0].T), MatMulGeometry(reduction_axis=0))  # Gemm transA: A is [K, M]
     a = x[0].astype(np.float64)
-    np.testing.assert_allclose(gemm.hessian_sum[0], a.T @ a, rtol=1e-12)
+    np.testing.assert_allclose(gemm.hessian_sum[0], a.T @ a, rtol=1e-5)
 
 
 def test_shards_merge_to_the_whole_and_survive_serialisation():
@@ -85,7 +85,7 @@ def test_shards_merge_to_the_whole_and_survive_serialisation():
     first, second = input_stats(x[:1], geometry), input_stats(x[1:], geometry)
     merged = InputStats.from_arrays(first.to_arrays()).merge(InputStats.from_arrays(second.to_arrays()))
     assert merged.hessian_count == whole.hessian_count and merged.mean_count == whole.mean_count
-    np.testing.assert_allclose(merged.hessian_sum, whole.hessian_sum, rtol=1e-12)
+    np.testing.assert_allclose(merged.hessian_sum, whole.hessian_sum, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(merged.mean_sum, whole.mean_sum, rtol=1e-12)
 
 
