@@ -1,0 +1,215 @@
+"""GPTQ: round a weight column by column, pushing each column's error onto the columns not yet rounded.
+
+With the input Hessian ``H = E[x x^T]``, rounding column ``k`` and then correcting the
+remaining columns by ``-(error / U_kk) U_k,k+1:`` (``U`` the upper Cholesky factor of
+``H^-1``) minimises ``||(Q - W) X||^2`` greedily instead of ``||Q - W||^2``
+(Frantar et al., 2022). The scale and zero point are fixed inputs: GPTQ only picks
+different integers on the same grid as nearest rounding, so the caller's qparams stay valid.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from qtool.errors import QtoolError
+from qtool.quantization.qparams import QParams
+
+log = logging.getLogger(__name__)
+
+WeightKind = Literal["Conv", "MatMul", "Gemm"]
+DAMP_RETRIES = 3  # damping x10 this many times when the Cholesky factorisation fails
+
+
+@dataclass(frozen=True, eq=False)
+class GptqResult:
+    """The integer codes GPTQ chose, and how it got there."""
+
+    codes: np.ndarray  # int64 [rows, K], on the caller's grid
+    damp: float  # the largest relative damping a group needed
+    nearest_groups: int  # groups whose Hessian never factorised: their codes are nearest rounding
+    dead_columns: int  # inputs that were always zero: their codes are nearest rounding
+
+    @property
+    def method(self) -> str:
+        return "gptq" if self.nearest_groups == 0 else "nearest"
+
+
+def weight_rows(weight: np.ndarray, kind: WeightKind, *, trans_b: bool = False) -> np.ndarray:
+    """A weight as [rows, K]: one row per output, K along the reduction (Conv: channel, kernel... order)."""
+    if kind == "Conv":
+        return weight.reshape(weight.shape[0], -1)
+    if kind == "Gemm" and trans_b:  # B is [N, K]
+        return weight
+    if weight.ndim != 2:
+        raise QtoolError(f"{kind} weight of shape {weight.shape} is not 2-D", hint="keep this node out of GPTQ")
+    return weight.T  # B is [K, N]
+
+
+def rows_to_weight(rows: np.ndarray, shape: tuple[int, ...], kind: WeightKind, *, trans_b: bool = False) -> np.ndarray:
+    """The inverse of :func:`weight_rows`: [rows, K] back to the weight's own ``shape``."""
+    if kind == "Conv" or (kind == "Gemm" and trans_b):
+        return rows.reshape(shape)
+    return rows.T.reshape(shape)
+
+
+def qparams_rows(
+    qp: QParams, weight: np.ndarray, kind: WeightKind, *, trans_b: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """``qp``'s scale and zero point expanded to the weight's [rows, K] layout."""
+    length = weight.shape[qp.axis] if qp.axis is not None else 0
+    scale = np.broadcast_to(qp.expand(qp.scale, weight.ndim, length), weight.shape)
+    zero = np.broadcast_to(qp.expand(qp.zero_point.astype(np.int64), weight.ndim, length), weight.shape)
+    return weight_rows(scale, kind, trans_b=trans_b), weight_rows(zero, kind, trans_b=trans_b)
+
+
+def _per_column(values: np.ndarray | float, rows: int, k: int, block_size: int | None) -> np.ndarray:
+    """Scale or zero point broadcast to [rows, K]: scalar, per row, per element or per block of K."""
+    array = np.asarray(values)
+    if block_size is not None:
+        array = array.reshape(rows, -1)
+        array = np.repeat(array, block_size, axis=1)[:, :k]
+    elif array.ndim == 1:
+        array = array[:, None]
+    return np.broadcast_to(array, (rows, k))
+
+
+def round_nearest(
+    weight_rows: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, qmin: int, qmax: int
+) -> np.ndarray:
+    """QuantizeLinear's rounding of [rows, K] with per-element scale and zero point (all [rows, K])."""
+    steps = np.rint(weight_rows.astype(np.float32) / scale)
+    zero = zero_point.astype(np.int64)
+    steps = np.clip(steps, qmin - zero, qmax - zero)
+    return steps.astype(np.int64) + zero
+
+
+def gptq_round(
+    weight_rows: np.ndarray,
+    hessian: np.ndarray,
+    scale: np.ndarray | float,
+    zero_point: np.ndarray | int,
+    qmin: int,
+    qmax: int,
+    *,
+    damp: float = 0.01,
+    block: int = 128,
+    block_size: int | None = None,
+) -> GptqResult:
+    """Integer codes for ``weight_rows`` that minimise the output error on inputs with ``hessian``.
+
+    Args:
+        weight_rows: the float weight as [rows, K] (see :func:`weight_rows`).
+        hessian: ``E[x x^T]`` as [K, K], or [groups, K, K] for grouped Conv (rows split evenly).
+        scale: float32 scale: a scalar, per row [rows], per element [rows, K] or, with
+            ``block_size``, per block of K [rows, ceil(K / block_size)].
+        zero_point: the zero point, shaped like ``scale``.
+        qmin: the smallest code (``QParams.qmin``, which honours a narrow range).
+        qmax: the largest code.
+        damp: added to H's diagonal as a fraction of its mean, for a stable inverse.
+        block: columns updated together (speed only; the result does not depend on it).
+        block_size: the block length along K of a per-block scale.
+
+    Returns:
+        The codes, on the same grid as nearest rounding with this scale and zero point.
+    """
+    w = np.asarray(weight_rows, np.float32)
+    rows, k = w.shape
+    h = np.asarray(hessian, np.float64)
+    h = h[None] if h.ndim == 2 else h
+    groups = h.shape[0]
+    if h.shape[1:] != (k, k) or rows % groups:
+        raise QtoolError(
+            f"a Hessian of shape {np.shape(hessian)} does not fit a weight of {rows} rows x {k} columns",
+            hint="the input statistics were collected for another node",
+        )
+    scale_full = _per_column(np.asarray(scale, np.float32), rows, k, block_size)
+    zero_full = _per_column(np.asarray(zero_point, np.int64), rows, k, block_size)
+    codes = round_nearest(w, scale_full, zero_full, qmin, qmax)
+    dead = np.diagonal(h, axis1=1, axis2=2) <= 0  # [groups, K]: inputs that were always zero
+    h = h.copy()
+    h[:, np.arange(k), np.arange(k)] = np.where(dead, 1.0, np.diagonal(h, axis1=1, axis2=2))
+    upper, damps = _inverse_factors(h, damp)
+    ok = ~np.isnan(damps)
+    shape = (groups, rows // groups, k)
+    if ok.any():
+        gptq_codes = _gptq_columns(
+            w.reshape(shape)[ok],
+            upper[ok],
+            scale_full.reshape(shape)[ok],
+            zero_full.reshape(shape)[ok],
+            qmin,
+            qmax,
+            block,
+        )
+        grouped = codes.reshape(shape)
+        # A dead column is independent of the others (H is block diagonal there); nearest rounding makes that exact.
+        grouped[ok] = np.where(dead[ok][:, None, :], grouped[ok], gptq_codes)
+        codes = grouped.reshape(rows, k)
+    nearest = int((~ok).sum())
+    if nearest:
+        log.warning("GPTQ: %d of %d weight groups have a singular Hessian; they use nearest rounding", nearest, groups)
+    used_damp = float(np.nanmax(damps)) if ok.any() else damp * 10**DAMP_RETRIES
+    return GptqResult(codes, used_damp, nearest, int(dead.sum()) * (rows // groups))
+
+
+def _inverse_factors(h: np.ndarray, damp: float) -> tuple[np.ndarray, np.ndarray]:
+    """Upper Cholesky factors of the damped ``H^-1`` per group, and the damping each needed (NaN: none worked).
+
+    All groups are factorised together first (depthwise Conv has hundreds of tiny ones); only
+    when that fails does each group retry alone with 10x more damping.
+    """
+    try:
+        return _damped_factor(h, damp), np.full(len(h), damp)
+    except np.linalg.LinAlgError:
+        pass
+    upper = np.zeros_like(h)
+    damps = np.full(len(h), np.nan)
+    for g in range(len(h)):
+        for attempt in range(DAMP_RETRIES + 1):
+            try:
+                upper[g] = _damped_factor(h[g : g + 1], damp * 10**attempt)[0]
+            except np.linalg.LinAlgError:
+                continue
+            damps[g] = damp * 10**attempt
+            break
+    return upper, damps
+
+
+def _damped_factor(h: np.ndarray, relative: float) -> np.ndarray:
+    """[groups, K, K] Hessians -> upper ``U`` with ``U^T U = (H + relative * mean(diag H) * I)^-1``."""
+    k = h.shape[-1]
+    mean_diag = np.diagonal(h, axis1=1, axis2=2).mean(axis=1)
+    damped = h + np.eye(k) * (relative * mean_diag)[:, None, None]
+    inverse_lower = np.linalg.inv(np.linalg.cholesky(damped))
+    upper = np.linalg.cholesky(inverse_lower.transpose(0, 2, 1) @ inverse_lower).transpose(0, 2, 1)
+    if not np.all(np.isfinite(upper)):
+        raise np.linalg.LinAlgError("non-finite Cholesky factor")
+    return upper
+
+
+def _gptq_columns(
+    w: np.ndarray, upper: np.ndarray, scale: np.ndarray, zero: np.ndarray, qmin: int, qmax: int, block: int
+) -> np.ndarray:
+    """The GPTQ loop over [groups, rows, K] weights with [groups, K, K] factors -> codes of that shape."""
+    work = w.astype(np.float64)
+    k = work.shape[2]
+    codes = np.empty(work.shape, np.int64)
+    for start in range(0, k, block):
+        stop = min(start + block, k)
+        chunk = work[:, :, start:stop].copy()
+        errors = np.zeros_like(chunk)
+        u = upper[:, start:stop, start:stop]
+        for i in range(stop - start):
+            column = start + i
+            q = round_nearest(chunk[:, :, i], scale[:, :, column], zero[:, :, column], qmin, qmax)
+            codes[:, :, column] = q
+            dequantized = ((q - zero[:, :, column]).astype(np.float32) * scale[:, :, column]).astype(np.float64)
+            error = (chunk[:, :, i] - dequantized) / u[:, i, i, None]
+            chunk[:, :, i:] -= error[:, :, None] * u[:, None, i, i:]
+            errors[:, :, i] = error
+        work[:, :, stop:] -= errors @ upper[:, start:stop, stop:]
+    return codes
