@@ -85,7 +85,7 @@ def quantize(
         typer.Option(
             "--latency-runs",
             metavar="N",
-            help="Timing rounds per candidate placement (default: accuracy.latency_runs, 10; 0: no timing, "
+            help="Timing rounds per candidate placement (default: accuracy.latency_runs, 5; 0: no timing, "
             "the config's placement rules decide).",
         ),
     ] = None,

@@ -40,7 +40,7 @@ from qtool.quantization.plan import QuantPlan
 from qtool.quantization.search import FallbackResult, search_fallback
 
 TIE = 0.05  # candidates within 5 % of the fastest median latency count as equally fast
-TIMING_SECONDS = 10.0  # timing stops after this long once MIN_ROUNDS rounds are done
+TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are done
 MIN_ROUNDS = 3
 TIMING_MAX_BYTES = 1 << 30  # the float model's bytes times the sessions timed together; past it, no timing
 
