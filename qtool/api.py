@@ -179,6 +179,18 @@ def _quantize_in_memory(
     return plan, quantized, report
 
 
+def _check_search(search: SearchOptions) -> None:
+    """Refuse search settings that cannot mean anything (the config's are checked by its schema)."""
+    if (search.max_float_nodes is not None and search.max_float_nodes < 1) or (
+        search.samples is not None and search.samples < 1
+    ):
+        raise QtoolError("--max-float-nodes and the number of search samples must be >= 1")
+    if search.search_seconds is not None and not 0 < search.search_seconds <= 86_400:
+        raise QtoolError("--search-seconds must be a number of seconds above 0 (at most 86400)")
+    if search.latency_runs is not None and not 0 <= search.latency_runs <= 10_000:
+        raise QtoolError("--latency-runs must be an integer from 0 to 10000")
+
+
 def _choose_placement(
     state: _Prepared,
     config: QConfig,
@@ -199,10 +211,6 @@ def _choose_placement(
     )
     if accuracy.target_sqnr_db is None:
         return config, None
-    if accuracy.max_float_nodes < 1 or accuracy.samples < 1:
-        raise QtoolError("--max-float-nodes and the number of search samples must be >= 1")
-    if accuracy.search_seconds <= 0 or accuracy.latency_runs < 0:
-        raise QtoolError("--search-seconds must be > 0 and --latency-runs >= 0")
     config = replace(config, accuracy=accuracy)
 
     def spread(count: int) -> Dataset:
@@ -277,6 +285,8 @@ def quantize(
             f"output {output_path} is the input model; qtool never overwrites its input", hint="choose another -o path"
         )
     config = load_config(config_path)
+    if search is not None:
+        _check_search(search)  # before any work: a bad budget must not cost a calibration
     state = _prepare(model_path, config, output.opset)
     kept_outputs: FloatOutputs | None = None
     if stats_path is not None:

@@ -292,3 +292,12 @@ def test_real_timing_keeps_quantize_dequantize_overhead_off_a_model_of_tiny_laye
     integer = next(c for c in choice.candidates if c.name == "integer")
     assert integer.integer_nodes == 6 and integer.latency_ms is not None and integer.latency_ms > choice.fp32_ms
     assert choice.chosen != "integer" and result.placements.get("integer", 0) == 0
+
+
+@pytest.mark.parametrize("flag", [("--search-seconds", "nan"), ("--search-seconds", "0"), ("--latency-runs", "-1")])
+def test_nonsense_budgets_are_usage_errors_and_nothing_is_written(tmp_path, flag):
+    out = tmp_path / "q.onnx"
+    r = CliRunner().invoke(
+        app, ["quantize", str(sample("cnn")), "--data", str(calib_dir("cnn")), "-o", str(out), *flag]
+    )
+    assert r.exit_code == 2 and flag[0] in r.stderr and not out.exists()
