@@ -41,6 +41,7 @@ from bench.generated import GENERATORS, generated_model  # noqa: E402
 from bench.measure import run_worker  # noqa: E402
 from bench.real_data import MODELS as REAL_MODELS  # noqa: E402
 from bench.real_data import RegistryUnavailable, real_model  # noqa: E402
+from bench.run import accuracy, latency_medians  # noqa: E402
 from qtool.system.environment import cpu_info  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -49,7 +50,6 @@ TIME_BOUND, MEMORY_BOUND = 3.0, 1.5
 
 WORKER = r"""
 import json, sys, time
-from pathlib import Path
 tool, model, calib, out = sys.argv[1:5]
 start = time.perf_counter()
 if tool == "qtool":
@@ -60,71 +60,17 @@ if tool == "qtool":
         if e.code:
             raise
 else:
-    import numpy as np
-    import onnx
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                          quantize_static)
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-    name = onnx.load(model).graph.input[0].name
-    files = sorted(Path(calib).glob("*.npy"))
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(files)
-        def get_next(self):
-            f = next(self.it, None)
-            return None if f is None else {name: np.load(f)[None]}
-
-    source = out + ".pre.onnx"
-    try:
-        quant_pre_process(model, source)
-    except Exception:
-        source = model
-    quantize_static(source, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    calibrate_method=CalibrationMethod.MinMax)
+    from bench.measure import onnxruntime_quantize_static
+    onnxruntime_quantize_static(model, calib, out, per_channel=True, method="MinMax")
 from bench.measure import peak_rss_kb
 print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_kb() / 1024}))
 """
 
 
-def _session(path: Path, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def _sqnr(model: Path, candidate: Path, eval_dir: Path) -> float:
-    ref, cand = _session(model, 2), _session(candidate, 2)
-    name = ref.get_inputs()[0].name
-    signal = noise = 0.0
-    for f in sorted(eval_dir.glob("*.npy")):
-        feed = {name: np.load(f)[None]}
-        for r, c in zip(ref.run(None, feed), cand.run(None, feed), strict=True):
-            r64, c64 = np.asarray(r, np.float64).ravel(), np.asarray(c, np.float64).ravel()
-            signal += float(r64 @ r64)
-            noise += float((r64 - c64) @ (r64 - c64))
-    return float(10 * np.log10(signal / noise)) if noise else float("inf")
-
-
 def _speedups(model: Path, candidates: dict[str, Path], eval_dir: Path, runs: int) -> dict[str, float]:
     """fp32 median / candidate median at 1 thread, interleaved."""
-    import time
-
-    sessions = {"fp32": _session(model, 1), **{k: _session(p, 1) for k, p in candidates.items()}}
-    feed = {sessions["fp32"].get_inputs()[0].name: np.load(sorted(eval_dir.glob("*.npy"))[0])[None]}
-    for session in sessions.values():
-        for _ in range(3):
-            session.run(None, feed)
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    for _ in range(runs):
-        for key, session in sessions.items():
-            begin = time.perf_counter()
-            session.run(None, feed)
-            times[key].append(time.perf_counter() - begin)
-    fp32 = float(np.median(times["fp32"]))
-    return {k: fp32 / float(np.median(times[k])) for k in candidates}
+    medians = latency_medians({"fp32": model, **candidates}, eval_dir, 1, runs)
+    return {key: medians["fp32"] / medians[key] for key in candidates}
 
 
 def _models(selected: list[str]) -> dict[str, tuple[Path, Path, Path]]:
@@ -178,7 +124,7 @@ def main() -> None:
                 }
             done = {tool: path for tool, path in outputs.items() if path.exists()}
             for tool, path in done.items():
-                row[tool]["sqnr_db"] = _sqnr(model, path, evaluation)  # type: ignore[index]
+                row[tool]["sqnr_db"] = accuracy(model, path, evaluation)["sqnr_db"]  # type: ignore[index]
             for tool, speedup in _speedups(model, done, evaluation, args.runs).items():
                 row[tool]["speedup_1t"] = speedup  # type: ignore[index]
             report = outputs["qtool"].with_name(outputs["qtool"].name + ".json")

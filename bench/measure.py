@@ -53,3 +53,52 @@ def run_worker(script: str, args: list[str], timeout: int, root: str) -> dict[st
         lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
         return {"error": (lines[-1] if lines else f"exit {proc.returncode}")[:240]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def onnxruntime_quantize_static(model: str, calib: str, out: str, *, per_channel: bool, method: str) -> str:
+    """onnxruntime's ``quant_pre_process`` + ``quantize_static`` (QDQ, uint8 activations, int8 weights).
+
+    Feeds every ``*.npy`` file of ``calib`` (sorted) to the model's single input. ``method`` names a
+    ``CalibrationMethod`` (MinMax, Entropy, Percentile). Returns a note: empty, or why pre-processing
+    was skipped.
+    """
+    from pathlib import Path
+
+    import numpy as np
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    name = onnx.load(model).graph.input[0].name
+    files = sorted(Path(calib).glob("*.npy"))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(files)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            f = next(self.it, None)
+            return None if f is None else {name: np.load(f)[None]}
+
+    source, note = out + ".pre.onnx", ""
+    try:
+        quant_pre_process(model, source)
+    except Exception as e:  # noqa: BLE001 - onnxruntime's symbolic shape inference fails on many models
+        source, note = model, f"quant_pre_process failed ({type(e).__name__}); quantized without it"
+    quantize_static(
+        source,
+        out,
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=per_channel,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=getattr(CalibrationMethod, method),
+    )
+    return note

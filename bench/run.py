@@ -88,30 +88,10 @@ if tool == "qtool":
         Path(config).write_text(setting)
     qtool.quantize(model, out, data_dir=calib, config_path=config, evaluation=None)
 else:
-    import numpy as np
-    import onnx
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                          quantize_static)
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    from bench.measure import onnxruntime_quantize_static
     settings = json.loads(setting)
-    name = onnx.load(model).graph.input[0].name
-    files = sorted(Path(calib).glob("*.npy"))
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(files)
-        def get_next(self):
-            f = next(self.it, None)
-            return None if f is None else {name: np.load(f)[None]}
-
-    source = out + ".pre.onnx"
-    try:
-        quant_pre_process(model, source)
-    except Exception as e:
-        source, note = model, f"quant_pre_process failed ({type(e).__name__}); quantized without it"
-    quantize_static(source, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=settings["per_channel"],
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    calibrate_method=getattr(CalibrationMethod, settings["method"]))
+    note = onnxruntime_quantize_static(model, calib, out, per_channel=settings["per_channel"],
+                                       method=settings["method"])
 from bench.measure import peak_rss_kb
 elapsed = time.perf_counter() - start
 print(json.dumps({"seconds": elapsed, "peak_rss_mb": peak_rss_kb() / 1024,
@@ -123,7 +103,7 @@ def _quantize(tool: str, setting: str, model: Path, calib: Path, out: Path, time
     return run_worker(WORKER, [tool, str(model), str(calib), str(out), setting], timeout, str(ROOT))
 
 
-def _session(path: Path, threads: int, optimized: Path | None = None) -> ort.InferenceSession:
+def open_session(path: Path, threads: int, optimized: Path | None = None) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = threads
@@ -132,8 +112,8 @@ def _session(path: Path, threads: int, optimized: Path | None = None) -> ort.Inf
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _accuracy(model: Path, candidate: Path, eval_dir: Path) -> dict[str, float]:
-    ref, cand = _session(model, 2), _session(candidate, 2)
+def accuracy(model: Path, candidate: Path, eval_dir: Path) -> dict[str, float]:
+    ref, cand = open_session(model, 2), open_session(candidate, 2)
     name = ref.get_inputs()[0].name
     signal = noise = dot = cand_sq = 0.0
     for f in sorted(eval_dir.glob("*.npy")):
@@ -154,7 +134,7 @@ def _integer_kernels(model: Path, candidate: Path, tmp: Path) -> tuple[float, co
     """Fraction of the float model's Conv/MatMul/Gemm that run as integer kernels, and those kernels by type."""
     compute = sum(1 for n in onnx.load(str(model)).graph.node if n.op_type in COMPUTE_OPS)
     optimized = tmp / f"{candidate.stem}.optimized.onnx"
-    _session(candidate, 1, optimized)
+    open_session(candidate, 1, optimized)
     ops = collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node if n.op_type in INTEGER_KERNELS)
     return (min(1.0, sum(ops.values()) / compute) if compute else 0.0), ops
 
@@ -171,8 +151,8 @@ def _predicted_kernels(model: Path, setting: str, tmp: Path, calib: Path) -> col
     return collections.Counter(r.kernel for r in rows if not r.kernel.startswith("float"))
 
 
-def _latency(paths: dict[str, Path], feed_dir: Path, threads: int, runs: int) -> dict[str, float]:
-    sessions = {key: _session(path, threads) for key, path in paths.items()}
+def latency_medians(paths: dict[str, Path], feed_dir: Path, threads: int, runs: int) -> dict[str, float]:
+    sessions = {key: open_session(path, threads) for key, path in paths.items()}
     first = next(iter(sessions.values()))
     feed = {first.get_inputs()[0].name: np.load(sorted(feed_dir.glob("*.npy"))[0])[None]}
     for session in sessions.values():
@@ -228,11 +208,11 @@ def main() -> None:
                 result = _quantize(tool, setting, model, calib, out, args.timeout)
                 if "error" not in result:
                     try:
-                        _session(out, 1)
+                        open_session(out, 1)
                     except Exception as e:  # noqa: BLE001 - a model onnxruntime refuses is a result too
                         result = {**result, "error": f"onnxruntime cannot load it: {str(e).splitlines()[0][:200]}"}
                 if "error" not in result:
-                    result.update(_accuracy(model, out, evaluation))
+                    result.update(accuracy(model, out, evaluation))
                     result["compression"] = model.stat().st_size / out.stat().st_size
                     fraction, kernels = _integer_kernels(model, out, tmp)
                     result["integer_fraction"] = fraction
@@ -245,7 +225,7 @@ def main() -> None:
                 runs[key] = result
                 print(f"{name} {key}: {result}", file=sys.stderr)
             for threads in (1, 2):
-                medians = _latency({"fp32": model, **outputs}, evaluation, threads, args.runs)
+                medians = latency_medians({"fp32": model, **outputs}, evaluation, threads, args.runs)
                 for key in runs:
                     if key in medians:
                         runs[key][f"latency_ms_{threads}t"] = medians[key]

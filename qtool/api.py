@@ -43,6 +43,7 @@ from qtool.quantization.rewrite import RewriteReport, check_quantized_model, ins
 from qtool.quantization.roles import static_elements
 from qtool.quantization.selection import PlacementChoice, choose_placement
 from qtool.results import ModelFile, ProgressFactory, QuantizeResult, noop_progress
+from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
 from qtool.system.stages import stage
 
 log = logging.getLogger(__name__)
@@ -185,10 +186,10 @@ def _check_search(search: SearchOptions) -> None:
         search.samples is not None and search.samples < 1
     ):
         raise QtoolError("--max-float-nodes and the number of search samples must be >= 1")
-    if search.search_seconds is not None and not 0 < search.search_seconds <= 86_400:
-        raise QtoolError("--search-seconds must be a number of seconds above 0 (at most 86400)")
-    if search.latency_runs is not None and not 0 <= search.latency_runs <= 10_000:
-        raise QtoolError("--latency-runs must be an integer from 0 to 10000")
+    if search.search_seconds is not None and not 0 < search.search_seconds <= MAX_SEARCH_SECONDS:
+        raise QtoolError(f"--search-seconds must be a number of seconds above 0 (at most {MAX_SEARCH_SECONDS})")
+    if search.latency_runs is not None and not 0 <= search.latency_runs <= MAX_LATENCY_RUNS:
+        raise QtoolError(f"--latency-runs must be an integer from 0 to {MAX_LATENCY_RUNS}")
 
 
 def _choose_placement(

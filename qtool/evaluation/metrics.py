@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -14,6 +13,7 @@ from qtool.calibration.dataset import Dataset, Feed
 from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
 from qtool.evaluation.output_kinds import OutputKind, OutputSource, decide_kind, task_note
+from qtool.evaluation.timing import time_interleaved
 from qtool.graph.session import run_session
 
 
@@ -86,8 +86,9 @@ class ErrorAccumulator:
         return ErrorMetrics(name, mse, sqnr, cosine, self.max_abs, self.count)
 
 
-def _is_float(value: np.ndarray) -> bool:
-    return np.issubdtype(np.asarray(value).dtype, np.floating)
+def is_float(value: object) -> bool:
+    """Whether an onnxruntime output is a float tensor (not an integer tensor, a sequence or a map)."""
+    return isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,7 @@ def output_metrics(
         )
         cand_values = run_session(candidate, names, feed, f"the candidate model on {path}")
         for name, r, c in zip(names, ref_values, cand_values, strict=True):
-            if not _is_float(r):
+            if not is_float(r):
                 continue
             if np.shape(r) != np.shape(c):
                 raise QtoolError(
@@ -293,23 +294,21 @@ def measure_latency(
     provider: str = "CPUExecutionProvider",
     on_progress: Callable[[int], None] | None = None,
 ) -> LatencyComparison:
-    """Time both sessions on ``feed``: warm-up runs, then timed runs interleaved A, B, A, B, ...
+    """Time both sessions on ``feed``: warm-up runs, then ``runs`` timed rounds interleaved.
 
-    Interleaving makes machine noise (frequency changes, other processes) hit
-    both models alike.
+    Interleaving (see :func:`qtool.evaluation.timing.time_interleaved`) makes machine noise
+    (frequency changes, other processes) hit both models alike.
     """
-    for _ in range(warmup):
-        run_session(reference, None, feed, "the reference model")
-        run_session(candidate, None, feed, "the candidate model")
-    ref_times: list[float] = []
-    cand_times: list[float] = []
-    for _ in range(runs):
-        for session, times in ((reference, ref_times), (candidate, cand_times)):
-            start = time.perf_counter()
-            session.run(None, feed)
-            times.append(time.perf_counter() - start)
-        if on_progress:
-            on_progress(1)
+    times = time_interleaved(
+        {"the reference model": reference, "the candidate model": candidate},
+        feed,
+        rounds=runs,
+        seconds=math.inf,
+        min_rounds=runs,
+        warmup=warmup,
+        on_round=on_progress,
+    )
+    ref_times, cand_times = times["the reference model"], times["the candidate model"]
     return LatencyComparison(
         provider, threads, LatencyStats.from_seconds(ref_times), LatencyStats.from_seconds(cand_times)
     )

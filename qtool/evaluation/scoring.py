@@ -20,7 +20,7 @@ import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset, Feed
 from qtool.calibration.outputs import FloatOutputs
-from qtool.evaluation.metrics import ErrorAccumulator
+from qtool.evaluation.metrics import ErrorAccumulator, is_float
 from qtool.graph.session import create_session, run_session
 from qtool.graph.weights import Weights
 
@@ -65,7 +65,7 @@ class OutputScorer:
         for path, feed in self.samples:
             values = (known.get(path, every) if known is not None else None) or self._run_reference(path, feed, every)
             if not self.names:
-                self.names = [n for n, v in zip(every, values, strict=True) if _is_float(v)]
+                self.names = [n for n, v in zip(every, values, strict=True) if is_float(v)]
             floats = [np.asarray(v) for v, name in zip(values, every, strict=True) if name in self.names]
             size = sum(v.nbytes for v in floats)
             self._cached.append(floats if kept + size <= CACHED_BYTES else None)
@@ -105,7 +105,3 @@ class OutputScorer:
                 if np.shape(r) == np.shape(c):
                     accumulators[name].add(r, np.asarray(c))
         return OutputScore({name: acc.metrics(name).sqnr_db for name, acc in accumulators.items() if acc.count})
-
-
-def _is_float(value: object) -> bool:
-    return isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import onnx
 
-from qtool.calibration.dataset import Dataset
+from qtool.calibration.dataset import Dataset, Feed
 from qtool.calibration.outputs import FloatOutputs
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
@@ -166,9 +166,10 @@ def choose_placement(
     choice = PlacementChoice(
         target, scorer.files, timing_threads, _candidates(plans, aliases, scores, target), "auto", ""
     )
-    timed = settings.latency_runs > 0 and len(plans) > 1
+    timed = settings.latency_runs > 0 and len(plans) > 1 and bool(scorer.samples)
+    feed = scorer.samples[0][1] if timed else {}  # every candidate is timed on the first scored sample
     if timed:
-        _time_candidates(choice, model_path, plans, weights, settings.latency_runs, scorer, factory)
+        _time_candidates(choice, model_path, plans, weights, settings.latency_runs, feed, factory)
     storage_name = next((n for n, a in aliases.items() if n == "storage" or "storage" in a), None)
     storage_meets = storage_name is None or _meets(scores[storage_name], target)
     if not _meets(scores["auto"], target) and storage_meets and settings.target_sqnr_db is not None:
@@ -203,7 +204,9 @@ def choose_placement(
                 scores["search"] = choice.search.final_sqnr_db
                 choice.candidates = _candidates(plans, aliases, scores, target)
                 if timed and choice.fp32_ms is not None:  # time everything again, the new candidate among them
-                    _time_candidates(choice, model_path, plans, weights, settings.latency_runs, scorer, factory)
+                    _time_candidates(
+                        choice, model_path, plans, weights, settings.latency_runs, scorer.samples[0][1], factory
+                    )
     scorer.release()
     _decide(choice)
     return configs[choice.chosen], choice
@@ -241,7 +244,7 @@ def _time_candidates(
     plans: dict[str, tuple[QuantPlan, onnx.ModelProto]],
     weights: Weights,
     rounds: int,
-    scorer: OutputScorer,
+    feed: Feed,
     factory: ProgressFactory,
 ) -> None:
     """Time fp32 and every candidate interleaved (in place: latency_ms, fp32_ms, timing_note)."""
@@ -254,7 +257,6 @@ def _time_candidates(
     for name, (_, model) in plans.items():
         # Timed as written: weights embedded, so onnxruntime folds and prepacks them as it will at load.
         sessions[name] = create_session(weights.embedded(model), f"the '{name}' placement", threads=threads)
-    feed = scorer.samples[0][1]
     times = time_interleaved(
         sessions,
         feed,

@@ -36,8 +36,9 @@ WeightDtype = Literal["int8", "uint8", "int4", "uint4", "int2", "uint2", "fp16"]
 ActivationDtype = Literal["uint8", "int8", "uint16", "int16"]
 Granularity = Literal["per_tensor", "per_channel", "per_block"]
 Positive = Annotated[int, Field(ge=1)]
-NonNegative = Annotated[int, Field(ge=0, le=10_000)]
-PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
+MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS = 10_000, 86_400
+NonNegative = Annotated[int, Field(ge=0, le=MAX_LATENCY_RUNS)]
+PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SEARCH_SECONDS)]
 Size = int | list[Positive]
 
 
