@@ -36,6 +36,11 @@ from qtool.options import (
     SearchOptions,
 )
 from qtool.quantization.activations import activation_qparams, plan_activation_qparams
+from qtool.quantization.algorithms.empirical_bias import measure_shifts, measured_layers
+from qtool.quantization.algorithms.graph_transforms import ChannelMaxima, apply_smoothing, smoothing_nodes
+from qtool.quantization.algorithms.node_inputs import NodeInput, NodeInputCollector, node_input
+from qtool.quantization.algorithms.smoothing import SmoothedGroup
+from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
 from qtool.quantization.inspection import Inspection, inspect_plan
 from qtool.quantization.kernels import predict_kernels
 from qtool.quantization.plan import QuantPlan, build_plan
@@ -48,6 +53,7 @@ from qtool.system.stages import stage
 
 log = logging.getLogger(__name__)
 
+_NEED_DATA = ("gptq", "adaround", "bias_correction")  # weight algorithms that need calibration inputs
 RANK_SAMPLES = 4  # samples of the sensitivity search's one per-layer pass (spread over the data)
 
 
@@ -58,6 +64,7 @@ class _Prepared:
     report: PrepareReport
     source: ModelFile  # the input model as read: its digest ties statistics to it
     weights: Weights  # the values of the prepared model's large initializers
+    smoothed: tuple[SmoothedGroup, ...] = ()  # what SmoothQuant did to ``prepared``
 
 
 def _prepare(model_path: Path, config: QConfig, opset: int | None = None) -> _Prepared:
@@ -106,12 +113,87 @@ def calibrate(
         The statistics, ready for :meth:`CalibrationStats.to_json` or :func:`quantize`.
     """
     config = load_config(config_path)
-    return _calibrate(_prepare(Path(model_path), config), config, data_dir, options, progress)
+    state = _prepare(Path(model_path), config)
+    if options.shard is not None and smoothing_nodes(state.prepared, config):
+        raise QtoolError(
+            "smoothquant needs the channel ranges of the whole data set before calibrating: calibrate without --shard",
+            hint="or turn smoothquant off for sharded calibration",
+        )
+    state, maxima = _smoothed(state, config, data_dir, options, None)
+    stats = _calibrate(state, config, data_dir, options, progress)
+    stats.smoothing = maxima
+    return stats
 
 
 def merge_stats(paths: list[Path | str]) -> CalibrationStats:
     """Merge statistics files of dataset shards into the statistics of the whole dataset."""
     return CalibrationStats.merge_all([CalibrationStats.read(p) for p in paths])
+
+
+def _smoothed(
+    state: _Prepared,
+    config: QConfig,
+    data_dir: Path | str | None,
+    options: CalibrationOptions,
+    known: dict[str, np.ndarray] | None,
+) -> tuple[_Prepared, dict[str, np.ndarray]]:
+    """The model with SmoothQuant applied where the config asks, and the channel maxima it used.
+
+    ``known`` maxima (from a statistics file) are used as they are; otherwise a float pass over
+    ``data_dir`` measures them.
+    """
+    nodes = smoothing_nodes(state.prepared, config)
+    if not nodes:
+        return state, {}
+    if known is None:
+        assert data_dir is not None  # the callers pass data or known maxima
+        tap = ChannelMaxima(sorted(set(nodes.values())))
+        dataset = Dataset(
+            data_dir,
+            model_inputs(state.model),
+            limit=options.limit or config.calibration.limit,
+            preprocess=config.preprocess,
+            skip_nonfinite=options.skip_nonfinite,
+        )
+        with stage("SmoothQuant channel ranges (float pass)"):
+            collect_statistics(
+                state.prepared,
+                [],
+                dataset,
+                observer=config.calibration.observer,
+                batch_size=options.batch_size or config.calibration.batch_size,
+                weights=state.weights,
+                taps=[tap],
+            )
+        known = tap.maxima
+    with stage("SmoothQuant"):
+        model, report = apply_smoothing(state.prepared, state.weights, config, known)
+    for tensor, reason in report.skipped:
+        log.info("SmoothQuant left %s as it is: %s", tensor, reason)
+    return replace(state, prepared=model, smoothed=report.groups), known
+
+
+def _input_collector(state: _Prepared, config: QConfig) -> NodeInputCollector | None:
+    """A collector of the calibration inputs that the config's weight algorithms need (None: none do)."""
+    plan = build_plan(state.prepared, config)
+    inits = {i.name: i for i in state.prepared.graph.initializer}
+    nodes = {n.name: n for n in state.prepared.graph.node}
+    layouts = []
+    skipped = {}
+    for node in plan.nodes:
+        if node.weight is None or not node.scheme.algorithms.need_inputs:
+            continue
+        shape = tuple(int(d) for d in inits[node.weight.name].dims)
+        layout = node_input(nodes[node.name], node.weight.name, shape)
+        if isinstance(layout, str):
+            skipped[node.name] = layout
+        else:
+            layouts.append((layout, shape))
+    if not layouts and not skipped:
+        return None
+    collector = NodeInputCollector(layouts)
+    collector.result.skipped.update(skipped)
+    return collector
 
 
 def _calibrate(
@@ -121,6 +203,7 @@ def _calibrate(
     options: CalibrationOptions,
     progress: ProgressFactory | None,
     outputs: FloatOutputs | None = None,
+    inputs: NodeInputCollector | None = None,
 ) -> CalibrationStats:
     name = options.observer or config.calibration.observer
     observer_options = dict(config.calibration.observer_options) if name == config.calibration.observer else {}
@@ -128,7 +211,7 @@ def _calibrate(
     create_observer(name, None, observer_options)  # fail on an unknown name or option before any work
     # Without tensor sizes every "auto" node is planned integer: calibration observes all it may need.
     plan = build_plan(state.prepared, config)
-    if not plan.activations:  # weight-only: no activation needs a range, skip the float pass
+    if not plan.activations and inputs is None:  # weight-only: no activation needs a range, skip the float pass
         return CalibrationStats(state.source.sha256, name, 0, {})
     shard = options.shard
     dataset = Dataset(
@@ -139,6 +222,8 @@ def _calibrate(
         preprocess=config.preprocess,
         skip_nonfinite=options.skip_nonfinite,
     )
+    if inputs is not None:
+        inputs.expect(len(dataset))
     advance = (progress or noop_progress)("calibrating", len(dataset))
     with stage("calibrate (float pass)"):
         observers, seen, elements = collect_statistics(
@@ -156,6 +241,7 @@ def _calibrate(
             on_progress=advance,
             weights=state.weights,
             outputs=outputs,
+            taps=[inputs] if inputs is not None else [],
         )
     if seen == 0:
         skipped = f" ({len(dataset.skipped)} skipped for holding NaN or Inf)" if dataset.skipped else ""
@@ -172,12 +258,109 @@ def _calibrate(
 
 
 def _quantize_in_memory(
-    state: _Prepared, config: QConfig, stats: CalibrationStats
+    state: _Prepared, config: QConfig, stats: CalibrationStats, algorithms: WeightAlgorithms | None = None
 ) -> tuple[QuantPlan, onnx.ModelProto, RewriteReport]:
     # With tensor sizes known, placement "auto" can now choose integer kernels or storage per node.
     plan = build_plan(state.prepared, config, {**static_elements(state.prepared), **stats.elements})
-    quantized, report = insert_qdq(state.prepared, plan, plan_activation_qparams(plan, stats.tensors), state.weights)
+    act_qparams = plan_activation_qparams(plan, stats.tensors)
+    wanted = {} if algorithms is None else _empirical_bias_nodes(plan, algorithms)
+    if not wanted:
+        quantized, report = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms)
+        return plan, quantized, report
+    assert algorithms is not None  # wanted is empty without it
+    # Bias correction measures each layer's own mean error on the model as rounded, then corrects it.
+    rounded, _ = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms, bias_shifts={})
+    layers, skipped = measured_layers(rounded, state.prepared, state.weights, wanted)
+    shifts = measure_shifts(rounded, state.weights, layers, algorithms.inputs.feeds)
+    quantized, report = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms, shifts)
+    for node, reason in skipped.items():
+        report.algorithm_notes.setdefault(node, f"bias_correction: {reason}")
     return plan, quantized, report
+
+
+def _empirical_bias_nodes(plan: QuantPlan, algorithms: WeightAlgorithms) -> dict[str, NodeInput]:
+    """Plan nodes whose bias correction is measured on the quantized model (needs the kept samples)."""
+    if not algorithms.inputs.feeds:
+        return {}
+    return {
+        node.name: algorithms.inputs.layouts[node.name]
+        for node in plan.nodes
+        if node.scheme.algorithms.bias_correction and node.name in algorithms.inputs.layouts
+    }
+
+
+def _weight_algorithms(
+    state: _Prepared,
+    config: QConfig,
+    collector: NodeInputCollector | None,
+    data_dir: Path | str | None,
+    search_dir: Path | str | None,
+    calibration: CalibrationOptions,
+) -> tuple[WeightAlgorithms | None, str | None]:
+    """The weight algorithms' inputs: gathered by calibration, or by a pass over the search data.
+
+    Returns them (None when no node asks for an algorithm) and a note when they could not be had.
+    """
+    if collector is None:
+        return None, None
+    if data_dir is None:
+        if search_dir is None:
+            plan = build_plan(state.prepared, config)
+            asked = sorted({name for n in plan.nodes for name in n.scheme.algorithms.names() if name in _NEED_DATA})
+            note = (
+                f"{', '.join(asked)} need calibration samples: give --data (or --search-data with --stats); "
+                "weights were rounded to nearest"
+            )
+            log.warning(note)
+            return None, note
+        sizing = replace(calibration, shard=None)
+        _calibrate_inputs(state, config, search_dir, sizing, collector)
+    return WeightAlgorithms(collector.result), None
+
+
+def _calibrate_inputs(
+    state: _Prepared, config: QConfig, data_dir: Path | str, options: CalibrationOptions, collector: NodeInputCollector
+) -> None:
+    """A float pass over ``data_dir`` that only feeds ``collector``."""
+    dataset = Dataset(
+        data_dir,
+        model_inputs(state.model),
+        limit=options.limit or config.calibration.limit,
+        preprocess=config.preprocess,
+        skip_nonfinite=options.skip_nonfinite,
+    )
+    collector.expect(len(dataset))
+    with stage("calibration inputs of the weight algorithms (float pass)"):
+        collect_statistics(
+            state.prepared,
+            [],
+            dataset,
+            observer=config.calibration.observer,
+            batch_size=options.batch_size or config.calibration.batch_size,
+            weights=state.weights,
+            taps=[collector],
+        )
+
+
+def _check_smoothing(stats: CalibrationStats, state: _Prepared, config: QConfig, path: Path | str) -> None:
+    """Statistics describe the model as smoothed when they were taken: the config must smooth the same tensors."""
+    wanted = set(smoothing_nodes(state.prepared, config).values())
+    if wanted and not stats.smoothing:
+        raise QtoolError(
+            f"{path} was calibrated without SmoothQuant, which this config turns on",
+            hint="re-run qtool calibrate with this config",
+        )
+    if stats.smoothing and not wanted:
+        raise QtoolError(
+            f"{path} was calibrated with SmoothQuant, which this config leaves off",
+            hint="quantize with the config you calibrated with, or re-run qtool calibrate",
+        )
+    missing = sorted(wanted - set(stats.smoothing))
+    if missing:
+        raise QtoolError(
+            f"{path} has no SmoothQuant channel ranges for tensor '{missing[0]}'",
+            hint="re-run qtool calibrate with this config",
+        )
 
 
 def _check_search(search: SearchOptions) -> None:
@@ -201,6 +384,7 @@ def _choose_placement(
     evaluation: EvaluationOptions,
     progress: ProgressFactory | None,
     known: FloatOutputs | None,
+    algorithms: WeightAlgorithms | None,
 ) -> tuple[QConfig, PlacementChoice | None]:
     given = config.accuracy
     accuracy = AccuracySettings(
@@ -224,7 +408,7 @@ def _choose_placement(
         )
 
     def build(cfg: QConfig) -> tuple[QuantPlan, onnx.ModelProto]:
-        plan, model, _ = _quantize_in_memory(state, cfg, stats)
+        plan, model, _ = _quantize_in_memory(state, cfg, stats, algorithms)
         return plan, model
 
     return choose_placement(
@@ -299,20 +483,35 @@ def quantize(
                 f"{stats_path} was computed for a different model than {model_path}",
                 hint="re-run qtool calibrate on this model",
             )
+        _check_smoothing(stats, state, config, stats_path)
+        state, _ = _smoothed(state, config, None, calibration, stats.smoothing)
+        collector = _input_collector(state, config)
     else:
         assert data_dir is not None  # exactly one of the two, checked above
+        state, maxima = _smoothed(state, config, data_dir, calibration, None)
+        collector = _input_collector(state, config)
         # the float outputs it computes anyway serve the placement choice and the comparison
         kept_outputs = FloatOutputs()
-        stats = _calibrate(state, config, data_dir, calibration, progress, kept_outputs)
-    choice = None
+        stats = _calibrate(state, config, data_dir, calibration, progress, kept_outputs, collector)
+        stats.smoothing = maxima
     search_dir = (search.data_dir or data_dir) if search is not None else None
+    algorithms, algorithm_note = _weight_algorithms(state, config, collector, data_dir, search_dir, calibration)
+    choice = None
     if search is not None and search_dir is not None:
         with stage("placement choice (accuracy, search, latency)"):
             config, choice = _choose_placement(
-                state, config, stats, search_dir, search, evaluation or QUANTIZE_EVALUATION, progress, kept_outputs
+                state,
+                config,
+                stats,
+                search_dir,
+                search,
+                evaluation or QUANTIZE_EVALUATION,
+                progress,
+                kept_outputs,
+                algorithms,
             )
     with stage("insert Q/DQ"):
-        plan, quantized, rewrite_report = _quantize_in_memory(state, config, stats)
+        plan, quantized, rewrite_report = _quantize_in_memory(state, config, stats, algorithms)
     state.weights.retain(quantized)  # the float weights the output replaced: freed before it is checked and written
     quantized.producer_name = "qtool"
     quantized.producer_version = __version__
@@ -336,6 +535,8 @@ def quantize(
     )
     if check_note:
         result.notes.append(check_note)
+    if algorithm_note:
+        result.notes.append(algorithm_note)
     if state.report.initializers_removed_from_inputs:
         result.notes.append(
             f"{state.report.initializers_removed_from_inputs} initializers were listed as graph inputs; "

@@ -56,6 +56,28 @@ class TensorScheme:
 
 
 @dataclass(frozen=True)
+class Algorithms:
+    """The accuracy algorithms a node gets (see :mod:`qtool.quantization.algorithms`)."""
+
+    rounding: str = "nearest"  # nearest | gptq | adaround: how weights are rounded onto their grid
+    bias_correction: bool = False  # cancel the mean output shift the rounded weight causes
+    equalization: bool = False  # cross-layer equalization of Conv chains, before calibration
+    smoothquant: bool = False  # move activation outliers into MatMul/Gemm weights, before calibration
+    smoothquant_alpha: float = 0.5  # SmoothQuant's migration strength
+
+    @property
+    def need_inputs(self) -> bool:
+        """Whether the node's calibration inputs (Hessian, mean patch) are needed."""
+        return self.rounding != "nearest" or self.bias_correction
+
+    def names(self) -> list[str]:
+        """The algorithms turned on, as short names (``gptq``, ``bias_correction``...)."""
+        names = [self.rounding] if self.rounding != "nearest" else []
+        names += [name for name in ("bias_correction", "equalization", "smoothquant") if getattr(self, name)]
+        return names
+
+
+@dataclass(frozen=True)
 class NodeScheme:
     """The resolved quantization settings of one node, and the rule that decided them."""
 
@@ -64,6 +86,7 @@ class NodeScheme:
     weight_only: bool = False
     rule: str = "global"
     placement: str = "auto"  # integer kernels, storage-only compression, or decided per node
+    algorithms: Algorithms = Algorithms()
 
 
 @dataclass(frozen=True)
@@ -131,6 +154,7 @@ class QConfig:
             activation=TensorScheme(**merged["activation"]),
             weight_only=bool(merged.get("weight_only", False)),
             placement=str(merged.get("placement", "auto")),
+            algorithms=Algorithms(**merged.get("algorithms", {})),
             rule=rule,
         )
         if node_name in self.sensitive_nodes and not scheme.weight_only:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -37,6 +37,15 @@ STATS_MAX_BYTES = 1 << 30  # a statistics file larger than this is not one qtool
 ProgressCallback = Callable[[int], None]  # called with the number of samples just processed
 
 
+class BatchTap(Protocol):
+    """Something else the float pass feeds: it names the tensors it needs and sees each batch of them."""
+
+    @property
+    def tensors(self) -> list[str]: ...
+
+    def observe(self, values: dict[str, np.ndarray], count: int, feed: dict[str, np.ndarray]) -> None: ...
+
+
 @dataclass
 class CalibrationStats:
     """Observed statistics of every tensor the quantizer needs."""
@@ -48,6 +57,7 @@ class CalibrationStats:
     shard: str | None = None  # "K/N" for one shard of a dataset, None for a whole one
     skipped: int = 0  # samples left out for holding NaN/Inf
     elements: dict[str, int] = field(default_factory=dict)  # per-sample element count of each tensor
+    smoothing: dict[str, np.ndarray] = field(default_factory=dict)  # SmoothQuant's channel abs maxima, per tensor
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +69,7 @@ class CalibrationStats:
             "shard": self.shard,
             "skipped": self.skipped,
             "elements": dict(sorted(self.elements.items())),
+            "smoothing": {name: [float(v) for v in values] for name, values in sorted(self.smoothing.items())},
             "tensors": {
                 name: {"observer": obs.reference, "axis": obs.axis, "options": obs.options(), "state": obs.state()}
                 for name, obs in sorted(self.tensors.items())
@@ -100,6 +111,7 @@ class CalibrationStats:
             document.shard,
             document.skipped,
             dict(document.elements),
+            {name: np.asarray(values, np.float32) for name, values in document.smoothing.items()},
         )
 
     @classmethod
@@ -123,7 +135,14 @@ class CalibrationStats:
         for part in parts[1:]:
             merged = merged.merge(part)
         return CalibrationStats(
-            merged.model_sha256, merged.observer, merged.samples, merged.tensors, None, merged.skipped, merged.elements
+            merged.model_sha256,
+            merged.observer,
+            merged.samples,
+            merged.tensors,
+            None,
+            merged.skipped,
+            merged.elements,
+            merged.smoothing,
         )
 
     def merge(self, other: CalibrationStats) -> CalibrationStats:
@@ -132,6 +151,10 @@ class CalibrationStats:
             raise QtoolError("cannot merge statistics of different models (model fingerprints differ)")
         if other.observer != self.observer:
             raise QtoolError(f"cannot merge statistics of observer '{other.observer}' into '{self.observer}'")
+        if sorted(self.smoothing) != sorted(other.smoothing) or any(
+            not np.array_equal(values, other.smoothing[name]) for name, values in self.smoothing.items()
+        ):
+            raise QtoolError("cannot merge statistics of differently smoothed models (SmoothQuant maxima differ)")
         merged: dict[str, Observer] = {}
         for name in sorted(set(self.tensors) | set(other.tensors)):
             combined = (self.tensors.get(name) or other.tensors[name]).copy()
@@ -150,6 +173,7 @@ class CalibrationStats:
             None,
             self.skipped + other.skipped,
             {**other.elements, **self.elements},
+            self.smoothing,
         )
 
 
@@ -177,19 +201,22 @@ def collect_statistics(
     on_progress: ProgressCallback | None = None,
     weights: Weights | None = None,
     outputs: FloatOutputs | None = None,
+    taps: Sequence[BatchTap] = (),
 ) -> tuple[dict[str, Observer], int, dict[str, int]]:
     """Run ``prepared`` over ``dataset`` and observe each tensor in ``tensors``.
 
     Only one batch of activations is alive at a time, whatever the dataset size. The observers of
     a batch run on all cores (see :class:`_BatchObserver`). With ``outputs``, the graph outputs of
-    each sample run alone (batch size 1) are kept there.
+    each sample run alone (batch size 1) are kept there. Each of ``taps`` sees every batch of the
+    tensors it names.
 
     Returns:
         The observers by tensor name, the number of samples seen, and each tensor's
         element count per sample (from the first batch).
     """
     names = list(dict.fromkeys(tensors))
-    if not names:  # weight-only quantization: nothing to observe, and no reason to run the model
+    tapped = list(dict.fromkeys(name for tap in taps for name in tap.tensors))
+    if not names and not tapped:  # weight-only quantization: nothing to observe, and no reason to run the model
         return {}, len(dataset), {}
     default = (observer, options or {})
     specs = {name: (per_tensor or {}).get(name, default) for name in names}
@@ -197,7 +224,7 @@ def collect_statistics(
     observe = _BatchObserver([observers[name] for name in names])
     try:
         session = create_session(
-            with_exposed_outputs(prepared, names),
+            with_exposed_outputs(prepared, [*names, *tapped]),
             "the prepared float model",
             level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
             weights=weights,
@@ -207,7 +234,7 @@ def collect_statistics(
         seen = 0
         elements: dict[str, int] = {}
         graph_outputs = [o.name for o in prepared.graph.output] if outputs is not None else []
-        fetched = list(dict.fromkeys([*names, *graph_outputs]))
+        fetched = list(dict.fromkeys([*names, *tapped, *graph_outputs]))
         for paths, feed in dataset.batches(batch_size):
             count = len(paths)
             run = run_session(session, fetched, feed, f"the float model on samples of {dataset.directory}")
@@ -215,6 +242,8 @@ def collect_statistics(
             if outputs is not None and count == 1:
                 outputs.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
             values = [np.asarray(by_name[name]) for name in names]
+            for tap in taps:
+                tap.observe({name: np.asarray(by_name[name]) for name in tap.tensors}, count, feed)
             del run, by_name
             observe(values)
             for name, value in zip(names, values, strict=True):

@@ -32,6 +32,7 @@ class NodeRow:
     reason: str = ""
     kernel: str = ""  # what onnxruntime's CPU provider is predicted to run
     kernel_reason: str = ""
+    algorithms: tuple[str, ...] = ()  # what ``algorithms:`` turns on for the node (applied when quantize has data)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ def inspect_plan(
                 node.reason,
                 kernels[node.name].kernel,
                 kernels[node.name].reason,
+                tuple(node.scheme.algorithms.names()),
             )
         )
     op_types = {n.name: n.op_type for n in prepared.graph.node}

@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 from onnx import helper
 
 from qtool.config import TensorScheme
 from qtool.errors import QtoolError
 from qtool.graph.prepare import subgraph_reads
 from qtool.graph.weights import Weights, checkable
+from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
 from qtool.quantization.plan import NodePlan, QuantPlan, passthrough_ops
 from qtool.quantization.qparams import (
     QParams,
@@ -52,6 +54,8 @@ class RewriteReport:
     passthrough: dict[str, int] = field(default_factory=dict)  # op type -> nodes left untouched (no quantization)
     # weight -> quantized copies stored, for weights whose readers asked for different schemes (int4 and int8)
     weight_copies: dict[str, int] = field(default_factory=dict)
+    algorithms: dict[str, list[str]] = field(default_factory=dict)  # node -> weight algorithms applied to it
+    algorithm_notes: dict[str, str] = field(default_factory=dict)  # node -> why an algorithm it asked for was not
 
 
 def weight_qparams(
@@ -94,9 +98,18 @@ class _Rewriter:
     """One rewrite of one model; see the module docstring for the naming rules."""
 
     def __init__(
-        self, model: onnx.ModelProto, plan: QuantPlan, act_qparams: dict[str, QParams], store: Weights
+        self,
+        model: onnx.ModelProto,
+        plan: QuantPlan,
+        act_qparams: dict[str, QParams],
+        store: Weights,
+        algorithms: WeightAlgorithms | None = None,
+        bias_shifts: dict[str, np.ndarray] | None = None,
     ) -> None:
         self.store = store  # the values of detached initializers
+        self.algorithms = algorithms
+        self.bias_shifts = bias_shifts
+        self.codes: dict[tuple[str, CopyKey], np.ndarray] = {}  # the integers of each stored copy
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
         self.graph = self.model.graph
@@ -197,9 +210,28 @@ class _Rewriter:
         if floor is not None and np.any(qp.scale < floor):
             raised = np.maximum(qp.scale, floor).astype(np.float32)
             qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
-        self.copies[(use.weight, use.copy)] = (self.forms.integers(use.weight, quantize(values, qp), qp), qp)
+        codes = self._round(use, values, qp)
+        self.codes[(use.weight, use.copy)] = codes
+        self.copies[(use.weight, use.copy)] = (self.forms.integers(use.weight, codes, qp), qp)
         self.report.quantized_weights.append(use.weight)
         return self.copies[(use.weight, use.copy)]
+
+    def _round(self, use: WeightUse, values: np.ndarray, qp: QParams) -> np.ndarray:
+        """The copy's integers: nearest rounding, or what the readers' rounding algorithm chose."""
+        if self.algorithms is None:
+            return quantize(values, qp)
+        readers = [
+            p
+            for p in self.plan.nodes
+            if p.name in self.uses and (self.uses[p.name].weight, self.uses[p.name].copy) == (use.weight, use.copy)
+        ]
+        rounded = self.algorithms.round(use.weight, values, qp, readers)
+        for reader in readers:
+            if rounded.method != "nearest":
+                self.report.algorithms.setdefault(reader.name, []).append(rounded.method)
+            elif rounded.reason and reader.scheme.algorithms.rounding != "nearest":
+                self.report.algorithm_notes[reader.name] = f"{reader.scheme.algorithms.rounding}: {rounded.reason}"
+        return rounded.codes if rounded.codes is not None else quantize(values, qp)
 
     def _restore(self, use: WeightUse) -> str:
         """Write the float tensor ``use`` reads: its copy (stored on first use) and the nodes that restore it."""
@@ -237,19 +269,92 @@ class _Rewriter:
             self._rename_input(self.nodes[node.name], use.weight, self.restored[key])
         return self.copies[(use.weight, use.copy)][1]
 
-    def quantize_bias(self, node: NodePlan, weight_qp: QParams) -> None:
+    def quantize_bias(self, node: NodePlan, weight_qp: QParams, shift: np.ndarray | None = None) -> None:
+        """Store the node's bias as int32 on the input x weight scale (plus ``shift``, from bias correction)."""
         assert node.bias is not None  # the caller checks
-        input_qp = self.act_qparams[node.activations[0]]
         values = self.store.value(self.inits[node.bias])
-        q, qp = quantize_bias(values, input_qp.scale, weight_qp.scale)
+        if shift is not None:
+            values = (values + shift).astype(np.float32)
         if self._sole_reader(node.bias, node.name):
             output = node.bias
         else:  # a shared bias: each node gets its own int32 copy under its own name
             output = self.names.new(f"{node.bias}/{node.name}")
             self._rename_input(self.nodes[node.name], node.bias, output)
-        self.forms.dequantized(output, self.forms.integers(output, q, qp), qp, output)
+        self._int32_bias(node, values, weight_qp, output)
         self.replaced.add(node.bias)
         self.report.quantized_biases.append(node.bias)
+
+    def _int32_bias(self, node: NodePlan, values: np.ndarray, weight_qp: QParams, output: str) -> None:
+        input_qp = self.act_qparams[node.activations[0]]
+        q, qp = quantize_bias(values, input_qp.scale, weight_qp.scale)
+        self.forms.dequantized(output, self.forms.integers(output, q, qp), qp, output)
+
+    # -- bias correction ------------------------------------------------------
+    def _bias_shift(self, node: NodePlan, weight_qp: QParams | None) -> np.ndarray | None:
+        """Bias correction's shift for ``node`` (None: not asked for, or not possible)."""
+        if self.algorithms is None or weight_qp is None or not node.scheme.algorithms.bias_correction:
+            return None
+        assert node.weight is not None  # only nodes with a weight get here
+        if self.bias_shifts is not None:  # measured on the quantized model (empirical_bias)
+            shift = self.bias_shifts.get(node.name)
+        else:
+            use = self.uses[node.name]
+            values = self.store.value(self.inits[node.weight.name])
+            shift = self.algorithms.bias_shift(node, values, self.codes[(use.weight, use.copy)], weight_qp)
+            alpha = next((a.f for a in self.nodes[node.name].attribute if a.name == "alpha"), 1.0)
+            shift = None if shift is None else (shift * alpha).astype(np.float32)  # in output units
+        if shift is None:
+            why = self.algorithms.inputs.skipped.get(node.name, "its inputs were not observed")
+            self.report.algorithm_notes.setdefault(node.name, f"bias_correction: {why}")
+        return shift
+
+    def correct_bias(self, node: NodePlan, weight_qp: QParams, shift: np.ndarray) -> bool:
+        """Add ``shift`` (in output units) to a bias the integer path does not store (float, absent, MatMul's Add)."""
+        onnx_node = self.nodes[node.name]
+        attrs = {a.name: helper.get_attribute_value(a) for a in onnx_node.attribute}
+        alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+        if node.op_type == "MatMul":
+            return self._correct_matmul_add(node, shift)
+        if node.op_type not in ("Conv", "Gemm") or beta == 0.0:
+            self.report.algorithm_notes[node.name] = "bias_correction: the node has no bias to correct"
+            return False
+        shift = (shift / beta).astype(np.float32)  # Gemm: Y = alpha A B + beta C
+        present = len(onnx_node.input) > 2 and onnx_node.input[2] != ""
+        if present and onnx_node.input[2] not in self.inits:
+            self.report.algorithm_notes[node.name] = "bias_correction: its bias is computed at run time"
+            return False
+        current = self.store.value(self.inits[onnx_node.input[2]]) if present else np.zeros_like(shift)
+        values = (current + shift).astype(np.float32)
+        output = self.names.new(f"{node.name}/corrected_bias")
+        integer = node.placement == "integer" and bool(node.activations) and (alpha, beta) == (1.0, 1.0)
+        if integer and not present and values.ndim == 1 and (weight_qp.axis is None or weight_qp.block_size is None):
+            self._int32_bias(node, values, weight_qp, output)
+        else:
+            self.graph.initializer.append(onnx.numpy_helper.from_array(values, output))
+        if present:
+            self.replaced.add(onnx_node.input[2])
+            onnx_node.input[2] = output
+        else:
+            onnx_node.input.append(output)
+        return True
+
+    def _correct_matmul_add(self, node: NodePlan, shift: np.ndarray) -> bool:
+        """A MatMul's bias lives in the Add after it: correct that constant when only this Add reads it."""
+        readers = self.consumers.get(self.nodes[node.name].output[0], [])
+        add = readers[0] if len(readers) == 1 and readers[0].op_type == "Add" else None
+        constant = next((t for t in add.input if t in self.inits), None) if add is not None else None
+        if add is None or constant is None or not self._sole_reader(constant, add.name):
+            self.report.algorithm_notes[node.name] = "bias_correction: no bias Add of its own follows the MatMul"
+            return False
+        current = self.store.value(self.inits[constant])
+        if current.shape[-1:] != shift.shape:
+            self.report.algorithm_notes[node.name] = "bias_correction: the Add after it is not a bias"
+            return False
+        output = self.names.new(f"{constant}/corrected")
+        self.graph.initializer.append(onnx.numpy_helper.from_array((current + shift).astype(np.float32), output))
+        self._rename_input(add, constant, output)
+        self.replaced.add(constant)
+        return True
 
     # -- driver -------------------------------------------------------------
     def run(self) -> tuple[onnx.ModelProto, RewriteReport]:
@@ -262,8 +367,15 @@ class _Rewriter:
         for plan_node in self.plan.nodes:
             if plan_node.weight is not None:
                 weight_qp = self.quantize_weight(plan_node)
+                shift = self._bias_shift(plan_node, weight_qp)
+                corrected = False
                 if plan_node.bias is not None and plan_node.activations and weight_qp is not None:
-                    self.quantize_bias(plan_node, weight_qp)
+                    self.quantize_bias(plan_node, weight_qp, shift)
+                    corrected = shift is not None
+                elif shift is not None and weight_qp is not None:
+                    corrected = self.correct_bias(plan_node, weight_qp, shift)
+                if corrected:
+                    self.report.algorithms.setdefault(plan_node.name, []).append("bias_correction")
             self.report.quantized_nodes.append(plan_node.name)
         self.report.passthrough = passthrough_ops(self.model, self.plan)
         copies = Counter(weight for weight, _ in self.copies)
@@ -298,7 +410,12 @@ class _Rewriter:
 
 
 def insert_qdq(
-    model: onnx.ModelProto, plan: QuantPlan, act_qparams: dict[str, QParams], weights: Weights | None = None
+    model: onnx.ModelProto,
+    plan: QuantPlan,
+    act_qparams: dict[str, QParams],
+    weights: Weights | None = None,
+    algorithms: WeightAlgorithms | None = None,
+    bias_shifts: dict[str, np.ndarray] | None = None,
 ) -> tuple[onnx.ModelProto, RewriteReport]:
     """Return a copy of ``model`` with Q/DQ nodes and integer weights as ``plan`` says.
 
@@ -307,6 +424,8 @@ def insert_qdq(
         plan: what to quantize.
         act_qparams: scale / zero point of every tensor in ``plan.activations``.
         weights: the values of ``model``'s detached initializers; the result shares them.
+        algorithms: the calibration inputs for GPTQ and bias correction (None: nearest rounding only).
+        bias_shifts: bias corrections measured on the quantized model, by node, instead of the analytic ones.
 
     Raises:
         QtoolError: an activation in the plan has no qparams.
@@ -317,7 +436,8 @@ def insert_qdq(
             f"no statistics for tensor '{missing[0]}' ({len(missing)} tensors missing)",
             hint="re-run qtool calibrate with the same model and config",
         )
-    return _Rewriter(model, plan, act_qparams, weights if weights is not None else Weights()).run()
+    store = weights if weights is not None else Weights()
+    return _Rewriter(model, plan, act_qparams, store, algorithms, bias_shifts).run()
 
 
 def _full_check_error(model: onnx.ModelProto) -> str | None:

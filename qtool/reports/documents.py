@@ -157,6 +157,10 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
             },
             "skipped": [{"node": node, "reason": reason} for node, reason in result.skipped],
             "passthrough_ops": result.rewrite.passthrough,
+            "algorithms": {
+                "applied": result.rewrite.algorithms,
+                "not_applied": result.rewrite.algorithm_notes,
+            },
             "placements": result.placements,
             "predicted_kernels": result.kernels,
             "prepare": {
@@ -270,6 +274,7 @@ def inspection_to_dict(result: Inspection) -> dict[str, Any]:
                 "predicted_kernel": r.kernel,
                 "integer_kernel": not r.kernel.startswith("float"),
                 "kernel_reason": r.kernel_reason,
+                "algorithms": list(r.algorithms),
             }
             for r in result.rows
         ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 from rich.console import Console
@@ -10,6 +11,7 @@ from rich.table import Table
 
 from qtool.evaluation.layers import LayerError, largest_drop
 from qtool.quantization.inspection import Inspection
+from qtool.quantization.rewrite import RewriteReport
 from qtool.quantization.search import FallbackResult
 from qtool.quantization.selection import PlacementChoice
 from qtool.reports.terminal import for_terminal
@@ -128,7 +130,10 @@ def render_inspection(console: Console, result: Inspection) -> None:
     """Print the per-node plan, what stays float, and the predicted compression."""
     result = for_terminal(result)  # names from the user's files: no raw control characters or markup
     table = Table(title=f"qtool inspect {result.model_path}", title_justify="left")
-    for column in ("node", "op", "rule", "weight", "activation", "runs as", "elements", "float B", "quantized B"):
+    columns = ["node", "op", "rule", "weight", "activation", "runs as"]
+    algorithms = any(r.algorithms for r in result.rows)
+    columns += ["algorithms"] if algorithms else []
+    for column in (*columns, "elements", "float B", "quantized B"):
         table.add_column(column, justify="right" if column in ("elements", "float B", "quantized B") else "left")
     for r in result.rows:
         table.add_row(
@@ -138,6 +143,7 @@ def render_inspection(console: Console, result: Inspection) -> None:
             r.weight,
             r.activation,
             r.placement,
+            *([", ".join(r.algorithms) or "-"] if algorithms else []),
             f"{r.weight_elements:,}",
             f"{r.float_bytes:,}",
             f"{r.quantized_bytes:,}",
@@ -146,7 +152,7 @@ def render_inspection(console: Console, result: Inspection) -> None:
     total = [
         f"{sum(getattr(r, k) for r in result.rows):,}" for k in ("weight_elements", "float_bytes", "quantized_bytes")
     ]
-    table.add_row("total", "", "", "", "", "", *total)
+    table.add_row("total", *[""] * (len(columns) - 1), *total)
     console.print(table)
     console.print(
         f"model {_bytes(result.model_bytes)} -> predicted {_bytes(result.predicted_bytes)}, "
@@ -233,6 +239,16 @@ def _render_choice(console: Console, c: PlacementChoice, comparison: ComparisonR
         )
 
 
+def _render_algorithms(console: Console, r: RewriteReport) -> None:
+    """Which algorithms ran on how many nodes (``--json`` lists them per node), and why some could not."""
+    counts = Counter(name for names in r.algorithms.values() for name in names)
+    if counts:
+        console.print("algorithms: " + ", ".join(f"{name} on {count} nodes" for name, count in counts.items()))
+    reasons = Counter(r.algorithm_notes.values())
+    for reason, count in reasons.most_common():
+        console.print(f"[yellow]not applied[/yellow] to {count} node{'s' if count > 1 else ''}: {reason}")
+
+
 def render_quantize(console: Console, result: QuantizeResult) -> None:
     """Print what quantize did, then the comparison when there is one."""
     result = for_terminal(result)  # names from the user's files: no raw control characters or markup
@@ -251,6 +267,7 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
     if result.kernels:
         listed = ", ".join(f"{count} {kernel}" for kernel, count in result.kernels.items())
         console.print(f"onnxruntime (CPU) is predicted to run: {listed}", highlight=False)
+    _render_algorithms(console, r)
     p = result.prepare
     done = []
     if p.folded_batchnorms:

@@ -131,6 +131,23 @@ class ActivationSettings(_Strict):
     nullable: ClassVar[frozenset[str]] = frozenset({"observer"})
 
 
+class AlgorithmSettings(_Strict):
+    """Accuracy algorithms applied to the nodes a rule matches (see docs/algorithms.md)."""
+
+    rounding: Literal["nearest", "gptq", "adaround"] | None = None
+    bias_correction: bool | None = None
+    equalization: bool | None = None
+    smoothquant: bool | None = None
+    smoothquant_alpha: Annotated[float, Field(gt=0, le=1)] | None = None
+
+    @field_validator("smoothquant_alpha", mode="before")
+    @classmethod
+    def _alpha(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"expected a migration strength above 0 and at most 1, got {value!r}")
+        return float(value)
+
+
 class NodeSettings(_Strict):
     """Settings of the nodes one rule matches; ``null`` in its place keeps them in float."""
 
@@ -138,6 +155,7 @@ class NodeSettings(_Strict):
     activation: ActivationSettings | None = None
     weight_only: bool | None = None
     placement: Literal["auto", "integer", "storage"] | None = None
+    algorithms: AlgorithmSettings | None = None
 
 
 class CalibrationSection(_Strict):
@@ -292,9 +310,12 @@ _FIELD_MESSAGES = {
     "samples": "expected a positive integer",
     "search_seconds": "expected a number of seconds above 0 (at most 86400)",
     "latency_runs": "expected an integer from 0 to 10000 (0: no timing)",
+    "smoothquant_alpha": "expected a migration strength above 0 and at most 1",
     "exclude": "expected a list of node names",
 }
+ROUNDINGS = ("nearest", "gptq", "adaround")
 _CHOICES = {
+    "rounding": ("unknown rounding", ROUNDINGS),
     "granularity": ("unknown granularity", GRANULARITIES),
     "saturation": ("unknown saturation guard", SATURATION_GUARDS),
 }

@@ -209,6 +209,13 @@ class Quantized(_Report):
     activations: list[str]
 
 
+class AlgorithmsReport(_Report):
+    """The weight algorithms (``algorithms:`` in the config) applied to each node, and why some were not."""
+
+    applied: dict[str, list[str]] = Field(description="node -> algorithms applied to it")
+    not_applied: dict[str, str] = Field(description="node -> why an algorithm it asked for was not applied")
+
+
 class Skipped(_Report):
     """A node left float, and why."""
 
@@ -296,6 +303,7 @@ class QuantizeReport(_Report):
     quantized: Quantized
     skipped: list[Skipped]
     passthrough_ops: dict[str, int]
+    algorithms: AlgorithmsReport
     placements: dict[str, int]
     predicted_kernels: dict[str, int]
     prepare: Prepare

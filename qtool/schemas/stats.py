@@ -38,6 +38,9 @@ class StatsFile(BaseModel):
     skipped: Count = 0
     elements: dict[str, Count] = Field(default_factory=dict, description="per-sample element count per tensor")
     tensors: dict[str, TensorStatistics]
+    smoothing: dict[str, list[float]] = Field(
+        default_factory=dict, description="SmoothQuant: per activation tensor, each channel's abs max"
+    )
 
     @field_validator("shard")
     @classmethod

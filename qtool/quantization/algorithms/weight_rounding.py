@@ -1,0 +1,90 @@
+"""Apply the weight algorithms during the rewrite: codes from GPTQ, bias shifts from bias correction.
+
+One :class:`WeightAlgorithms` serves a whole ``quantize`` run. The placement choice rewrites
+the model several times with the same weights on the same grids, so codes are kept per
+(weight, grid, readers) and computed once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from qtool.quantization.algorithms.bias_correction import bias_correction
+from qtool.quantization.algorithms.gptq import gptq_round, qparams_rows, rows_to_weight, weight_rows
+from qtool.quantization.algorithms.node_inputs import NodeInput, NodeInputs
+from qtool.quantization.plan import NodePlan
+from qtool.quantization.qparams import QParams, dequantize
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Rounded:
+    """A weight copy's integers and the rounding that chose them (``nearest`` when none other could)."""
+
+    codes: np.ndarray | None  # None: nearest rounding (the caller quantizes)
+    method: str
+    reason: str = ""  # why a requested method was not used
+
+
+@dataclass
+class WeightAlgorithms:
+    """The calibration inputs of one run and the codes computed from them."""
+
+    inputs: NodeInputs
+    cache: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def round(self, weight: str, values: np.ndarray, qp: QParams, readers: list[NodePlan]) -> Rounded:
+        """The codes of ``weight`` on ``qp``'s grid for ``readers`` (the nodes that read this copy)."""
+        asked = sorted({r.scheme.algorithms.rounding for r in readers} - {"nearest"})
+        if not asked:
+            return Rounded(None, "nearest")
+        missing = [r.name for r in readers if r.name not in self.inputs.stats]
+        if missing:
+            why = self.inputs.skipped.get(missing[0], "its inputs were not observed")
+            return Rounded(None, "nearest", f"node {missing[0]}: {why}")
+        layouts = {self._shape_of(self.inputs.layouts[r.name]) for r in readers}
+        if len(layouts) > 1:
+            return Rounded(None, "nearest", "its readers use the weight in different layouts")
+        layout = self.inputs.layouts[readers[0].name]
+        method = "gptq"  # adaround refines GPTQ's codes (see adaround.py) once wired; gptq is its start
+        scale, zero = qparams_rows(qp, values, layout.kind, trans_b=layout.trans_b)
+        key = _key(weight, method, values, scale, zero, qp, [r.name for r in readers])
+        if key not in self.cache:
+            hessian = np.mean([self.inputs.stats[r.name].hessian() for r in readers], axis=0)
+            rows = weight_rows(values, layout.kind, trans_b=layout.trans_b)
+            result = gptq_round(rows, hessian, scale, zero, qp.qmin, qp.qtype.qmax)
+            codes = rows_to_weight(result.codes, values.shape, layout.kind, trans_b=layout.trans_b)
+            self.cache[key] = codes.astype(qp.qtype.numpy_dtype)
+            if result.nearest_groups:
+                log.info("%s: %d weight groups kept nearest rounding", weight, result.nearest_groups)
+        return Rounded(self.cache[key], method)
+
+    def bias_shift(self, node: NodePlan, values: np.ndarray, codes: np.ndarray, qp: QParams) -> np.ndarray | None:
+        """What to add to ``node``'s bias to cancel the mean output shift of its rounded weight (None: no data)."""
+        if not node.scheme.algorithms.bias_correction or node.name not in self.inputs.stats:
+            return None
+        layout = self.inputs.layouts[node.name]
+        rows = weight_rows(values, layout.kind, trans_b=layout.trans_b)
+        rounded = weight_rows(dequantize(codes, qp), layout.kind, trans_b=layout.trans_b)
+        return bias_correction(rows, rounded, self.inputs.stats[node.name].mean())
+
+    @staticmethod
+    def _shape_of(layout: NodeInput) -> tuple[str, bool, object]:
+        group = getattr(layout.geometry, "group", 1)
+        return layout.kind, layout.trans_b, group
+
+
+def _key(
+    weight: str, method: str, values: np.ndarray, scale: np.ndarray, zero: np.ndarray, qp: QParams, readers: list[str]
+) -> str:
+    digest = hashlib.sha256()
+    for part in (weight, method, qp.qtype.name, str(qp.qmin), *sorted(readers)):
+        digest.update(part.encode() + b"\0")
+    for array in (values, scale, zero):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
