@@ -54,6 +54,7 @@ from qtool.system.stages import stage
 log = logging.getLogger(__name__)
 
 _NEED_DATA = ("gptq", "adaround", "bias_correction")  # weight algorithms that need calibration inputs
+BIAS_SAMPLES = 8  # samples the quantized model runs to measure each layer's mean error (bias correction)
 RANK_SAMPLES = 4  # samples of the sensitivity search's one per-layer pass (spread over the data)
 
 
@@ -269,9 +270,14 @@ def _quantize_in_memory(
         return plan, quantized, report
     assert algorithms is not None  # wanted is empty without it
     # Bias correction measures each layer's own mean error on the model as rounded, then corrects it.
-    rounded, _ = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms, bias_shifts={})
-    layers, skipped = measured_layers(rounded, state.prepared, state.weights, wanted)
-    shifts = measure_shifts(rounded, state.weights, layers, algorithms.inputs.feeds)
+    # The placement choice builds its winner again at the end: its measurement is kept by plan.
+    key = repr((plan.nodes, sorted((t, repr(q)) for t, q in act_qparams.items())))
+    if key not in algorithms.shifts:
+        rounded, _ = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms, bias_shifts={})
+        layers, skipped = measured_layers(rounded, state.prepared, state.weights, wanted)
+        feeds = algorithms.inputs.feeds[:BIAS_SAMPLES]
+        algorithms.shifts[key] = (measure_shifts(rounded, state.weights, layers, feeds), skipped)
+    shifts, skipped = algorithms.shifts[key]
     quantized, report = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms, shifts)
     for node, reason in skipped.items():
         report.algorithm_notes.setdefault(node, f"bias_correction: {reason}")

@@ -98,6 +98,7 @@ def gptq_round(
     damp: float = 0.01,
     block: int = 128,
     block_size: int | None = None,
+    factors: HessianFactors | None = None,
 ) -> GptqResult:
     """Integer codes for ``weight_rows`` that minimise the output error on inputs with ``hessian``.
 
@@ -112,16 +113,17 @@ def gptq_round(
         damp: added to H's diagonal as a fraction of its mean, for a stable inverse.
         block: columns updated together (speed only; the result does not depend on it).
         block_size: the block length along K of a per-block scale.
+        factors: :func:`hessian_factors` of ``hessian``, when the caller keeps them for several grids.
 
     Returns:
         The codes, on the same grid as nearest rounding with this scale and zero point.
     """
     w = np.asarray(weight_rows, np.float32)
     rows, k = w.shape
-    h = np.asarray(hessian, np.float64)
-    h = h[None] if h.ndim == 2 else h
-    groups = h.shape[0]
-    if h.shape[1:] != (k, k) or rows % groups:
+    if factors is None:
+        factors = hessian_factors(hessian, damp)
+    groups = factors.upper.shape[0]
+    if factors.upper.shape[1:] != (k, k) or rows % groups:
         raise QtoolError(
             f"a Hessian of shape {np.shape(hessian)} does not fit a weight of {rows} rows x {k} columns",
             hint="the input statistics were collected for another node",
@@ -129,10 +131,7 @@ def gptq_round(
     scale_full = _per_column(np.asarray(scale, np.float32), rows, k, block_size)
     zero_full = _per_column(np.asarray(zero_point, np.int64), rows, k, block_size)
     codes = round_nearest(w, scale_full, zero_full, qmin, qmax)
-    dead = np.diagonal(h, axis1=1, axis2=2) <= 0  # [groups, K]: inputs that were always zero
-    h = h.copy()
-    h[:, np.arange(k), np.arange(k)] = np.where(dead, 1.0, np.diagonal(h, axis1=1, axis2=2))
-    upper, damps = _inverse_factors(h, damp)
+    upper, damps, dead = factors.upper, factors.damps, factors.dead
     ok = ~np.isnan(damps)
     shape = (groups, rows // groups, k)
     if ok.any():
@@ -154,6 +153,27 @@ def gptq_round(
         log.warning("GPTQ: %d of %d weight groups have a singular Hessian; they use nearest rounding", nearest, groups)
     used_damp = float(np.nanmax(damps)) if ok.any() else damp * 10**DAMP_RETRIES
     return GptqResult(codes, used_damp, nearest, int(dead.sum()) * (rows // groups))
+
+
+@dataclass(frozen=True, eq=False)
+class HessianFactors:
+    """What GPTQ needs of a Hessian, whatever the grid: the factors of its damped inverse, per group."""
+
+    upper: np.ndarray  # [groups, K, K]
+    damps: np.ndarray  # [groups]: the damping each group needed (NaN: none worked, nearest rounding)
+    dead: np.ndarray  # [groups, K]: inputs that were always zero
+
+
+def hessian_factors(hessian: np.ndarray, damp: float = 0.01) -> HessianFactors:
+    """Factor ``hessian`` ([K, K] or [groups, K, K]) once for :func:`gptq_round` on any grid."""
+    h = np.asarray(hessian, np.float64)
+    h = h[None] if h.ndim == 2 else h
+    k = h.shape[-1]
+    dead = np.diagonal(h, axis1=1, axis2=2) <= 0
+    h = h.copy()
+    h[:, np.arange(k), np.arange(k)] = np.where(dead, 1.0, np.diagonal(h, axis1=1, axis2=2))
+    upper, damps = _inverse_factors(h, damp)
+    return HessianFactors(upper, damps, dead)
 
 
 def _inverse_factors(h: np.ndarray, damp: float) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qtool.quantization.algorithms.bias_correction import bias_correction
-from qtool.quantization.algorithms.gptq import gptq_round, qparams_rows, rows_to_weight, weight_rows
+from qtool.quantization.algorithms.gptq import (
+    HessianFactors,
+    gptq_round,
+    hessian_factors,
+    qparams_rows,
+    rows_to_weight,
+    weight_rows,
+)
 from qtool.quantization.algorithms.node_inputs import NodeInput, NodeInputs
 from qtool.quantization.plan import NodePlan
 from qtool.quantization.qparams import QParams, dequantize
@@ -36,7 +43,10 @@ class WeightAlgorithms:
     """The calibration inputs of one run and the codes computed from them."""
 
     inputs: NodeInputs
-    cache: dict[str, np.ndarray] = field(default_factory=dict)
+    cache: dict[str, np.ndarray] = field(default_factory=dict)  # codes by weight, grid and readers
+    factors: dict[tuple[str, ...], HessianFactors] = field(default_factory=dict)  # by readers: the same on any grid
+    # measured bias shifts by plan, and why some nodes could not be measured
+    shifts: dict[str, tuple[dict[str, np.ndarray], dict[str, str]]] = field(default_factory=dict)
 
     def round(self, weight: str, values: np.ndarray, qp: QParams, readers: list[NodePlan]) -> Rounded:
         """The codes of ``weight`` on ``qp``'s grid for ``readers`` (the nodes that read this copy)."""
@@ -55,9 +65,12 @@ class WeightAlgorithms:
         scale, zero = qparams_rows(qp, values, layout.kind, trans_b=layout.trans_b)
         key = _key(weight, method, values, scale, zero, qp, [r.name for r in readers])
         if key not in self.cache:
-            hessian = np.mean([self.inputs.stats[r.name].hessian() for r in readers], axis=0)
+            names = tuple(sorted(r.name for r in readers))
+            if names not in self.factors:
+                self.factors[names] = hessian_factors(np.mean([self.inputs.stats[n].hessian() for n in names], axis=0))
+            factors = self.factors[names]
             rows = weight_rows(values, layout.kind, trans_b=layout.trans_b)
-            result = gptq_round(rows, hessian, scale, zero, qp.qmin, qp.qtype.qmax)
+            result = gptq_round(rows, factors.upper, scale, zero, qp.qmin, qp.qtype.qmax, factors=factors)
             codes = rows_to_weight(result.codes, values.shape, layout.kind, trans_b=layout.trans_b)
             self.cache[key] = codes.astype(qp.qtype.numpy_dtype)
             if result.nearest_groups:
