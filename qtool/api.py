@@ -37,7 +37,12 @@ from qtool.options import (
 )
 from qtool.quantization.activations import activation_qparams, plan_activation_qparams
 from qtool.quantization.algorithms.empirical_bias import measure_shifts, measured_layers
-from qtool.quantization.algorithms.graph_transforms import ChannelMaxima, apply_smoothing, smoothing_nodes
+from qtool.quantization.algorithms.graph_transforms import (
+    ChannelMaxima,
+    apply_equalization,
+    apply_smoothing,
+    smoothing_nodes,
+)
 from qtool.quantization.algorithms.node_inputs import NodeInput, NodeInputCollector, node_input
 from qtool.quantization.algorithms.smoothing import SmoothedGroup
 from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
@@ -66,6 +71,7 @@ class _Prepared:
     source: ModelFile  # the input model as read: its digest ties statistics to it
     weights: Weights  # the values of the prepared model's large initializers
     smoothed: tuple[SmoothedGroup, ...] = ()  # what SmoothQuant did to ``prepared``
+    equalized: tuple[str, ...] = ()  # the Conv pairs equalization rescaled in ``prepared``
 
 
 def _prepare(model_path: Path, config: QConfig, opset: int | None = None) -> _Prepared:
@@ -120,15 +126,26 @@ def calibrate(
             "smoothquant needs the channel ranges of the whole data set before calibrating: calibrate without --shard",
             hint="or turn smoothquant off for sharded calibration",
         )
+    state, pairs = _equalized(state, config)
     state, maxima = _smoothed(state, config, data_dir, options, None)
     stats = _calibrate(state, config, data_dir, options, progress)
-    stats.smoothing = maxima
+    stats.smoothing, stats.equalized = maxima, pairs
     return stats
 
 
 def merge_stats(paths: list[Path | str]) -> CalibrationStats:
     """Merge statistics files of dataset shards into the statistics of the whole dataset."""
     return CalibrationStats.merge_all([CalibrationStats.read(p) for p in paths])
+
+
+def _equalized(state: _Prepared, config: QConfig) -> tuple[_Prepared, list[str]]:
+    """The model with its Conv chains equalized where the config asks, and the pairs (``first -> second``)."""
+    with stage("cross-layer equalization"):
+        model, report = apply_equalization(state.prepared, state.weights, config)
+    for skip in report.skipped:
+        log.info("equalization left %s -> %s alone: %s", skip.first, skip.second, skip.reason)
+    pairs = [f"{pair.first} -> {pair.second}" for pair in report.pairs]
+    return replace(state, prepared=model, equalized=tuple(pairs)), pairs
 
 
 def _smoothed(
@@ -348,8 +365,17 @@ def _calibrate_inputs(
         )
 
 
-def _check_smoothing(stats: CalibrationStats, state: _Prepared, config: QConfig, path: Path | str) -> None:
-    """Statistics describe the model as smoothed when they were taken: the config must smooth the same tensors."""
+def _check_transforms(
+    stats: CalibrationStats, state: _Prepared, config: QConfig, pairs: list[str], path: Path | str
+) -> None:
+    """Statistics describe the model as transformed when they were taken: the config must transform it alike."""
+    if pairs != stats.equalized:
+        done = "with" if stats.equalized else "without"
+        raise QtoolError(
+            f"{path} was calibrated {done} cross-layer equalization of {len(stats.equalized)} Conv pairs; "
+            f"this config equalizes {len(pairs)}",
+            hint="quantize with the config you calibrated with, or re-run qtool calibrate",
+        )
     wanted = set(smoothing_nodes(state.prepared, config).values())
     if wanted and not stats.smoothing:
         raise QtoolError(
@@ -489,17 +515,19 @@ def quantize(
                 f"{stats_path} was computed for a different model than {model_path}",
                 hint="re-run qtool calibrate on this model",
             )
-        _check_smoothing(stats, state, config, stats_path)
+        state, pairs = _equalized(state, config)
+        _check_transforms(stats, state, config, pairs, stats_path)
         state, _ = _smoothed(state, config, None, calibration, stats.smoothing)
         collector = _input_collector(state, config)
     else:
         assert data_dir is not None  # exactly one of the two, checked above
+        state, pairs = _equalized(state, config)
         state, maxima = _smoothed(state, config, data_dir, calibration, None)
         collector = _input_collector(state, config)
         # the float outputs it computes anyway serve the placement choice and the comparison
         kept_outputs = FloatOutputs()
         stats = _calibrate(state, config, data_dir, calibration, progress, kept_outputs, collector)
-        stats.smoothing = maxima
+        stats.smoothing, stats.equalized = maxima, pairs
     search_dir = (search.data_dir or data_dir) if search is not None else None
     algorithms, algorithm_note = _weight_algorithms(state, config, collector, data_dir, search_dir, calibration)
     choice = None
@@ -518,6 +546,12 @@ def quantize(
             )
     with stage("insert Q/DQ"):
         plan, quantized, rewrite_report = _quantize_in_memory(state, config, stats, algorithms)
+    for pair in state.equalized:
+        for node in pair.split(" -> "):
+            rewrite_report.algorithms.setdefault(node, []).insert(0, "equalization")
+    for group in state.smoothed:
+        for node in group.nodes:
+            rewrite_report.algorithms.setdefault(node, []).insert(0, "smoothquant")
     state.weights.retain(quantized)  # the float weights the output replaced: freed before it is checked and written
     quantized.producer_name = "qtool"
     quantized.producer_version = __version__

@@ -58,6 +58,7 @@ class CalibrationStats:
     skipped: int = 0  # samples left out for holding NaN/Inf
     elements: dict[str, int] = field(default_factory=dict)  # per-sample element count of each tensor
     smoothing: dict[str, np.ndarray] = field(default_factory=dict)  # SmoothQuant's channel abs maxima, per tensor
+    equalized: list[str] = field(default_factory=list)  # "first -> second" pairs equalized before calibration
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,6 +71,7 @@ class CalibrationStats:
             "skipped": self.skipped,
             "elements": dict(sorted(self.elements.items())),
             "smoothing": {name: [float(v) for v in values] for name, values in sorted(self.smoothing.items())},
+            "equalized": list(self.equalized),
             "tensors": {
                 name: {"observer": obs.reference, "axis": obs.axis, "options": obs.options(), "state": obs.state()}
                 for name, obs in sorted(self.tensors.items())
@@ -112,6 +114,7 @@ class CalibrationStats:
             document.skipped,
             dict(document.elements),
             {name: np.asarray(values, np.float32) for name, values in document.smoothing.items()},
+            list(document.equalized),
         )
 
     @classmethod
@@ -143,6 +146,7 @@ class CalibrationStats:
             merged.skipped,
             merged.elements,
             merged.smoothing,
+            merged.equalized,
         )
 
     def merge(self, other: CalibrationStats) -> CalibrationStats:
@@ -155,6 +159,8 @@ class CalibrationStats:
             not np.array_equal(values, other.smoothing[name]) for name, values in self.smoothing.items()
         ):
             raise QtoolError("cannot merge statistics of differently smoothed models (SmoothQuant maxima differ)")
+        if self.equalized != other.equalized:
+            raise QtoolError("cannot merge statistics of differently equalized models (equalized pairs differ)")
         merged: dict[str, Observer] = {}
         for name in sorted(set(self.tensors) | set(other.tensors)):
             combined = (self.tensors.get(name) or other.tensors[name]).copy()
@@ -174,6 +180,7 @@ class CalibrationStats:
             self.skipped + other.skipped,
             {**other.elements, **self.elements},
             self.smoothing,
+            self.equalized,
         )
 
 

@@ -41,6 +41,7 @@ class StatsFile(BaseModel):
     smoothing: dict[str, list[float]] = Field(
         default_factory=dict, description="SmoothQuant: per activation tensor, each channel's abs max"
     )
+    equalized: list[str] = Field(default_factory=list, description="'first -> second' Conv pairs equalized")
 
     @field_validator("shard")
     @classmethod

@@ -50,11 +50,13 @@ def test_gptq_and_bias_correction_raise_all_integer_accuracy_of_the_cnn(tmp_path
     assert result.placements == {"integer": len(applied)}
 
 
-def test_gptq_makes_int4_weights_of_the_cnn_much_more_accurate(tmp_path):
+@pytest.mark.parametrize("rounding", ["gptq", "adaround"])
+def test_learned_rounding_makes_int4_weights_of_the_cnn_much_more_accurate(tmp_path, rounding):
     nearest, _ = _quantize(tmp_path, "cnn", INT4 % "", "nearest")
-    gptq, _ = _quantize(tmp_path, "cnn", INT4 % ", algorithms: {rounding: gptq, bias_correction: true}", "gptq")
-    before, after = _sqnr("cnn", nearest), _sqnr("cnn", gptq)
+    tuned, result = _quantize(tmp_path, "cnn", INT4 % f", algorithms: {{rounding: {rounding}}}", rounding)
+    before, after = _sqnr("cnn", nearest), _sqnr("cnn", tuned)
     assert after > before + 6.0, (before, after)
+    assert all(names == [rounding] for names in result.rewrite.algorithms.values())
 
 
 def test_the_same_inputs_give_the_same_bytes(tmp_path):
@@ -174,3 +176,61 @@ def test_smoothquant_levels_outlier_channels_and_the_stats_file_reproduces_it(tm
     assert again.read_bytes() == outputs["smooth"].read_bytes()
     with pytest.raises(QtoolError, match="calibrated with SmoothQuant"):
         qtool.quantize(model, tmp_path / "x.onnx", config_path=configs["plain"], stats_path=stats, search=None)
+
+
+def _uneven_conv_model(folder: Path) -> tuple[Path, Path, Path]:
+    """Conv -> Relu -> Conv whose first layer's output channels span four decades of weight range."""
+    rng = np.random.default_rng(5)
+    w1 = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    w1 *= np.logspace(-2, 2, 8, dtype=np.float32)[:, None, None, None]
+    w2 = rng.standard_normal((4, 8, 3, 3)).astype(np.float32)
+    w2 /= np.logspace(-2, 2, 8, dtype=np.float32)[None, :, None, None]
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+            onnx.helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+            onnx.helper.make_node("Conv", ["r1", "w2", "b2"], ["output"], pads=[1, 1, 1, 1], name="conv2"),
+        ],
+        "uneven",
+        [onnx.helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, [1, 3, 12, 12])],
+        [onnx.helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, [1, 4, 12, 12])],
+        [
+            onnx.numpy_helper.from_array(w1, "w1"),
+            onnx.numpy_helper.from_array(np.full(8, 0.1, np.float32), "b1"),
+            onnx.numpy_helper.from_array(w2, "w2"),
+            onnx.numpy_helper.from_array(np.zeros(4, np.float32), "b2"),
+        ],
+    )
+    path = folder / "model.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), str(path))
+    calib, evaluation = folder / "calib", folder / "eval"
+    for directory, count in ((calib, 8), (evaluation, 8)):
+        directory.mkdir()
+        for i in range(count):
+            np.save(directory / f"{i:02d}.npy", rng.standard_normal((3, 12, 12)).astype(np.float32))
+    return path, calib, evaluation
+
+
+def test_equalization_rescues_per_tensor_weights_and_the_stats_file_records_it(tmp_path):
+    model, calib, evaluation = _uneven_conv_model(tmp_path)
+    base = "global: {placement: integer, weight: {granularity: per_tensor}%s}\n"
+    configs = {"plain": base % "", "equalized": base % ", algorithms: {equalization: true}"}
+    scores, results = {}, {}
+    for tag, text in configs.items():
+        config = tmp_path / f"{tag}.yaml"
+        config.write_text(text)
+        out = tmp_path / f"{tag}.onnx"
+        results[tag] = qtool.quantize(model, out, config_path=config, data_dir=calib, search=None, evaluation=None)
+        num = den = 0.0
+        for path in sorted(evaluation.glob("*.npy")):
+            feed = {"input": np.load(path)[None]}
+            r, c = run_model(model, feed)[0], run_model(out, feed)[0]
+            num, den = num + float((r**2).sum()), den + float(((r - c) ** 2).sum())
+        scores[tag] = 10 * np.log10(num / den)
+    assert scores["equalized"] > scores["plain"] + 10.0, scores
+    assert results["equalized"].rewrite.algorithms == {"conv1": ["equalization"], "conv2": ["equalization"]}
+    stats = tmp_path / "s.json"
+    qtool.write_stats(qtool.calibrate(model, calib, config_path=tmp_path / "equalized.yaml"), stats)
+    assert CalibrationStats.read(stats).equalized == ["conv1 -> conv2"]
+    with pytest.raises(QtoolError, match="calibrated with cross-layer equalization"):
+        qtool.quantize(model, tmp_path / "x.onnx", config_path=tmp_path / "plain.yaml", stats_path=stats, search=None)

@@ -1,9 +1,10 @@
-"""The algorithms that rewrite the float model before calibration: SmoothQuant (and equalization once wired).
+"""The algorithms that rewrite the float model before calibration: equalization, then SmoothQuant.
 
 They run in ``calibrate`` and in ``quantize`` alike, so that statistics always describe the
-model that gets quantized. SmoothQuant depends on the data (each activation channel's abs max);
-those maxima are written into the statistics file, and ``quantize --stats`` smooths with them
-instead of reading the data again.
+model that gets quantized. Equalization depends on the weights only; the statistics file records
+the pairs it equalized, and ``quantize --stats`` refuses a config that equalizes others.
+SmoothQuant depends on the data (each activation channel's abs max); those maxima are written
+into the statistics file, and ``quantize --stats`` smooths with them instead of reading the data again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import onnx
 
 from qtool.config import QConfig
 from qtool.graph.weights import Weights
+from qtool.quantization.algorithms.equalization import EqualizationReport, equalize
 from qtool.quantization.algorithms.smoothing import SmoothingReport, channel_absmax, smooth
 from qtool.quantization.roles import HANDLERS, GraphIndex
 
@@ -66,3 +68,17 @@ def apply_smoothing(
         return scheme.algorithms.smoothquant_alpha if scheme is not None else 0.5
 
     return smooth(model, store, maxima, frozenset(nodes), alpha=alpha)
+
+
+def apply_equalization(
+    model: onnx.ModelProto, store: Weights, config: QConfig
+) -> tuple[onnx.ModelProto, EqualizationReport]:
+    """``model`` with the Conv chains whose nodes all turn ``equalization`` on equalized (data-free)."""
+    chosen = set()
+    for node in model.graph.node:
+        scheme = config.scheme_for(node.name, node.op_type) if node.op_type in HANDLERS else None
+        if scheme is not None and scheme.algorithms.equalization:
+            chosen.add(node.name)
+    if not chosen:
+        return model, EqualizationReport((), (), (), 0)
+    return equalize(model, store, frozenset(chosen))

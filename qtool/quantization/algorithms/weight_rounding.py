@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from qtool.quantization.algorithms.adaround import adaround, reconstruction_error
 from qtool.quantization.algorithms.bias_correction import bias_correction
 from qtool.quantization.algorithms.gptq import (
     HessianFactors,
@@ -27,6 +28,9 @@ from qtool.quantization.plan import NodePlan
 from qtool.quantization.qparams import QParams, dequantize
 
 log = logging.getLogger(__name__)
+
+ADAROUND_ITERATIONS = 300  # per weight: enough to beat GPTQ's reconstruction on most layers
+ADAROUND_SECONDS = 5.0  # per weight: a wide layer stops early, with its best codes so far
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class WeightAlgorithms:
         if len(layouts) > 1:
             return Rounded(None, "nearest", "its readers use the weight in different layouts")
         layout = self.inputs.layouts[readers[0].name]
-        method = "gptq"  # adaround refines GPTQ's codes (see adaround.py) once wired; gptq is its start
+        method = "adaround" if "adaround" in asked else "gptq"
         scale, zero = qparams_rows(qp, values, layout.kind, trans_b=layout.trans_b)
         key = _key(weight, method, values, scale, zero, qp, [r.name for r in readers])
         if key not in self.cache:
@@ -71,7 +75,22 @@ class WeightAlgorithms:
             factors = self.factors[names]
             rows = weight_rows(values, layout.kind, trans_b=layout.trans_b)
             result = gptq_round(rows, factors.upper, scale, zero, qp.qmin, qp.qtype.qmax, factors=factors)
-            codes = rows_to_weight(result.codes, values.shape, layout.kind, trans_b=layout.trans_b)
+            chosen = result.codes
+            if method == "adaround":  # AdaRound from the fractions; GPTQ's codes where they reconstruct better
+                hessian = np.mean([self.inputs.stats[n].hessian() for n in names], axis=0)
+                learned = adaround(
+                    rows,
+                    hessian,
+                    scale,
+                    zero,
+                    qp.qmin,
+                    qp.qtype.qmax,
+                    iterations=ADAROUND_ITERATIONS,
+                    seconds=ADAROUND_SECONDS,
+                )
+                if learned.loss < _error(rows, result.codes, scale, zero, hessian):
+                    chosen = learned.codes
+            codes = rows_to_weight(chosen, values.shape, layout.kind, trans_b=layout.trans_b)
             self.cache[key] = codes.astype(qp.qtype.numpy_dtype)
             if result.nearest_groups:
                 log.info("%s: %d weight groups kept nearest rounding", weight, result.nearest_groups)
@@ -90,6 +109,19 @@ class WeightAlgorithms:
     def _shape_of(layout: NodeInput) -> tuple[str, bool, object]:
         group = getattr(layout.geometry, "group", 1)
         return layout.kind, layout.trans_b, group
+
+
+def _error(rows: np.ndarray, codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, hessian: np.ndarray) -> float:
+    """The output error of ``codes`` ([rows, K]) on inputs with ``hessian`` ([K, K] or [groups, K, K])."""
+    h = hessian[None] if hessian.ndim == 2 else hessian
+    shape = (h.shape[0], rows.shape[0] // h.shape[0], rows.shape[1])
+    return reconstruction_error(
+        rows.astype(np.float64).reshape(shape),
+        codes.reshape(shape),
+        np.asarray(scale, np.float64).reshape(shape),
+        np.asarray(zero, np.int64).reshape(shape),
+        h,
+    )
 
 
 def _key(
