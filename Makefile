@@ -5,8 +5,9 @@ BIN    := $(VENV)/bin
 DEMO   := out/demo
 LOCK   := requirements.lock
 LATEST := .venv-latest
+QUARK  := .venv-quark
 
-.PHONY: demo install dev test test-latest lock lint bench golden samples clean
+.PHONY: demo install dev test test-latest lock lint bench quark-env golden samples clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +52,17 @@ bench: $(BIN)/python  ## qtool vs onnxruntime: default's cost, quantizer, calibr
 	$(BIN)/python bench/observers.py
 	$(BIN)/python bench/large_model.py
 
+# AMD Quark (a benchmark peer, bench/peers_integer.py) pins onnx and onnxruntime below qtool's and
+# imports torch without declaring it, so it gets its own environment. torch: the CPU-only build
+# where pip can find one (a local wheel or an index given in PIP_EXTRA_INDEX_URL/PIP_FIND_LINKS);
+# otherwise the default PyPI build with its CUDA libraries (several GB, still runs on CPU).
+quark-env:  ## AMD Quark + CPU torch in .venv-quark, for bench/peers_integer.py (not part of `make bench` yet)
+	$(PYTHON) -m venv $(QUARK)
+	$(QUARK)/bin/python -m pip install --quiet --upgrade pip
+	$(QUARK)/bin/pip install --quiet "torch==2.13.0+cpu" || $(QUARK)/bin/pip install --quiet "torch==2.13.0"
+	$(QUARK)/bin/pip install --quiet "amd-quark==0.13" "onnx==1.22.0" "onnxruntime==1.28.0"
+	$(QUARK)/bin/python -c "import torch, quark.onnx; print('torch', torch.__version__, '/ amd-quark', quark.__version__)"
+
 golden: dev  ## rewrite tests/golden/*.json from the current code (review the diff like code)
 	QTOOL_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/golden
 
@@ -58,4 +70,4 @@ samples: install  ## regenerate sample_models/ (seeded)
 	$(BIN)/python sample_models/generate.py
 
 clean:
-	rm -rf $(VENV) $(LATEST) out build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LATEST) $(QUARK) out build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
