@@ -290,10 +290,11 @@ def _quantize_in_memory(
     # The placement choice builds its winner again at the end: its measurement is kept by plan.
     key = repr((plan.nodes, sorted((t, repr(q)) for t, q in act_qparams.items())))
     if key not in algorithms.shifts:
-        rounded, _ = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms, bias_shifts={})
+        rounded, _ = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms, correct_biases=False)
         layers, skipped = measured_layers(rounded, state.prepared, state.weights, wanted)
         feeds = algorithms.inputs.feeds[:BIAS_SAMPLES]
-        algorithms.shifts[key] = (measure_shifts(rounded, state.weights, layers, feeds), skipped)
+        shifts, few = measure_shifts(rounded, state.weights, layers, feeds)
+        algorithms.shifts[key] = (shifts, {**skipped, **few})
     shifts, skipped = algorithms.shifts[key]
     quantized, report = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms, shifts)
     for node, reason in skipped.items():

@@ -105,10 +105,12 @@ class _Rewriter:
         store: Weights,
         algorithms: WeightAlgorithms | None = None,
         bias_shifts: dict[str, np.ndarray] | None = None,
+        correct_biases: bool = True,
     ) -> None:
         self.store = store  # the values of detached initializers
         self.algorithms = algorithms
         self.bias_shifts = bias_shifts
+        self.correct_biases = correct_biases
         self.codes: dict[tuple[str, CopyKey], np.ndarray] = {}  # the integers of each stored copy
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
@@ -297,13 +299,15 @@ class _Rewriter:
         assert node.weight is not None  # only nodes with a weight get here
         if self.bias_shifts is not None:  # measured on the quantized model (empirical_bias)
             shift = self.bias_shifts.get(node.name)
+        elif not self.correct_biases:  # the pass that measures the errors: no correction yet
+            shift = None
         else:
             use = self.uses[node.name]
             values = self.store.value(self.inits[node.weight.name])
             shift = self.algorithms.bias_shift(node, values, self.codes[(use.weight, use.copy)], weight_qp)
             alpha = next((a.f for a in self.nodes[node.name].attribute if a.name == "alpha"), 1.0)
             shift = None if shift is None else (shift * alpha).astype(np.float32)  # in output units
-        if shift is None:
+        if shift is None and self.correct_biases and self.bias_shifts is None:  # (measured skips: the caller's)
             why = self.algorithms.inputs.skipped.get(node.name, "its inputs were not observed")
             self.report.algorithm_notes.setdefault(node.name, f"bias_correction: {why}")
         return shift
@@ -416,6 +420,8 @@ def insert_qdq(
     weights: Weights | None = None,
     algorithms: WeightAlgorithms | None = None,
     bias_shifts: dict[str, np.ndarray] | None = None,
+    *,
+    correct_biases: bool = True,
 ) -> tuple[onnx.ModelProto, RewriteReport]:
     """Return a copy of ``model`` with Q/DQ nodes and integer weights as ``plan`` says.
 
@@ -426,6 +432,7 @@ def insert_qdq(
         weights: the values of ``model``'s detached initializers; the result shares them.
         algorithms: the calibration inputs for GPTQ and bias correction (None: nearest rounding only).
         bias_shifts: bias corrections measured on the quantized model, by node, instead of the analytic ones.
+        correct_biases: False for the rewrite whose errors bias correction measures.
 
     Raises:
         QtoolError: an activation in the plan has no qparams.
@@ -437,7 +444,7 @@ def insert_qdq(
             hint="re-run qtool calibrate with the same model and config",
         )
     store = weights if weights is not None else Weights()
-    return _Rewriter(model, plan, act_qparams, store, algorithms, bias_shifts).run()
+    return _Rewriter(model, plan, act_qparams, store, algorithms, bias_shifts, correct_biases).run()
 
 
 def _full_check_error(model: onnx.ModelProto) -> str | None:

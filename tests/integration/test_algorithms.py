@@ -44,8 +44,12 @@ def test_gptq_and_bias_correction_raise_all_integer_accuracy_of_the_cnn(tmp_path
     before, after = _sqnr("cnn", plain), _sqnr("cnn", tuned)
     assert after > before + 2.0, (before, after)  # measured 32.8 -> 37.9 dB
     applied = result.rewrite.algorithms
-    assert applied and all(set(names) == {"gptq", "bias_correction"} for names in applied.values())
-    assert set(applied) == {n for n in result.rewrite.quantized_nodes}
+    assert set(applied) == set(result.rewrite.quantized_nodes)
+    convs = {name: names for name, names in applied.items() if name != "head/gemm"}
+    assert all(names == ["gptq", "bias_correction"] for names in convs.values())
+    # the head has one output per sample: too few to estimate its mean error, so it is not corrected
+    assert applied["head/gemm"] == ["gptq"]
+    assert "too few" in result.rewrite.algorithm_notes["head/gemm"]
     # still every node an integer kernel: the same graph, other integers
     assert result.placements == {"integer": len(applied)}
 

@@ -24,6 +24,10 @@ from qtool.quantization.algorithms.node_inputs import NodeInput
 from qtool.quantization.algorithms.patches import ConvGeometry, input_stats
 
 Feed = dict[str, np.ndarray]
+# A layer with fewer output positions per channel over the measured samples (a squeeze-excitation
+# Conv on a pooled tensor, a classifier head) has a mean error estimate made mostly of sampling noise,
+# and correcting a head by it moves its few outputs by that noise: such layers are not corrected.
+MIN_POSITIONS = 100
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,11 @@ def float_source(model: onnx.ModelProto, tensor: str) -> str:
 
 def measure_shifts(
     quantized: onnx.ModelProto, store: Weights, layers: Sequence[MeasuredLayer], feeds: Sequence[Feed]
-) -> dict[str, np.ndarray]:
-    """Node -> what to add to its float bias, from one run of ``quantized`` over ``feeds``."""
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Node -> what to add to its float bias, from one run of ``quantized`` over ``feeds``.
+
+    Layers seen at fewer than ``MIN_POSITIONS`` output positions per channel are left out (with the reason).
+    """
     exposed = onnx.ModelProto()
     exposed.CopyFrom(quantized)
     present = {o.name for o in exposed.graph.output}
@@ -77,8 +84,13 @@ def measure_shifts(
             per_channel = np.moveaxis(y, axis, 0).reshape(y.shape[axis], -1)
             output_sums[layer.node] = output_sums.get(layer.node, 0) + per_channel.sum(axis=1)
             output_counts[layer.node] = output_counts.get(layer.node, 0) + per_channel.shape[1]
-    shifts = {}
+    shifts, skipped = {}, {}
     for layer in layers:
+        if output_counts[layer.node] < MIN_POSITIONS:
+            skipped[layer.node] = (
+                f"{output_counts[layer.node]} output positions per channel, too few to estimate its error"
+            )
+            continue
         mean_patch = input_means[layer.node] / max(input_counts[layer.node], 1)  # [groups, K]
         rows = weight_rows(layer.weight, layer.layout.kind, trans_b=layer.layout.trans_b).astype(np.float64)
         groups = mean_patch.shape[0]
@@ -87,7 +99,7 @@ def measure_shifts(
             expected = expected + layer.bias
         measured = output_sums[layer.node] / max(output_counts[layer.node], 1)
         shifts[layer.node] = (expected - measured).astype(np.float32)
-    return shifts
+    return shifts, skipped
 
 
 def measured_layers(
