@@ -166,23 +166,7 @@ def _smoothed(
     if known is None:
         assert data_dir is not None  # the callers pass data or known maxima
         tap = ChannelMaxima(sorted(set(nodes.values())))
-        dataset = Dataset(
-            data_dir,
-            model_inputs(state.model),
-            limit=options.limit or config.calibration.limit,
-            preprocess=config.preprocess,
-            skip_nonfinite=options.skip_nonfinite,
-        )
-        with stage("SmoothQuant channel ranges (float pass)"):
-            collect_statistics(
-                state.prepared,
-                [],
-                dataset,
-                observer=config.calibration.observer,
-                batch_size=options.batch_size or config.calibration.batch_size,
-                weights=state.weights,
-                taps=[tap],
-            )
+        _tapped_pass(state, config, data_dir, options, tap, "SmoothQuant channel ranges")
         known = tap.maxima
     with stage("SmoothQuant"):
         model, report = apply_smoothing(state.prepared, state.weights, config, known)
@@ -338,14 +322,19 @@ def _weight_algorithms(
             log.warning(note)
             return None, note
         sizing = replace(calibration, shard=None)
-        _calibrate_inputs(state, config, search_dir, sizing, collector)
+        _tapped_pass(state, config, search_dir, sizing, collector, "calibration inputs of the weight algorithms")
     return WeightAlgorithms(collector.result), None
 
 
-def _calibrate_inputs(
-    state: _Prepared, config: QConfig, data_dir: Path | str, options: CalibrationOptions, collector: NodeInputCollector
+def _tapped_pass(
+    state: _Prepared,
+    config: QConfig,
+    data_dir: Path | str,
+    options: CalibrationOptions,
+    tap: NodeInputCollector | ChannelMaxima,
+    what: str,
 ) -> None:
-    """A float pass over ``data_dir`` that only feeds ``collector``."""
+    """A float pass over ``data_dir`` (the calibration samples, as calibrate reads them) that only feeds ``tap``."""
     dataset = Dataset(
         data_dir,
         model_inputs(state.model),
@@ -353,8 +342,9 @@ def _calibrate_inputs(
         preprocess=config.preprocess,
         skip_nonfinite=options.skip_nonfinite,
     )
-    collector.expect(len(dataset))
-    with stage("calibration inputs of the weight algorithms (float pass)"):
+    if isinstance(tap, NodeInputCollector):
+        tap.expect(len(dataset))
+    with stage(f"{what} (float pass)"):
         collect_statistics(
             state.prepared,
             [],
@@ -362,7 +352,7 @@ def _calibrate_inputs(
             observer=config.calibration.observer,
             batch_size=options.batch_size or config.calibration.batch_size,
             weights=state.weights,
-            taps=[collector],
+            taps=[tap],
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -238,3 +239,24 @@ def test_equalization_rescues_per_tensor_weights_and_the_stats_file_records_it(t
     assert CalibrationStats.read(stats).equalized == ["conv1 -> conv2"]
     with pytest.raises(QtoolError, match="calibrated with cross-layer equalization"):
         qtool.quantize(model, tmp_path / "x.onnx", config_path=tmp_path / "plain.yaml", stats_path=stats, search=None)
+
+
+def test_the_cli_names_the_algorithms_in_inspect_and_in_the_quantize_json(tmp_path):
+    from typer.testing import CliRunner
+
+    from qtool.cli import app
+
+    config = tmp_path / "c.yaml"
+    config.write_text(GPTQ_BC)
+    runner = CliRunner()
+    shown = runner.invoke(app, ["inspect", str(sample("cnn")), "--config", str(config), "--json", "-"])
+    assert shown.exit_code == 0, shown.output
+    nodes = json.loads(shown.stdout)["nodes"]
+    assert all(node["algorithms"] == ["gptq", "bias_correction"] for node in nodes)
+    out = tmp_path / "q.onnx"
+    args = ["quantize", str(sample("cnn")), "--data", str(calib_dir("cnn")), "--config", str(config)]
+    done = runner.invoke(app, [*args, "-o", str(out), "--no-search", "--runs", "0", "--json", "-"])
+    assert done.exit_code == 0, done.output
+    document = json.loads(done.stdout)
+    assert document["algorithms"]["applied"]["block1/conv"] == ["gptq", "bias_correction"]
+    assert "head/gemm" in document["algorithms"]["not_applied"]
