@@ -44,10 +44,12 @@ lint: dev  ## ruff + mypy
 	$(BIN)/ruff format --check qtool tests bench
 	$(BIN)/mypy
 
-bench: $(BIN)/python  ## qtool vs onnxruntime: default's cost, quantizer, calibrators, observer overhead, 1 GiB model memory
+bench: $(BIN)/python $(QUARK)/installed  ## qtool vs onnxruntime and AMD Quark: default's cost, quantizer, all-integer algorithms, calibrators, observers, 1 GiB model
 	$(BIN)/pip install --quiet -c $(LOCK) -e ".[bench]"
 	$(BIN)/python bench/cost.py
 	$(BIN)/python bench/run.py
+	QTOOL_QUARK_PYTHON=$(QUARK)/bin/python $(BIN)/python bench/peers_integer.py
+	$(BIN)/python bench/algorithms.py
 	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/observers.py
 	$(BIN)/python bench/large_model.py
@@ -56,12 +58,15 @@ bench: $(BIN)/python  ## qtool vs onnxruntime: default's cost, quantizer, calibr
 # imports torch without declaring it, so it gets its own environment. torch: the CPU-only build
 # where pip can find one (a local wheel or an index given in PIP_EXTRA_INDEX_URL/PIP_FIND_LINKS);
 # otherwise the default PyPI build with its CUDA libraries (several GB, still runs on CPU).
-quark-env:  ## AMD Quark + CPU torch in .venv-quark, for bench/peers_integer.py (not part of `make bench` yet)
+quark-env: $(QUARK)/installed  ## AMD Quark + CPU torch in .venv-quark, for bench/peers_integer.py
+
+$(QUARK)/installed:
 	$(PYTHON) -m venv $(QUARK)
 	$(QUARK)/bin/python -m pip install --quiet --upgrade pip
 	$(QUARK)/bin/pip install --quiet "torch==2.13.0+cpu" || $(QUARK)/bin/pip install --quiet "torch==2.13.0"
 	$(QUARK)/bin/pip install --quiet "amd-quark==0.13" "onnx==1.22.0" "onnxruntime==1.28.0"
 	$(QUARK)/bin/python -c "import torch, quark.onnx; print('torch', torch.__version__, '/ amd-quark', quark.__version__)"
+	touch $@
 
 golden: dev  ## rewrite tests/golden/*.json from the current code (review the diff like code)
 	QTOOL_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/golden

@@ -81,6 +81,32 @@ def measure(models: dict[str, tuple[Path, Path, Path]], timeout: int, tmp: Path)
     return rows
 
 
+def summary(document: dict, peers: dict[str, object]) -> list[str]:
+    """Per model: qtool with nearest rounding, qtool's best int8 setting, and the best peer."""
+    lines = [
+        "| model | qtool nearest dB | qtool best (setting) | its quantize s | best peer (setting) | peer quantize s "
+        "| qtool best - peer dB |",
+        "|---|---:|---|---:|---|---:|---:|",
+    ]
+    for model in dict.fromkeys(row["model"] for row in document["rows"]):
+        rows = [r for r in document["rows"] if r["model"] == model and isinstance(r.get("sqnr_db"), float)]
+        int8 = [r for r in rows if not r["setting"].startswith("int4")]
+        if not int8:
+            continue
+        nearest = next((r["sqnr_db"] for r in int8 if r["setting"] == "nearest"), None)
+        best = max(int8, key=lambda r: r["sqnr_db"])
+        peer = peers.get(model)
+        peer_sqnr = getattr(peer, "sqnr_db", None)
+        peer_text = f"{peer_sqnr:.2f} ({peer.tool} {peer.setting})" if peer is not None else "-"  # type: ignore[attr-defined]
+        margin = best["sqnr_db"] - peer_sqnr if isinstance(peer_sqnr, float) else None
+        lines.append(
+            f"| {model} | {_fmt(nearest, '.2f')} | {best['sqnr_db']:.2f} ({best['setting']}) | "
+            f"{_fmt(best.get('seconds'), '.1f')} | {peer_text} | {_fmt(getattr(peer, 'seconds', None), '.1f')} | "
+            f"{_fmt(margin, '+.2f')} |"
+        )
+    return lines
+
+
 def render(document: dict, peers: dict[str, object]) -> str:
     lines = [
         f"Measured {document['date']} on {document['cpu']['model']} ({document['cores']} cores, flags "
@@ -102,6 +128,7 @@ def render(document: dict, peers: dict[str, object]) -> str:
             f"{_fmt(row.get('peak_mb'), '.0f')} | {_fmt(sqnr, '.2f')} | {peer_text} | {_fmt(peer_sqnr, '.2f')} | "
             f"{_fmt(margin, '+.2f')} |" + (f" {row['error']}" if "error" in row else "")
         )
+    lines += ["", *summary(document, peers)]
     return "\n".join(lines) + "\n"
 
 
@@ -123,7 +150,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join([*SAMPLE_MODELS, *REAL_MODELS]))
     parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument("--render", action="store_true", help="only re-render the saved results with the peers'")
     args = parser.parse_args()
+    if args.render:
+        text = render(json.loads((RESULTS / "algorithms.json").read_text()), _peers())
+        (RESULTS / "algorithms.md").write_text(text)
+        print(text)
+        return
     with tempfile.TemporaryDirectory(prefix="qtool-algorithms-") as tmp:
         rows = measure(_models(args.models.split(",")), args.timeout, Path(tmp))
     document = {

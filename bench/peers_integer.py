@@ -83,6 +83,7 @@ class Peer:
     tool: str
     setting: str
     sqnr_db: float
+    seconds: float | None = None  # its quantize time
 
 
 def quark_python() -> Path | None:
@@ -220,7 +221,7 @@ def best_peer_sqnr(document: dict | None = None, metric: str = "sqnr_db") -> dic
                 continue
             tool, setting = key.split(" | ")
             if row["model"] not in best or sqnr > best[row["model"]].sqnr_db:
-                best[row["model"]] = Peer(row["model"], tool, setting, float(sqnr))
+                best[row["model"]] = Peer(row["model"], tool, setting, float(sqnr), result.get("seconds"))
     return best
 
 
