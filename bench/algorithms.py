@@ -81,12 +81,13 @@ def measure(models: dict[str, tuple[Path, Path, Path]], timeout: int, tmp: Path)
     return rows
 
 
-def summary(document: dict, peers: dict[str, object]) -> list[str]:
-    """Per model: qtool with nearest rounding, qtool's best int8 setting, and the best peer."""
+def summary(document: dict, peers: dict[str, object], simulated: dict[str, object] | None = None) -> list[str]:
+    """Per model: qtool with nearest rounding, qtool's best int8 setting, and the best peer (and its simulated best)."""
+    simulated = simulated or {}
     lines = [
         "| model | qtool nearest dB | qtool best (setting) | its quantize s | best peer (setting) | peer quantize s "
-        "| qtool best - peer dB |",
-        "|---|---:|---|---:|---|---:|---:|",
+        "| qtool best - peer dB | best peer simulated dB |",
+        "|---|---:|---|---:|---|---:|---:|---:|",
     ]
     for model in dict.fromkeys(row["model"] for row in document["rows"]):
         rows = [r for r in document["rows"] if r["model"] == model and isinstance(r.get("sqnr_db"), float)]
@@ -102,9 +103,14 @@ def summary(document: dict, peers: dict[str, object]) -> list[str]:
         lines.append(
             f"| {model} | {_fmt(nearest, '.2f')} | {best['sqnr_db']:.2f} ({best['setting']}) | "
             f"{_fmt(best.get('seconds'), '.1f')} | {peer_text} | {_fmt(getattr(peer, 'seconds', None), '.1f')} | "
-            f"{_fmt(margin, '+.2f')} |"
+            f"{_fmt(margin, '+.2f')} | {_peer_text(simulated.get(model))} |"
         )
     return lines
+
+
+def _peer_text(peer: object) -> str:
+    sqnr = getattr(peer, "sqnr_db", None)
+    return f"{sqnr:.2f} ({peer.tool} {peer.setting})" if isinstance(sqnr, float) else "-"  # type: ignore[attr-defined]
 
 
 def render(document: dict, peers: dict[str, object]) -> str:
@@ -128,7 +134,7 @@ def render(document: dict, peers: dict[str, object]) -> str:
             f"{_fmt(row.get('peak_mb'), '.0f')} | {_fmt(sqnr, '.2f')} | {peer_text} | {_fmt(peer_sqnr, '.2f')} | "
             f"{_fmt(margin, '+.2f')} |" + (f" {row['error']}" if "error" in row else "")
         )
-    lines += ["", *summary(document, peers)]
+    lines += ["", *summary(document, peers, _peers("simulated_sqnr_db"))]
     return "\n".join(lines) + "\n"
 
 
@@ -136,11 +142,12 @@ def _fmt(value: object, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
-def _peers() -> dict[str, object]:
+def _peers(metric: str = "sqnr_db") -> dict[str, object]:
+    """The best peer per model from bench/results/peers_integer.json, by ``metric``."""
     try:
         from bench.peers_integer import best_peer_sqnr
 
-        return dict(best_peer_sqnr())
+        return dict(best_peer_sqnr(metric=metric))
     except (ImportError, OSError, KeyError, ValueError) as e:
         print(f"no peer results ({e}); run bench/peers_integer.py first", file=sys.stderr)
         return {}
@@ -159,6 +166,10 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="qtool-algorithms-") as tmp:
         rows = measure(_models(args.models.split(",")), args.timeout, Path(tmp))
+    saved = RESULTS / "algorithms.json"
+    if saved.exists():  # the other models' rows stay as last measured
+        measured = {row["model"] for row in rows}
+        rows = [r for r in json.loads(saved.read_text())["rows"] if r["model"] not in measured] + rows
     document = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu_info(),
