@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,33 +157,53 @@ def _drop_extra_outputs(model: Path, candidate: Path) -> str:
     return f"{len(extra)} extra graph outputs left by the tool removed before scoring"
 
 
+def _clear_value_info(candidate: Path) -> None:
+    """Drop the model's stored intermediate shapes, so onnxruntime infers them again."""
+    quantized = onnx.load(str(candidate))
+    del quantized.graph.value_info[:]
+    onnx.save(quantized, str(candidate))
+
+
 def _score(model: Path, out: Path, evaluation: Path, result: dict) -> dict:
+    """Load ``out`` in onnxruntime and score it; a model that fails is a result too.
+
+    Quark 0.13 stores wrong intermediate shapes (``value_info``) for models with dynamic input
+    sizes, such as PP-OCR's: the model loads but onnxruntime fails while running it. Such a model
+    is recorded as failing and then scored once more with its ``value_info`` cleared, which is
+    what a user of it would have to do.
+    """
     if "error" in result:
         return {**result, "loads": None}
-    note = _drop_extra_outputs(model, out)
-    if note:
-        result = {**result, "note": "; ".join(n for n in (result.get("note"), note) if n)}
+    notes = [result.get("note") or "", _drop_extra_outputs(model, out)]
     try:
         open_session(out, 1)
     except Exception as e:  # noqa: BLE001 - a model onnxruntime refuses is a result too
         return {**result, "loads": False, "error": f"onnxruntime cannot load it: {str(e).splitlines()[0][:200]}"}
-    scores = accuracy(model, out, evaluation)
-    return {**result, "loads": True, **scores, "simulated_sqnr_db": simulated_sqnr(model, out, evaluation)}
+    result = {**result, "loads": True, "runs_as_written": True}
+    try:
+        scores = accuracy(model, out, evaluation)
+    except Exception as e:  # noqa: BLE001 - a model onnxruntime cannot run is a result too
+        reason = str(e).rsplit("FAIL :", 1)[-1].strip().splitlines()[0][:160]  # onnxruntime's innermost message
+        result.update(runs_as_written=False, run_error=reason)
+        notes.append("onnxruntime fails to run it as written (wrong value_info shapes); scored with value_info cleared")
+        _clear_value_info(out)
+        try:
+            scores = accuracy(model, out, evaluation)
+        except Exception as again:  # noqa: BLE001
+            return {**result, "error": f"onnxruntime cannot run it: {str(again).splitlines()[0][:200]}"}
+    note = "; ".join(n for n in notes if n)
+    return {**result, "note": note, **scores, "simulated_sqnr_db": simulated_sqnr(model, out, evaluation)}
 
 
-def measure(
-    models: dict[str, tuple[Path, Path, Path]], tools: list[str], timeout: int, tmp: Path
-) -> tuple[list[dict], dict[str, object]]:
-    """Quantize and score every model with every peer setting; returns the rows and Quark's versions."""
+def measure(models: dict[str, tuple[Path, Path, Path]], tools: list[str], timeout: int, tmp: Path) -> Iterator[dict]:
+    """Quantize and score every model with every peer setting; yields one row per model."""
     python = quark_python() if "quark" in tools else None
-    quark_versions: dict[str, object] = {}
     if "quark" in tools and python is None:
         print(
             "Quark rows skipped: no Quark interpreter (run `make quark-env` or set QTOOL_QUARK_PYTHON)", file=sys.stderr
         )
-    rows = []
     for name, (model, calib, evaluation) in models.items():
-        started = time.perf_counter()
+        started, load_before = time.perf_counter(), os.getloadavg()[0]
         runs: dict[str, dict] = {}
         if "onnxruntime" in tools:
             for setting, method in ONNXRUNTIME_SETTINGS.items():
@@ -198,11 +219,14 @@ def measure(
                     continue
                 out = tmp / f"{name}.quark.{setting}.onnx"
                 runs[key] = _score(model, out, evaluation, _quark(python, setting, name, model, calib, out, timeout))
-                if "version" in runs[key]:
-                    quark_versions = {"amd-quark": runs[key]["version"], **runs[key].get("versions", {})}
                 print(f"{name} {key}: {runs[key]}", file=sys.stderr)
-        rows.append({"model": name, "wall_seconds": time.perf_counter() - started, "runs": runs})
-    return rows, quark_versions
+        yield {
+            "model": name,
+            "wall_seconds": time.perf_counter() - started,
+            # Another process on the machine slows every tool's timing alike; the SQNRs do not move.
+            "load_average_1min": [load_before, os.getloadavg()[0]],
+            "runs": runs,
+        }
 
 
 def best_peer_sqnr(document: dict | None = None, metric: str = "sqnr_db") -> dict[str, Peer]:
@@ -257,6 +281,8 @@ def render(document: dict) -> str:
         for key, r in row["runs"].items():
             tool, setting = key.split(" | ")
             loads = {True: "yes", False: "no", None: "-"}[r.get("loads")]
+            if r.get("runs_as_written") is False:
+                loads = "loads, fails to run"
             if "error" in r:
                 lines.append(f"| {row['model']} | {tool} | {setting} | failed: {r['error']} | | | | | {loads} |")
                 continue
@@ -287,6 +313,22 @@ def render(document: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _document(rows: list[dict]) -> dict:
+    quark = next((r for row in rows for k, r in row["runs"].items() if k.startswith("quark") and "version" in r), {})
+    return {
+        "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": {**cpu_info(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "versions": {
+            "onnxruntime": ort.__version__,
+            "onnx": onnx.__version__,
+            "numpy": np.__version__,
+            "quark": {"amd-quark": quark["version"], **quark.get("versions", {})} if quark else {},
+        },
+        "adaround_iterations": {**ADAROUND_ITERATIONS, "others": ADAROUND_ITERATIONS_DEFAULT},
+        "rows": rows,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join([*SAMPLE_MODELS, *REAL_MODELS]))
@@ -294,27 +336,16 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per quantization before it counts as failed")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"folder for {RESULT_NAME}.json and .md")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        rows, quark_versions = measure(
-            _models(args.models.split(",")), args.tools.split(","), args.timeout, Path(folder)
-        )
-    machine = cpu_info()
-    document = {
-        "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": {**machine, "cores": os.cpu_count(), "python": platform.python_version()},
-        "versions": {
-            "onnxruntime": ort.__version__,
-            "onnx": onnx.__version__,
-            "numpy": np.__version__,
-            "quark": quark_versions,
-        },
-        "adaround_iterations": {**ADAROUND_ITERATIONS, "others": ADAROUND_ITERATIONS_DEFAULT},
-        "rows": rows,
-    }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{RESULT_NAME}.json").write_text(json.dumps(document, indent=2) + "\n")
-    table = render(document)
-    (args.out / f"{RESULT_NAME}.md").write_text(table)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as folder:
+        for row in measure(_models(args.models.split(",")), args.tools.split(","), args.timeout, Path(folder)):
+            rows.append(row)
+            # Written after every model: a long run that stops part-way keeps what it measured.
+            document = _document(rows)
+            (args.out / f"{RESULT_NAME}.json").write_text(json.dumps(document, indent=2) + "\n")
+            table = render(document)
+            (args.out / f"{RESULT_NAME}.md").write_text(table)
     print(table)
 
 
