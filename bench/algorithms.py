@@ -44,6 +44,8 @@ SETTINGS = {  # name -> config text
     "smoothquant": INTEGER % ", algorithms: {smoothquant: true}",
     "gptq + bias correction": INTEGER % ", algorithms: {rounding: gptq, bias_correction: true}",
     "all": INTEGER % ", algorithms: {equalization: true, smoothquant: true, rounding: gptq, bias_correction: true}",
+    "equalization + percentile": INTEGER % ", algorithms: {equalization: true}"
+    + "calibration: {observer: percentile}\n",
     "all + percentile": INTEGER
     % ", algorithms: {equalization: true, smoothquant: true, rounding: gptq, bias_correction: true}"
     + "calibration: {observer: percentile}\n",
