@@ -168,18 +168,25 @@ def _score(model: Path, out: Path, evaluation: Path, result: dict) -> dict:
     """Load ``out`` in onnxruntime and score it; a model that fails is a result too.
 
     Quark 0.13 stores wrong intermediate shapes (``value_info``) for models with dynamic input
-    sizes, such as PP-OCR's: the model loads but onnxruntime fails while running it. Such a model
-    is recorded as failing and then scored once more with its ``value_info`` cleared, which is
-    what a user of it would have to do.
+    sizes, such as PP-OCR's: onnxruntime refuses the model or fails while running it. Such a
+    model is recorded as failing and then scored with its ``value_info`` cleared, which is what a
+    user of it would have to do.
     """
     if "error" in result:
         return {**result, "loads": None}
     notes = [result.get("note") or "", _drop_extra_outputs(model, out)]
     try:
         open_session(out, 1)
+        result = {**result, "loads": True, "runs_as_written": True}
     except Exception as e:  # noqa: BLE001 - a model onnxruntime refuses is a result too
-        return {**result, "loads": False, "error": f"onnxruntime cannot load it: {str(e).splitlines()[0][:200]}"}
-    result = {**result, "loads": True, "runs_as_written": True}
+        refusal = f"onnxruntime cannot load it: {str(e).splitlines()[0][:200]}"
+        _clear_value_info(out)
+        try:
+            open_session(out, 1)
+        except Exception:  # noqa: BLE001
+            return {**result, "loads": False, "error": refusal}
+        result = {**result, "loads": False, "runs_as_written": False, "run_error": refusal}
+        notes.append("onnxruntime refuses it as written (wrong value_info shapes); scored with value_info cleared")
     try:
         scores = accuracy(model, out, evaluation)
     except Exception as e:  # noqa: BLE001 - a model onnxruntime cannot run is a result too
@@ -195,7 +202,13 @@ def _score(model: Path, out: Path, evaluation: Path, result: dict) -> dict:
     return {**result, "note": note, **scores, "simulated_sqnr_db": simulated_sqnr(model, out, evaluation)}
 
 
-def measure(models: dict[str, tuple[Path, Path, Path]], tools: list[str], timeout: int, tmp: Path) -> Iterator[dict]:
+def measure(
+    models: dict[str, tuple[Path, Path, Path]],
+    tools: list[str],
+    timeout: int,
+    tmp: Path,
+    quark_settings: tuple[str, ...] = QUARK_SETTINGS,
+) -> Iterator[dict]:
     """Quantize and score every model with every peer setting; yields one row per model."""
     python = quark_python() if "quark" in tools else None
     if "quark" in tools and python is None:
@@ -212,7 +225,7 @@ def measure(models: dict[str, tuple[Path, Path, Path]], tools: list[str], timeou
                 runs[f"onnxruntime | {setting}"] = _score(model, out, evaluation, result)
                 print(f"{name} onnxruntime {setting}: {runs[f'onnxruntime | {setting}']}", file=sys.stderr)
         if "quark" in tools:
-            for setting in QUARK_SETTINGS:
+            for setting in quark_settings:
                 key = f"quark | {setting}"
                 if python is None:
                     runs[key] = {"error": "skipped: no Quark interpreter (make quark-env)", "loads": None}
@@ -282,7 +295,7 @@ def render(document: dict) -> str:
             tool, setting = key.split(" | ")
             loads = {True: "yes", False: "no", None: "-"}[r.get("loads")]
             if r.get("runs_as_written") is False:
-                loads = "loads, fails to run"
+                loads = "loads, fails to run" if r.get("loads") else "no"
             if "error" in r:
                 lines.append(f"| {row['model']} | {tool} | {setting} | failed: {r['error']} | | | | | {loads} |")
                 continue
@@ -335,12 +348,28 @@ def main() -> None:
     parser.add_argument("--tools", default="onnxruntime,quark", help="comma-separated: onnxruntime, quark")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per quantization before it counts as failed")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"folder for {RESULT_NAME}.json and .md")
+    parser.add_argument("--quark-settings", default=",".join(QUARK_SETTINGS), help="comma-separated Quark settings")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="replace only the runs measured now in the existing results (each run keeps its own 'measured' stamp)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
+    path = args.out / f"{RESULT_NAME}.json"
+    rows: list[dict] = json.loads(path.read_text())["rows"] if args.update and path.exists() else []
+    quark_settings = tuple(args.quark_settings.split(","))
+    models, table = _models(args.models.split(",")), ""
     with tempfile.TemporaryDirectory() as folder:
-        for row in measure(_models(args.models.split(",")), args.tools.split(","), args.timeout, Path(folder)):
-            rows.append(row)
+        for row in measure(models, args.tools.split(","), args.timeout, Path(folder), quark_settings):
+            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            for run in row["runs"].values():
+                run["measured"] = stamp
+            old = next((r for r in rows if r["model"] == row["model"]), None)
+            if old is None:
+                rows.append(row)
+            else:  # --update: the other runs, their wall time and load stay as they were measured
+                old["runs"].update(row["runs"])
             # Written after every model: a long run that stops part-way keeps what it measured.
             document = _document(rows)
             (args.out / f"{RESULT_NAME}.json").write_text(json.dumps(document, indent=2) + "\n")
