@@ -361,10 +361,14 @@ def _check_transforms(
 ) -> None:
     """Statistics describe the model as transformed when they were taken: the config must transform it alike."""
     if pairs != stats.equalized:
-        done = "with" if stats.equalized else "without"
+        then = (
+            f"with cross-layer equalization of {len(stats.equalized)} Conv pairs"
+            if stats.equalized
+            else ("without cross-layer equalization")
+        )
+        now = f"equalizes {len(pairs)}" if pairs else "equalizes none"
         raise QtoolError(
-            f"{path} was calibrated {done} cross-layer equalization of {len(stats.equalized)} Conv pairs; "
-            f"this config equalizes {len(pairs)}",
+            f"{path} was calibrated {then}; this config {now}",
             hint="quantize with the config you calibrated with, or re-run qtool calibrate",
         )
     wanted = set(smoothing_nodes(state.prepared, config).values())
