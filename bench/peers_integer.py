@@ -123,21 +123,7 @@ def simulated_sqnr(model: Path, candidate: Path, eval_dir: Path) -> float:
     intermediate sums, so the SQNR of the integer model (bench/run.py's ``accuracy``) also depends
     on the machine; this one measures only the quantization choices.
     """
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 2
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = open_session(model, 2)
-    cand = ort.InferenceSession(str(candidate), options, providers=["CPUExecutionProvider"])
-    name = ref.get_inputs()[0].name
-    signal = noise = 0.0
-    for f in sorted(eval_dir.glob("*.npy")):
-        feed = {name: np.load(f)[None]}
-        r = np.concatenate([o.astype(np.float64).ravel() for o in ref.run(None, feed)])
-        c = np.concatenate([o.astype(np.float64).ravel() for o in cand.run(None, feed)])
-        signal += r @ r
-        noise += (r - c) @ (r - c)
-    return float(10 * np.log10(signal / noise)) if noise else float("inf")
+    return accuracy(model, candidate, eval_dir, simulated=True)["sqnr_db"]
 
 
 def _drop_extra_outputs(model: Path, candidate: Path) -> str:

@@ -103,17 +103,23 @@ def _quantize(tool: str, setting: str, model: Path, calib: Path, out: Path, time
     return run_worker(WORKER, [tool, str(model), str(calib), str(out), setting], timeout, str(ROOT))
 
 
-def open_session(path: Path, threads: int, optimized: Path | None = None) -> ort.InferenceSession:
+def open_session(
+    path: Path, threads: int, optimized: Path | None = None, *, simulated: bool = False
+) -> ort.InferenceSession:
+    """A CPU session; ``simulated`` turns graph optimizations off, so Q/DQ run in float and no integer kernel."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = threads
     if optimized is not None:
         options.optimized_model_filepath = str(optimized)
+    if simulated:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def accuracy(model: Path, candidate: Path, eval_dir: Path) -> dict[str, float]:
-    ref, cand = open_session(model, 2), open_session(candidate, 2)
+def accuracy(model: Path, candidate: Path, eval_dir: Path, *, simulated: bool = False) -> dict[str, float]:
+    """SQNR and cosine of all outputs of ``candidate`` against ``model`` (``simulated``: see :func:`open_session`)."""
+    ref, cand = open_session(model, 2), open_session(candidate, 2, simulated=simulated)
     name = ref.get_inputs()[0].name
     signal = noise = dot = cand_sq = 0.0
     for f in sorted(eval_dir.glob("*.npy")):

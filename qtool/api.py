@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import logging
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +59,6 @@ from qtool.system.stages import stage
 log = logging.getLogger(__name__)
 
 _NEED_DATA = ("gptq", "adaround", "bias_correction")  # weight algorithms that need calibration inputs
-BIAS_SAMPLES = 8  # samples the quantized model runs to measure each layer's mean error (bias correction)
 RANK_SAMPLES = 4  # samples of the sensitivity search's one per-layer pass (spread over the data)
 
 
@@ -71,6 +70,7 @@ class _Prepared:
     source: ModelFile  # the input model as read: its digest ties statistics to it
     weights: Weights  # the values of the prepared model's large initializers
     smoothed: tuple[SmoothedGroup, ...] = ()  # what SmoothQuant did to ``prepared``
+    smoothing: dict[str, np.ndarray] = field(default_factory=dict)  # the channel maxima it smoothed with
     equalized: tuple[str, ...] = ()  # the Conv pairs equalization rescaled in ``prepared``
 
 
@@ -126,11 +126,8 @@ def calibrate(
             "smoothquant needs the channel ranges of the whole data set before calibrating: calibrate without --shard",
             hint="or turn smoothquant off for sharded calibration",
         )
-    state, pairs = _equalized(state, config)
-    state, maxima = _smoothed(state, config, data_dir, options, None)
-    stats = _calibrate(state, config, data_dir, options, progress)
-    stats.smoothing, stats.equalized = maxima, pairs
-    return stats
+    state = _smoothed(_equalized(state, config), config, data_dir, options, None)
+    return _calibrate(state, config, data_dir, options, progress)
 
 
 def merge_stats(paths: list[Path | str]) -> CalibrationStats:
@@ -138,14 +135,13 @@ def merge_stats(paths: list[Path | str]) -> CalibrationStats:
     return CalibrationStats.merge_all([CalibrationStats.read(p) for p in paths])
 
 
-def _equalized(state: _Prepared, config: QConfig) -> tuple[_Prepared, list[str]]:
-    """The model with its Conv chains equalized where the config asks, and the pairs (``first -> second``)."""
+def _equalized(state: _Prepared, config: QConfig) -> _Prepared:
+    """The model with its Conv chains equalized where the config asks (the pairs in ``equalized``)."""
     with stage("cross-layer equalization"):
         model, report = apply_equalization(state.prepared, state.weights, config)
     for skip in report.skipped:
         log.info("equalization left %s -> %s alone: %s", skip.first, skip.second, skip.reason)
-    pairs = [f"{pair.first} -> {pair.second}" for pair in report.pairs]
-    return replace(state, prepared=model, equalized=tuple(pairs)), pairs
+    return replace(state, prepared=model, equalized=tuple(f"{p.first} -> {p.second}" for p in report.pairs))
 
 
 def _smoothed(
@@ -154,15 +150,15 @@ def _smoothed(
     data_dir: Path | str | None,
     options: CalibrationOptions,
     known: dict[str, np.ndarray] | None,
-) -> tuple[_Prepared, dict[str, np.ndarray]]:
-    """The model with SmoothQuant applied where the config asks, and the channel maxima it used.
+) -> _Prepared:
+    """The model with SmoothQuant applied where the config asks (the channel maxima it used in ``smoothing``).
 
     ``known`` maxima (from a statistics file) are used as they are; otherwise a float pass over
     ``data_dir`` measures them.
     """
     nodes = smoothing_nodes(state.prepared, config)
     if not nodes:
-        return state, {}
+        return state
     if known is None:
         assert data_dir is not None  # the callers pass data or known maxima
         tap = ChannelMaxima(sorted(set(nodes.values())))
@@ -172,7 +168,7 @@ def _smoothed(
         model, report = apply_smoothing(state.prepared, state.weights, config, known)
     for tensor, reason in report.skipped:
         log.info("SmoothQuant left %s as it is: %s", tensor, reason)
-    return replace(state, prepared=model, smoothed=report.groups), known
+    return replace(state, prepared=model, smoothed=report.groups, smoothing=known)
 
 
 def _input_collector(state: _Prepared, config: QConfig) -> NodeInputCollector | None:
@@ -214,7 +210,9 @@ def _calibrate(
     # Without tensor sizes every "auto" node is planned integer: calibration observes all it may need.
     plan = build_plan(state.prepared, config)
     if not plan.activations and inputs is None:  # weight-only: no activation needs a range, skip the float pass
-        return CalibrationStats(state.source.sha256, name, 0, {})
+        return CalibrationStats(
+            state.source.sha256, name, 0, {}, smoothing=state.smoothing, equalized=list(state.equalized)
+        )
     shard = options.shard
     dataset = Dataset(
         data_dir,
@@ -256,6 +254,8 @@ def _calibrate(
         f"{shard[0]}/{shard[1]}" if shard else None,
         len(dataset.skipped),
         elements,
+        smoothing=state.smoothing,
+        equalized=list(state.equalized),
     )
 
 
@@ -276,8 +276,7 @@ def _quantize_in_memory(
     if key not in algorithms.shifts:
         rounded, _ = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms, correct_biases=False)
         layers, skipped = measured_layers(rounded, state.prepared, state.weights, wanted)
-        feeds = algorithms.inputs.feeds[:BIAS_SAMPLES]
-        shifts, few = measure_shifts(rounded, state.weights, layers, feeds)
+        shifts, few = measure_shifts(rounded, state.weights, layers, algorithms.inputs.feeds)
         algorithms.shifts[key] = (shifts, {**skipped, **few})
     shifts, skipped = algorithms.shifts[key]
     quantized, report = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms, shifts)
@@ -321,8 +320,7 @@ def _weight_algorithms(
             )
             log.warning(note)
             return None, note
-        sizing = replace(calibration, shard=None)
-        _tapped_pass(state, config, search_dir, sizing, collector, "calibration inputs of the weight algorithms")
+        _tapped_pass(state, config, search_dir, calibration, collector, "calibration inputs of the weight algorithms")
     return WeightAlgorithms(collector.result), None
 
 
@@ -356,16 +354,14 @@ def _tapped_pass(
         )
 
 
-def _check_transforms(
-    stats: CalibrationStats, state: _Prepared, config: QConfig, pairs: list[str], path: Path | str
-) -> None:
+def _check_transforms(stats: CalibrationStats, state: _Prepared, config: QConfig, path: Path | str) -> None:
     """Statistics describe the model as transformed when they were taken: the config must transform it alike."""
+    pairs = list(state.equalized)
     if pairs != stats.equalized:
-        then = (
-            f"with cross-layer equalization of {len(stats.equalized)} Conv pairs"
-            if stats.equalized
-            else ("without cross-layer equalization")
-        )
+        if stats.equalized:
+            then = f"with cross-layer equalization of {len(stats.equalized)} Conv pairs"
+        else:
+            then = "without cross-layer equalization"
         now = f"equalizes {len(pairs)}" if pairs else "equalizes none"
         raise QtoolError(
             f"{path} was calibrated {then}; this config {now}",
@@ -510,19 +506,17 @@ def quantize(
                 f"{stats_path} was computed for a different model than {model_path}",
                 hint="re-run qtool calibrate on this model",
             )
-        state, pairs = _equalized(state, config)
-        _check_transforms(stats, state, config, pairs, stats_path)
-        state, _ = _smoothed(state, config, None, calibration, stats.smoothing)
+        state = _equalized(state, config)
+        _check_transforms(stats, state, config, stats_path)
+        state = _smoothed(state, config, None, calibration, stats.smoothing)
         collector = _input_collector(state, config)
     else:
         assert data_dir is not None  # exactly one of the two, checked above
-        state, pairs = _equalized(state, config)
-        state, maxima = _smoothed(state, config, data_dir, calibration, None)
+        state = _smoothed(_equalized(state, config), config, data_dir, calibration, None)
         collector = _input_collector(state, config)
         # the float outputs it computes anyway serve the placement choice and the comparison
         kept_outputs = FloatOutputs()
         stats = _calibrate(state, config, data_dir, calibration, progress, kept_outputs, collector)
-        stats.smoothing, stats.equalized = maxima, pairs
     search_dir = (search.data_dir or data_dir) if search is not None else None
     algorithms, algorithm_note = _weight_algorithms(state, config, collector, data_dir, search_dir, calibration)
     choice = None

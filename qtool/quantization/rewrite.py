@@ -331,7 +331,7 @@ class _Rewriter:
         values = (current + shift).astype(np.float32)
         output = self.names.new(f"{node.name}/corrected_bias")
         integer = node.placement == "integer" and bool(node.activations) and (alpha, beta) == (1.0, 1.0)
-        if integer and not present and values.ndim == 1 and (weight_qp.axis is None or weight_qp.block_size is None):
+        if integer and not present and values.ndim == 1 and weight_qp.block_size is None:
             self._int32_bias(node, values, weight_qp, output)
         else:
             self.graph.initializer.append(onnx.numpy_helper.from_array(values, output))

@@ -24,15 +24,19 @@ def bias_correction(float_rows: np.ndarray, quantized_rows: np.ndarray, mean_pat
         float32 [rows]; a node without a bias gets this as its new bias.
     """
     delta = np.asarray(quantized_rows, np.float64) - np.asarray(float_rows, np.float64)
+    return (-mean_output(delta, mean_patch)).astype(np.float32)
+
+
+def mean_output(rows: np.ndarray, mean_patch: np.ndarray) -> np.ndarray:
+    """``rows`` [rows, K] times the mean patch ([K] or [groups, K], rows split evenly by group): float64 [rows]."""
+    weight = np.asarray(rows, np.float64)
     mean = np.asarray(mean_patch, np.float64)
     mean = mean[None] if mean.ndim == 1 else mean
-    rows, k = delta.shape
+    count, k = weight.shape
     groups = mean.shape[0]
-    if mean.shape[1] != k or rows % groups:
+    if mean.shape[1] != k or count % groups:
         raise QtoolError(
-            f"a mean patch of shape {np.shape(mean_patch)} does not fit a weight of {rows} rows x {k} columns",
+            f"a mean patch of shape {np.shape(mean_patch)} does not fit a weight of {count} rows x {k} columns",
             hint="the input statistics were collected for another node",
         )
-    per_group = delta.reshape(groups, rows // groups, k)
-    shift = np.einsum("grk,gk->gr", per_group, mean).reshape(rows)
-    return (-shift).astype(np.float32)
+    return np.einsum("grk,gk->gr", weight.reshape(groups, count // groups, k), mean).reshape(count)

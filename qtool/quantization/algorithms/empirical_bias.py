@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from qtool.calibration.statistics import with_exposed_outputs
 from qtool.graph.session import create_session, run_session
 from qtool.graph.weights import Weights
+from qtool.quantization.algorithms.bias_correction import mean_output
 from qtool.quantization.algorithms.gptq import weight_rows
 from qtool.quantization.algorithms.node_inputs import NodeInput
 from qtool.quantization.algorithms.patches import ConvGeometry, input_stats
@@ -61,13 +63,8 @@ def measure_shifts(
 
     Layers seen at fewer than ``MIN_POSITIONS`` output positions per channel are left out (with the reason).
     """
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(quantized)
-    present = {o.name for o in exposed.graph.output}
     wanted = list(dict.fromkeys(t for layer in layers for t in (layer.source, layer.output)))
-    for name in wanted:
-        if name not in present:
-            exposed.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    exposed = with_exposed_outputs(quantized, wanted)
     session = create_session(exposed, "the quantized model (bias correction)", weights=store)
     input_means: dict[str, np.ndarray] = {}
     output_sums: dict[str, np.ndarray] = {}
@@ -92,9 +89,8 @@ def measure_shifts(
             )
             continue
         mean_patch = input_means[layer.node] / max(input_counts[layer.node], 1)  # [groups, K]
-        rows = weight_rows(layer.weight, layer.layout.kind, trans_b=layer.layout.trans_b).astype(np.float64)
-        groups = mean_patch.shape[0]
-        expected = np.einsum("grk,gk->gr", rows.reshape(groups, -1, rows.shape[1]), mean_patch).reshape(-1)
+        rows = weight_rows(layer.weight, layer.layout.kind, trans_b=layer.layout.trans_b)
+        expected = mean_output(rows, mean_patch)
         if layer.bias is not None:
             expected = expected + layer.bias
         measured = output_sums[layer.node] / max(output_counts[layer.node], 1)

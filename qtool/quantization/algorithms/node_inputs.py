@@ -29,7 +29,8 @@ MAX_SAMPLES = 16  # samples observed (spread over the pass): the statistics cost
 MIN_POSITIONS_PER_BATCH = 64
 MAX_REDUCTION = 2304  # a longer reduction (K) makes the K x K Hessian and its inverse cost hundreds of MB
 HESSIAN_BUDGET_BYTES = 1 << 30  # all float64 Hessians together
-FEED_BUDGET_BYTES = 256 << 20  # the observed samples' model inputs, kept for empirical bias correction
+MAX_FEEDS = 8  # observed samples whose model inputs are kept, spread over them, for empirical bias correction
+FEED_BUDGET_BYTES = 256 << 20  # ... and at most this many bytes of them
 SEED = 20240917
 
 
@@ -84,6 +85,7 @@ class NodeInputCollector:
         self.result = NodeInputs()
         self.positions: dict[str, int] = {}  # node -> patches its Hessian sums over the pass
         self.feed_bytes = 0
+        self.looked_at = 0  # observed samples so far (for spreading the kept feeds)
         budget = HESSIAN_BUDGET_BYTES
         for layout, shape in layouts:
             groups, k = reduction_length(layout, shape)
@@ -103,11 +105,15 @@ class NodeInputCollector:
         """Spread the observed samples, and each node's patch budget, over a pass of ``samples`` samples."""
         self.every = max(1, math.ceil(samples / MAX_SAMPLES))  # observe one sample in this many
         self.observed = math.ceil(max(samples, 1) / self.every)
+        self.feed_every = max(1, math.ceil(self.observed / MAX_FEEDS))  # keep one observed sample in this many
         self.seen = 0
 
     def _keep(self, feed: dict[str, np.ndarray], chosen: list[int], count: int) -> None:
         """Keep the chosen samples' model inputs, one feed per sample, while they fit the budget."""
         for i in chosen:
+            self.looked_at += 1
+            if (self.looked_at - 1) % self.feed_every or len(self.result.feeds) >= MAX_FEEDS:
+                continue
             one = {k: (v[i : i + 1] if count > 1 and v.ndim and v.shape[0] == count else v) for k, v in feed.items()}
             size = sum(v.nbytes for v in one.values())
             if self.feed_bytes + size > FEED_BUDGET_BYTES:

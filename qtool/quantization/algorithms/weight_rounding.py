@@ -66,20 +66,20 @@ class WeightAlgorithms:
         if len(layouts) > 1:
             return Rounded(None, "nearest", "its readers use the weight in different layouts")
         layout = self.inputs.layouts[readers[0].name]
-        method = "adaround" if "adaround" in asked else "gptq"
+        rows = weight_rows(values, layout.kind, trans_b=layout.trans_b)
+        # AdaRound refines GPTQ's codes; on long reductions it would take minutes, so GPTQ's stay
+        method = "adaround" if "adaround" in asked and rows.shape[1] <= ADAROUND_MAX_K else "gptq"
         scale, zero = qparams_rows(qp, values, layout.kind, trans_b=layout.trans_b)
         key = _key(weight, method, values, scale, zero, qp, [r.name for r in readers])
         if key not in self.cache:
             names = tuple(sorted(r.name for r in readers))
+            hessian = np.mean([self.inputs.stats[n].hessian() for n in names], axis=0)
             if names not in self.factors:
-                self.factors[names] = hessian_factors(np.mean([self.inputs.stats[n].hessian() for n in names], axis=0))
-            factors = self.factors[names]
-            rows = weight_rows(values, layout.kind, trans_b=layout.trans_b)
-            result = gptq_round(rows, factors.upper, scale, zero, qp.qmin, qp.qtype.qmax, factors=factors)
+                self.factors[names] = hessian_factors(hessian)
+            result = gptq_round(rows, hessian, scale, zero, qp.qmin, qp.qtype.qmax, factors=self.factors[names])
             chosen = result.codes
-            if method == "adaround" and rows.shape[1] <= ADAROUND_MAX_K:  # refines GPTQ's codes, row by row
-                hessian = np.mean([self.inputs.stats[n].hessian() for n in names], axis=0)
-                learned = adaround(
+            if method == "adaround":  # row by row, never worse than GPTQ's codes
+                chosen = adaround(
                     rows,
                     hessian,
                     scale,
@@ -89,8 +89,7 @@ class WeightAlgorithms:
                     init=result.codes,
                     iterations=ADAROUND_ITERATIONS,
                     seconds=ADAROUND_SECONDS,
-                )
-                chosen = learned.codes
+                ).codes
             codes = rows_to_weight(chosen, values.shape, layout.kind, trans_b=layout.trans_b)
             self.cache[key] = codes.astype(qp.qtype.numpy_dtype)
             if result.nearest_groups:
