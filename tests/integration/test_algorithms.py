@@ -64,9 +64,10 @@ def test_learned_rounding_makes_int4_weights_of_the_cnn_much_more_accurate(tmp_p
     assert all(names == [rounding] for names in result.rewrite.algorithms.values())
 
 
-def test_the_same_inputs_give_the_same_bytes(tmp_path):
-    first, _ = _quantize(tmp_path, "cnn", GPTQ_BC, "first")
-    second, _ = _quantize(tmp_path, "cnn", GPTQ_BC, "second")
+@pytest.mark.parametrize("config", [GPTQ_BC, GPTQ_BC.replace("gptq", "adaround")], ids=["gptq", "adaround"])
+def test_the_same_inputs_give_the_same_bytes(tmp_path, config):
+    first, _ = _quantize(tmp_path, "cnn", config, "first")
+    second, _ = _quantize(tmp_path, "cnn", config, "second")
     assert first.read_bytes() == second.read_bytes()
 
 

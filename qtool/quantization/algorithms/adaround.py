@@ -12,8 +12,9 @@ Only the input Hessian is used: the loss is exact for a linear layer, so no samp
 replayed and every step is a full-batch step. Rows are independent given ``H``, which makes
 two guarantees cheap: each row keeps the better of its starting codes and the learned ones, so
 the result is never worse than nearest rounding (nor than ``init`` codes such as GPTQ's), and a
-time budget can stop at any point and still return valid codes. Like GPTQ, the scale and zero
-point are fixed inputs: AdaRound only picks different integers on the caller's grid.
+compute budget can shorten the schedule and still return valid codes. The budget counts
+multiply-adds, not seconds, so the same inputs give the same codes on any machine and load.
+Like GPTQ, the scale and zero point are fixed inputs: AdaRound only picks different integers on the caller's grid.
 
 The defaults differ from the paper's (10-20k mini-batch steps at ``lr=1e-3`` and ``lambda=0.01``)
 because the budget here is a few hundred exact steps: on synthetic correlated layers a large
@@ -25,6 +26,7 @@ loss in grid units) reaches in 200 steps what the paper's settings reach in thou
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -38,10 +40,10 @@ log = logging.getLogger(__name__)
 
 ZETA, GAMMA = 1.1, -0.1  # the rectified sigmoid's stretch: h reaches exactly 0 and 1 at finite V
 TILE_ELEMENTS = 1 << 20  # weights optimised together: bounds the float32 working set to a few tens of MB
-CHECK_EVERY = 10  # steps between convergence checks and re-planning against the time budget
+CHECK_EVERY = 10  # steps between convergence checks
 ADAM_BETA1, ADAM_BETA2, ADAM_EPS = 0.9, 0.999, 1e-8
 
-StopReason = Literal["iterations", "converged", "time"]
+StopReason = Literal["iterations", "converged", "budget"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,7 +56,7 @@ class AdaRoundResult:
     nearest_loss: float  # sum_rows (Q - W) H (Q - W)^T with nearest rounding, i.e. ||(Q - W) X||^2 / N
     initial_loss: float  # the same for the starting codes (per row the better of nearest and ``init``)
     final_loss: float  # the same for ``codes``; never above ``initial_loss``
-    stopped: StopReason  # "iterations": all ran; "converged": every h was 0 or 1; "time": the budget cut it short
+    stopped: StopReason  # "iterations": all ran; "converged": every h was 0 or 1; "budget": the budget cut it short
     improved_rows: int  # rows whose learned codes beat their starting codes; the others kept the starting ones
 
     @property
@@ -74,7 +76,7 @@ def adaround(
     block_size: int | None = None,
     init: Literal["nearest"] | np.ndarray = "nearest",
     iterations: int = 200,
-    seconds: float | None = None,
+    work: float | None = None,
     lr: float = 0.5,
     reg_weight: float = 1.0,
     beta: tuple[float, float] = (20.0, 2.0),
@@ -88,7 +90,7 @@ def adaround(
     GFLOP/s) at 200 steps: K=576 (a 3x3 Conv over 64 channels) with 128 rows takes 5-7 s, K=4608
     with 512 rows about 5 minutes (GPTQ: 0.3 s and 50 s). Callers should keep AdaRound to
     layers with K up to about 1024 (a ``max_k`` setting) and give the rest to GPTQ, or pass
-    ``seconds``: the schedule is then shortened to fit, and a few dozen steps still help.
+    ``work``: the schedule is then shortened to fit, and a few dozen steps still help.
 
     Args:
         weight_rows: the float weight as [rows, K] (see :func:`~.gptq.weight_rows`).
@@ -104,9 +106,11 @@ def adaround(
             ``GptqResult.codes``, to refine; each weight then chooses between its code and the
             neighbour towards the float weight.
         iterations: Adam steps per tile of rows; the warm-up and annealing span them.
-        seconds: wall-clock budget for the whole call (``None``: none). The schedule is
-            shortened to fit once the step time is known; whatever is learned when it runs
-            out is rounded and returned, with ``stopped == "time"``.
+        work: a budget of multiply-adds for the whole call (``None``: none), counted as
+            ``rows * K^2`` per step. When the planned steps do not fit, the schedule (warm-up
+            and annealing) is shortened to what does, so every ``h`` is still decided, and
+            ``stopped == "budget"``. Unlike a wall-clock limit, the result does not depend on
+            the machine or its load.
         lr: Adam's learning rate on ``V``.
         reg_weight: the rounding regulariser's weight ``lambda`` per weight, against a
             reconstruction loss in units of each row's squared grid step times its mean input
@@ -148,17 +152,14 @@ def adaround(
         start = np.where(better[..., None], given, nearest)
         start_loss = np.where(better, given_loss, nearest_loss)
 
-    schedule = _Schedule(iterations, lr, reg_weight, beta, warmup)
+    planned = iterations if work is None else min(iterations, math.floor(max(work, 0.0) / max(rows * k * k, 1)))
+    schedule = _Schedule(planned, lr, reg_weight, beta, warmup)
     codes, loss = start.copy(), start_loss.copy()
     reasons: set[StopReason] = set()
     ran = 0
-    done_rows = 0
-    for g, r in _tiles(*shape):
-        done_rows += (g.stop - g.start) * (r.stop - r.start)
-        # Each tile gets its share of the budget; time a tile leaves unused carries over to the next.
-        deadline = None if seconds is None else started + max(seconds, 0.0) * done_rows / max(rows, 1)
+    for g, r in _tiles(*shape) if planned else ():
         tile = layer.tile(g, r)
-        learned, tile_ran, tile_stopped = tile.learn(start[g, r], from_codes, schedule, deadline)
+        learned, tile_ran, tile_stopped = tile.learn(start[g, r], from_codes, schedule)
         learned_loss = tile.loss(learned)
         better = learned_loss < loss[g, r]
         codes[g, r] = np.where(better[..., None], learned, codes[g, r])
@@ -166,7 +167,9 @@ def adaround(
         ran = max(ran, tile_ran)
         reasons.add(tile_stopped)
 
-    stopped: StopReason = "time" if "time" in reasons else "converged" if reasons == {"converged"} else "iterations"
+    stopped: StopReason = (
+        "budget" if planned < iterations else "converged" if reasons == {"converged"} else "iterations"
+    )
     improved = int((loss < start_loss).sum())
     elapsed = time.perf_counter() - started
     log.debug("AdaRound: %d of %d rows improved in %.2f s, %d steps (%s)", improved, rows, elapsed, ran, stopped)
@@ -220,11 +223,8 @@ class _Layer:
         error = ((codes - self.zero).astype(np.float32) * self.scale).astype(np.float64) - self.w
         return np.sum((error @ self.h) * error, axis=-1)
 
-    def learn(
-        self, start: np.ndarray, from_codes: bool, schedule: _Schedule, deadline: float | None
-    ) -> tuple[np.ndarray, int, StopReason]:
+    def learn(self, start: np.ndarray, from_codes: bool, schedule: _Schedule) -> tuple[np.ndarray, int, StopReason]:
         """Adam on ``V``; the hard-rounded codes, the steps run and why they stopped."""
-        began = time.perf_counter()
         w, s, h = self.w, self.scale, self.h.astype(np.float32)
         lo = (self.qmin - self.zero).astype(np.float32)
         hi = (self.qmax - self.zero).astype(np.float32)
@@ -251,9 +251,6 @@ class _Layer:
         stopped: StopReason = "iterations"
         ran = 0
         while ran < planned:
-            if deadline is not None and time.perf_counter() >= deadline:
-                stopped = "time"
-                break
             sig = 1.0 / (1.0 + np.exp(-v))
             pre = sig * (ZETA - GAMMA) + GAMMA
             soft = np.clip(pre, 0.0, 1.0)
@@ -277,13 +274,6 @@ class _Layer:
             if b is not None and ran < planned and not np.any((pre > 0.0) & (pre < 1.0)):
                 stopped = "converged"
                 break
-            if deadline is not None:
-                # Shorten the schedule so the annealing still ends (h decided) within the budget.
-                per_step = (time.perf_counter() - began) / ran
-                fits = ran + int((deadline - time.perf_counter()) / per_step)
-                planned = min(planned, max(fits, ran))
-        if planned < schedule.iterations:
-            stopped = "time"  # even when the shortened schedule converged: the budget decided its length
         up = _h(v) >= 0.5
         return np.clip(base + up, lo, hi).astype(np.int64) + self.zero, ran, stopped
 

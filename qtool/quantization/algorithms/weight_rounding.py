@@ -30,7 +30,8 @@ from qtool.quantization.qparams import QParams, dequantize
 log = logging.getLogger(__name__)
 
 ADAROUND_ITERATIONS = 200  # per weight
-ADAROUND_SECONDS = 5.0  # per weight: the schedule is squeezed to fit, every row ends hard-rounded
+ADAROUND_WORK = 4e10  # multiply-adds per weight (about 5 s on 2 cores): the schedule is shortened to fit,
+# deterministically (a wall-clock limit would make the output depend on the machine's load)
 ADAROUND_MAX_K = 1024  # longer reductions keep GPTQ's codes (a K=4608 layer needs minutes)
 
 
@@ -88,7 +89,7 @@ class WeightAlgorithms:
                     qp.qtype.qmax,
                     init=result.codes,
                     iterations=ADAROUND_ITERATIONS,
-                    seconds=ADAROUND_SECONDS,
+                    work=ADAROUND_WORK,
                 ).codes
             codes = rows_to_weight(chosen, values.shape, layout.kind, trans_b=layout.trans_b)
             self.cache[key] = codes.astype(qp.qtype.numpy_dtype)

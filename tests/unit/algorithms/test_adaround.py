@@ -76,20 +76,24 @@ def test_identity_hessian_keeps_nearest_rounding():
         assert result.method == "initial" and result.final_loss == result.nearest_loss
 
 
-def test_no_time_returns_the_starting_codes_at_once():
+def test_no_budget_returns_the_starting_codes_at_once():
     rows, _, hessian, qp = _layer(4)
-    result = adaround(rows, hessian, qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax, seconds=0.0)
-    assert result.stopped == "time" and result.iterations == 0
+    result = adaround(rows, hessian, qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax, work=0.0)
+    assert result.stopped == "budget" and result.iterations == 0
     np.testing.assert_array_equal(result.codes, quantize(rows, qp))
     assert result.final_loss == result.nearest_loss
 
 
-def test_a_short_budget_shortens_the_schedule_and_still_improves():
+def test_a_short_budget_shortens_the_schedule_deterministically_and_still_improves():
     rows, _, hessian, qp = _layer(5)
-    result = adaround(rows, hessian, qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax, iterations=10**6, seconds=0.3)
-    assert result.stopped == "time" and 0 < result.iterations < 10**6
-    assert result.seconds < 2.0
-    assert result.final_loss <= 0.8 * result.nearest_loss
+    per_step = rows.shape[0] * rows.shape[1] ** 2
+    runs = [
+        adaround(rows, hessian, qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax, iterations=10**6, work=60.5 * per_step)
+        for _ in range(2)
+    ]
+    assert all(r.stopped == "budget" and r.iterations == 60 for r in runs)
+    np.testing.assert_array_equal(runs[0].codes, runs[1].codes)
+    assert runs[0].final_loss <= 0.8 * runs[0].nearest_loss
 
 
 def test_the_same_inputs_give_the_same_codes():
@@ -109,7 +113,7 @@ def test_refining_gptq_codes_is_never_worse_than_gptq():
     assert _output_error(result.codes, rows, qp, x) <= _output_error(gptq, rows, qp, x)
     # Codes worse than nearest rounding (all at qmax) are replaced by nearest rounding before learning.
     bad = np.full(rows.shape, qp.qtype.qmax, np.int64)
-    from_bad = adaround(rows, hessian, qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax, init=bad, seconds=0.0)
+    from_bad = adaround(rows, hessian, qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax, init=bad, work=0.0)
     np.testing.assert_array_equal(from_bad.codes, quantize(rows, qp))
 
 
