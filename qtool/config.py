@@ -87,6 +87,7 @@ class NodeScheme:
     rule: str = "global"
     placement: str = "auto"  # integer kernels, storage-only compression, or decided per node
     algorithms: Algorithms = Algorithms()
+    mode: str = "static"  # "dynamic": integer MatMul/Gemm quantize their input at run time
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class QConfig:
     source: str
     raw: dict[str, Any] = field(repr=False)
     sensitive_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: activations kept float
-    auto_placement: str | None = None  # "integer" | "storage": what every placement "auto" node becomes
+    auto_placement: str | None = None  # "integer" | "storage" | "dynamic": what every placement "auto" node becomes
 
     def resolve(self, node_name: str, op_type: str) -> tuple[NodeScheme | None, str]:
         """A node's settings (``None``: keep it in float) and the most specific rule that decided them.
@@ -155,11 +156,16 @@ class QConfig:
             weight_only=bool(merged.get("weight_only", False)),
             placement=str(merged.get("placement", "auto")),
             algorithms=Algorithms(**merged.get("algorithms", {})),
+            mode=str(merged.get("mode", "static")),
             rule=rule,
         )
         if node_name in self.sensitive_nodes and not scheme.weight_only:
             # Float activations, weights still stored quantized: the accuracy of float, most of the size gain.
             return replace(scheme, placement="storage", rule="sensitivity"), "sensitivity"
+        if self.auto_placement == "dynamic" and scheme.placement == "auto" and not scheme.weight_only:
+            # The dynamic candidate of the placement choice: where "auto" places an integer MatMul/Gemm,
+            # its input is quantized at run time.
+            return replace(scheme, mode="dynamic", rule="choice:dynamic"), rule
         if self.auto_placement and scheme.placement == "auto" and not scheme.weight_only:
             # A candidate of the placement choice (see qtool.quantization.selection).
             return replace(scheme, placement=self.auto_placement, rule=f"choice:{self.auto_placement}"), rule

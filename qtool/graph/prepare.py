@@ -15,6 +15,7 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from qtool.errors import QtoolError
+from qtool.graph.weight_layout import einsums_as_matmuls, fold_weight_layout_ops
 from qtool.graph.weights import Weights
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,8 @@ class PrepareReport:
     constants_to_initializers: int = 0
     folded_batchnorms: list[str] = field(default_factory=list)
     folded_shapes: list[str] = field(default_factory=list)  # Shape nodes of initializers, now constants
+    folded_weight_layouts: list[str] = field(default_factory=list)  # Transpose/Reshape/... of weights, now constants
+    einsums_as_matmuls: list[str] = field(default_factory=list)  # Einsums with a constant weight, now MatMuls
     removed_initializers: int = 0
     initializers_removed_from_inputs: int = 0
     opset_before: int = 0
@@ -113,7 +116,8 @@ def prepare_model(
 
     Steps: Constant nodes become initializers; the opset is converted to
     ``target_opset`` (raised or lowered), or raised to ``min_opset`` when lower
-    (see :mod:`qtool.graph.opsets`); BatchNormalization is folded into the Conv before
+    (see :mod:`qtool.graph.opsets`); layout ops of weights are folded and Einsums with a constant
+    weight become MatMuls (see :mod:`qtool.graph.weight_layout`); BatchNormalization is folded into the Conv before
     it; the Shape of an initializer becomes a constant, and initializers no node reads any
     more are dropped; ONNX shape inference annotates tensor types where it can. Detached values
     (see :mod:`qtool.graph.weights`) are read from ``weights``; folded ones replace them there.
@@ -139,6 +143,10 @@ def prepare_model(
         prepared.ir_version = max(prepared.ir_version, helper.find_min_ir_version_for([opset]))
     report.opset_after = default_opset(prepared)
     _name_unnamed_nodes(prepared.graph)  # after the upgrade: the version converter adds unnamed nodes
+    fixed = {o.name for o in prepared.graph.output} | {i.name for i in prepared.graph.input}
+    fixed |= _subgraph_inputs(prepared.graph)
+    report.folded_weight_layouts = fold_weight_layout_ops(prepared.graph, weights, fixed)
+    report.einsums_as_matmuls = einsums_as_matmuls(prepared.graph, weights, fixed)
     report.folded_batchnorms = _fold_batchnorms(prepared.graph, weights)
     report.folded_shapes = _fold_shapes_of_initializers(prepared.graph)
     report.removed_initializers = _remove_unused_initializers(prepared.graph)

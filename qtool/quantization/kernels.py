@@ -16,6 +16,9 @@ and graph transformers (onnxruntime 1.2x-1.3x, CPU EP):
   MatMulNBits, when the block size is a power of two >= 16 - unless the 2-D
   MatMul + Add is fused into Gemm first.
 * 16-bit activations have no integer kernels on CPU.
+* ``mode: dynamic`` MatMul/Gemm: DynamicQuantizeLinear + MatMulInteger + Cast + Mul (+ bias Add)
+  -> DynamicQuantizeMatMul; where several read one input, it is quantized once and each runs
+  MatMulIntegerToFloat.
 
 The benchmark checks these predictions against the optimized graphs
 onnxruntime writes (``bench/run.py`` prints the agreement).
@@ -23,6 +26,7 @@ onnxruntime writes (``bench/run.py`` prints the agreement).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,7 +88,11 @@ def predict_kernels(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, Kernel
             ranks[name] = 2
         elif producer.op_type == "Reshape" and len(producer.input) > 1 and producer.input[1] in shapes:
             ranks[name] = int(np.prod(shapes[producer.input[1]]))
-    return {p.name: _predict(p, nodes[p.name], consumers, constants, final_outputs, ranks) for p in plan.nodes}
+    dynamic_inputs = Counter(nodes[p.name].input[0] for p in plan.nodes if p.placement == "dynamic")
+    return {
+        p.name: _predict(p, nodes[p.name], consumers, constants, final_outputs, ranks, dynamic_inputs)
+        for p in plan.nodes
+    }
 
 
 def _predict(
@@ -94,11 +102,18 @@ def _predict(
     constants: set[str],
     final_outputs: set[str],
     ranks: dict[str, int],
+    dynamic_inputs: Counter[str],
 ) -> KernelPrediction:
     op = p.op_type
     fused_with_add = ranks.get(node.input[0]) == 2 and _gemm_fusable_add(node, consumers, constants, final_outputs)
     if p.placement == "storage":
         return KernelPrediction(p.name, f"float {op}", False, "placement storage: weights restored to float at load")
+    if p.placement == "dynamic":
+        if dynamic_inputs[node.input[0]] > 1:
+            why = "input quantized once at run time for all its dynamic readers, 8-bit weights (bias Add fused)"
+            return KernelPrediction(p.name, "MatMulIntegerToFloat", True, why)
+        why = "input quantized at run time, 8-bit weights (bias Add fused)"
+        return KernelPrediction(p.name, "DynamicQuantizeMatMul", True, why)
     spec = p.scheme.weight
     if p.placement == "weight_only":
         if spec.fp16:

@@ -13,13 +13,13 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from qtool.config import NodeScheme, QConfig, TensorScheme
 from qtool.errors import QtoolError
 from qtool.graph.prepare import all_nodes, node_subgraphs
 from qtool.quantization.placement import choose_placement, isolated_integer_nodes
-from qtool.quantization.roles import HANDLERS, GraphIndex, WeightRoles, node_macs, output_to_quantize
+from qtool.quantization.roles import HANDLERS, LOOKUP_OPS, GraphIndex, WeightRoles, node_macs, output_to_quantize
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ class NodePlan:
     weight: WeightPlan | None
     bias: str | None  # 1-D initializer quantized to int32 (needs activations[0] and weight)
     output: str | None  # tensor quantized after the node (after a folded Relu)
-    placement: str = "integer"  # "integer" (Q/DQ), "storage" (restored to float at load) or "weight_only"
+    placement: str = "integer"  # "integer" (Q/DQ), "dynamic" (input quantized at run time), "storage"
+    # (restored to float at load) or "weight_only"
     reason: str = ""  # why this placement
     macs: int | None = None  # multiply-accumulates per sample (integer nodes, when sizes are known)
 
@@ -57,8 +58,7 @@ class NodePlan:
     def reduced_weight_range(self) -> bool:
         """Whether the int8 weight is stored in [-64, 63] (``weight.saturation``; see :func:`guard_saturation`)."""
         return (
-            self.placement == "integer"
-            and bool(self.activations)
+            (self.placement == "dynamic" or (self.placement == "integer" and bool(self.activations)))
             and self.scheme.weight.dtype == "int8"
             and self.scheme.activation.dtype in _U8S8_ACTIVATIONS
             and (
@@ -167,6 +167,11 @@ def _plan_nodes(
             continue
         float_activations = scheme.weight_only or runs_weight_only(scheme.weight)
         weight = _weight_plan(roles.weight, scheme, g, name) if roles.weight else None
+        if node.op_type in LOOKUP_OPS and weight is not None:
+            # A lookup reads a few rows per call: the table is stored quantized and restored at load.
+            why = "a table lookup: rows stored quantized, restored to float at load"
+            nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "storage", why))
+            continue
         if float_activations:
             if weight is None:
                 skipped.append((name, "weight_only/fp16 asked for, but the node has no constant weight"))
@@ -183,6 +188,18 @@ def _plan_nodes(
         if placement == "storage":
             nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "storage", why))
             continue
+        if scheme.mode == "dynamic":
+            dynamic = _dynamic_reason(node, weight)
+            if dynamic is None:
+                macs = node_macs(node, roles, g, elements) if elements is not None else None
+                why = f"mode: dynamic ({scheme.rule}); {why}"
+                # DynamicQuantizeLinear always makes uint8 activations (asymmetric, per tensor).
+                runtime = guard_saturation(
+                    replace(scheme, activation=replace(scheme.activation, dtype="uint8", symmetric=False))
+                )
+                nodes.append(NodePlan(name, node.op_type, runtime, (), weight, None, None, "dynamic", why, macs))
+                continue
+            log.info("%s: %s; quantized statically", name, dynamic)
         output = output_to_quantize(node, g)
         for tensor in (*roles.activations, *([output] if output else [])):
             chosen = activations.setdefault(tensor, scheme.activation)
@@ -204,6 +221,26 @@ def _plan_nodes(
             NodePlan(name, node.op_type, integer, roles.activations, weight, bias, output, "integer", why, macs)
         )
     return QuantPlan(tuple(nodes), activations, tuple(skipped))
+
+
+def _dynamic_reason(node: onnx.NodeProto, weight: WeightPlan | None) -> str | None:
+    """Why ``node`` cannot run dynamically quantized (None: it can).
+
+    onnxruntime fuses DynamicQuantizeLinear + MatMulInteger (+ Cast, Mul, bias Add) into one
+    DynamicQuantizeMatMul; it has no such fusion for convolutions, whose ConvInteger is slower
+    than the static QLinearConv.
+    """
+    if node.op_type not in ("MatMul", "Gemm"):
+        return f"mode: dynamic applies to MatMul and Gemm, not {node.op_type}"
+    if weight is None or node.input[1] != weight.name:
+        return "mode: dynamic needs a constant weight as the second input"
+    if weight.block_size is not None:
+        return "mode: dynamic has no per-block weights"
+    if node.op_type == "Gemm":
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
+            return "mode: dynamic needs a Gemm without transA, alpha or beta"
+    return None
 
 
 def _bodies_left_float(node: onnx.NodeProto, bodies: list[onnx.GraphProto]) -> str:

@@ -38,7 +38,7 @@ from qtool.quantization.qparams import (
     weight_range,
 )
 from qtool.quantization.stored_forms import Names, StoredForms
-from qtool.quantization.weight_copies import FP16, RESTORED, CopyKey, WeightUse, copy_key, weight_uses
+from qtool.quantization.weight_copies import FP16, INTEGERS, RESTORED, CopyKey, WeightUse, copy_key, weight_uses
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,7 @@ class _Rewriter:
         self.uses = weight_uses(plan.nodes)
         self.copies: dict[tuple[str, CopyKey], tuple[str, QParams | None]] = {}  # stored integers and their qparams
         self.restored: dict[tuple[str, CopyKey, str], str] = {}  # (weight, copy, form) -> the float tensor
+        self.replacements: dict[str, list[onnx.NodeProto]] = {}  # node -> the nodes that compute it instead
         self.report = RewriteReport()
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in self.graph.node:
@@ -247,6 +248,10 @@ class _Rewriter:
             output = weight
         else:
             output = self.names.new(f"{weight}/{'restored' if use.form == RESTORED else 'dequantized'}")
+        if use.form == INTEGERS:  # read as they are stored, by a dynamically quantized MatMulInteger
+            stored, _ = self._stored_copy(use, values)
+            self.replaced.add(weight)
+            return stored
         if use.form == FP16:
             self.forms.fp16(weight, values, output)
             self.copies[(weight, use.copy)] = (output, None)
@@ -380,6 +385,10 @@ class _Rewriter:
                     corrected = self.correct_bias(plan_node, weight_qp, shift)
                 if corrected:
                     self.report.algorithms.setdefault(plan_node.name, []).append("bias_correction")
+                if plan_node.placement == "dynamic" and weight_qp is not None:
+                    self.replacements[plan_node.name] = self.forms.dynamic_matmul(
+                        self.nodes[plan_node.name], weight_qp, self.gemm_trans_b(plan_node)
+                    )
             self.report.quantized_nodes.append(plan_node.name)
         self.report.passthrough = passthrough_ops(self.model, self.plan)
         copies = Counter(weight for weight, _ in self.copies)
@@ -389,11 +398,14 @@ class _Rewriter:
         self._assemble()
         return self.model, self.report
 
+    def gemm_trans_b(self, node: NodePlan) -> bool:
+        return node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in self.nodes[node.name].attribute)
+
     def _assemble(self) -> None:
         nodes: list[onnx.NodeProto] = list(self.prologue)
         for node in self.graph.node:
             produced = list(node.output)
-            nodes.append(node)
+            nodes.extend(self.replacements.get(node.name, [node]))
             for name in produced:
                 nodes.extend(self.after.get(name, []))
         read = {name for node in nodes for name in [*node.input, *subgraph_reads(node)]}

@@ -132,12 +132,31 @@ def _matmul_roles(node: onnx.NodeProto, g: GraphIndex) -> Roles | str:
     return Roles((a, b), None, None)
 
 
+def _gather_roles(node: onnx.NodeProto, g: GraphIndex) -> Roles | str:
+    """An embedding lookup: rows of a constant table [rows, width, ...] picked by run-time indices."""
+    table = node.input[0]
+    if table in g.inputs:
+        return fed_at_run_time("the table", table)
+    if table not in g.initializers:
+        return "not a lookup in a constant table"
+    rank = g.rank(table)
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    if rank < 2 or axis % rank != 0:
+        return "only row lookups (axis 0) in a table of rank 2 or more are quantized"
+    # One scale per row (the natural axis); blocks run along each row's width.
+    return Roles((), WeightRoles(table, 0, 1 if rank == 2 else None), None)
+
+
 HANDLERS: dict[str, Callable[[onnx.NodeProto, GraphIndex], Roles | str]] = {
     "Conv": _conv_roles,
     "ConvTranspose": _conv_transpose_roles,
     "Gemm": _gemm_roles,
     "MatMul": _matmul_roles,
+    "Gather": _gather_roles,
 }
+
+# Ops that only read their weight, with no integer kernel: always stored quantized and restored at load.
+LOOKUP_OPS = frozenset({"Gather"})
 
 
 def _sole_consumer(tensor: str, g: GraphIndex) -> onnx.NodeProto | None:

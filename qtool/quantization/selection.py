@@ -7,6 +7,8 @@ builds a few candidates and measures them:
 - ``auto``: the placement rules of the config;
 - ``integer``: every ``placement: auto`` node an integer kernel (what fast int8 CPUs want);
 - ``storage``: every ``auto`` node storage-only (weights stored quantized, float compute);
+- ``dynamic``: ``auto`` with every integer MatMul/Gemm quantizing its input at run time
+  (``mode: dynamic``), built when such nodes do most of the model's work (transformers);
 - ``search``: ``auto`` plus the float activations the sensitivity search chose
   (:mod:`qtool.quantization.search`), when ``auto`` misses the target.
 
@@ -42,6 +44,7 @@ from qtool.quantization.search import FallbackResult, search_fallback
 TIE = 0.05  # candidates within 5 % of the fastest median latency count as equally fast
 TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are done
 MIN_ROUNDS = 3
+DYNAMIC_MIN_SHARE = 0.5  # the dynamic candidate is built when weighted MatMul/Gemm do this share of the MACs
 TIMING_MAX_BYTES = 1 << 30  # the float model's bytes times the sessions timed together; past it, no timing
 
 Build = Callable[[QConfig], tuple[QuantPlan, onnx.ModelProto]]
@@ -51,7 +54,7 @@ Build = Callable[[QConfig], tuple[QuantPlan, onnx.ModelProto]]
 class Candidate:
     """One placement the choice measured."""
 
-    name: str  # auto | integer | storage | search
+    name: str  # auto | integer | storage | dynamic | search
     same_as: tuple[str, ...]  # other candidates that planned exactly this placement
     integer_nodes: int
     storage_nodes: int
@@ -92,6 +95,16 @@ class PlacementChoice:
         chosen = self.chosen_candidate
         speedup = self.speedup(chosen)
         return chosen.integer_nodes > 0 and (speedup is None or speedup > 1 + TIE)
+
+
+def _matmul_heavy(plan: QuantPlan) -> bool:
+    """Whether MatMul/Gemm nodes with a constant weight do most of the integer work (a transformer's shape).
+
+    Only then is the ``dynamic`` candidate built: onnxruntime fuses dynamic quantization for them alone.
+    """
+    work = [(n.macs or 0, n.op_type in ("MatMul", "Gemm") and n.weight is not None) for n in plan.nodes]
+    total = sum(macs for macs, _ in work)
+    return total > 0 and sum(macs for macs, matmul in work if matmul) >= DYNAMIC_MIN_SHARE * total
 
 
 def _signature(plan: QuantPlan) -> tuple[tuple[str, str], ...]:
@@ -150,13 +163,20 @@ def choose_placement(
     plans: dict[str, tuple[QuantPlan, onnx.ModelProto]] = {}
     aliases: dict[str, list[str]] = {}
     seen: dict[tuple[tuple[str, str], ...], str] = {}
-    for name, cfg in configs.items():
+
+    def add(name: str, cfg: QConfig) -> QuantPlan:
         plan, model = build(cfg)
         first = seen.setdefault(_signature(plan), name)
         if first != name:
             aliases[first].append(name)
-            continue
-        plans[name], aliases[name] = (plan, model), []
+        else:
+            plans[name], aliases[name] = (plan, model), []
+        return plan
+
+    built = {name: add(name, cfg) for name, cfg in configs.items()}
+    if _matmul_heavy(built["integer"]):
+        configs["dynamic"] = replace(config, auto_placement="dynamic")
+        add("dynamic", configs["dynamic"])
     advance = factory("placements", len(plans))
     scores: dict[str, float] = {}
     for name, (_, model) in plans.items():
@@ -222,7 +242,7 @@ def _candidates(
         Candidate(
             name,
             tuple(aliases[name]),
-            sum(1 for n in plan.nodes if n.placement == "integer"),
+            sum(1 for n in plan.nodes if n.placement in ("integer", "dynamic")),
             sum(1 for n in plan.nodes if n.placement == "storage"),
             scores[name],
             _meets(scores[name], target),
@@ -281,7 +301,7 @@ def _decide(choice: PlacementChoice) -> None:
         choice.chosen = best.name
         choice.reason = f"no placement reaches {target} on the scored samples: the most accurate is kept"
     elif not timed:
-        preference = ["search", "auto", "integer", "storage"]
+        preference = ["search", "auto", "integer", "dynamic", "storage"]
         choice.chosen = min(meeting, key=lambda c: preference.index(c.name)).name
         choice.reason = f"reaches {target} (not timed: {choice.timing_note or 'timing is off'})"
     else:

@@ -41,6 +41,7 @@ class StoredForms:
         self.names = names
         self.graph = graph
         self.prologue = prologue
+        self.dynamic_inputs: dict[str, tuple[str, ...]] = {}  # input -> its DynamicQuantizeLinear's outputs
 
     def add_qparam_inits(self, base: str, qp: QParams) -> tuple[str, str]:
         scale = self.names.new(f"{base}/scale")
@@ -129,6 +130,62 @@ class StoredForms:
         self.prologue.append(
             helper.make_node("Mul", [as_float, scale_name], [output], name=self.names.new(f"{name}/Mul"))
         )
+
+    def dynamic_matmul(self, node: onnx.NodeProto, qp: QParams, trans_b: bool) -> list[onnx.NodeProto]:
+        """The nodes that compute MatMul/Gemm ``node`` with its input quantized at run time.
+
+        ``node`` reads its stored integer weight (quantized with ``qp``) as input 1. The pattern is
+        onnxruntime's own ``quantize_dynamic`` form, which its optimizer fuses (bias Add included) into
+        one DynamicQuantizeMatMul: DynamicQuantizeLinear(x) -> MatMulInteger -> Cast -> Mul by the
+        product of the input's and the weight's scales. A narrow or transposed weight is widened and
+        transposed by nodes on constants, folded at load.
+        """
+        base = node.name
+        x, codes, out = node.input[0], node.input[1], node.output[0]
+        wide = quant_type("int8" if qp.qtype.signed else "uint8")
+        if qp.qtype.bits < 8:
+            widened = self.names.new(f"{codes}/widened")
+            self.prologue.append(
+                helper.make_node("Cast", [codes], [widened], name=self.names.new(f"{base}/Widen"), to=wide.onnx_type)
+            )
+            codes = widened
+        if trans_b:
+            upright = self.names.new(f"{codes}/transposed")
+            self.prologue.append(
+                helper.make_node("Transpose", [codes], [upright], name=self.names.new(f"{base}/Transpose"), perm=[1, 0])
+            )
+            codes = upright
+        zeros = qp.zero_point.reshape(-1)
+        one_zero = zeros.size == 1 or bool(np.all(zeros == zeros[0]))
+        scale = self.names.new(f"{base}/weight_scale")
+        zero = self.names.new(f"{base}/weight_zero_point")
+        self.graph.initializer.append(numpy_helper.from_array(qp.scale.astype(np.float32).reshape(-1), scale))
+        self.graph.initializer.append(to_tensor_proto(zeros[:1].reshape(()) if one_zero else zeros, wide, zero))
+        first = x not in self.dynamic_inputs
+        if first:
+            parts = ("quantized", "scale", "zero_point")
+            self.dynamic_inputs[x] = tuple(self.names.new(f"{x}/{part}") for part in parts)
+        xq, xs, xz = self.dynamic_inputs[x]
+        scales, product, as_float = (self.names.new(f"{base}/{part}") for part in ("scales", "integers", "as_float"))
+        has_bias = node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] != ""
+        scaled = self.names.new(f"{base}/scaled") if has_bias else out
+
+        def make(op: str, inputs: list[str], outputs: list[str], part: str, **attrs: int) -> onnx.NodeProto:
+            made = helper.make_node(op, inputs, outputs, name=self.names.new(f"{base}/{part}"))
+            made.attribute.extend(helper.make_attribute(key, value) for key, value in attrs.items())
+            return made
+
+        # An input several dynamic nodes read is quantized once, by the first of them (in graph order).
+        built = [make("DynamicQuantizeLinear", [x], [xq, xs, xz], "DynamicQuantize")] if first else []
+        built += [
+            make("Mul", [xs, scale], [scales], "ScaleMul"),
+            make("MatMulInteger", [xq, codes, xz, zero], [product], "MatMulInteger"),
+            make("Cast", [product], [as_float], "Cast", to=TensorProto.FLOAT),
+            make("Mul", [as_float, scales], [scaled], "Rescale"),
+        ]
+        if has_bias:
+            built.append(make("Add", [scaled, node.input[2]], [out], "BiasAdd"))
+        return built
 
     def fp16(self, name: str, values: np.ndarray, output: str) -> None:
         """Store ``values`` as float16 and make a Cast back to float write ``output``."""

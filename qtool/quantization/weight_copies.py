@@ -21,7 +21,7 @@ from qtool.quantization.qparams import quant_type
 CopyKey = tuple[int | None, int | None, str, bool, bool]
 # axis, block size, dtype, symmetric, reduced range: what the stored integers of one copy depend on
 
-DEQUANTIZED, RESTORED, FP16 = "dequantized", "restored", "fp16"
+DEQUANTIZED, RESTORED, FP16, INTEGERS = "dequantized", "restored", "fp16", "integers"
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,8 @@ class WeightUse:
 
     weight: str
     copy: CopyKey
-    form: str  # DEQUANTIZED (DequantizeLinear), RESTORED (Cast/Mul folded at load) or FP16 (Cast)
+    form: str  # DEQUANTIZED (DequantizeLinear), RESTORED (Cast/Mul folded at load), FP16 (Cast) or
+    # INTEGERS (the stored integers themselves, read by a dynamically quantized MatMulInteger)
 
 
 def copy_key(node: NodePlan) -> CopyKey:
@@ -55,6 +56,10 @@ def _grid(node: NodePlan) -> tuple[object, ...]:
     return (node.weight.axis, node.weight.block_size, qtype.bits, spec.symmetric, signed)
 
 
+# Placements whose kernels read the stored integers, so the stored type is theirs to choose.
+_INTEGER_READERS = ("integer", "dynamic")
+
+
 def weight_uses(nodes: Iterable[NodePlan]) -> dict[str, WeightUse]:
     """Node name -> how it reads its weight, for every node of ``nodes`` with a weight.
 
@@ -67,12 +72,15 @@ def weight_uses(nodes: Iterable[NodePlan]) -> dict[str, WeightUse]:
             by_grid.setdefault((node.weight.name, _grid(node)), []).append(node)
     uses: dict[str, WeightUse] = {}
     for (weight, _), readers in by_grid.items():
-        integer = [copy_key(n) for n in readers if n.placement == "integer"]
+        integer = [copy_key(n) for n in readers if n.placement in _INTEGER_READERS]
         shared = integer[0] if integer else copy_key(readers[0])
         for node in readers:
             if node.scheme.weight.fp16:
                 form = FP16
+            elif node.placement == "dynamic":
+                form = INTEGERS
             else:
                 form = RESTORED if node.placement == "storage" else DEQUANTIZED
-            uses[node.name] = WeightUse(weight, copy_key(node) if node.placement == "integer" else shared, form)
+            own = node.placement in _INTEGER_READERS
+            uses[node.name] = WeightUse(weight, copy_key(node) if own else shared, form)
     return uses

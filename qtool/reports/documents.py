@@ -167,6 +167,8 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
                 "constants_to_initializers": result.prepare.constants_to_initializers,
                 "folded_batchnorms": result.prepare.folded_batchnorms,
                 "folded_shapes": result.prepare.folded_shapes,
+                "folded_weight_layouts": result.prepare.folded_weight_layouts,
+                "einsums_as_matmuls": result.prepare.einsums_as_matmuls,
                 "removed_initializers": result.prepare.removed_initializers,
                 "opset_before": result.prepare.opset_before,
                 "opset_after": result.prepare.opset_after,

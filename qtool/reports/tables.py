@@ -274,6 +274,10 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         done.append(f"folded {len(p.folded_batchnorms)} BatchNormalization")
     if p.folded_shapes:
         done.append(f"folded {len(p.folded_shapes)} Shape of constants")
+    if p.folded_weight_layouts:
+        done.append(f"folded {len(p.folded_weight_layouts)} layout ops of weights")
+    if p.einsums_as_matmuls:
+        done.append(f"{len(p.einsums_as_matmuls)} Einsum -> MatMul")
     if p.constants_to_initializers:
         done.append(f"{p.constants_to_initializers} Constant nodes -> initializers")
     if p.opset_after != p.opset_before:

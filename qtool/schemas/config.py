@@ -155,6 +155,7 @@ class NodeSettings(_Strict):
     activation: ActivationSettings | None = None
     weight_only: bool | None = None
     placement: Literal["auto", "integer", "storage"] | None = None
+    mode: Literal["static", "dynamic"] | None = None
     algorithms: AlgorithmSettings | None = None
 
 

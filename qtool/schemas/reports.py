@@ -231,6 +231,12 @@ class Prepare(_Report):
     folded_shapes: list[str] = Field(
         default_factory=list, description="Shape nodes of initializers replaced by constants"
     )
+    folded_weight_layouts: list[str] = Field(
+        default_factory=list, description="Transpose/Reshape/Squeeze/Unsqueeze/Flatten/Identity of weights, folded"
+    )
+    einsums_as_matmuls: list[str] = Field(
+        default_factory=list, description="Einsums of an activation and a constant weight, rewritten as MatMuls"
+    )
     removed_initializers: int = Field(0, description="initializers no node read any more, dropped")
     opset_before: int
     opset_after: int

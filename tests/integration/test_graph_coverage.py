@@ -258,7 +258,8 @@ def test_several_inputs_and_outputs_with_int64_and_bool_inputs_beside_float_ones
 
     data, feeds = _data(tmp_path, sample)
     result, quantized, out = _quantize(model, data)
-    assert result.rewrite.quantized_nodes == ["mm_emb", "mm_x", "head"]
+    assert result.rewrite.quantized_nodes == ["embed", "mm_emb", "mm_x", "head"]
+    assert "table" in result.rewrite.quantized_weights  # the embedding table, stored int8 and restored at load
     for name in ("mm_emb", "mm_x", "head"):
         _assert_integer(quantized, name, (0,), 1)
     assert not {"ids", "mask"} & set(result.rewrite.quantized_activations)

@@ -1,0 +1,137 @@
+"""Transformer weight forms end to end: dynamic quantization, embedding tables, Einsum projections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+import qtool
+from tests.conftest import calib_dir, eval_dir, run_model, sample
+
+DYNAMIC = "global: {mode: dynamic, placement: integer}\n"
+
+
+def _sqnr(reference: Path, candidate: Path, feeds: list[dict[str, np.ndarray]]) -> float:
+    num = den = 0.0
+    for feed in feeds:
+        r, c = run_model(reference, feed)[0], run_model(candidate, feed)[0]
+        num, den = num + float((r**2).sum()), den + float(((r - c) ** 2).sum())
+    return 10 * np.log10(num / den)
+
+
+def _optimized_ops(path: Path, tmp_path: Path) -> list[str]:
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+
+
+def _quantize(tmp_path: Path, model: Path, data: Path, config: str, tag: str) -> tuple[Path, qtool.QuantizeResult]:
+    path = tmp_path / f"{tag}.yaml"
+    path.write_text(config)
+    out = tmp_path / f"{tag}.quantized.onnx"
+    result = qtool.quantize(model, out, config_path=path, data_dir=data, search=None, evaluation=None)
+    return out, result
+
+
+def test_dynamic_mode_runs_every_weighted_matmul_as_onnxruntimes_fused_dynamic_kernel(tmp_path):
+    out, result = _quantize(tmp_path, sample("transformer"), calib_dir("transformer"), DYNAMIC, "dynamic")
+    weighted = [f"attn/{p}/matmul" for p in ("q", "k", "v", "out")] + ["ffn/up/matmul", "ffn/down/matmul"]
+    assert set(weighted) <= set(result.rewrite.quantized_nodes)
+    assert result.placements["dynamic"] == len(weighted)
+    # No calibrated range is needed for their inputs: only the two activation MatMuls are static.
+    assert "ln1_out" not in result.rewrite.quantized_activations
+    # Q, K and V read one input, quantized once: MatMulIntegerToFloat; the others fuse their own quantization.
+    assert result.kernels == {"DynamicQuantizeMatMul": 3, "MatMulIntegerToFloat": 3, "QLinearMatMul": 2}
+    ops = _optimized_ops(out, tmp_path)
+    assert ops.count("DynamicQuantizeMatMul") == 3 and ops.count("MatMulIntegerToFloat") == 3
+    assert ops.count("DynamicQuantizeLinear") == 1 and "MatMulInteger" not in ops
+    feeds = [{"input": np.load(p)[None]} for p in sorted(eval_dir("transformer").glob("*.npy"))[:16]]
+    assert _sqnr(sample("transformer"), out, feeds) > 30
+
+
+def test_dynamic_gemm_with_transposed_weight_and_bias_matches_float(tmp_path):
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.1, (32, 64)).astype(np.float32)  # [N, K], read with transB
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="gemm", transB=1)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(rng.normal(0, 0.1, 32).astype(np.float32), "b")],
+    )
+    model = tmp_path / "gemm.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
+    data = tmp_path / "calib"
+    data.mkdir()
+    for i in range(4):
+        np.save(data / f"{i}.npy", rng.normal(size=(2, 64)).astype(np.float32))
+    out, result = _quantize(tmp_path, model, data, DYNAMIC, "gemm")
+    assert result.placements == {"dynamic": 1}
+    assert _optimized_ops(out, tmp_path) == ["DynamicQuantizeMatMul"]
+    feeds = [{"x": rng.normal(size=(8, 64)).astype(np.float32)} for _ in range(4)]
+    assert _sqnr(model, out, feeds) > 35
+
+
+def test_an_embedding_table_is_stored_per_row_and_counted_in_the_size(tmp_path):
+    rng = np.random.default_rng(1)
+    table = rng.normal(0, 0.05, (4000, 32)).astype(np.float32)
+    table[:, 3] *= 8  # an outlier dimension, as BERT's embeddings have
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["emb", "ids"], ["e"], name="embed"),
+            helper.make_node("ReduceMean", ["e"], ["y"], name="pool", axes=[1], keepdims=0),
+        ],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32])],
+        [numpy_helper.from_array(table, "emb")],
+    )
+    model = tmp_path / "emb.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
+    data = tmp_path / "calib"
+    data.mkdir()
+    for i in range(4):
+        np.save(data / f"{i}.npy", rng.integers(0, 4000, (1, 16)))
+    feeds = [{"ids": rng.integers(0, 4000, (2, 16))} for _ in range(8)]
+    sizes = {}
+    for dtype, floor in (("int8", 35.0), ("int4", 12.0)):
+        out, result = _quantize(tmp_path, model, data, f"op_type: {{Gather: {{weight: {{dtype: {dtype}}}}}}}\n", dtype)
+        assert result.rewrite.quantized_nodes == ["embed"] and result.placements == {"storage": 1}
+        stored = next(i for i in onnx.load(out).graph.initializer if i.name.startswith("emb/quantized"))
+        assert list(stored.dims) == [4000, 32]
+        scales = [i for i in onnx.load(out).graph.initializer if i.name.startswith("emb/scale")]
+        assert scales and np.asarray(numpy_helper.to_array(scales[0])).size == 4000  # one scale per row
+        assert _sqnr(model, out, feeds) > floor
+        sizes[dtype] = out.stat().st_size
+    original = model.stat().st_size
+    assert original / sizes["int8"] > 3.5 and original / sizes["int4"] > 6.0
+
+
+def test_an_einsum_projection_is_quantized_like_a_matmul(tmp_path):
+    rng = np.random.default_rng(2)
+    w = rng.normal(0, 0.2, (16, 4, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Einsum", ["x", "w"], ["y"], name="qkv", equation="bsd,dhk->bshk")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 8, 4, 8])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = tmp_path / "einsum.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
+    data = tmp_path / "calib"
+    data.mkdir()
+    for i in range(8):
+        np.save(data / f"{i}.npy", rng.normal(size=(1, 8, 16)).astype(np.float32))
+    out, result = _quantize(tmp_path, model, data, "global: {placement: integer}\n", "einsum")
+    assert result.prepare.einsums_as_matmuls == ["qkv"]
+    assert result.rewrite.quantized_nodes == ["qkv"] and result.kernels == {"MatMulIntegerToFloat": 1}
+    scale = next(i for i in onnx.load(out).graph.initializer if i.name == "qkv/weight/scale")
+    assert np.asarray(numpy_helper.to_array(scale)).size == 32  # per output column: 4 heads x 8
+    feeds = [{"x": rng.normal(size=(2, 8, 16)).astype(np.float32)} for _ in range(4)]
+    assert _sqnr(model, out, feeds) > 30
