@@ -296,6 +296,22 @@ def _empirical_bias_nodes(plan: QuantPlan, algorithms: WeightAlgorithms) -> dict
     }
 
 
+def _without_data(state: _Prepared, config: QConfig, model_path: Path) -> CalibrationStats:
+    """Empty statistics for a config that needs none (weight-only, fp16, ``mode: dynamic``), else a clear error."""
+    plan = build_plan(state.prepared, config, static_elements(state.prepared))
+    needs = [f"{len(plan.activations)} activations are quantized statically"] if plan.activations else []
+    asked = sorted({name for n in plan.nodes for name in n.scheme.algorithms.names()})
+    needs += [f"{', '.join(asked)} need calibration inputs"] if asked else []
+    if needs:
+        raise QtoolError(
+            f"{model_path}: {'; '.join(needs)}: give --data DATA_DIR or --stats STATS.json",
+            hint="without data only weights can be quantized: weight_only: true, fp16 weights, or mode: dynamic",
+        )
+    return CalibrationStats(
+        state.source.sha256, config.calibration.observer, 0, {}, elements=static_elements(state.prepared)
+    )
+
+
 def _weight_algorithms(
     state: _Prepared,
     config: QConfig,
@@ -468,8 +484,9 @@ def quantize(
         model_path: the float ONNX model.
         output_path: the ``.onnx`` file to write (never the input).
         config_path: a QConfigDict YAML file; None for the built-in default.
-        stats_path: statistics from :func:`calibrate` (exactly one of this and ``data_dir``).
-        data_dir: calibrate on these samples now (with ``calibration``).
+        stats_path: statistics from :func:`calibrate` (at most one of this and ``data_dir``).
+        data_dir: calibrate on these samples now (with ``calibration``). Without either, only a config
+            that needs no statistics is accepted (weights stored quantized, fp16, ``mode: dynamic``).
         calibration: how to calibrate with ``data_dir``; its observer also vouches for a
             ``package.module:Class`` named in ``stats_path``.
         search: the sensitivity search, run when it has samples (``search.data_dir`` or ``data_dir``)
@@ -484,8 +501,8 @@ def quantize(
         QtoolError: bad input; nothing is written in that case.
     """
     model_path, output_path = Path(model_path), Path(output_path)
-    if (stats_path is None) == (data_dir is None):
-        raise QtoolError("give either --stats STATS.json or --data DATA_DIR (exactly one)")
+    if stats_path is not None and data_dir is not None:
+        raise QtoolError("give either --stats STATS.json or --data DATA_DIR, not both")
     if output_path.suffix.lower() != ".onnx":
         raise QtoolError(f"output path {output_path} must end in .onnx")
     if same_file(model_path, output_path):
@@ -510,8 +527,10 @@ def quantize(
         _check_transforms(stats, state, config, stats_path)
         state = _smoothed(state, config, None, calibration, stats.smoothing)
         collector = _input_collector(state, config)
+    elif data_dir is None:
+        stats = _without_data(state, config, model_path)
+        collector = None
     else:
-        assert data_dir is not None  # exactly one of the two, checked above
         state = _smoothed(_equalized(state, config), config, data_dir, calibration, None)
         collector = _input_collector(state, config)
         # the float outputs it computes anyway serve the placement choice and the comparison

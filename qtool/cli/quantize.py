@@ -118,7 +118,11 @@ def quantize(
     ] = None,
     json_out: JsonOption = None,
 ) -> None:
-    """Quantize MODEL to int8 QDQ using --stats or --data, and write it to -o OUT.onnx."""
+    """Quantize MODEL to int8 QDQ using --stats or --data, and write it to -o OUT.onnx.
+
+    Without either, a config that needs no statistics still works: weights stored quantized
+    (weight_only, fp16, placement: storage) or mode: dynamic.
+    """
 
     def action() -> None:
         from qtool.api import quantize as run_quantize

@@ -97,6 +97,8 @@ def inspect_plan(
                 float_bytes = elements * _FLOAT_BYTES
                 stored = _stored_bytes(elements, _groups(shape, node), spec.dtype)
         activation = node.scheme.activation.describe() if node.activations else "float"
+        if node.placement == "dynamic":
+            activation = "uint8 per_tensor asym, at run time"
         rows.append(
             NodeRow(
                 node.name,

@@ -108,6 +108,8 @@ def _predict(
     fused_with_add = ranks.get(node.input[0]) == 2 and _gemm_fusable_add(node, consumers, constants, final_outputs)
     if p.placement == "storage":
         return KernelPrediction(p.name, f"float {op}", False, "placement storage: weights restored to float at load")
+    if p.placement == "lookup":
+        return KernelPrediction(p.name, "Gather", False, "integer table; the rows read are dequantized after it")
     if p.placement == "dynamic":
         if dynamic_inputs[node.input[0]] > 1:
             why = "input quantized once at run time for all its dynamic readers, 8-bit weights (bias Add fused)"

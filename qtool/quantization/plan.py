@@ -50,7 +50,7 @@ class NodePlan:
     bias: str | None  # 1-D initializer quantized to int32 (needs activations[0] and weight)
     output: str | None  # tensor quantized after the node (after a folded Relu)
     placement: str = "integer"  # "integer" (Q/DQ), "dynamic" (input quantized at run time), "storage"
-    # (restored to float at load) or "weight_only"
+    # (restored to float at load), "weight_only" or "lookup" (a Gather: the rows read are dequantized)
     reason: str = ""  # why this placement
     macs: int | None = None  # multiply-accumulates per sample (integer nodes, when sizes are known)
 
@@ -168,9 +168,9 @@ def _plan_nodes(
         float_activations = scheme.weight_only or runs_weight_only(scheme.weight)
         weight = _weight_plan(roles.weight, scheme, g, name) if roles.weight else None
         if node.op_type in LOOKUP_OPS and weight is not None:
-            # A lookup reads a few rows per call: the table is stored quantized and restored at load.
-            why = "a table lookup: rows stored quantized, restored to float at load"
-            nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "storage", why))
+            # A lookup reads a few rows per call: the table stays quantized, the rows read are dequantized.
+            why = "a table lookup: the rows it reads are dequantized after it"
+            nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "lookup", why))
             continue
         if float_activations:
             if weight is None:

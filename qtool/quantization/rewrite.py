@@ -38,7 +38,16 @@ from qtool.quantization.qparams import (
     weight_range,
 )
 from qtool.quantization.stored_forms import Names, StoredForms
-from qtool.quantization.weight_copies import FP16, INTEGERS, RESTORED, CopyKey, WeightUse, copy_key, weight_uses
+from qtool.quantization.weight_copies import (
+    FP16,
+    GATHERED,
+    INTEGERS,
+    RESTORED,
+    CopyKey,
+    WeightUse,
+    copy_key,
+    weight_uses,
+)
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +257,7 @@ class _Rewriter:
             output = weight
         else:
             output = self.names.new(f"{weight}/{'restored' if use.form == RESTORED else 'dequantized'}")
-        if use.form == INTEGERS:  # read as they are stored, by a dynamically quantized MatMulInteger
+        if use.form in (INTEGERS, GATHERED):  # read as stored: by MatMulInteger, or by a Gather
             stored, _ = self._stored_copy(use, values)
             self.replaced.add(weight)
             return stored
@@ -385,6 +394,10 @@ class _Rewriter:
                     corrected = self.correct_bias(plan_node, weight_qp, shift)
                 if corrected:
                     self.report.algorithms.setdefault(plan_node.name, []).append("bias_correction")
+                use = self.uses[plan_node.name]
+                if use.form == GATHERED and weight_qp is not None:
+                    rank = len(self.inits[plan_node.weight.name].dims)
+                    self.replacements[plan_node.name] = self.forms.gathered(self.nodes[plan_node.name], weight_qp, rank)
                 if plan_node.placement == "dynamic" and weight_qp is not None:
                     self.replacements[plan_node.name] = self.forms.dynamic_matmul(
                         self.nodes[plan_node.name], weight_qp, self.gemm_trans_b(plan_node)

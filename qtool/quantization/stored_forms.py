@@ -187,6 +187,48 @@ class StoredForms:
             built.append(make("Add", [scaled, node.input[2]], [out], "BiasAdd"))
         return built
 
+    def gathered(self, node: onnx.NodeProto, qp: QParams, rank: int) -> list[onnx.NodeProto]:
+        """The nodes that compute lookup ``node`` on its stored integer table, dequantizing the rows it reads.
+
+        ``node`` (a Gather along axis 0 of a table of ``rank``) reads the integers as input 0, so the
+        table stays 8-bit in memory (a 4- or 2-bit table is widened to 8 bits at load): Gather -> Cast
+        -> (Sub the rows' zero points) -> Mul by the rows' scales, gathered with the same indices.
+        """
+        base = node.name
+        table, indices, out = node.input[0], node.input[1], node.output[0]
+        if qp.qtype.bits < 8:
+            wide = quant_type("int8" if qp.qtype.signed else "uint8")
+            widened = self.names.new(f"{table}/widened")
+            self.prologue.append(
+                helper.make_node("Cast", [table], [widened], name=self.names.new(f"{base}/Widen"), to=wide.onnx_type)
+            )
+            table = widened
+        rows = self.names.new(f"{base}/rows")
+        as_float = self.names.new(f"{base}/rows_float")
+        lookup = helper.make_node("Gather", [table, indices], [rows], name=base, axis=0)
+        built = [lookup, helper.make_node("Cast", [rows], [as_float], name=self.names.new(f"{base}/Cast"), to=1)]
+
+        def per_row(values: np.ndarray, part: str) -> str:
+            """``values`` (one per row, or one for all) as the factor for the rows read."""
+            name = self.names.new(f"{base}/{part}")
+            if qp.axis is None:
+                self.graph.initializer.append(numpy_helper.from_array(values.astype(np.float32).reshape(()), name))
+                return name
+            column = values.astype(np.float32).reshape([-1] + [1] * (rank - 1))
+            self.graph.initializer.append(numpy_helper.from_array(column, name))
+            picked = self.names.new(f"{base}/{part}_rows")
+            built.append(helper.make_node("Gather", [name, indices], [picked], name=self.names.new(f"{name}/Gather")))
+            return picked
+
+        if np.any(qp.zero_point != 0):
+            centred = self.names.new(f"{base}/rows_centred")
+            zero = per_row(qp.zero_point, "zero_point")
+            built.append(helper.make_node("Sub", [as_float, zero], [centred], name=self.names.new(f"{base}/Sub")))
+            as_float = centred
+        scale = per_row(qp.scale, "scale")
+        built.append(helper.make_node("Mul", [as_float, scale], [out], name=self.names.new(f"{base}/Mul")))
+        return built
+
     def fp16(self, name: str, values: np.ndarray, output: str) -> None:
         """Store ``values`` as float16 and make a Cast back to float write ``output``."""
         peak = float(np.abs(values).max(initial=0.0))

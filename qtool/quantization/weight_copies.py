@@ -21,7 +21,7 @@ from qtool.quantization.qparams import quant_type
 CopyKey = tuple[int | None, int | None, str, bool, bool]
 # axis, block size, dtype, symmetric, reduced range: what the stored integers of one copy depend on
 
-DEQUANTIZED, RESTORED, FP16, INTEGERS = "dequantized", "restored", "fp16", "integers"
+DEQUANTIZED, RESTORED, FP16, INTEGERS, GATHERED = "dequantized", "restored", "fp16", "integers", "gathered"
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class WeightUse:
     weight: str
     copy: CopyKey
     form: str  # DEQUANTIZED (DequantizeLinear), RESTORED (Cast/Mul folded at load), FP16 (Cast) or
-    # INTEGERS (the stored integers themselves, read by a dynamically quantized MatMulInteger)
+    # INTEGERS (the stored integers themselves, read by a dynamically quantized MatMulInteger) or
+    # GATHERED (the stored rows a Gather reads, dequantized after it)
 
 
 def copy_key(node: NodePlan) -> CopyKey:
@@ -79,6 +80,10 @@ def weight_uses(nodes: Iterable[NodePlan]) -> dict[str, WeightUse]:
                 form = FP16
             elif node.placement == "dynamic":
                 form = INTEGERS
+            elif node.placement == "lookup":
+                # Rows carry their own scale: dequantized after the Gather. Blocks are restored at load.
+                rows = node.weight is not None and node.weight.block_size is None and node.weight.axis in (None, 0)
+                form = GATHERED if rows else RESTORED
             else:
                 form = RESTORED if node.placement == "storage" else DEQUANTIZED
             own = node.placement in _INTEGER_READERS

@@ -145,8 +145,16 @@ def test_failed_quantize_leaves_no_output_file(tmp_path):
     assert list(tmp_path.iterdir()) == [stats]
 
 
-def test_stats_and_data_are_mutually_exclusive(tmp_path):
-    assert_user_error(invoke("quantize", sample("mlp"), "-o", tmp_path / "o.onnx"), "exactly one")
+def test_stats_and_data_are_mutually_exclusive_and_static_activations_need_one(tmp_path):
+    stats = tmp_path / "mlp.json"
+    assert invoke("calibrate", sample("mlp"), calib_dir("mlp"), "-o", stats).exit_code == 0
+    both = invoke("quantize", sample("mlp"), "--stats", stats, "--data", calib_dir("mlp"), "-o", tmp_path / "o.onnx")
+    assert_user_error(both, "not both")
+    integer = tmp_path / "integer.yaml"
+    integer.write_text("global: {placement: integer}\n")
+    neither = invoke("quantize", sample("mlp"), "--config", integer, "-o", tmp_path / "o.onnx")
+    assert_user_error(neither, "activations are quantized statically: give --data DATA_DIR or --stats STATS.json")
+    assert not (tmp_path / "o.onnx").exists()
 
 
 def test_bad_config_names_file_line_and_column(tmp_path):

@@ -7,9 +7,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import qtool
+from qtool.errors import QtoolError
 from tests.conftest import calib_dir, eval_dir, run_model, sample
 
 DYNAMIC = "global: {mode: dynamic, placement: integer}\n"
@@ -101,11 +103,18 @@ def test_an_embedding_table_is_stored_per_row_and_counted_in_the_size(tmp_path):
     sizes = {}
     for dtype, floor in (("int8", 35.0), ("int4", 12.0)):
         out, result = _quantize(tmp_path, model, data, f"op_type: {{Gather: {{weight: {{dtype: {dtype}}}}}}}\n", dtype)
-        assert result.rewrite.quantized_nodes == ["embed"] and result.placements == {"storage": 1}
-        stored = next(i for i in onnx.load(out).graph.initializer if i.name.startswith("emb/quantized"))
+        assert result.rewrite.quantized_nodes == ["embed"] and result.placements == {"lookup": 1}
+        assert result.kernels == {"Gather": 1}
+        written = onnx.load(out)
+        stored = next(i for i in written.graph.initializer if i.name.startswith("emb/quantized"))
         assert list(stored.dims) == [4000, 32]
-        scales = [i for i in onnx.load(out).graph.initializer if i.name.startswith("emb/scale")]
-        assert scales and np.asarray(numpy_helper.to_array(scales[0])).size == 4000  # one scale per row
+        scales = next(i for i in written.graph.initializer if i.name.startswith("embed/scale"))
+        assert list(scales.dims) == [4000, 1]  # one scale per row, gathered with the rows
+        # The table stays integer in memory: the Gather reads the stored integers, the rows are dequantized after it.
+        lookup = next(n for n in written.graph.node if n.name == "embed")
+        assert lookup.op_type == "Gather" and lookup.input[0].startswith("emb/")
+        assert "DequantizeLinear" not in {n.op_type for n in written.graph.node}
+        assert _optimized_ops(out, tmp_path).count("Gather") == 2  # rows and scales: nothing folded to float
         assert _sqnr(model, out, feeds) > floor
         sizes[dtype] = out.stat().st_size
     original = model.stat().st_size
@@ -135,3 +144,33 @@ def test_an_einsum_projection_is_quantized_like_a_matmul(tmp_path):
     assert np.asarray(numpy_helper.to_array(scale)).size == 32  # per output column: 4 heads x 8
     feeds = [{"x": rng.normal(size=(2, 8, 16)).astype(np.float32)} for _ in range(4)]
     assert _sqnr(model, out, feeds) > 30
+
+
+def test_configs_that_need_no_statistics_quantize_without_data(tmp_path):
+    model = sample("transformer")
+    config = tmp_path / "dynamic.yaml"
+    out = tmp_path / "dynamic.onnx"
+    # The two activation MatMuls (attention scores, context) have no weight: kept float so nothing needs ranges.
+    config.write_text("global: {mode: dynamic, placement: integer}\nnode_name: {'re:attn/(scores|context)/.*': null}\n")
+    result = qtool.quantize(model, out, config_path=config, search=None, evaluation=None)
+    assert result.placements == {"dynamic": 6} and result.calibration_samples == 0
+    feeds = [{"input": np.load(p)[None]} for p in sorted(eval_dir("transformer").glob("*.npy"))[:8]]
+    assert _sqnr(model, out, feeds) > 30
+
+    static = tmp_path / "static.yaml"
+    static.write_text("global: {placement: integer}\n")
+    with pytest.raises(QtoolError, match=r"16 activations are quantized statically: give --data"):
+        qtool.quantize(model, tmp_path / "static.onnx", config_path=static, search=None, evaluation=None)
+    assert not (tmp_path / "static.onnx").exists()
+
+
+def test_the_placement_choice_measures_a_dynamic_candidate_only_for_matmul_heavy_models(tmp_path):
+    def candidates(name: str) -> set[str]:
+        out = tmp_path / f"{name}.onnx"
+        result = qtool.quantize(sample(name), out, data_dir=calib_dir(name), evaluation=None)
+        choice = result.placement_choice
+        assert choice is not None
+        return {c.name for c in choice.candidates} | {a for c in choice.candidates for a in c.same_as}
+
+    assert "dynamic" in candidates("transformer")  # every weighted node is a MatMul
+    assert "dynamic" not in candidates("cnn")  # the convolutions do the work: no dynamic kernels for them
