@@ -34,6 +34,7 @@ class TensorScheme:
     axis: int | None = None  # overrides the op's natural channel / block axis
     observer: str | dict[str, Any] | None = None  # activations: overrides calibration.observer
     saturation: str = "uint8"  # weights: uint8 | reduce_range | ignore (see qtool.quantization.plan.guard_saturation)
+    final_layer_int8: bool = True  # weights: a weight-only final projection keeps int8 when 4/2-bit is asked
 
     @property
     def per_channel(self) -> bool:

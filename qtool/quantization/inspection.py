@@ -28,7 +28,7 @@ class NodeRow:
     weight_elements: int
     float_bytes: int
     quantized_bytes: int
-    placement: str = "integer"  # integer | storage | weight_only
+    placement: str = "integer"  # integer | dynamic | storage | weight_only | lookup
     reason: str = ""
     kernel: str = ""  # what onnxruntime's CPU provider is predicted to run
     kernel_reason: str = ""

@@ -19,6 +19,7 @@ from qtool.config import NodeScheme, QConfig, TensorScheme
 from qtool.errors import QtoolError
 from qtool.graph.prepare import all_nodes, node_subgraphs
 from qtool.quantization.placement import choose_placement, isolated_integer_nodes
+from qtool.quantization.qparams import quant_type
 from qtool.quantization.roles import HANDLERS, LOOKUP_OPS, GraphIndex, WeightRoles, node_macs, output_to_quantize
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ def _plan_nodes(
     nodes: list[NodePlan] = []
     activations: dict[str, TensorScheme] = {}
     skipped: list[tuple[str, str]] = []
+    final = final_weighted_nodes(model, g)
     for node in model.graph.node:
         bodies = node_subgraphs(node)
         if bodies:
@@ -177,6 +179,10 @@ def _plan_nodes(
                 skipped.append((name, "weight_only/fp16 asked for, but the node has no constant weight"))
                 continue
             why = "fp16" if scheme.weight.fp16 else "per_block weights" if weight.block_size else "weight_only"
+            if name in final and _keeps_final_int8(scheme):
+                signed = quant_type(scheme.weight.dtype).signed
+                scheme = replace(scheme, weight=replace(scheme.weight, dtype="int8" if signed else "uint8"))
+                why += "; the final projection keeps int8 weights (weight.final_layer_int8)"
             nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "weight_only", why))
             continue
         placement, why = choose_placement(node, roles, scheme, g, elements)
@@ -221,6 +227,33 @@ def _plan_nodes(
             NodePlan(name, node.op_type, integer, roles.activations, weight, bias, output, "integer", why, macs)
         )
     return QuantPlan(tuple(nodes), activations, tuple(skipped))
+
+
+def final_weighted_nodes(model: onnx.ModelProto, g: GraphIndex) -> set[str]:
+    """Nodes with a constant weight that reach a graph output through no other such node (final projections)."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    final: set[str] = set()
+    seen: set[str] = set()
+    stack = [o.name for o in model.graph.output]
+    while stack:
+        node = producers.get(stack.pop())
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        handler = HANDLERS.get(node.op_type)
+        roles = handler(node, g) if handler is not None and len(node.input) >= 2 else None
+        if roles is not None and not isinstance(roles, str) and roles.weight is not None:
+            final.add(node.name)
+            continue
+        stack.extend(name for name in node.input if name)
+    return final
+
+
+def _keeps_final_int8(scheme: NodeScheme) -> bool:
+    """Whether a weight-only final projection asked for 4 or 2 bits keeps int8 instead."""
+    spec = scheme.weight
+    explicit = scheme.rule.startswith("node_name:")  # a rule for this very node is taken at its word
+    return spec.final_layer_int8 and not spec.fp16 and quant_type(spec.dtype).bits < 8 and not explicit
 
 
 def _dynamic_reason(node: onnx.NodeProto, weight: WeightPlan | None) -> str | None:

@@ -116,6 +116,7 @@ class WeightSettings(_Strict):
     block_size: Annotated[int, Field(ge=2, le=MAX_BLOCK_SIZE)] | None = None
     axis: int | None = None
     saturation: Literal["uint8", "reduce_range", "ignore"] | None = None
+    final_layer_int8: bool | None = None
 
     nullable: ClassVar[frozenset[str]] = frozenset({"block_size", "axis"})
 

@@ -174,3 +174,21 @@ def test_the_placement_choice_measures_a_dynamic_candidate_only_for_matmul_heavy
 
     assert "dynamic" in candidates("transformer")  # every weighted node is a MatMul
     assert "dynamic" not in candidates("cnn")  # the convolutions do the work: no dynamic kernels for them
+
+
+def test_weight_only_int4_keeps_the_final_projections_int8_unless_told_otherwise(tmp_path):
+    int4 = "global: {weight_only: true, weight: {dtype: int4, granularity: per_block, block_size: 16%s}}\n"
+
+    def dtypes(config: str, tag: str) -> dict[str, str]:
+        path = tmp_path / f"{tag}.yaml"
+        path.write_text(config)
+        rows = qtool.inspect(sample("transformer"), config_path=path).rows
+        return {r.name: r.weight.split()[0] for r in rows if r.weight != "-"}
+
+    # The output adds the attention output (through the residual) and the FFN's: both are final.
+    kept = dtypes(int4 % "", "default")
+    assert kept.pop("attn/out/matmul") == "int8" and kept.pop("ffn/down/matmul") == "int8"
+    assert set(kept.values()) == {"int4"}
+    assert set(dtypes(int4 % ", final_layer_int8: false", "off").values()) == {"int4"}
+    explicit = int4 % "" + "node_name: {ffn/down/matmul: {weight: {dtype: int4}}}\n"
+    assert dtypes(explicit, "explicit")["ffn/down/matmul"] == "int4"

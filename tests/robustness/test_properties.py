@@ -263,6 +263,7 @@ def _tensor(role: str) -> st.SearchStrategy[dict[str, Any]]:
         "block_size": st.sampled_from([None, 2, 16, 32, 128]) | scalars,
         "axis": st.sampled_from([None, 0, 1, -1]) | scalars,
         "saturation": st.sampled_from(schema.SATURATION_GUARDS) | scalars,
+        "final_layer_int8": st.booleans() | scalars,
         "observer": _observers(),
     }
     model = schema.WeightSettings if role == "weight" else schema.ActivationSettings
@@ -276,6 +277,7 @@ node_scheme = st.none() | st.fixed_dictionaries(
         "activation": _tensor("activation") | values,
         "weight_only": st.booleans() | scalars,
         "placement": st.sampled_from(schema.PLACEMENTS) | scalars,
+        "mode": st.sampled_from(["static", "dynamic"]) | scalars,
     },
 )
 size = st.integers(1, 512) | st.lists(st.integers(1, 512), min_size=2, max_size=2) | scalars
