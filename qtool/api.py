@@ -39,8 +39,12 @@ from qtool.quantization.activations import activation_qparams, plan_activation_q
 from qtool.quantization.algorithms.empirical_bias import measure_shifts, measured_layers
 from qtool.quantization.algorithms.graph_transforms import (
     ChannelMaxima,
+    InputMoments,
+    apply_awq,
     apply_equalization,
     apply_smoothing,
+    awq_readers,
+    choose_awq_scales,
     smoothing_nodes,
 )
 from qtool.quantization.algorithms.node_inputs import NodeInput, NodeInputCollector, node_input
@@ -72,6 +76,8 @@ class _Prepared:
     smoothed: tuple[SmoothedGroup, ...] = ()  # what SmoothQuant did to ``prepared``
     smoothing: dict[str, np.ndarray] = field(default_factory=dict)  # the channel maxima it smoothed with
     equalized: tuple[str, ...] = ()  # the Conv pairs equalization rescaled in ``prepared``
+    awq: tuple[SmoothedGroup, ...] = ()  # what AWQ did to ``prepared``
+    awq_notes: dict[str, str] = field(default_factory=dict)  # node -> why AWQ did not scale it
 
 
 def _prepare(model_path: Path, config: QConfig, opset: int | None = None) -> _Prepared:
@@ -169,6 +175,30 @@ def _smoothed(
     for tensor, reason in report.skipped:
         log.info("SmoothQuant left %s as it is: %s", tensor, reason)
     return replace(state, prepared=model, smoothed=report.groups, smoothing=known)
+
+
+def _awq(state: _Prepared, config: QConfig, data_dir: Path | str | None, options: CalibrationOptions) -> _Prepared:
+    """The model with AWQ's input-channel scales moved into its weight-only MatMul/Gemm weights.
+
+    A float pass over ``data_dir`` measures each scaled input's mean |x| and second moment; without
+    data the nodes keep their weights and the summary says why.
+    """
+    readers, notes = awq_readers(state.prepared, state.weights, config)
+    if not readers:
+        return replace(state, awq_notes=notes) if notes else state
+    if data_dir is None:
+        why = "awq: needs calibration samples (--data, or --search-data with --stats)"
+        return replace(state, awq_notes={**notes, **{r.node: why for r in readers}})
+    tap = InputMoments(sorted({r.tensor for r in readers}))
+    _tapped_pass(state, config, data_dir, options, tap, "AWQ activation moments")
+    with stage("AWQ"):
+        scales, skipped = choose_awq_scales(readers, tap)
+        model, report = apply_awq(state.prepared, state.weights, readers, scales)
+    for tensor, reason in [*skipped.items(), *report.skipped]:
+        for reader in readers:
+            if reader.tensor == tensor:
+                notes[reader.node] = reason if reason.startswith("awq") else f"awq: {reason}"
+    return replace(state, prepared=model, awq=report.groups, awq_notes=notes)
 
 
 def _input_collector(state: _Prepared, config: QConfig) -> NodeInputCollector | None:
@@ -345,7 +375,7 @@ def _tapped_pass(
     config: QConfig,
     data_dir: Path | str,
     options: CalibrationOptions,
-    tap: NodeInputCollector | ChannelMaxima,
+    tap: NodeInputCollector | ChannelMaxima | InputMoments,
     what: str,
 ) -> None:
     """A float pass over ``data_dir`` (the calibration samples, as calibrate reads them) that only feeds ``tap``."""
@@ -526,12 +556,14 @@ def quantize(
         state = _equalized(state, config)
         _check_transforms(stats, state, config, stats_path)
         state = _smoothed(state, config, None, calibration, stats.smoothing)
+        state = _awq(state, config, search.data_dir if search is not None else None, calibration)
         collector = _input_collector(state, config)
     elif data_dir is None:
         stats = _without_data(state, config, model_path)
         collector = None
     else:
         state = _smoothed(_equalized(state, config), config, data_dir, calibration, None)
+        state = _awq(state, config, data_dir, calibration)
         collector = _input_collector(state, config)
         # the float outputs it computes anyway serve the placement choice and the comparison
         kept_outputs = FloatOutputs()
@@ -560,6 +592,11 @@ def quantize(
     for group in state.smoothed:
         for node in group.nodes:
             rewrite_report.algorithms.setdefault(node, []).insert(0, "smoothquant")
+    for group in state.awq:
+        for node in group.nodes:
+            rewrite_report.algorithms.setdefault(node, []).insert(0, "awq")
+    for node, note in state.awq_notes.items():
+        rewrite_report.algorithm_notes.setdefault(node, note)
     state.weights.retain(quantized)  # the float weights the output replaced: freed before it is checked and written
     quantized.producer_name = "qtool"
     quantized.producer_version = __version__

@@ -35,6 +35,8 @@ class TensorScheme:
     observer: str | dict[str, Any] | None = None  # activations: overrides calibration.observer
     saturation: str = "uint8"  # weights: uint8 | reduce_range | ignore (see qtool.quantization.plan.guard_saturation)
     final_layer_int8: bool = True  # weights: a weight-only final projection keeps int8 when 4/2-bit is asked
+    format: str = "qdq"  # weights: qdq (DequantizeLinear) | matmul_nbits (onnxruntime's MatMulNBits, MatMul only)
+    accuracy_level: int = 0  # weights, matmul_nbits: the op's compute precision (0 float, 4 int8 activations)
 
     @property
     def per_channel(self) -> bool:
@@ -65,6 +67,7 @@ class Algorithms:
     equalization: bool = False  # cross-layer equalization of Conv chains, before calibration
     smoothquant: bool = False  # move activation outliers into MatMul/Gemm weights, before calibration
     smoothquant_alpha: float = 0.5  # SmoothQuant's migration strength
+    awq: bool = False  # scale weight-only MatMul/Gemm input channels by their activations, before quantizing
 
     @property
     def need_inputs(self) -> bool:
@@ -74,7 +77,7 @@ class Algorithms:
     def names(self) -> list[str]:
         """The algorithms turned on, as short names (``gptq``, ``bias_correction``...)."""
         names = [self.rounding] if self.rounding != "nearest" else []
-        names += [name for name in ("bias_correction", "equalization", "smoothquant") if getattr(self, name)]
+        names += [name for name in ("bias_correction", "equalization", "smoothquant", "awq") if getattr(self, name)]
         return names
 
 

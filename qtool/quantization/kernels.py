@@ -12,6 +12,7 @@ and graph transformers (onnxruntime 1.2x-1.3x, CPU EP):
   into Gemm (MatMulAddFusion) -> QGemm; otherwise -> MatMulIntegerToFloat
   (qtool quantizes MatMul outputs after the bias, so no Q follows the MatMul).
 * MatMul of two activations with Q on the output -> QLinearMatMul.
+* ``weight.format: matmul_nbits``: qtool writes MatMulNBits itself (no fusion needed).
 * A block-wise 4/2-bit constant weight along K with float activations ->
   MatMulNBits, when the block size is a power of two >= 16 - unless the 2-D
   MatMul + Add is fused into Gemm first.
@@ -120,6 +121,11 @@ def _predict(
     if p.placement == "weight_only":
         if spec.fp16:
             return KernelPrediction(p.name, f"float {op}", False, "fp16 weights are cast to float at load")
+        if spec.format == "matmul_nbits":
+            block = p.weight.block_size if p.weight else None
+            level = f", accuracy_level {spec.accuracy_level}" if spec.accuracy_level else ""
+            why = f"written as MatMulNBits: {spec.dtype} blocks of {block} along K{level}"
+            return KernelPrediction(p.name, "MatMulNBits", True, why)
         block = p.weight.block_size if p.weight else None
         if op == "MatMul" and block is not None:
             if block < 16 or block & (block - 1):

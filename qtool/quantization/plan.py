@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 from qtool.config import NodeScheme, QConfig, TensorScheme
 from qtool.errors import QtoolError
 from qtool.graph.prepare import all_nodes, node_subgraphs
+from qtool.quantization.matmul_nbits import check_layout
 from qtool.quantization.placement import choose_placement, isolated_integer_nodes
 from qtool.quantization.qparams import quant_type
 from qtool.quantization.roles import HANDLERS, LOOKUP_OPS, GraphIndex, WeightRoles, node_macs, output_to_quantize
@@ -183,6 +184,11 @@ def _plan_nodes(
                 signed = quant_type(scheme.weight.dtype).signed
                 scheme = replace(scheme, weight=replace(scheme.weight, dtype="int8" if signed else "uint8"))
                 why += "; the final projection keeps int8 weights (weight.final_layer_int8)"
+            if scheme.weight.format == "matmul_nbits":
+                fallback = _nbits_fallback(node, weight, scheme, g)
+                if fallback:
+                    scheme = replace(scheme, weight=replace(scheme.weight, format="qdq"))
+                    why += f"; {fallback}"
             nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "weight_only", why))
             continue
         placement, why = choose_placement(node, roles, scheme, g, elements)
@@ -227,6 +233,28 @@ def _plan_nodes(
             NodePlan(name, node.op_type, integer, roles.activations, weight, bias, output, "integer", why, macs)
         )
     return QuantPlan(tuple(nodes), activations, tuple(skipped))
+
+
+def _nbits_fallback(node: onnx.NodeProto, weight: WeightPlan, scheme: NodeScheme, g: GraphIndex) -> str | None:
+    """Why ``weight.format: matmul_nbits`` falls back to QDQ for ``node`` (None: it is written as MatMulNBits).
+
+    Raises:
+        QtoolError: a MatMul weight the op cannot hold (not blocks along K, or an unsupported layout).
+    """
+    if node.op_type != "MatMul" or node.input[1] != weight.name or g.rank(weight.name) != 2:
+        return "MatMulNBits holds MatMul weights [K, N] only: written as QDQ"
+    if weight.block_size is None or weight.axis != 0:
+        raise QtoolError(
+            f"node {node.name}: weight.format matmul_nbits stores the weight in blocks along K",
+            hint=f"set weight granularity: per_block with axis null (rule {scheme.rule})",
+        )
+    try:
+        check_layout(quant_type(scheme.weight.dtype).bits, weight.block_size)
+    except QtoolError as e:
+        raise QtoolError(
+            f"node {node.name}: {e.message}", hint=f"{e.hint or 'see weight.format'} (rule {scheme.rule})"
+        ) from None
+    return None
 
 
 def final_weighted_nodes(model: onnx.ModelProto, g: GraphIndex) -> set[str]:

@@ -27,6 +27,7 @@ from qtool.errors import QtoolError
 from qtool.graph.prepare import subgraph_reads
 from qtool.graph.weights import Weights, checkable
 from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
+from qtool.quantization.matmul_nbits import DOMAIN as CONTRIB_DOMAIN
 from qtool.quantization.plan import NodePlan, QuantPlan, passthrough_ops
 from qtool.quantization.qparams import (
     QParams,
@@ -42,6 +43,7 @@ from qtool.quantization.weight_copies import (
     FP16,
     GATHERED,
     INTEGERS,
+    NBITS,
     RESTORED,
     CopyKey,
     WeightUse,
@@ -120,7 +122,8 @@ class _Rewriter:
         self.algorithms = algorithms
         self.bias_shifts = bias_shifts
         self.correct_biases = correct_biases
-        self.codes: dict[tuple[str, CopyKey], np.ndarray] = {}  # the integers of each stored copy
+        self.codes: dict[tuple[str, CopyKey], np.ndarray] = {}  # the integers of each copy
+        self.qparams: dict[tuple[str, CopyKey], QParams] = {}  # and their qparams
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
         self.graph = self.model.graph
@@ -207,6 +210,15 @@ class _Rewriter:
         """The integers ``use`` reads (with their qparams), quantized and stored on first use."""
         if (use.weight, use.copy) in self.copies:
             return self.copies[(use.weight, use.copy)]
+        qp, codes = self._quantized_copy(use, values)
+        self.copies[(use.weight, use.copy)] = (self.forms.integers(use.weight, codes, qp), qp)
+        self.report.quantized_weights.append(use.weight)
+        return self.copies[(use.weight, use.copy)]
+
+    def _quantized_copy(self, use: WeightUse, values: np.ndarray) -> tuple[QParams, np.ndarray]:
+        """The qparams and integers of ``use``'s copy, computed on first use (not stored in the graph)."""
+        if (use.weight, use.copy) in self.codes:
+            return self.qparams[(use.weight, use.copy)], self.codes[(use.weight, use.copy)]
         # the reader whose scheme this copy is (an integer kernel's, when one reads the weight)
         owner = next(p for p in self.plan.nodes if p.weight and p.weight.name == use.weight and copy_key(p) == use.copy)
         assert owner.weight is not None  # found by its weight
@@ -224,9 +236,8 @@ class _Rewriter:
             qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
         codes = self._round(use, values, qp)
         self.codes[(use.weight, use.copy)] = codes
-        self.copies[(use.weight, use.copy)] = (self.forms.integers(use.weight, codes, qp), qp)
-        self.report.quantized_weights.append(use.weight)
-        return self.copies[(use.weight, use.copy)]
+        self.qparams[(use.weight, use.copy)] = qp
+        return qp, codes
 
     def _round(self, use: WeightUse, values: np.ndarray, qp: QParams) -> np.ndarray:
         """The copy's integers: nearest rounding, or what the readers' rounding algorithm chose."""
@@ -278,6 +289,15 @@ class _Rewriter:
     def quantize_weight(self, node: NodePlan) -> QParams | None:
         """Make the node read its weight's float form; returns the stored copy's qparams (None for fp16)."""
         use = self.uses[node.name]
+        if use.form == NBITS:  # the MatMul becomes a MatMulNBits holding the packed weight itself
+            values = self.store.value(self.inits[use.weight])
+            qp, codes = self._quantized_copy(use, values)
+            onnx_node = self.nodes[node.name]
+            self.replacements[node.name] = [self.forms.matmul_nbits(onnx_node, codes, qp, node.scheme.weight)]
+            if use.weight not in self.report.quantized_weights:
+                self.report.quantized_weights.append(use.weight)
+            self.replaced.add(use.weight)
+            return qp
         key = (use.weight, use.copy, use.form)
         if key not in self.restored:
             self.restored[key] = self._restore(use)
@@ -436,6 +456,8 @@ class _Rewriter:
         self.graph.initializer.extend(kept_inits)
         # Shape information of renamed tensors is stale; onnxruntime re-infers it.
         del self.graph.value_info[:]
+        if self.forms.contrib_ops and not any(o.domain == CONTRIB_DOMAIN for o in self.model.opset_import):
+            self.model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
 
 
 def insert_qdq(

@@ -10,8 +10,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qtool.config import TensorScheme
 from qtool.errors import QtoolError
 from qtool.graph.prepare import all_nodes
+from qtool.quantization.matmul_nbits import make_matmul_nbits, pack_codes
 from qtool.quantization.qparams import QParams, quant_type, to_tensor_proto
 
 
@@ -42,6 +44,7 @@ class StoredForms:
         self.graph = graph
         self.prologue = prologue
         self.dynamic_inputs: dict[str, tuple[str, ...]] = {}  # input -> its DynamicQuantizeLinear's outputs
+        self.contrib_ops = False  # whether a com.microsoft op (MatMulNBits) was written
 
     def add_qparam_inits(self, base: str, qp: QParams) -> tuple[str, str]:
         scale = self.names.new(f"{base}/scale")
@@ -228,6 +231,32 @@ class StoredForms:
         scale = per_row(qp.scale, "scale")
         built.append(helper.make_node("Mul", [as_float, scale], [out], name=self.names.new(f"{base}/Mul")))
         return built
+
+    def matmul_nbits(self, node: onnx.NodeProto, codes: np.ndarray, qp: QParams, spec: TensorScheme) -> onnx.NodeProto:
+        """Onnxruntime's MatMulNBits computing MatMul ``node`` from its weight's block-wise ``codes`` [K, N].
+
+        ``qp`` holds one scale and zero point per block of K and column ([n_blocks, N]); signed codes
+        are shifted into the op's unsigned range, and a weight whose zero points all sit in the middle
+        of that range (symmetric) needs no zero-point input.
+        """
+        assert qp.block_size is not None  # the plan only sends block-wise MatMul weights here
+        bits = qp.qtype.bits
+        offset = 0 if not qp.qtype.signed else 1 << (bits - 1)
+        zero = qp.zero_point.astype(np.int64) + offset
+        centred = bool(np.all(zero == 1 << (bits - 1)))
+        packed = pack_codes(
+            codes.astype(np.int64) + offset,
+            qp.scale.astype(np.float32),
+            None if centred else zero,
+            bits,
+            qp.block_size,
+            accuracy_level=spec.accuracy_level,
+        )
+        prefix = self.names.new(f"{node.input[1]}/nbits")
+        built = make_matmul_nbits(packed, node.input[0], node.output[0], prefix=prefix, node_name=node.name)
+        self.graph.initializer.extend(built.initializers)
+        self.contrib_ops = True
+        return built.node
 
     def fp16(self, name: str, values: np.ndarray, output: str) -> None:
         """Store ``values`` as float16 and make a Cast back to float write ``output``."""

@@ -21,7 +21,14 @@ from qtool.quantization.qparams import quant_type
 CopyKey = tuple[int | None, int | None, str, bool, bool]
 # axis, block size, dtype, symmetric, reduced range: what the stored integers of one copy depend on
 
-DEQUANTIZED, RESTORED, FP16, INTEGERS, GATHERED = "dequantized", "restored", "fp16", "integers", "gathered"
+DEQUANTIZED, RESTORED, FP16, INTEGERS, GATHERED, NBITS = (
+    "dequantized",
+    "restored",
+    "fp16",
+    "integers",
+    "gathered",
+    "matmul_nbits",
+)
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,8 @@ class WeightUse:
     copy: CopyKey
     form: str  # DEQUANTIZED (DequantizeLinear), RESTORED (Cast/Mul folded at load), FP16 (Cast) or
     # INTEGERS (the stored integers themselves, read by a dynamically quantized MatMulInteger) or
-    # GATHERED (the stored rows a Gather reads, dequantized after it)
+    # GATHERED (the stored rows a Gather reads, dequantized after it) or NBITS (packed into onnxruntime's
+    # MatMulNBits, which replaces the MatMul)
 
 
 def copy_key(node: NodePlan) -> CopyKey:
@@ -80,6 +88,8 @@ def weight_uses(nodes: Iterable[NodePlan]) -> dict[str, WeightUse]:
                 form = FP16
             elif node.placement == "dynamic":
                 form = INTEGERS
+            elif node.placement == "weight_only" and node.scheme.weight.format == "matmul_nbits":
+                form = NBITS
             elif node.placement == "lookup":
                 # Rows carry their own scale: dequantized after the Gather. Blocks are restored at load.
                 rows = node.weight is not None and node.weight.block_size is None and node.weight.axis in (None, 0)

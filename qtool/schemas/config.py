@@ -117,6 +117,8 @@ class WeightSettings(_Strict):
     axis: int | None = None
     saturation: Literal["uint8", "reduce_range", "ignore"] | None = None
     final_layer_int8: bool | None = None
+    format: Literal["qdq", "matmul_nbits"] | None = None
+    accuracy_level: Annotated[int, Field(ge=0, le=4)] | None = None
 
     nullable: ClassVar[frozenset[str]] = frozenset({"block_size", "axis"})
 
@@ -140,6 +142,7 @@ class AlgorithmSettings(_Strict):
     equalization: bool | None = None
     smoothquant: bool | None = None
     smoothquant_alpha: Annotated[float, Field(gt=0, le=1)] | None = None
+    awq: bool | None = None
 
     @field_validator("smoothquant_alpha", mode="before")
     @classmethod

@@ -192,3 +192,107 @@ def test_weight_only_int4_keeps_the_final_projections_int8_unless_told_otherwise
     assert set(dtypes(int4 % ", final_layer_int8: false", "off").values()) == {"int4"}
     explicit = int4 % "" + "node_name: {ffn/down/matmul: {weight: {dtype: int4}}}\n"
     assert dtypes(explicit, "explicit")["ffn/down/matmul"] == "int4"
+
+
+NBITS = "global: {weight_only: true, weight: {dtype: %s, granularity: per_block, block_size: 16, format: %s}%s}\n"
+
+
+def test_matmul_nbits_is_written_directly_and_computes_what_the_qdq_form_does(tmp_path):
+    feeds = [{"input": np.load(p)[None]} for p in sorted(eval_dir("transformer").glob("*.npy"))[:8]]
+    reference = np.concatenate([run_model(sample("transformer"), f)[0].ravel() for f in feeds])
+    for dtype, extra in (("int4", ""), ("uint4", ", symmetric: false")):
+        outputs = {}
+        # onnxruntime fuses the QDQ form into MatMulNBits at accuracy_level 4 (int8 activations inside).
+        for form, level in (("qdq", 0), ("matmul_nbits", 4), ("matmul_nbits", 0)):
+            path = tmp_path / f"{dtype}.{form}.{level}.yaml"
+            path.write_text((NBITS % (dtype, form, "")).replace("format", f"accuracy_level: {level}{extra}, format"))
+            out = tmp_path / f"{dtype}.{form}.{level}.onnx"
+            result = qtool.quantize(sample("transformer"), out, config_path=path, search=None, evaluation=None)
+            outputs[(form, level)] = np.concatenate([run_model(out, f)[0].ravel() for f in feeds])
+            if form == "matmul_nbits":
+                written = onnx.load(out)
+                assert [n.op_type for n in written.graph.node].count("MatMulNBits") == 6
+                assert "DequantizeLinear" not in {n.op_type for n in written.graph.node}
+                assert any(o.domain == "com.microsoft" for o in written.opset_import)
+                assert result.kernels == {"MatMulNBits": 6}
+        # The same codes and scales: at the same accuracy level the two forms agree to float rounding ...
+        np.testing.assert_allclose(outputs[("matmul_nbits", 4)], outputs[("qdq", 0)], rtol=1e-5, atol=1e-5)
+
+        # ... and float compute (level 0), which only the direct form offers, is closer to fp32.
+        error = {key: float(((values - reference) ** 2).sum()) for key, values in outputs.items()}
+        assert error[("matmul_nbits", 0)] < error[("matmul_nbits", 4)]
+
+
+def test_gptq_codes_go_into_matmul_nbits(tmp_path):
+    feeds = [{"input": np.load(p)[None]} for p in sorted(eval_dir("transformer").glob("*.npy"))[:8]]
+    outputs = {}
+    for form in ("qdq", "matmul_nbits"):
+        config = NBITS % ("int4", form, ", algorithms: {rounding: gptq}")
+        out, result = _quantize(tmp_path, sample("transformer"), calib_dir("transformer"), config, form)
+        assert len(result.rewrite.algorithms) == 6
+        assert all(names == ["gptq"] for names in result.rewrite.algorithms.values())
+        level = "accuracy_level: 4, " if form == "matmul_nbits" else ""
+        if level:  # compare at the accuracy level onnxruntime gives the fused QDQ form
+            out, _ = _quantize(
+                tmp_path,
+                sample("transformer"),
+                calib_dir("transformer"),
+                config.replace("format", level + "format"),
+                "l4",
+            )
+        outputs[form] = np.concatenate([run_model(out, f)[0].ravel() for f in feeds])
+    np.testing.assert_allclose(outputs["matmul_nbits"], outputs["qdq"], rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_nbits_refuses_weights_it_cannot_hold_and_leaves_other_ops_as_qdq(tmp_path):
+    config = tmp_path / "channel.yaml"
+    config.write_text("global: {weight_only: true, weight: {dtype: int4, format: matmul_nbits}}\n")
+    with pytest.raises(QtoolError, match=r"matmul_nbits stores the weight in blocks along K.*per_block"):
+        qtool.quantize(sample("transformer"), tmp_path / "x.onnx", config_path=config, search=None, evaluation=None)
+    config.write_text((NBITS % ("int4", "matmul_nbits", "")).replace("block_size: 16", "block_size: 24"))
+    with pytest.raises(QtoolError, match=r"block_size 24 is not a power of two"):
+        qtool.quantize(sample("transformer"), tmp_path / "x.onnx", config_path=config, search=None, evaluation=None)
+    config.write_text(NBITS % ("int4", "matmul_nbits", ""))
+    result = qtool.quantize(sample("cnn"), tmp_path / "cnn.onnx", config_path=config, search=None, evaluation=None)
+    assert "MatMulNBits" not in result.kernels  # Conv and Gemm stay in the QDQ form
+
+
+def test_awq_scales_outlier_channels_into_int4_weights_and_beats_rounding_to_nearest(tmp_path):
+    rng = np.random.default_rng(3)
+    k, n = 128, 96
+    gains = np.ones(k, np.float32)
+    gains[[5, 40, 77]] = 25.0  # outlier channels, as LLM and BERT activations have
+
+    def inputs(count: int) -> np.ndarray:
+        return (rng.normal(size=(count, 16, k)) * gains).astype(np.float32)
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], name="ln", axis=-1),
+            helper.make_node("MatMul", ["h", "w"], ["y"], name="proj"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 16, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 16, n])],
+        [
+            numpy_helper.from_array(gains, "gamma"),  # LayerNorm's scale carries the outliers, as in BERT
+            numpy_helper.from_array(np.zeros(k, np.float32), "beta"),
+            numpy_helper.from_array(rng.normal(0, 0.1, (k, n)).astype(np.float32), "w"),
+        ],
+    )
+    model = tmp_path / "outliers.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
+    data = tmp_path / "calib"
+    data.mkdir()
+    for i, sample_x in enumerate(inputs(16)):
+        np.save(data / f"{i}.npy", sample_x[None])
+    feeds = [{"x": x[None]} for x in inputs(16)]
+    config = NBITS.replace("block_size: 16", "block_size: 32") % ("int4", "matmul_nbits", "%s")
+    scores = {}
+    for name, extra in (("nearest", ""), ("awq", ", algorithms: {awq: true}")):
+        out, result = _quantize(tmp_path, model, data, config % extra, name)
+        scores[name] = _sqnr(model, out, feeds)
+    assert result.rewrite.algorithms == {"proj": ["awq"]}
+    written = onnx.load(out)
+    assert [n.op_type for n in written.graph.node] == ["LayerNormalization", "MatMulNBits"]  # 1/s went into the LN
+    assert scores["awq"] > scores["nearest"] + 2.0, scores

@@ -264,6 +264,8 @@ def _tensor(role: str) -> st.SearchStrategy[dict[str, Any]]:
         "axis": st.sampled_from([None, 0, 1, -1]) | scalars,
         "saturation": st.sampled_from(schema.SATURATION_GUARDS) | scalars,
         "final_layer_int8": st.booleans() | scalars,
+        "format": st.sampled_from(["qdq", "matmul_nbits"]) | scalars,
+        "accuracy_level": st.integers(-1, 5) | scalars,
         "observer": _observers(),
     }
     model = schema.WeightSettings if role == "weight" else schema.ActivationSettings

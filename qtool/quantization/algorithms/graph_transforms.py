@@ -1,4 +1,4 @@
-"""The algorithms that rewrite the float model before calibration: equalization, then SmoothQuant.
+"""The algorithms that rewrite the float model before calibration: equalization, SmoothQuant, then AWQ.
 
 They run in ``calibrate`` and in ``quantize`` alike, so that statistics always describe the
 model that gets quantized. Equalization depends on the weights only; the statistics file records
@@ -13,11 +13,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+from onnx import helper
 
 from qtool.config import QConfig
+from qtool.errors import QtoolError
 from qtool.graph.weights import Weights
+from qtool.quantization.algorithms.awq import awq_scales
 from qtool.quantization.algorithms.equalization import EqualizationReport, equalize
 from qtool.quantization.algorithms.smoothing import SmoothingReport, channel_absmax, smooth
+from qtool.quantization.matmul_nbits import NBitsScheme
+from qtool.quantization.plan import build_plan
+from qtool.quantization.qparams import quant_type
 from qtool.quantization.roles import HANDLERS, GraphIndex
 
 
@@ -82,3 +88,133 @@ def apply_equalization(
     if not chosen:
         return model, EqualizationReport((), (), (), 0)
     return equalize(model, store, frozenset(chosen))
+
+
+AWQ_MAX_K = 4096  # a [K, K] second moment per input tensor: 128 MiB at K = 4096
+AWQ_MAX_ROWS = 32768  # calibration rows (tokens) per tensor: enough for a K x K moment, bounded cost
+AWQ_BUDGET_BYTES = 1 << 30  # all second moments together
+
+
+@dataclass
+class InputMoments:
+    """A float-pass tap: mean |x| and ``E[x x^T]`` over the last axis of the tensors AWQ scales."""
+
+    names: list[str]
+    mean_abs: dict[str, np.ndarray] = field(default_factory=dict)
+    second: dict[str, np.ndarray] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tensors(self) -> list[str]:
+        return self.names
+
+    def observe(self, values: dict[str, np.ndarray], count: int, feed: dict[str, np.ndarray]) -> None:
+        for name, value in values.items():
+            seen = self.rows.get(name, 0)
+            if seen >= AWQ_MAX_ROWS or value.ndim == 0:
+                continue
+            rows = value.reshape(-1, value.shape[-1]).astype(np.float64)[: AWQ_MAX_ROWS - seen]
+            if name not in self.second:
+                self.mean_abs[name] = np.zeros(rows.shape[1])
+                self.second[name] = np.zeros((rows.shape[1], rows.shape[1]))
+            self.mean_abs[name] += np.abs(rows).sum(axis=0)
+            self.second[name] += rows.T @ rows
+            self.rows[name] = seen + rows.shape[0]
+
+    def moments(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(mean |x| [K], E[x x^T] [K, K]) of ``name`` (None: never observed)."""
+        n = self.rows.get(name, 0)
+        return (self.mean_abs[name] / n, self.second[name] / n) if n else None
+
+
+@dataclass(frozen=True)
+class AwqReader:
+    """A weight-only MatMul/Gemm AWQ may scale: its activation, weight as [K, N] and quantization grid."""
+
+    node: str
+    tensor: str
+    weight: np.ndarray  # float [K, N]
+    bits: int
+    block_size: int | None  # None: one scale per output column (a block spanning K)
+    symmetric: bool
+
+
+def awq_readers(model: onnx.ModelProto, store: Weights, config: QConfig) -> tuple[list[AwqReader], dict[str, str]]:
+    """The nodes whose config turns AWQ on and that run weight-only, and why the others cannot be scaled."""
+    plan = build_plan(model, config)
+    nodes = {n.name: n for n in model.graph.node}
+    inits = {i.name: i for i in model.graph.initializer}
+    readers: list[AwqReader] = []
+    skipped: dict[str, str] = {}
+    for p in plan.nodes:
+        if not p.scheme.algorithms.awq:
+            continue
+        node = nodes[p.name]
+        if p.placement != "weight_only" or p.scheme.weight.fp16 or p.weight is None:
+            skipped[p.name] = "awq: applies to weight-only 4/2/8-bit weights (float activations)"
+            continue
+        if p.op_type not in ("MatMul", "Gemm") or node.input[1] != p.weight.name:
+            skipped[p.name] = "awq: applies to MatMul/Gemm with a constant second input"
+            continue
+        values = store.value(inits[p.weight.name])
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if values.ndim != 2 or attrs.get("transA", 0):
+            skipped[p.name] = "awq: needs a 2-D weight read without transA"
+            continue
+        matrix = values.T if attrs.get("transB", 0) else values
+        if matrix.shape[0] > AWQ_MAX_K:
+            skipped[p.name] = f"awq: K = {matrix.shape[0]} is over {AWQ_MAX_K}"
+            continue
+        block = p.weight.block_size if p.weight.axis == (1 if attrs.get("transB", 0) else 0) else None
+        bits = quant_type(p.scheme.weight.dtype).bits
+        readers.append(AwqReader(p.name, node.input[0], matrix, bits, block, p.scheme.weight.symmetric))
+    return readers, skipped
+
+
+def choose_awq_scales(
+    readers: list[AwqReader], moments: InputMoments
+) -> tuple[dict[str, tuple[np.ndarray, float]], dict[str, str]]:
+    """AWQ's scales per activation tensor, shared by its readers (weights concatenated along N)."""
+    groups: dict[str, list[AwqReader]] = {}
+    for reader in readers:
+        groups.setdefault(reader.tensor, []).append(reader)
+    chosen: dict[str, tuple[np.ndarray, float]] = {}
+    skipped: dict[str, str] = {}
+    budget = AWQ_BUDGET_BYTES
+    for tensor, group in groups.items():
+        observed = moments.moments(tensor)
+        k = group[0].weight.shape[0]
+        if observed is None or observed[0].shape != (k,):
+            skipped[tensor] = "awq: its activation was not observed"
+            continue
+        budget -= k * k * 8
+        if budget < 0:
+            skipped[tensor] = "awq: past the 1 GiB of second moments"
+            continue
+        mean_abs, second = observed
+        # Rows whose Gram matrix is the second moment stand in for the samples: the loss is the same.
+        jitter = 1e-6 * max(float(np.trace(second)) / k, 1e-30)
+        try:
+            factor = np.linalg.cholesky(second + jitter * np.eye(k))
+        except np.linalg.LinAlgError:
+            skipped[tensor] = "awq: the activation's second moment is not positive definite"
+            continue
+        first = group[0]
+        block = first.block_size or max(16, 1 << (k - 1).bit_length())
+        try:
+            scheme = NBitsScheme(first.bits, block, first.symmetric)
+        except QtoolError as e:
+            skipped[tensor] = f"awq: {e.message}"
+            continue
+        weight = np.concatenate([r.weight for r in group], axis=1)
+        result = awq_scales(weight, mean_abs, factor.T.astype(np.float32), scheme)
+        chosen[tensor] = (result.scales, result.alpha)
+    return chosen, skipped
+
+
+def apply_awq(
+    model: onnx.ModelProto, store: Weights, readers: list[AwqReader], scales: dict[str, tuple[np.ndarray, float]]
+) -> tuple[onnx.ModelProto, SmoothingReport]:
+    """``model`` with AWQ's scales moved into the readers' weights (``1/s`` folded into the producer or a Mul)."""
+    maxima = {tensor: np.ones_like(s) for tensor, (s, _) in scales.items()}  # shapes only: the scales are given
+    return smooth(model, store, maxima, frozenset(r.node for r in readers), scales=scales)

@@ -140,6 +140,7 @@ def smooth(
     *,
     alpha: float | Callable[[str], float] = DEFAULT_ALPHA,
     min_outlier_ratio: float = DEFAULT_MIN_OUTLIER_RATIO,
+    scales: dict[str, tuple[np.ndarray, float]] | None = None,
 ) -> tuple[onnx.ModelProto, SmoothingReport]:
     """Smooth the activations read by the selected MatMul/Gemm nodes of ``model``.
 
@@ -152,6 +153,9 @@ def smooth(
         alpha: migration strength in [0, 1], or a function of the node name; a group of readers
             of one tensor uses the alpha of its first reader in graph order.
         min_outlier_ratio: smooth only tensors whose :func:`outlier_ratio` reaches this.
+        scales: per tensor, the scales ``s`` (and the alpha that chose them) to apply as they are,
+            instead of SmoothQuant's (AWQ chooses its own: :mod:`qtool.quantization.algorithms.awq`);
+            tensors without an entry are left alone.
 
     Returns:
         The smoothed model and a report of the groups smoothed and the tensors skipped.
@@ -163,7 +167,7 @@ def smooth(
     alpha_of = alpha if callable(alpha) else (lambda _name: alpha)
     smoothed = onnx.ModelProto()
     smoothed.CopyFrom(model)
-    return _Smoother(smoothed, store).run(act_absmax, selected, alpha_of, min_outlier_ratio)
+    return _Smoother(smoothed, store, scales).run(act_absmax, selected, alpha_of, min_outlier_ratio)
 
 
 def _check_alpha(alpha: float, where: str) -> None:
@@ -196,8 +200,11 @@ class _Edit:
 class _Smoother:
     """The transform over one model copy: each group reads the weights as earlier groups left them."""
 
-    def __init__(self, model: onnx.ModelProto, store: Weights) -> None:
+    def __init__(
+        self, model: onnx.ModelProto, store: Weights, fixed: dict[str, tuple[np.ndarray, float]] | None = None
+    ) -> None:
         self.model, self.store = model, store
+        self.fixed = fixed  # scales chosen elsewhere (AWQ), applied as they are
         self.graph = model.graph
         self.g = GraphIndex(model)
         self.producer = {out: i for i, node in enumerate(self.g.nodes) for out in node.output if out}
@@ -285,13 +292,19 @@ class _Smoother:
                 node, k = _name(self.g.nodes[reader.index]), weight.shape[reader.axis]
                 return f"statistics of shape {a.shape} do not fit node '{node}', which reduces over {k} channels"
         ratio = outlier_ratio(a)
-        if not ratio >= min_ratio:
-            return f"outlier ratio max/median {ratio:.2f} is below {min_ratio:g}: no outliers to move"
         names = tuple(_name(self.g.nodes[r.index]) for r in readers)
-        alpha = float(alpha_of(names[0]))
-        _check_alpha(alpha, f"node '{names[0]}'")
-        w = np.max([_absmax_along(v, r.axis) for r, v in zip(readers, weights, strict=True)], axis=0)
-        s = smoothing_scales(a, w, alpha)
+        if self.fixed is not None:
+            if tensor not in self.fixed:
+                return "no scales chosen for it"
+            chosen, alpha = self.fixed[tensor]
+            s = np.asarray(chosen, np.float64)
+        else:
+            if not ratio >= min_ratio:
+                return f"outlier ratio max/median {ratio:.2f} is below {min_ratio:g}: no outliers to move"
+            alpha = float(alpha_of(names[0]))
+            _check_alpha(alpha, f"node '{names[0]}'")
+            w = np.max([_absmax_along(v, r.axis) for r, v in zip(readers, weights, strict=True)], axis=0)
+            s = smoothing_scales(a, w, alpha)
         if np.all(s == 1.0):
             return "every channel's scale is 1"
         # Reader weights sharing one initializer get one rescaled copy.
