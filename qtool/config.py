@@ -91,7 +91,7 @@ class NodeScheme:
     rule: str = "global"
     placement: str = "auto"  # integer kernels, storage-only compression, or decided per node
     algorithms: Algorithms = Algorithms()
-    mode: str = "static"  # "dynamic": integer MatMul/Gemm quantize their input at run time
+    mode: str = "static"  # "dynamic": integer MatMul/Gemm quantize their inputs at run time
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ and graph transformers (onnxruntime 1.2x-1.3x, CPU EP):
 * 16-bit activations have no integer kernels on CPU.
 * ``mode: dynamic`` MatMul/Gemm: DynamicQuantizeLinear + MatMulInteger + Cast + Mul (+ bias Add)
   -> DynamicQuantizeMatMul; where several read one input, it is quantized once and each runs
-  MatMulIntegerToFloat.
+  MatMulIntegerToFloat. A MatMul of two activations fuses the same way (its B quantized at run time).
 
 The benchmark checks these predictions against the optimized graphs
 onnxruntime writes (``bench/run.py`` prints the agreement).

@@ -289,10 +289,12 @@ def _dynamic_reason(node: onnx.NodeProto, weight: WeightPlan | None) -> str | No
 
     onnxruntime fuses DynamicQuantizeLinear + MatMulInteger (+ Cast, Mul, bias Add) into one
     DynamicQuantizeMatMul; it has no such fusion for convolutions, whose ConvInteger is slower
-    than the static QLinearConv.
+    than the static QLinearConv. A MatMul of two activations quantizes both at run time.
     """
     if node.op_type not in ("MatMul", "Gemm"):
         return f"mode: dynamic applies to MatMul and Gemm, not {node.op_type}"
+    if weight is None and node.op_type == "MatMul":
+        return None  # two activations (attention scores): both quantized at run time
     if weight is None or node.input[1] != weight.name:
         return "mode: dynamic needs a constant weight as the second input"
     if weight.block_size is not None:

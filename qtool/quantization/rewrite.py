@@ -422,6 +422,8 @@ class _Rewriter:
                     self.replacements[plan_node.name] = self.forms.dynamic_matmul(
                         self.nodes[plan_node.name], weight_qp, self.gemm_trans_b(plan_node)
                     )
+            elif plan_node.placement == "dynamic":  # two activations, both quantized at run time
+                self.replacements[plan_node.name] = self.forms.dynamic_matmul(self.nodes[plan_node.name], None, False)
             self.report.quantized_nodes.append(plan_node.name)
         self.report.passthrough = passthrough_ops(self.model, self.plan)
         copies = Counter(weight for weight, _ in self.copies)

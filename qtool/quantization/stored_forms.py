@@ -134,10 +134,11 @@ class StoredForms:
             helper.make_node("Mul", [as_float, scale_name], [output], name=self.names.new(f"{name}/Mul"))
         )
 
-    def dynamic_matmul(self, node: onnx.NodeProto, qp: QParams, trans_b: bool) -> list[onnx.NodeProto]:
+    def dynamic_matmul(self, node: onnx.NodeProto, qp: QParams | None, trans_b: bool) -> list[onnx.NodeProto]:
         """The nodes that compute MatMul/Gemm ``node`` with its input quantized at run time.
 
-        ``node`` reads its stored integer weight (quantized with ``qp``) as input 1. The pattern is
+        ``node`` reads its stored integer weight (quantized with ``qp``) as input 1; without ``qp``
+        input 1 is an activation, quantized at run time too (MatMulInteger, unfused). The pattern is
         onnxruntime's own ``quantize_dynamic`` form, which its optimizer fuses (bias Add included) into
         one DynamicQuantizeMatMul: DynamicQuantizeLinear(x) -> MatMulInteger -> Cast -> Mul by the
         product of the input's and the weight's scales. A narrow or transposed weight is widened and
@@ -145,6 +146,11 @@ class StoredForms:
         """
         base = node.name
         x, codes, out = node.input[0], node.input[1], node.output[0]
+        built: list[onnx.NodeProto] = []
+        if qp is None:
+            bq, scale, zero = self._run_time_quantized(codes, base, built)
+            xq, xs, xz = self._run_time_quantized(x, base, built)
+            return [*built, *self._integer_product(base, xq, xs, xz, bq, scale, zero, out, None)]
         wide = quant_type("int8" if qp.qtype.signed else "uint8")
         if qp.qtype.bits < 8:
             widened = self.names.new(f"{codes}/widened")
@@ -164,30 +170,54 @@ class StoredForms:
         zero = self.names.new(f"{base}/weight_zero_point")
         self.graph.initializer.append(numpy_helper.from_array(qp.scale.astype(np.float32).reshape(-1), scale))
         self.graph.initializer.append(to_tensor_proto(zeros[:1].reshape(()) if one_zero else zeros, wide, zero))
-        first = x not in self.dynamic_inputs
-        if first:
+        xq, xs, xz = self._run_time_quantized(x, base, built)
+        bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] != "" else None
+        return [*built, *self._integer_product(base, xq, xs, xz, codes, scale, zero, out, bias)]
+
+    def _run_time_quantized(self, tensor: str, base: str, built: list[onnx.NodeProto]) -> tuple[str, str, str]:
+        """The uint8 values, scale and zero point of ``tensor`` quantized at run time.
+
+        A tensor several dynamic nodes read is quantized once, by the first of them in graph order
+        (its DynamicQuantizeLinear joins ``built``).
+        """
+        if tensor not in self.dynamic_inputs:
             parts = ("quantized", "scale", "zero_point")
-            self.dynamic_inputs[x] = tuple(self.names.new(f"{x}/{part}") for part in parts)
-        xq, xs, xz = self.dynamic_inputs[x]
+            self.dynamic_inputs[tensor] = tuple(self.names.new(f"{tensor}/{part}") for part in parts)
+            name = self.names.new(f"{base}/DynamicQuantize")
+            built.append(
+                helper.make_node("DynamicQuantizeLinear", [tensor], list(self.dynamic_inputs[tensor]), name=name)
+            )
+        q, s, z = self.dynamic_inputs[tensor]
+        return q, s, z
+
+    def _integer_product(
+        self,
+        base: str,
+        aq: str,
+        a_scale: str,
+        a_zero: str,
+        bq: str,
+        b_scale: str,
+        b_zero: str,
+        out: str,
+        bias: str | None,
+    ) -> list[onnx.NodeProto]:
+        """MatMulInteger -> Cast -> Mul by both scales (-> bias Add) writing ``out``."""
         scales, product, as_float = (self.names.new(f"{base}/{part}") for part in ("scales", "integers", "as_float"))
-        has_bias = node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] != ""
-        scaled = self.names.new(f"{base}/scaled") if has_bias else out
-
-        def make(op: str, inputs: list[str], outputs: list[str], part: str, **attrs: int) -> onnx.NodeProto:
-            made = helper.make_node(op, inputs, outputs, name=self.names.new(f"{base}/{part}"))
-            made.attribute.extend(helper.make_attribute(key, value) for key, value in attrs.items())
-            return made
-
-        # An input several dynamic nodes read is quantized once, by the first of them (in graph order).
-        built = [make("DynamicQuantizeLinear", [x], [xq, xs, xz], "DynamicQuantize")] if first else []
-        built += [
-            make("Mul", [xs, scale], [scales], "ScaleMul"),
-            make("MatMulInteger", [xq, codes, xz, zero], [product], "MatMulInteger"),
-            make("Cast", [product], [as_float], "Cast", to=TensorProto.FLOAT),
-            make("Mul", [as_float, scales], [scaled], "Rescale"),
+        scaled = self.names.new(f"{base}/scaled") if bias else out
+        cast = helper.make_node(
+            "Cast", [product], [as_float], name=self.names.new(f"{base}/Cast"), to=TensorProto.FLOAT
+        )
+        built = [
+            helper.make_node("Mul", [a_scale, b_scale], [scales], name=self.names.new(f"{base}/ScaleMul")),
+            helper.make_node(
+                "MatMulInteger", [aq, bq, a_zero, b_zero], [product], name=self.names.new(f"{base}/MatMulInteger")
+            ),
+            cast,
+            helper.make_node("Mul", [as_float, scales], [scaled], name=self.names.new(f"{base}/Rescale")),
         ]
-        if has_bias:
-            built.append(make("Add", [scaled, node.input[2]], [out], "BiasAdd"))
+        if bias:
+            built.append(helper.make_node("Add", [scaled, bias], [out], name=self.names.new(f"{base}/BiasAdd")))
         return built
 
     def gathered(self, node: onnx.NodeProto, qp: QParams, rank: int) -> list[onnx.NodeProto]:

@@ -44,14 +44,14 @@ def test_dynamic_mode_runs_every_weighted_matmul_as_onnxruntimes_fused_dynamic_k
     out, result = _quantize(tmp_path, sample("transformer"), calib_dir("transformer"), DYNAMIC, "dynamic")
     weighted = [f"attn/{p}/matmul" for p in ("q", "k", "v", "out")] + ["ffn/up/matmul", "ffn/down/matmul"]
     assert set(weighted) <= set(result.rewrite.quantized_nodes)
-    assert result.placements["dynamic"] == len(weighted)
-    # No calibrated range is needed for their inputs: only the two activation MatMuls are static.
-    assert "ln1_out" not in result.rewrite.quantized_activations
+    # The attention scores and context multiply two activations: both are quantized at run time too.
+    assert result.placements == {"dynamic": len(weighted) + 2}
+    assert result.rewrite.quantized_activations == []  # nothing needed a calibrated range
     # Q, K and V read one input, quantized once: MatMulIntegerToFloat; the others fuse their own quantization.
-    assert result.kernels == {"DynamicQuantizeMatMul": 3, "MatMulIntegerToFloat": 3, "QLinearMatMul": 2}
+    assert result.kernels == {"DynamicQuantizeMatMul": 5, "MatMulIntegerToFloat": 3}
     ops = _optimized_ops(out, tmp_path)
-    assert ops.count("DynamicQuantizeMatMul") == 3 and ops.count("MatMulIntegerToFloat") == 3
-    assert ops.count("DynamicQuantizeLinear") == 1 and "MatMulInteger" not in ops
+    assert ops.count("DynamicQuantizeMatMul") == 5 and ops.count("MatMulIntegerToFloat") == 3
+    assert "MatMulInteger" not in ops and "MatMul" not in ops
     feeds = [{"input": np.load(p)[None]} for p in sorted(eval_dir("transformer").glob("*.npy"))[:16]]
     assert _sqnr(sample("transformer"), out, feeds) > 30
 
@@ -150,10 +150,9 @@ def test_configs_that_need_no_statistics_quantize_without_data(tmp_path):
     model = sample("transformer")
     config = tmp_path / "dynamic.yaml"
     out = tmp_path / "dynamic.onnx"
-    # The two activation MatMuls (attention scores, context) have no weight: kept float so nothing needs ranges.
-    config.write_text("global: {mode: dynamic, placement: integer}\nnode_name: {'re:attn/(scores|context)/.*': null}\n")
+    config.write_text(DYNAMIC)
     result = qtool.quantize(model, out, config_path=config, search=None, evaluation=None)
-    assert result.placements == {"dynamic": 6} and result.calibration_samples == 0
+    assert result.placements == {"dynamic": 8} and result.calibration_samples == 0
     feeds = [{"input": np.load(p)[None]} for p in sorted(eval_dir("transformer").glob("*.npy"))[:8]]
     assert _sqnr(model, out, feeds) > 30
 
