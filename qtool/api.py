@@ -211,6 +211,9 @@ def _input_collector(state: _Prepared, config: QConfig) -> NodeInputCollector | 
     for node in plan.nodes:
         if node.weight is None or not node.scheme.algorithms.need_inputs:
             continue
+        if node.placement == "lookup":
+            skipped[node.name] = "a table lookup has no inputs to weigh its rounding errors by"
+            continue
         shape = tuple(int(d) for d in inits[node.weight.name].dims)
         layout = node_input(nodes[node.name], node.weight.name, shape)
         if isinstance(layout, str):

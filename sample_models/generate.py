@@ -16,9 +16,16 @@ Each model is small but realistic:
 * ``transformer`` - one pre-LayerNorm encoder block (multi-head self-attention
   with MatMul / Softmax, and an Erf-GELU feed-forward network) whose weights are
   scaled like trained BERT-style layers, over embedding-like token sequences.
+* ``encoder`` - a two-layer BERT-style sentence encoder with int64 ``input_ids`` and
+  ``attention_mask``: word/position/type embeddings (Gather), post-LayerNorm with a
+  few outlier dimensions, BERT's additive attention mask, one layer written as
+  tf2onnx writes it (Einsum) and one as torch.onnx does (MatMul, a transposed weight,
+  a Gemm), and a masked mean-pooled sentence embedding (``pooled``). Its samples are
+  ``.npz`` files of Zipf-distributed token sequences of varying length.
 
 Calibration (``calib/``) and evaluation (``eval/``) sets are disjoint draws, one
-sample per ``.npy`` file without the batch dimension.
+sample per ``.npy`` file without the batch dimension (``.npz`` with a batch of one
+for the multi-input encoder).
 """
 
 from __future__ import annotations
@@ -326,10 +333,192 @@ def build_transformer(rng: np.random.Generator) -> None:
     _save(model, "transformer", x)
 
 
+# --------------------------------------------------------------------- encoder
+def _write_feeds(directory: Path, feeds: list[dict[str, np.ndarray]]) -> None:
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    for i, feed in enumerate(feeds):
+        np.savez(directory / f"sample_{i:04d}.npz", **feed)
+
+
+def build_encoder(rng: np.random.Generator) -> None:
+    """A two-layer BERT-style sentence encoder with int64 token inputs, written as exporters write them."""
+    vocab, seq, d, heads, ff = 3000, 32, 64, 4, 256
+    dh = d // heads
+    mk = helper.make_node
+
+    def dense(a: int, b: int) -> np.ndarray:
+        return (rng.standard_t(df=6, size=(a, b)) * 0.6 / np.sqrt(a)).astype(np.float32)
+
+    def vec(scale: float, centre: float = 0.0, size: int = d) -> np.ndarray:
+        return (centre + rng.normal(0, scale, size)).astype(np.float32)
+
+    def gamma() -> np.ndarray:
+        g = vec(0.1, 1.0)
+        g[[7, 41]] = [5.0, -4.0]  # the few outlier dimensions trained BERT LayerNorms have
+        return g
+
+    inits = [
+        _init("embeddings.word", (rng.normal(0, 0.05, (vocab, d)) * (1 + 3 * (np.arange(vocab) < 50))[:, None])
+              .astype(np.float32)),
+        _init("embeddings.position", rng.normal(0, 0.02, (seq, d)).astype(np.float32)),
+        _init("embeddings.type", rng.normal(0, 0.02, (2, d)).astype(np.float32)),
+        _init("position_ids", np.arange(seq, dtype=np.int64)),
+        _init("type_ids", np.zeros(seq, dtype=np.int64)),
+        _init("embeddings.ln.scale", gamma()), _init("embeddings.ln.bias", vec(0.05)),
+        _init("one", np.array(1.0, np.float32)), _init("neg_big", np.array(-10000.0, np.float32)),
+        _init("sqrt2", np.array(np.sqrt(2.0), np.float32)), _init("half", np.array(0.5, np.float32)),
+        _init("attn_scale", np.array(1.0 / np.sqrt(dh), np.float32)),
+        _init("mask_axes", np.array([1, 2], np.int64)), _init("last_axis", np.array([-1], np.int64)),
+        _init("seq_axis", np.array([1], np.int64)),
+        _init("heads_shape", np.array([0, seq, heads, dh], np.int64)),
+        _init("tokens_shape", np.array([-1, seq, d], np.int64)),
+        _init("flat_shape", np.array([-1, d], np.int64)),
+    ]
+    nodes = [
+        mk("Gather", ["embeddings.word", "input_ids"], ["word_emb"], name="embeddings/word"),
+        mk("Gather", ["embeddings.position", "position_ids"], ["pos_emb"], name="embeddings/position"),
+        mk("Gather", ["embeddings.type", "type_ids"], ["type_emb"], name="embeddings/type"),
+        mk("Add", ["word_emb", "pos_emb"], ["emb_sum1"], name="embeddings/add_position"),
+        mk("Add", ["emb_sum1", "type_emb"], ["emb_sum"], name="embeddings/add_type"),
+        mk("LayerNormalization", ["emb_sum", "embeddings.ln.scale", "embeddings.ln.bias"], ["hidden0"],
+           name="embeddings/ln", axis=-1, epsilon=1e-12),
+        # BERT's additive mask: (1 - mask) * -10000, broadcast over heads and query positions.
+        mk("Cast", ["attention_mask"], ["mask_f"], name="mask/cast", to=TensorProto.FLOAT),
+        mk("Sub", ["one", "mask_f"], ["mask_inv"], name="mask/invert"),
+        mk("Mul", ["mask_inv", "neg_big"], ["mask_add"], name="mask/scale"),
+        mk("Unsqueeze", ["mask_add", "mask_axes"], ["mask_bias"], name="mask/unsqueeze"),  # [b, 1, 1, s]
+    ]
+
+    def ffn(layer: int, x: str) -> list[onnx.NodeProto]:
+        p = f"layer{layer}"
+        inits.extend([
+            _init(f"{p}.ffn.up.weight", dense(d, ff)), _init(f"{p}.ffn.up.bias", vec(0.02, size=ff)),
+            _init(f"{p}.ffn.down.weight", dense(ff, d)), _init(f"{p}.ffn.down.bias", vec(0.02)),
+            _init(f"{p}.ln2.scale", gamma()), _init(f"{p}.ln2.bias", vec(0.05)),
+        ])
+        return [
+            mk("MatMul", [x, f"{p}.ffn.up.weight"], [f"{p}/up_mm"], name=f"{p}/ffn/up/matmul"),
+            mk("Add", [f"{p}/up_mm", f"{p}.ffn.up.bias"], [f"{p}/up"], name=f"{p}/ffn/up/add"),
+            mk("Div", [f"{p}/up", "sqrt2"], [f"{p}/gelu_div"], name=f"{p}/ffn/gelu/div"),
+            mk("Erf", [f"{p}/gelu_div"], [f"{p}/gelu_erf"], name=f"{p}/ffn/gelu/erf"),
+            mk("Add", [f"{p}/gelu_erf", "one"], [f"{p}/gelu_add"], name=f"{p}/ffn/gelu/add"),
+            mk("Mul", [f"{p}/up", f"{p}/gelu_add"], [f"{p}/gelu_mul"], name=f"{p}/ffn/gelu/mul"),
+            mk("Mul", [f"{p}/gelu_mul", "half"], [f"{p}/gelu"], name=f"{p}/ffn/gelu/half"),
+            mk("MatMul", [f"{p}/gelu", f"{p}.ffn.down.weight"], [f"{p}/down_mm"], name=f"{p}/ffn/down/matmul"),
+            mk("Add", [f"{p}/down_mm", f"{p}.ffn.down.bias"], [f"{p}/down"], name=f"{p}/ffn/down/add"),
+            mk("Add", [x, f"{p}/down"], [f"{p}/ffn_res"], name=f"{p}/ffn/residual"),
+            mk("LayerNormalization", [f"{p}/ffn_res", f"{p}.ln2.scale", f"{p}.ln2.bias"], [f"hidden{layer + 1}"],
+               name=f"{p}/ln2", axis=-1, epsilon=1e-12),
+        ]
+
+    # Layer 0 as tf2onnx writes it: Einsum projections with [d, heads, dh] weights, Einsum attention.
+    p = "layer0"
+    for proj in ("q", "k", "v"):
+        inits += [_init(f"{p}.{proj}.weight", dense(d, d).reshape(d, heads, dh)),
+                  _init(f"{p}.{proj}.bias", vec(0.02).reshape(heads, dh))]
+        nodes += [
+            mk("Einsum", ["hidden0", f"{p}.{proj}.weight"], [f"{p}/{proj}_e"], name=f"{p}/attn/{proj}/einsum",
+               equation="bsd,dhk->bshk"),
+            mk("Add", [f"{p}/{proj}_e", f"{p}.{proj}.bias"], [f"{p}/{proj}"], name=f"{p}/attn/{proj}/add"),
+        ]
+    inits += [_init(f"{p}.out.weight", dense(d, d).reshape(heads, dh, d)), _init(f"{p}.out.bias", vec(0.02)),
+              _init(f"{p}.ln1.scale", gamma()), _init(f"{p}.ln1.bias", vec(0.05))]
+    nodes += [
+        mk("Einsum", [f"{p}/q", f"{p}/k"], [f"{p}/scores"], name=f"{p}/attn/scores/einsum", equation="bqhk,bshk->bhqs"),
+        mk("Mul", [f"{p}/scores", "attn_scale"], [f"{p}/scores_scaled"], name=f"{p}/attn/scores/scale"),
+        mk("Add", [f"{p}/scores_scaled", "mask_bias"], [f"{p}/scores_masked"], name=f"{p}/attn/scores/mask"),
+        mk("Softmax", [f"{p}/scores_masked"], [f"{p}/probs"], name=f"{p}/attn/softmax", axis=-1),
+        mk("Einsum", [f"{p}/probs", f"{p}/v"], [f"{p}/context"], name=f"{p}/attn/context/einsum",
+           equation="bhqs,bshk->bqhk"),
+        mk("Einsum", [f"{p}/context", f"{p}.out.weight"], [f"{p}/attn_e"], name=f"{p}/attn/out/einsum",
+           equation="bqhk,hkd->bqd"),
+        mk("Add", [f"{p}/attn_e", f"{p}.out.bias"], [f"{p}/attn"], name=f"{p}/attn/out/add"),
+        mk("Add", ["hidden0", f"{p}/attn"], [f"{p}/attn_res"], name=f"{p}/attn/residual"),
+        mk("LayerNormalization", [f"{p}/attn_res", f"{p}.ln1.scale", f"{p}.ln1.bias"], [f"{p}/attn_ln"],
+           name=f"{p}/ln1", axis=-1, epsilon=1e-12),
+    ]
+    nodes += ffn(0, f"{p}/attn_ln")
+
+    # Layer 1 as torch.onnx writes it: MatMul + Add, Reshape/Transpose to heads, batched MatMul; the
+    # key weight stored [out, in] behind a Transpose, the output projection a Gemm on flattened tokens.
+    p = "layer1"
+    for proj in ("q", "k", "v"):
+        weight = dense(d, d)
+        stored = f"{p}.{proj}.weight" + (".t" if proj == "k" else "")
+        inits += [_init(stored, weight.T.copy() if proj == "k" else weight), _init(f"{p}.{proj}.bias", vec(0.02))]
+        read = stored
+        if proj == "k":
+            nodes.append(mk("Transpose", [stored], [f"{p}/k_weight"], name=f"{p}/attn/k/weight_t", perm=[1, 0]))
+            read = f"{p}/k_weight"
+        nodes += [
+            mk("MatMul", ["hidden1", read], [f"{p}/{proj}_mm"], name=f"{p}/attn/{proj}/matmul"),
+            mk("Add", [f"{p}/{proj}_mm", f"{p}.{proj}.bias"], [f"{p}/{proj}_b"], name=f"{p}/attn/{proj}/add"),
+            mk("Reshape", [f"{p}/{proj}_b", "heads_shape"], [f"{p}/{proj}_h"], name=f"{p}/attn/{proj}/reshape"),
+        ]
+    inits += [_init(f"{p}.out.weight", dense(d, d).T.copy()), _init(f"{p}.out.bias", vec(0.02)),
+              _init(f"{p}.ln1.scale", gamma()), _init(f"{p}.ln1.bias", vec(0.05))]
+    nodes += [
+        mk("Transpose", [f"{p}/q_h"], [f"{p}/q_t"], name=f"{p}/attn/q/transpose", perm=[0, 2, 1, 3]),
+        mk("Transpose", [f"{p}/k_h"], [f"{p}/k_t"], name=f"{p}/attn/k/transpose", perm=[0, 2, 3, 1]),
+        mk("Transpose", [f"{p}/v_h"], [f"{p}/v_t"], name=f"{p}/attn/v/transpose", perm=[0, 2, 1, 3]),
+        mk("MatMul", [f"{p}/q_t", f"{p}/k_t"], [f"{p}/scores"], name=f"{p}/attn/scores/matmul"),
+        mk("Mul", [f"{p}/scores", "attn_scale"], [f"{p}/scores_scaled"], name=f"{p}/attn/scores/scale"),
+        mk("Add", [f"{p}/scores_scaled", "mask_bias"], [f"{p}/scores_masked"], name=f"{p}/attn/scores/mask"),
+        mk("Softmax", [f"{p}/scores_masked"], [f"{p}/probs"], name=f"{p}/attn/softmax", axis=-1),
+        mk("MatMul", [f"{p}/probs", f"{p}/v_t"], [f"{p}/context"], name=f"{p}/attn/context/matmul"),
+        mk("Transpose", [f"{p}/context"], [f"{p}/context_t"], name=f"{p}/attn/context/transpose", perm=[0, 2, 1, 3]),
+        mk("Reshape", [f"{p}/context_t", "flat_shape"], [f"{p}/context_flat"], name=f"{p}/attn/context/flatten"),
+        mk("Gemm", [f"{p}/context_flat", f"{p}.out.weight", f"{p}.out.bias"], [f"{p}/attn_flat"],
+           name=f"{p}/attn/out/gemm", transB=1),
+        mk("Reshape", [f"{p}/attn_flat", "tokens_shape"], [f"{p}/attn"], name=f"{p}/attn/out/reshape"),
+        mk("Add", ["hidden1", f"{p}/attn"], [f"{p}/attn_res"], name=f"{p}/attn/residual"),
+        mk("LayerNormalization", [f"{p}/attn_res", f"{p}.ln1.scale", f"{p}.ln1.bias"], [f"{p}/attn_ln"],
+           name=f"{p}/ln1", axis=-1, epsilon=1e-12),
+    ]
+    nodes += ffn(1, f"{p}/attn_ln")
+    # The sentence embedding: the mean of the hidden states over the real (unmasked) tokens.
+    nodes += [
+        mk("Identity", ["hidden2"], ["last_hidden_state"], name="output/hidden"),
+        mk("Unsqueeze", ["mask_f", "last_axis"], ["mask_col"], name="pool/mask"),
+        mk("Mul", ["hidden2", "mask_col"], ["masked_hidden"], name="pool/apply_mask"),
+        mk("ReduceSum", ["masked_hidden", "seq_axis"], ["hidden_sum"], name="pool/sum", keepdims=0),
+        mk("ReduceSum", ["mask_col", "seq_axis"], ["token_count"], name="pool/count", keepdims=0),
+        mk("Div", ["hidden_sum", "token_count"], ["pooled"], name="pool/mean"),
+    ]
+    graph = helper.make_graph(
+        nodes, "sample_bert_encoder",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", seq]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", seq])],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", seq, d]),
+         helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", d])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model.producer_name, model.producer_version = "qtool-sample-models", "1"
+    onnx.checker.check_model(model, full_check=True)
+    # Sentences: Zipf-distributed token ids (as text is), [CLS]=1 ... [SEP]=2, padded with 0.
+    feeds = []
+    for _ in range(N_CALIB + N_EVAL):
+        length = int(rng.integers(8, seq + 1))
+        ids = np.zeros(seq, np.int64)
+        ids[:length] = np.minimum(rng.zipf(1.3, length) + 2, vocab - 1)
+        ids[0], ids[length - 1] = 1, 2
+        mask = (np.arange(seq) < length).astype(np.int64)
+        feeds.append({"input_ids": ids[None], "attention_mask": mask[None]})
+    out = ROOT / "encoder"
+    out.mkdir(exist_ok=True)
+    onnx.save(model, out / "model.onnx")
+    _write_feeds(out / "calib", feeds[:N_CALIB])
+    _write_feeds(out / "eval", feeds[N_CALIB:])
+
+
 def main() -> None:
     build_cnn(np.random.default_rng(2026))
     build_mlp(np.random.default_rng(2027))
     build_transformer(np.random.default_rng(2028))
+    build_encoder(np.random.default_rng(2029))
 
 
 if __name__ == "__main__":

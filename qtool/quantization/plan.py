@@ -241,9 +241,15 @@ def _nbits_fallback(node: onnx.NodeProto, weight: WeightPlan, scheme: NodeScheme
     Raises:
         QtoolError: a MatMul weight the op cannot hold (not blocks along K, or an unsupported layout).
     """
-    if node.op_type != "MatMul" or node.input[1] != weight.name or g.rank(weight.name) != 2:
-        return "MatMulNBits holds MatMul weights [K, N] only: written as QDQ"
-    if weight.block_size is None or weight.axis != 0:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type not in ("MatMul", "Gemm") or node.input[1] != weight.name or g.rank(weight.name) != 2:
+        return "MatMulNBits holds 2-D MatMul/Gemm weights only: written as QDQ"
+    if node.op_type == "Gemm" and (
+        attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1 or attrs.get("beta", 1.0) != 1
+    ):
+        return "MatMulNBits cannot hold a Gemm with transA, alpha or beta: written as QDQ"
+    reduction = 1 if node.op_type == "Gemm" and attrs.get("transB", 0) else 0
+    if weight.block_size is None or weight.axis != reduction:
         raise QtoolError(
             f"node {node.name}: weight.format matmul_nbits stores the weight in blocks along K",
             hint=f"set weight granularity: per_block with axis null (rule {scheme.rule})",

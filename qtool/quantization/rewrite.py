@@ -293,7 +293,8 @@ class _Rewriter:
             values = self.store.value(self.inits[use.weight])
             qp, codes = self._quantized_copy(use, values)
             onnx_node = self.nodes[node.name]
-            self.replacements[node.name] = [self.forms.matmul_nbits(onnx_node, codes, qp, node.scheme.weight)]
+            trans_b = self.gemm_trans_b(node)
+            self.replacements[node.name] = self.forms.matmul_nbits(onnx_node, codes, qp, node.scheme.weight, trans_b)
             if use.weight not in self.report.quantized_weights:
                 self.report.quantized_weights.append(use.weight)
             self.replaced.add(use.weight)

@@ -117,22 +117,71 @@ class StoredForms:
         self.prologue.append(
             helper.make_node("Cast", [source], [as_float], name=self.names.new(f"{name}/Cast"), to=TensorProto.FLOAT)
         )
-        length = shape[qp.axis] if qp.axis is not None else 0
-        scale = qp.expand(qp.scale, len(shape), length).astype(np.float32)
-        zero = qp.expand(qp.zero_point.astype(np.float32), len(shape), length).astype(np.float32)
-        if np.any(zero != 0):
-            zero_name = self.names.new(f"{name}/zero_point")
-            self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(zero), zero_name))
+        if np.any(qp.zero_point != 0):
+            zero_type = np.int8 if qp.qtype.signed else np.uint8  # stored as 8-bit integers, made float at load
+            zero_name = self._factor(name, "zero_point", qp.zero_point.astype(zero_type), qp, shape)
             centred = self.names.new(f"{name}/centred")
             self.prologue.append(
                 helper.make_node("Sub", [as_float, zero_name], [centred], name=self.names.new(f"{name}/Sub"))
             )
             as_float = centred
-        scale_name = self.names.new(f"{name}/scale")
-        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(scale), scale_name))
+        scale_name = self._factor(name, "scale", qp.scale.astype(np.float32), qp, shape)
         self.prologue.append(
             helper.make_node("Mul", [as_float, scale_name], [output], name=self.names.new(f"{name}/Mul"))
         )
+
+    def _factor(self, name: str, part: str, values: np.ndarray, qp: QParams, shape: tuple[int, ...]) -> str:
+        """``values`` (a scale or zero point of ``qp``) as a tensor that broadcasts against ``shape``.
+
+        Per tensor and per channel they are stored as they are. Per block they are stored one per
+        block and repeated along the block axis by Unsqueeze/Expand/Reshape(/Slice) on constants,
+        which onnxruntime folds at load: a stored copy of every value's scale would be as large as
+        the float weight.
+        """
+        stored = self.names.new(f"{name}/{part}")
+        if qp.axis is None or qp.block_size is None:
+            length = shape[qp.axis] if qp.axis is not None else 0
+            expanded = qp.expand(values.astype(np.float32), len(shape), length)
+            self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(expanded), stored))
+            return stored
+        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(values), stored))
+        axis, blocks = qp.axis, values.shape[qp.axis]
+        grown = [*values.shape[: axis + 1], qp.block_size, *values.shape[axis + 1 :]]
+        flat = [*values.shape[:axis], blocks * qp.block_size, *values.shape[axis + 1 :]]
+        consts = {
+            "axes": np.array([axis + 1], np.int64),
+            "grown": np.array(grown, np.int64),
+            "flat": np.array(flat, np.int64),
+        }
+        names = {}
+        for key, const in consts.items():
+            names[key] = self.names.new(f"{name}/{part}_{key}")
+            self.graph.initializer.append(numpy_helper.from_array(const, names[key]))
+        current = stored
+        for op, operand in (("Unsqueeze", names["axes"]), ("Expand", names["grown"]), ("Reshape", names["flat"])):
+            produced = self.names.new(f"{name}/{part}_{op.lower()}")
+            node_name = self.names.new(f"{name}/{part}_{op}")
+            self.prologue.append(helper.make_node(op, [current, operand], [produced], name=node_name))
+            current = produced
+        if blocks * qp.block_size != shape[axis]:  # the last block is partial: cut the repeat to the length
+            bounds = [np.array([v], np.int64) for v in (0, shape[axis], axis)]
+            bound_names = []
+            for key, const in zip(("start", "end", "axis"), bounds, strict=True):
+                bound_names.append(self.names.new(f"{name}/{part}_{key}"))
+                self.graph.initializer.append(numpy_helper.from_array(const, bound_names[-1]))
+            sliced = self.names.new(f"{name}/{part}_slice")
+            self.prologue.append(
+                helper.make_node(
+                    "Slice", [current, *bound_names], [sliced], name=self.names.new(f"{name}/{part}_Slice")
+                )
+            )
+            current = sliced
+        if values.dtype != np.float32:
+            as_float = self.names.new(f"{name}/{part}_float")
+            cast = helper.make_node("Cast", [current], [as_float], name=self.names.new(f"{name}/{part}_Cast"), to=1)
+            self.prologue.append(cast)
+            current = as_float
+        return current
 
     def dynamic_matmul(self, node: onnx.NodeProto, qp: QParams | None, trans_b: bool) -> list[onnx.NodeProto]:
         """The nodes that compute MatMul/Gemm ``node`` with its input quantized at run time.
@@ -262,31 +311,37 @@ class StoredForms:
         built.append(helper.make_node("Mul", [as_float, scale], [out], name=self.names.new(f"{base}/Mul")))
         return built
 
-    def matmul_nbits(self, node: onnx.NodeProto, codes: np.ndarray, qp: QParams, spec: TensorScheme) -> onnx.NodeProto:
-        """Onnxruntime's MatMulNBits computing MatMul ``node`` from its weight's block-wise ``codes`` [K, N].
+    def matmul_nbits(
+        self, node: onnx.NodeProto, codes: np.ndarray, qp: QParams, spec: TensorScheme, trans_b: bool
+    ) -> list[onnx.NodeProto]:
+        """MatMulNBits (onnxruntime's; and a Gemm's bias Add) computing ``node`` from block-wise ``codes``.
 
-        ``qp`` holds one scale and zero point per block of K and column ([n_blocks, N]); signed codes
-        are shifted into the op's unsigned range, and a weight whose zero points all sit in the middle
-        of that range (symmetric) needs no zero-point input.
+        ``codes`` and ``qp`` are laid out as the weight is stored: [K, N] with one scale and zero point
+        per block of K and column ([n_blocks, N]), or [N, K] and [N, n_blocks] for a Gemm with
+        ``transB``. Signed codes are shifted into the op's unsigned range, and a weight whose zero
+        points all sit in the middle of that range (symmetric) needs no zero-point input.
         """
-        assert qp.block_size is not None  # the plan only sends block-wise MatMul weights here
+        assert qp.block_size is not None  # the plan only sends block-wise weights along K here
         bits = qp.qtype.bits
         offset = 0 if not qp.qtype.signed else 1 << (bits - 1)
-        zero = qp.zero_point.astype(np.int64) + offset
+        codes, scale, zero = codes.astype(np.int64), qp.scale.astype(np.float32), qp.zero_point.astype(np.int64)
+        if trans_b:
+            codes, scale, zero = codes.T, scale.T, zero.T
+        zero = zero + offset
         centred = bool(np.all(zero == 1 << (bits - 1)))
         packed = pack_codes(
-            codes.astype(np.int64) + offset,
-            qp.scale.astype(np.float32),
-            None if centred else zero,
-            bits,
-            qp.block_size,
-            accuracy_level=spec.accuracy_level,
+            codes + offset, scale, None if centred else zero, bits, qp.block_size, accuracy_level=spec.accuracy_level
         )
         prefix = self.names.new(f"{node.input[1]}/nbits")
-        built = make_matmul_nbits(packed, node.input[0], node.output[0], prefix=prefix, node_name=node.name)
+        bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] else None
+        product = self.names.new(f"{node.name}/product") if bias else node.output[0]
+        built = make_matmul_nbits(packed, node.input[0], product, prefix=prefix, node_name=node.name)
         self.graph.initializer.extend(built.initializers)
         self.contrib_ops = True
-        return built.node
+        if bias is None:
+            return [built.node]
+        add = helper.make_node("Add", [product, bias], [node.output[0]], name=self.names.new(f"{node.name}/BiasAdd"))
+        return [built.node, add]
 
     def fp16(self, name: str, values: np.ndarray, output: str) -> None:
         """Store ``values`` as float16 and make a Cast back to float write ``output``."""

@@ -251,9 +251,16 @@ def test_matmul_nbits_refuses_weights_it_cannot_hold_and_leaves_other_ops_as_qdq
     config.write_text((NBITS % ("int4", "matmul_nbits", "")).replace("block_size: 16", "block_size: 24"))
     with pytest.raises(QtoolError, match=r"block_size 24 is not a power of two"):
         qtool.quantize(sample("transformer"), tmp_path / "x.onnx", config_path=config, search=None, evaluation=None)
-    config.write_text(NBITS % ("int4", "matmul_nbits", ""))
-    result = qtool.quantize(sample("cnn"), tmp_path / "cnn.onnx", config_path=config, search=None, evaluation=None)
-    assert "MatMulNBits" not in result.kernels  # Conv and Gemm stay in the QDQ form
+    # The CNN's Conv layers stay in the QDQ form; its Gemm head (transB, bias) becomes MatMulNBits + Add.
+    outputs = {}
+    for form in ("qdq", "matmul_nbits"):
+        config.write_text((NBITS % ("int4", form, "")).replace("format:", "final_layer_int8: false, format:"))
+        out = tmp_path / f"cnn.{form}.onnx"
+        result = qtool.quantize(sample("cnn"), out, config_path=config, search=None, evaluation=None)
+        feeds = [{"input": np.load(p)[None]} for p in sorted(eval_dir("cnn").glob("*.npy"))[:4]]
+        outputs[form] = np.concatenate([run_model(out, f)[0].ravel() for f in feeds])
+    assert result.kernels == {"MatMulNBits": 1, "float Conv": 3}
+    np.testing.assert_allclose(outputs["matmul_nbits"], outputs["qdq"], rtol=1e-4, atol=1e-4)
 
 
 def test_awq_scales_outlier_channels_into_int4_weights_and_beats_rounding_to_nearest(tmp_path):
@@ -295,3 +302,81 @@ def test_awq_scales_outlier_channels_into_int4_weights_and_beats_rounding_to_nea
     written = onnx.load(out)
     assert [n.op_type for n in written.graph.node] == ["LayerNormalization", "MatMulNBits"]  # 1/s went into the LN
     assert scores["awq"] > scores["nearest"] + 2.0, scores
+
+
+def _encoder_feeds(directory: Path, limit: int = 16) -> list[dict[str, np.ndarray]]:
+    return [dict(np.load(path)) for path in sorted(directory.glob("*.npz"))[:limit]]
+
+
+def _pooled_sqnr(candidate: Path, feeds: list[dict[str, np.ndarray]]) -> float:
+    num = den = 0.0
+    for feed in feeds:
+        r, c = run_model(sample("encoder"), feed)[1], run_model(candidate, feed)[1]
+        num, den = num + float((r**2).sum()), den + float(((r - c) ** 2).sum())
+    return 10 * np.log10(num / den)
+
+
+def test_the_bert_style_encoder_is_quantized_in_every_weight_form_by_default(tmp_path):
+    out = tmp_path / "encoder.onnx"
+    result = qtool.quantize(sample("encoder"), out, data_dir=calib_dir("encoder"), evaluation=None)
+    # The tf2onnx-style layer's Einsum projections became MatMuls, the transposed key weight was folded.
+    assert len(result.prepare.einsums_as_matmuls) == 4 and result.prepare.folded_weight_layouts
+    assert {"embeddings/word", "embeddings/position", "embeddings/type"} <= set(result.rewrite.quantized_nodes)
+    assert len(result.rewrite.quantized_weights) == 15  # 3 tables, 12 projections: every weight
+    choice = result.placement_choice
+    assert choice is not None and "dynamic" in {c.name for c in choice.candidates} | {
+        a for c in choice.candidates for a in c.same_as
+    }
+    assert sample("encoder").stat().st_size / out.stat().st_size > 3.5
+    assert _pooled_sqnr(out, _encoder_feeds(eval_dir("encoder"))) > 30
+
+
+def test_the_encoder_runs_dynamic_without_data_and_int4_with_awq(tmp_path):
+    feeds = _encoder_feeds(eval_dir("encoder"))
+    dynamic = tmp_path / "dynamic.onnx"
+    result = qtool.quantize(
+        sample("encoder"), dynamic, config_path=Path("configs/dynamic.yaml"), search=None, evaluation=None
+    )
+    assert result.calibration_samples == 0 and result.placements["dynamic"] == 14
+    assert _pooled_sqnr(dynamic, feeds) > 30
+    int4 = tmp_path / "int4.onnx"
+    result = qtool.quantize(
+        sample("encoder"),
+        int4,
+        config_path=Path("configs/int4_matmul_nbits.yaml"),
+        data_dir=calib_dir("encoder"),
+        search=None,
+        evaluation=None,
+    )
+    assert result.kernels.get("MatMulNBits", 0) >= 8
+    assert any("awq" in names for names in result.rewrite.algorithms.values())
+    assert sample("encoder").stat().st_size / int4.stat().st_size > 5
+    assert _pooled_sqnr(int4, feeds) > 20
+
+
+def test_block_scales_of_a_table_restored_at_load_are_stored_once_per_block(tmp_path):
+    rng = np.random.default_rng(4)
+    table = rng.normal(0, 0.05, (2000, 40)).astype(np.float32)  # 40 = 2 blocks of 16 and a partial one
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "ids"], ["y"], name="embed")],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, 40])],
+        [numpy_helper.from_array(table, "emb")],
+    )
+    model = tmp_path / "table.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
+    config = "op_type: {Gather: {weight: {dtype: int4, granularity: per_block, block_size: 16, symmetric: false}}}\n"
+    out, result = _quantize(tmp_path, model, tmp_path, config, "blocks")
+    assert result.calibration_samples == 0 and result.placements == {"lookup": 1}
+    written = {i.name: list(i.dims) for i in onnx.load(out).graph.initializer}
+    assert written["emb/scale"] == [2000, 3] and written["emb/zero_point"] == [2000, 3]
+    # 4 bits per value, a float32 scale and an 8-bit zero point per 16 values: about 4.5x smaller.
+    assert model.stat().st_size / out.stat().st_size > 4.3
+    # What onnxruntime computes is the block-wise dequantized table, row for row.
+    ids = rng.integers(0, 2000, (2, 8))
+    got = run_model(out, {"ids": ids})[0]
+    assert got.shape == (2, 8, 40)
+    rows = table[ids]
+    step = (rows.reshape(2, 8, -1).max() - rows.min()) / 15
+    assert np.abs(got - rows).max() <= step  # within one step of the coarsest block's grid
