@@ -37,9 +37,9 @@ from qtool.system.environment import cpu_info  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SAMPLES = ("encoder", "transformer")
-INT4 = (
+INT4 = (  # embedding tables int8 per row, as configs/int4_matmul_nbits.yaml keeps them
     "global: {weight_only: true, weight: {dtype: int4, granularity: per_block, block_size: 32, "
-    "format: matmul_nbits}%s}\n"
+    "format: matmul_nbits}%s}\nop_type: {Gather: {weight: {dtype: int8, granularity: per_channel}}}\n"
 )
 QTOOL = {  # setting -> config text (None: the built-in default)
     "qtool default": None,

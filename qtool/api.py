@@ -46,6 +46,7 @@ from qtool.quantization.algorithms.graph_transforms import (
     awq_readers,
     choose_awq_scales,
     smoothing_nodes,
+    within_budget,
 )
 from qtool.quantization.algorithms.node_inputs import NodeInput, NodeInputCollector, node_input
 from qtool.quantization.algorithms.smoothing import SmoothedGroup
@@ -189,6 +190,10 @@ def _awq(state: _Prepared, config: QConfig, data_dir: Path | str | None, options
     if data_dir is None:
         why = "awq: needs calibration samples (--data, or --search-data with --stats)"
         return replace(state, awq_notes={**notes, **{r.node: why for r in readers}})
+    readers, over = within_budget(readers)
+    notes.update({r.node: "awq: past the 1 GiB of activation second moments" for r in over})
+    if not readers:
+        return replace(state, awq_notes=notes)
     tap = InputMoments(sorted({r.tensor for r in readers}))
     _tapped_pass(state, config, data_dir, options, tap, "AWQ activation moments")
     with stage("AWQ"):

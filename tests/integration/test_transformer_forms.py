@@ -350,8 +350,9 @@ def test_the_encoder_runs_dynamic_without_data_and_int4_with_awq(tmp_path):
     )
     assert result.kernels.get("MatMulNBits", 0) >= 8
     assert any("awq" in names for names in result.rewrite.algorithms.values())
-    assert sample("encoder").stat().st_size / int4.stat().st_size > 5
-    assert _pooled_sqnr(int4, feeds) > 20
+    # Embedding tables (most of this small model's weights) stay int8 in that config.
+    assert sample("encoder").stat().st_size / int4.stat().st_size > 3.5
+    assert _pooled_sqnr(int4, feeds) > 30
 
 
 def test_block_scales_of_a_table_restored_at_load_are_stored_once_per_block(tmp_path):

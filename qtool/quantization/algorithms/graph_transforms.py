@@ -15,15 +15,14 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from qtool.config import QConfig
-from qtool.errors import QtoolError
+from qtool.config import QConfig, TensorScheme
 from qtool.graph.weights import Weights
-from qtool.quantization.algorithms.awq import awq_scales
+from qtool.quantization.algorithms.awq import channel_scales
 from qtool.quantization.algorithms.equalization import EqualizationReport, equalize
 from qtool.quantization.algorithms.smoothing import SmoothingReport, channel_absmax, smooth
-from qtool.quantization.matmul_nbits import NBitsScheme
 from qtool.quantization.plan import build_plan
-from qtool.quantization.qparams import quant_type
+from qtool.quantization.qparams import dequantize, quantize
+from qtool.quantization.rewrite import weight_qparams
 from qtool.quantization.roles import HANDLERS, GraphIndex
 
 
@@ -93,6 +92,7 @@ def apply_equalization(
 AWQ_MAX_K = 4096  # a [K, K] second moment per input tensor: 128 MiB at K = 4096
 AWQ_MAX_ROWS = 32768  # calibration rows (tokens) per tensor: enough for a K x K moment, bounded cost
 AWQ_BUDGET_BYTES = 1 << 30  # all second moments together
+AWQ_GRID = 20  # alphas tried: 0, 0.05, ... 0.95
 
 
 @dataclass
@@ -134,9 +134,8 @@ class AwqReader:
     node: str
     tensor: str
     weight: np.ndarray  # float [K, N]
-    bits: int
-    block_size: int | None  # None: one scale per output column (a block spanning K)
-    symmetric: bool
+    scheme: TensorScheme  # how the weight is stored
+    block_size: int | None  # blocks along K, or None: one scale per output column
 
 
 def awq_readers(model: onnx.ModelProto, store: Weights, config: QConfig) -> tuple[list[AwqReader], dict[str, str]]:
@@ -166,9 +165,21 @@ def awq_readers(model: onnx.ModelProto, store: Weights, config: QConfig) -> tupl
             skipped[p.name] = f"awq: K = {matrix.shape[0]} is over {AWQ_MAX_K}"
             continue
         block = p.weight.block_size if p.weight.axis == (1 if attrs.get("transB", 0) else 0) else None
-        bits = quant_type(p.scheme.weight.dtype).bits
-        readers.append(AwqReader(p.name, node.input[0], matrix, bits, block, p.scheme.weight.symmetric))
+        readers.append(AwqReader(p.name, node.input[0], matrix, p.scheme.weight, block))
     return readers, skipped
+
+
+def within_budget(readers: list[AwqReader]) -> tuple[list[AwqReader], list[AwqReader]]:
+    """The readers whose inputs' second moments fit :data:`AWQ_BUDGET_BYTES` together (in graph order), and the rest."""
+    sizes: dict[str, int] = {}
+    for reader in readers:
+        sizes.setdefault(reader.tensor, reader.weight.shape[0] ** 2 * 8)
+    kept, total = set(), 0
+    for tensor, size in sizes.items():
+        if total + size <= AWQ_BUDGET_BYTES:
+            kept.add(tensor)
+            total += size
+    return [r for r in readers if r.tensor in kept], [r for r in readers if r.tensor not in kept]
 
 
 def choose_awq_scales(
@@ -180,36 +191,38 @@ def choose_awq_scales(
         groups.setdefault(reader.tensor, []).append(reader)
     chosen: dict[str, tuple[np.ndarray, float]] = {}
     skipped: dict[str, str] = {}
-    budget = AWQ_BUDGET_BYTES
     for tensor, group in groups.items():
         observed = moments.moments(tensor)
         k = group[0].weight.shape[0]
         if observed is None or observed[0].shape != (k,):
             skipped[tensor] = "awq: its activation was not observed"
             continue
-        budget -= k * k * 8
-        if budget < 0:
-            skipped[tensor] = "awq: past the 1 GiB of second moments"
-            continue
         mean_abs, second = observed
-        # Rows whose Gram matrix is the second moment stand in for the samples: the loss is the same.
-        jitter = 1e-6 * max(float(np.trace(second)) / k, 1e-30)
-        try:
-            factor = np.linalg.cholesky(second + jitter * np.eye(k))
-        except np.linalg.LinAlgError:
-            skipped[tensor] = "awq: the activation's second moment is not positive definite"
-            continue
-        first = group[0]
-        block = first.block_size or max(16, 1 << (k - 1).bit_length())
-        try:
-            scheme = NBitsScheme(first.bits, block, first.symmetric)
-        except QtoolError as e:
-            skipped[tensor] = f"awq: {e.message}"
-            continue
         weight = np.concatenate([r.weight for r in group], axis=1)
-        result = awq_scales(weight, mean_abs, factor.T.astype(np.float32), scheme)
-        chosen[tensor] = (result.scales, result.alpha)
+        first = group[0]
+        chosen[tensor] = _awq_search(weight, mean_abs, second, first.scheme, first.block_size, tensor)
     return chosen, skipped
+
+
+def _awq_search(
+    weight: np.ndarray, mean_abs: np.ndarray, second: np.ndarray, scheme: TensorScheme, block: int | None, what: str
+) -> tuple[np.ndarray, float]:
+    """AWQ's scales for ``weight [K, N]``: ``mean|x|^alpha`` with the alpha of least output error.
+
+    The error of each trial is measured on the grid the weight will really be stored on (qtool's
+    weight qparams, per block along K or per column) and weighed by the input's second moment:
+    ``tr(E^T E[x x^T] E)`` with ``E = Q(W s) / s - W`` is the mean squared output error over the
+    calibration tokens, exactly. ``alpha = 0`` (no scaling) is among the trials.
+    """
+    losses = []
+    for step in range(AWQ_GRID):
+        s = channel_scales(mean_abs, step / AWQ_GRID).astype(np.float64)[:, None]
+        scaled = (weight * s).astype(np.float32)
+        qp = weight_qparams(scaled, scheme, 0 if block else 1, f"weight read by {what}", block)
+        error = dequantize(quantize(scaled, qp), qp).astype(np.float64) / s - weight
+        losses.append(float(np.sum((second @ error) * error)))
+    best = int(np.argmin(losses))
+    return channel_scales(mean_abs, best / AWQ_GRID), best / AWQ_GRID
 
 
 def apply_awq(
