@@ -113,6 +113,7 @@ def calibrate(
     config_path: Path | str | None = None,
     options: CalibrationOptions = DEFAULT_CALIBRATION,
     progress: ProgressFactory | None = None,
+    target: str | None = None,
 ) -> CalibrationStats:
     """Observe every activation the quantizer needs over a dataset.
 
@@ -122,11 +123,13 @@ def calibrate(
         config_path: a QConfigDict YAML file; None for the built-in default.
         options: observer, batch size, limit, shard, NaN handling (over the config's ``calibration:``).
         progress: receives progress updates (the CLI draws a bar).
+        target: ``cpu``, ``cuda`` or ``tensorrt`` instead of the config's ``target:`` (TensorRT
+            observes the inputs of residual Adds too).
 
     Returns:
         The statistics, ready for :meth:`CalibrationStats.to_json` or :func:`quantize`.
     """
-    config = load_config(config_path)
+    config = load_config(config_path).with_target(target)
     state = _prepare(Path(model_path), config)
     if options.shard is not None and smoothing_nodes(state.prepared, config):
         raise QtoolError(
@@ -515,6 +518,7 @@ def quantize(
     evaluation: EvaluationOptions | None = QUANTIZE_EVALUATION,
     output: OutputOptions = DEFAULT_OUTPUT,
     progress: ProgressFactory | None = None,
+    target: str | None = None,
 ) -> QuantizeResult:
     """Quantize a float model to QDQ and write it atomically.
 
@@ -534,6 +538,9 @@ def quantize(
             None skips it. Its threads and NaN handling also apply to the search.
         output: external data and the output opset (see :mod:`qtool.graph.opsets`).
         progress: receives progress updates (the CLI draws a bar).
+        target: ``cpu``, ``cuda`` or ``tensorrt`` instead of the config's ``target:``
+            (see :func:`qtool.config.for_target`). Off the CPU, the placement follows the
+            target's rules: CPU latency says nothing about a GPU, so no placement is measured.
 
     Raises:
         QtoolError: bad input; nothing is written in that case.
@@ -547,7 +554,7 @@ def quantize(
         raise QtoolError(
             f"output {output_path} is the input model; qtool never overwrites its input", hint="choose another -o path"
         )
-    config = load_config(config_path)
+    config = load_config(config_path).with_target(target)
     if search is not None:
         _check_search(search)  # before any work: a bad budget must not cost a calibration
     state = _prepare(model_path, config, output.opset)
@@ -579,7 +586,9 @@ def quantize(
     search_dir = (search.data_dir or data_dir) if search is not None else None
     algorithms, algorithm_note = _weight_algorithms(state, config, collector, data_dir, search_dir, calibration)
     choice = None
-    if search is not None and search_dir is not None:
+    if config.target != "cpu" and search is not None and search_dir is not None:
+        log.info("target %s: placement by its rules (CPU timing says nothing about it)", config.target)
+    elif search is not None and search_dir is not None:
         with stage("placement choice (accuracy, search, latency)"):
             config, choice = _choose_placement(
                 state,
@@ -667,7 +676,11 @@ def quantize(
 
 
 def inspect(
-    model_path: Path | str, *, config_path: Path | str | None = None, data_dir: Path | str | None = None
+    model_path: Path | str,
+    *,
+    config_path: Path | str | None = None,
+    data_dir: Path | str | None = None,
+    target: str | None = None,
 ) -> Inspection:
     """What quantize would do with this model and config: per-node schemes, float nodes, predicted size.
 
@@ -677,8 +690,10 @@ def inspect(
         data_dir: a sample directory; its first batch (the config's ``calibration.batch_size``)
             gives tensor sizes that the model's dynamic shapes leave open, per sample as quantize
             counts them, so ``placement: auto`` decides as quantize will.
+        target: ``cpu``, ``cuda`` or ``tensorrt`` instead of the config's ``target:``: what each
+            node becomes there.
     """
-    config = load_config(config_path)
+    config = load_config(config_path).with_target(target)
     state = _prepare(Path(model_path), config)
     elements = static_elements(state.prepared)
     if data_dir is not None:

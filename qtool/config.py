@@ -129,6 +129,7 @@ class QConfig:
     preprocess: dict[str, Any] | None
     source: str
     raw: dict[str, Any] = field(repr=False)
+    target: str = "cpu"  # cpu | cuda | tensorrt: whose rules the schemes follow (see :func:`for_target`)
     sensitive_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: activations kept float
     auto_placement: str | None = None  # "integer" | "storage" | "dynamic": what every placement "auto" node becomes
 
@@ -163,6 +164,7 @@ class QConfig:
             mode=str(merged.get("mode", "static")),
             rule=rule,
         )
+        scheme = for_target(scheme, self.target)
         if node_name in self.sensitive_nodes and not scheme.weight_only:
             # Float activations, weights still stored quantized: the accuracy of float, most of the size gain.
             return replace(scheme, placement="storage", rule="sensitivity"), "sensitivity"
@@ -174,6 +176,16 @@ class QConfig:
             # A candidate of the placement choice (see qtool.quantization.selection).
             return replace(scheme, placement=self.auto_placement, rule=f"choice:{self.auto_placement}"), rule
         return scheme, rule
+
+    def with_target(self, target: str | None) -> QConfig:
+        """The config for ``target`` instead (None: as configured); see :func:`for_target`."""
+        if target is None or target == self.target:
+            return self
+        if target not in TARGETS:
+            raise QtoolError(f"unknown target '{target}'", hint=f"choose one of: {', '.join(TARGETS)}")
+        changed = replace(self, target=target, raw={**self.raw, "target": target})
+        _check_target(changed)
+        return changed
 
     def scheme_for(self, node_name: str, op_type: str) -> NodeScheme | None:
         """Resolve a node's settings; ``None`` keeps the node in float."""
@@ -376,11 +388,60 @@ def load_config(path: Path | str | None = None) -> QConfig:
     return _build(merged, source)
 
 
+TARGETS = ("cpu", "cuda", "tensorrt")
+
+
+def for_target(scheme: NodeScheme, target: str) -> NodeScheme:
+    """``scheme`` as ``target`` runs it.
+
+    * ``cpu``: as configured.
+    * ``cuda``: onnxruntime's CUDA provider has no integer kernels for Q/DQ models (it dequantizes and
+      runs float), so ``placement: auto`` stores weights quantized and restores them at load.
+    * ``tensorrt``: TensorRT runs int8 only with symmetric int8 on both inputs of a layer, so
+      activations become int8 with zero point 0, int8 weights symmetric (full range: GPUs do not
+      saturate like VNNI-less CPUs), and every auto or storage node an integer one (a weight
+      restored to float only costs time there). Weight-only nodes stay weight-only.
+    """
+    if target == "cuda" and scheme.placement == "auto" and not scheme.weight_only:
+        return replace(scheme, placement="storage", rule=scheme.rule)
+    if target != "tensorrt":
+        return scheme
+    activation = replace(scheme.activation, dtype="int8", symmetric=True)
+    weight = scheme.weight
+    if not weight.fp16:
+        signed = {"uint8": "int8", "uint4": "int4", "uint2": "int2"}.get(weight.dtype, weight.dtype)
+        weight = replace(weight, dtype=signed, symmetric=True, saturation="ignore")
+    placement = scheme.placement if scheme.weight_only else "integer"
+    return replace(scheme, activation=activation, weight=weight, placement=placement)
+
+
+def _check_target(config: QConfig) -> None:
+    """Refuse settings the config's target cannot run, naming the rule."""
+    if config.target != "tensorrt":
+        return
+    rules = [("global", config.raw["global"])]
+    rules += [(f"op_type:{k}", v) for k, v in config.op_type.items()]
+    rules += [(f"node_name:{k}", v) for k, v in config.node_name.items()]
+    for rule, entry in rules:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("mode") == "dynamic":
+            raise QtoolError(
+                f"{config.source}: rule {rule} asks for mode: dynamic, which TensorRT does not run",
+                hint="remove it (TensorRT quantizes activations statically) or use --target cpu",
+            )
+        if isinstance(entry.get("weight"), dict) and entry["weight"].get("format") == "matmul_nbits":
+            raise QtoolError(
+                f"{config.source}: rule {rule} writes onnxruntime's MatMulNBits, which TensorRT does not run",
+                hint="use weight.format: qdq for TensorRT",
+            )
+
+
 def _build(raw: dict[str, Any], source: str) -> QConfig:
     g = raw["global"]
     cal = raw["calibration"]
     acc = raw["accuracy"]
-    return QConfig(
+    config = QConfig(
         version=raw["version"],
         global_scheme=NodeScheme(weight=TensorScheme(**g["weight"]), activation=TensorScheme(**g["activation"])),
         op_type=dict(raw.get("op_type") or {}),
@@ -402,4 +463,7 @@ def _build(raw: dict[str, Any], source: str) -> QConfig:
         ),
         source=source,
         raw=raw,
+        target=str(raw.get("target", "cpu")),
     )
+    _check_target(config)
+    return config

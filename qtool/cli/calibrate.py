@@ -17,6 +17,7 @@ from qtool.cli.options import (
     ObserverOptionsOption,
     ShardOption,
     SkipNonfiniteOption,
+    TargetOption,
 )
 from qtool.cli.run import run_command
 from qtool.options import CalibrationOptions
@@ -30,12 +31,30 @@ def calibrate(
     ],
     output: Annotated[Path, typer.Option("--output", "-o", metavar="PATH", help="Statistics JSON file to write.")],
     config: ConfigOption = None,
+    target: TargetOption = None,
     observer: ObserverOption = None,
     observer_option: ObserverOptionsOption = None,
     batch_size: BatchOption = None,
     limit: LimitOption = None,
     shard: ShardOption = None,
     skip_nonfinite: SkipNonfiniteOption = False,
+    tensorrt_cache: Annotated[
+        Path | None,
+        typer.Option(
+            "--tensorrt-cache",
+            metavar="FILE",
+            help="Also write TensorRT's INT8 calibration cache (for trtexec --calib=FILE): "
+            "a symmetric int8 scale per observed tensor.",
+        ),
+    ] = None,
+    tensorrt_version: Annotated[
+        str | None,
+        typer.Option(
+            "--tensorrt-version",
+            metavar="X.Y.Z",
+            help="TensorRT version named in the cache header (default: the installed tensorrt package's, else 10.0.0).",
+        ),
+    ] = None,
     json_out: JsonOption = None,
 ) -> None:
     """Run the float model over DATA_DIR and write activation statistics to -o STATS.json."""
@@ -43,9 +62,18 @@ def calibrate(
     def action() -> None:
         from qtool.api import calibrate as run_calibrate
         from qtool.api import write_stats
+        from qtool.calibration.tensorrt_cache import (
+            DEFAULT_VERSION,
+            installed_tensorrt_version,
+            tensorrt_cache_text,
+            tensorrt_version_number,
+        )
         from qtool.reports.documents import stats_summary_dict, to_json
         from qtool.reports.terminal import printable
 
+        version = tensorrt_version or installed_tensorrt_version() or DEFAULT_VERSION
+        if tensorrt_cache is not None:
+            tensorrt_version_number(version)  # a malformed version fails before any work
         with progress_bars() as progress:
             options = CalibrationOptions(
                 observer=observer,
@@ -55,8 +83,14 @@ def calibrate(
                 shard=parse_shard(shard),
                 skip_nonfinite=skip_nonfinite,
             )
-            stats = run_calibrate(model, data_dir, config_path=config, options=options, progress=progress)
+            stats = run_calibrate(
+                model, data_dir, config_path=config, options=options, progress=progress, target=target
+            )
         write_stats(stats, output)
+        if tensorrt_cache is not None:
+            from qtool.graph.model_io import write_text
+
+            write_text(tensorrt_cache, tensorrt_cache_text(stats.tensors, version))
         console = summary_console(json_out)
         if stats.skipped:
             console.print(f"[yellow]skipped[/yellow] {stats.skipped} samples holding NaN or Inf")
@@ -67,7 +101,8 @@ def calibrate(
         if json_out:
             write_json(json_out, to_json(stats_summary_dict(stats, str(output))))
 
-    run_command(action, {"-o": output, "--json": json_out}, (model, data_dir, config))
+    outputs = {"-o": output, "--json": json_out, "--tensorrt-cache": tensorrt_cache}
+    run_command(action, outputs, (model, data_dir, config))
 
 
 @app.command()

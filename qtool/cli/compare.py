@@ -60,6 +60,14 @@ def compare(
             "or full onnxruntime names. Unavailable ones are reported as skipped.",
         ),
     ] = "cpu",
+    require_providers: Annotated[
+        bool,
+        typer.Option(
+            "--require-providers",
+            help="Fail (exit 2, before any work) when a provider of --providers is not available, "
+            "instead of reporting it as skipped: a misconfigured GPU runner cannot pass.",
+        ),
+    ] = False,
     runs: RunsOption = 50,
     warmup: WarmupOption = 5,
     threads: ThreadsOption = None,
@@ -111,7 +119,7 @@ def compare(
     def action() -> None:
         from qtool.api import compare as run_compare
         from qtool.evaluation.gates import parse_gates
-        from qtool.evaluation.providers import parse_providers
+        from qtool.evaluation.providers import parse_providers, require_available
         from qtool.graph.model_io import write_text
         from qtool.reports.ci import to_junit, to_markdown
         from qtool.reports.documents import comparison_to_dict, to_json
@@ -119,6 +127,8 @@ def compare(
 
         gates = parse_gates(fail_under, fail_over, min_compression, max_latency_ratio)
         chosen = parse_providers(providers)
+        if require_providers:
+            require_available(chosen)
         if plot is not None:
             from qtool.reports.plot import require_matplotlib
 

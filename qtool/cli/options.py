@@ -13,6 +13,15 @@ ConfigOption = Annotated[
         "--config", "-c", metavar="CONFIG.yaml", help="QConfigDict YAML; merged over the built-in configs/default.yaml."
     ),
 ]
+TargetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--target",
+        metavar="TARGET",
+        help="cpu, cuda or tensorrt: whose rules the model follows (overrides the config's 'target:'). "
+        "tensorrt: symmetric int8 activations, Q/DQ on both inputs of every weighted op and residual Add.",
+    ),
+]
 ObserverOption = Annotated[
     str | None,
     typer.Option(

@@ -17,6 +17,7 @@ from qtool.cli.options import (
     ObserverOptionsOption,
     RunsOption,
     SkipNonfiniteOption,
+    TargetOption,
     ThreadsOption,
     WarmupOption,
 )
@@ -31,6 +32,7 @@ def quantize(
         Path, typer.Option("--output", "-o", metavar="PATH", help="Quantized ONNX model to write (never the input).")
     ],
     config: ConfigOption = None,
+    target: TargetOption = None,
     stats: Annotated[
         Path | None, typer.Option("--stats", metavar="STATS.json", help="Statistics from 'qtool calibrate'.")
     ] = None,
@@ -134,6 +136,7 @@ def quantize(
                 model,
                 output,
                 config_path=config,
+                target=target,
                 stats_path=stats,
                 data_dir=data,
                 calibration=CalibrationOptions(
@@ -169,6 +172,7 @@ def quantize(
 def inspect(
     model: Annotated[Path, typer.Argument(help="ONNX model.", show_default=False, metavar="MODEL")],
     config: ConfigOption = None,
+    target: TargetOption = None,
     data: Annotated[
         Path | None,
         typer.Option(
@@ -187,7 +191,7 @@ def inspect(
         from qtool.reports.documents import inspection_to_dict, to_json
         from qtool.reports.tables import render_inspection
 
-        result = run_inspect(model, config_path=config, data_dir=data)
+        result = run_inspect(model, config_path=config, data_dir=data, target=target)
         render_inspection(summary_console(json_out), result)
         if json_out:
             write_json(json_out, to_json(inspection_to_dict(result)))

@@ -53,6 +53,17 @@ def unavailable_reason(name: str) -> str | None:
     return f"not available in this onnxruntime build (available: {', '.join(ort.get_available_providers())})"
 
 
+def require_available(names: list[str]) -> None:
+    """Refuse providers this onnxruntime build cannot run (``compare --require-providers``)."""
+    missing = [name for name in names if unavailable_reason(name) is not None]
+    if missing:
+        raise QtoolError(
+            f"required execution provider{'s' if len(missing) > 1 else ''} {', '.join(missing)} not available "
+            f"(available: {', '.join(ort.get_available_providers())})",
+            hint="install onnxruntime-gpu (the gpu extra) on a machine with an NVIDIA GPU, or drop --require-providers",
+        )
+
+
 def session_providers(name: str) -> list[str]:
     """The provider list for a session on ``name``: CPU takes the nodes the provider cannot run."""
     return [name] if name == "CPUExecutionProvider" else [name, "CPUExecutionProvider"]

@@ -21,6 +21,9 @@ and graph transformers (onnxruntime 1.2x-1.3x, CPU EP):
   -> DynamicQuantizeMatMul; where several read one input, it is quantized once and each runs
   MatMulIntegerToFloat. A MatMul of two activations fuses the same way (its B quantized at run time).
 
+For ``target: tensorrt`` every integer node is predicted to fuse into an int8 TensorRT layer, and
+for ``target: cuda`` every node to run in float (the CUDA provider dequantizes Q/DQ models).
+
 The benchmark checks these predictions against the optimized graphs
 onnxruntime writes (``bench/run.py`` prints the agreement).
 """
@@ -89,11 +92,34 @@ def predict_kernels(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, Kernel
             ranks[name] = 2
         elif producer.op_type == "Reshape" and len(producer.input) > 1 and producer.input[1] in shapes:
             ranks[name] = int(np.prod(shapes[producer.input[1]]))
+    if plan.target != "cpu":
+        return {p.name: _predict_gpu(p, plan.target) for p in plan.nodes}
     dynamic_inputs = Counter(nodes[p.name].input[0] for p in plan.nodes if p.placement == "dynamic")
     return {
         p.name: _predict(p, nodes[p.name], consumers, constants, final_outputs, ranks, dynamic_inputs)
         for p in plan.nodes
     }
+
+
+def _predict_gpu(p: NodePlan, target: str) -> KernelPrediction:
+    """What TensorRT, or onnxruntime's CUDA provider, makes of one node."""
+    op = p.op_type
+    if p.placement == "lookup":
+        return KernelPrediction(p.name, "Gather", False, "integer table; the rows read are dequantized after it")
+    if target == "cuda":
+        why = (
+            "weights restored to float at load" if p.placement == "storage" else "CUDA dequantizes Q/DQ: float compute"
+        )
+        return KernelPrediction(p.name, f"float {op} (CUDA)", False, why)
+    if p.placement == "integer":
+        if op == "ConvTranspose" or p.scheme.activation.dtype != "int8":
+            return KernelPrediction(p.name, f"float {op} (TensorRT)", False, "no int8 fusion for it")
+        return KernelPrediction(
+            p.name, f"int8 {op} (TensorRT)", True, "Q/DQ on its input and weight fuse into an int8 layer"
+        )
+    if p.placement == "weight_only":
+        return KernelPrediction(p.name, f"{op} weight-only (TensorRT)", False, "weights dequantized inside the layer")
+    return KernelPrediction(p.name, f"float {op} (TensorRT)", False, f"placement {p.placement}: float activations")
 
 
 def _predict(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import onnx
 from onnx import TensorProto, helper
 
-from qtool.config import NodeScheme, QConfig, TensorScheme
+from qtool.config import NodeScheme, QConfig, TensorScheme, for_target
 from qtool.errors import QtoolError
 from qtool.graph.prepare import all_nodes, node_subgraphs
 from qtool.quantization.matmul_nbits import check_layout
@@ -98,6 +98,7 @@ class QuantPlan:
     nodes: tuple[NodePlan, ...]
     activations: dict[str, TensorScheme]  # tensor -> scheme, in first-use order
     skipped: tuple[tuple[str, str], ...] = field(default=())  # (node, reason) left in float
+    target: str = "cpu"  # the config's target (see qtool.config.for_target)
 
     @property
     def uses_per_channel(self) -> bool:
@@ -232,7 +233,34 @@ def _plan_nodes(
         nodes.append(
             NodePlan(name, node.op_type, integer, roles.activations, weight, bias, output, "integer", why, macs)
         )
-    return QuantPlan(tuple(nodes), activations, tuple(skipped))
+    if config.target == "tensorrt":
+        residual = for_target(config.global_scheme, "tensorrt").activation
+        _quantize_residual_inputs(model, g, nodes, activations, residual)
+    return QuantPlan(tuple(nodes), activations, tuple(skipped), config.target)
+
+
+def _quantize_residual_inputs(
+    model: onnx.ModelProto,
+    g: GraphIndex,
+    nodes: list[NodePlan],
+    activations: dict[str, TensorScheme],
+    scheme: TensorScheme,
+) -> None:
+    """TensorRT: give both inputs of a residual Add Q/DQ, so the Add fuses into the layer before it.
+
+    A residual Add sums two float activations, one of them the output of a quantized layer;
+    without Q/DQ on the other input TensorRT runs the Add (and often the layer) in float.
+    """
+    quantized_outputs = {n.output for n in nodes if n.output}
+    for node in model.graph.node:
+        if node.op_type != "Add" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+            continue
+        if any(name in g.initializers or not g.is_float(name) for name in node.input):
+            continue
+        if not quantized_outputs & set(node.input):
+            continue
+        for name in node.input:
+            activations.setdefault(name, scheme)
 
 
 def _nbits_fallback(node: onnx.NodeProto, weight: WeightPlan, scheme: NodeScheme, g: GraphIndex) -> str | None:

@@ -245,6 +245,7 @@ class ConfigDocument(_Strict):
     """A QConfigDict file (every key optional; merged over the built-in default)."""
 
     version: Literal[1] | None = None
+    target: Literal["cpu", "cuda", "tensorrt"] | None = None
     global_: NodeSettings | None = Field(default=None, alias="global")
     op_type: dict[str, NodeSettings | None] | None = None
     node_name: dict[str, NodeSettings | None] | None = None

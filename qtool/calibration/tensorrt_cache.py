@@ -1,0 +1,66 @@
+"""TensorRT's INT8 calibration cache, written from qtool's statistics.
+
+Users who build engines with ``trtexec --int8 --calib=FILE`` (or an ``IInt8Calibrator`` that reads
+a cache) can reuse qtool's calibration instead of running TensorRT's. The format is text: a header
+line ``TRT-<version>-EntropyCalibration2``, then one line per tensor, ``name: <hex>``, where
+``<hex>`` is the IEEE-754 bit pattern of the float32 scale as an 8-digit hexadecimal number and
+the scale is the tensor's symmetric int8 step: ``amax / 127``. The version is TensorRT's
+``NV_TENSORRT_VERSION`` number (``major * 10000 + minor * 100 + patch`` since TensorRT 10;
+``major * 1000 + minor * 100 + patch`` before, e.g. 8601 for 8.6.1).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Mapping
+
+import numpy as np
+
+from qtool.errors import QtoolError
+from qtool.observers import Observer
+
+CALIBRATOR = "EntropyCalibration2"
+DEFAULT_VERSION = "10.0.0"  # written when TensorRT is not installed and no --tensorrt-version is given
+
+
+def tensorrt_version_number(version: str) -> int:
+    """TensorRT's version number for a ``major.minor.patch`` string (``10.3.0`` -> 100300, ``8.6.1`` -> 8601)."""
+    match = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)*", version.strip())
+    if match is None:
+        raise QtoolError(f"TensorRT version '{version}' is not major.minor[.patch]", hint="for example 10.3.0")
+    major, minor, patch = int(match[1]), int(match[2]), int(match[3] or 0)
+    return major * 10000 + minor * 100 + patch if major >= 10 else major * 1000 + minor * 100 + patch
+
+
+def installed_tensorrt_version() -> str | None:
+    """The installed ``tensorrt`` Python package's version, if there is one."""
+    try:
+        import tensorrt  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    return str(tensorrt.__version__)
+
+
+def scale_hex(scale: float) -> str:
+    """The bit pattern of a float32 scale as TensorRT writes it: 8 hexadecimal digits."""
+    return format(struct.unpack(">I", struct.pack(">f", scale))[0], "08x")
+
+
+def tensorrt_cache_text(observers: Mapping[str, Observer], version: str) -> str:
+    """The cache text for every observed per-tensor activation, in name order.
+
+    Raises:
+        QtoolError: no tensor has statistics, or the version is malformed.
+    """
+    lines = [f"TRT-{tensorrt_version_number(version)}-{CALIBRATOR}"]
+    for name, observer in sorted(observers.items()):
+        if observer.empty or observer.axis is not None:
+            continue
+        lo, hi = observer.range(8, True)
+        amax = float(max(abs(float(np.min(lo))), abs(float(np.max(hi)))))
+        scale = amax / 127.0 if amax > 0 and np.isfinite(amax) else 1.0 / 127.0
+        lines.append(f"{name}: {scale_hex(scale)}")
+    if len(lines) == 1:
+        raise QtoolError("the statistics hold no activation ranges to write into a TensorRT cache")
+    return "\n".join(lines) + "\n"
