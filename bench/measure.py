@@ -55,12 +55,14 @@ def run_worker(script: str, args: list[str], timeout: int, root: str) -> dict[st
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def onnxruntime_quantize_static(model: str, calib: str, out: str, *, per_channel: bool, method: str) -> str:
+def onnxruntime_quantize_static(
+    model: str, calib: str, out: str, *, per_channel: bool, method: str, tensorrt: bool = False
+) -> str:
     """onnxruntime's ``quant_pre_process`` + ``quantize_static`` (QDQ, uint8 activations, int8 weights).
 
     Feeds every ``*.npy`` file of ``calib`` (sorted) to the model's single input. ``method`` names a
-    ``CalibrationMethod`` (MinMax, Entropy, Percentile). Returns a note: empty, or why pre-processing
-    was skipped.
+    ``CalibrationMethod`` (MinMax, Entropy, Percentile). ``tensorrt``: symmetric int8 activations and
+    weights, onnxruntime's recipe for TensorRT. Returns a note: empty, or why pre-processing was skipped.
     """
     from pathlib import Path
 
@@ -97,8 +99,10 @@ def onnxruntime_quantize_static(model: str, calib: str, out: str, *, per_channel
         Reader(),
         quant_format=QuantFormat.QDQ,
         per_channel=per_channel,
-        activation_type=QuantType.QUInt8,
+        activation_type=QuantType.QInt8 if tensorrt else QuantType.QUInt8,
         weight_type=QuantType.QInt8,
         calibrate_method=getattr(CalibrationMethod, method),
+        # TensorRT's explicit quantization: symmetric int8 on both sides (onnxruntime's recipe for it)
+        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True} if tensorrt else None,
     )
     return note

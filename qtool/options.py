@@ -48,6 +48,7 @@ class EvaluationOptions:
     task: str = "auto"  # auto | classification | none
     per_layer: bool = False  # pair every intermediate float tensor
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    trt_engine_cache: str | None = None  # TensorRT: keep built engines in this directory between runs
 
 
 QUANTIZE_EVALUATION = EvaluationOptions(runs=20, warmup=3)  # the quick check quantize --data runs

@@ -68,6 +68,14 @@ def compare(
             "instead of reporting it as skipped: a misconfigured GPU runner cannot pass.",
         ),
     ] = False,
+    trt_engine_cache: Annotated[
+        Path | None,
+        typer.Option(
+            "--trt-engine-cache",
+            metavar="DIR",
+            help="TensorRT: keep built engines in DIR, so later runs on the same models and shapes skip the build.",
+        ),
+    ] = None,
     runs: RunsOption = 50,
     warmup: WarmupOption = 5,
     threads: ThreadsOption = None,
@@ -118,6 +126,7 @@ def compare(
 
     def action() -> None:
         from qtool.api import compare as run_compare
+        from qtool.errors import QtoolError
         from qtool.evaluation.gates import parse_gates
         from qtool.evaluation.providers import parse_providers, require_available
         from qtool.graph.model_io import write_text
@@ -129,6 +138,10 @@ def compare(
         chosen = parse_providers(providers)
         if require_providers:
             require_available(chosen)
+        if trt_engine_cache is not None and "TensorrtExecutionProvider" in chosen:
+            if trt_engine_cache.exists() and not trt_engine_cache.is_dir():
+                raise QtoolError(f"--trt-engine-cache {trt_engine_cache} is not a directory")
+            trt_engine_cache.mkdir(parents=True, exist_ok=True)
         if plot is not None:
             from qtool.reports.plot import require_matplotlib
 
@@ -143,6 +156,7 @@ def compare(
                 task=task,
                 per_layer=per_layer or plot is not None,
                 providers=tuple(chosen),
+                trt_engine_cache=str(trt_engine_cache) if trt_engine_cache is not None else None,
             )
             result = run_compare(
                 reference, candidate, data, options=options, config_path=config, gates=gates, progress=progress

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.outputs import FloatOutputs
@@ -17,7 +20,7 @@ from qtool.evaluation.metrics import TASKS, LatencyComparison, measure_latency, 
 from qtool.evaluation.output_kinds import output_sources
 from qtool.evaluation.providers import session_providers, unavailable_reason
 from qtool.graph.model_io import file_sha256, load_model
-from qtool.graph.session import create_session
+from qtool.graph.session import create_session, run_session
 from qtool.options import (
     DEFAULT_EVALUATION,
     EvaluationOptions,
@@ -100,8 +103,9 @@ def compare(
     chosen = list(options.providers) or ["CPUExecutionProvider"]
     with stage(f"latency ({runs} runs per model and provider)"):
         latency, skipped = _latency_per_provider(
-            reference_path, candidate_path, dataset, chosen, runs, warmup, threads, factory
+            reference_path, candidate_path, dataset, chosen, runs, warmup, threads, factory, options.trt_engine_cache
         )
+    latency = [_provider_accuracy(lat, reference, candidate_path, dataset, threads, options) for lat in latency]
     result = ComparisonResult(
         ModelFile.of(reference_path),
         ModelFile.of(candidate_path),
@@ -130,6 +134,7 @@ def _latency_per_provider(
     warmup: int,
     threads: int | None,
     factory: ProgressFactory,
+    trt_engine_cache: str | None = None,
 ) -> tuple[list[LatencyComparison], list[tuple[str, str]]]:
     """Interleaved latency on each provider; providers that cannot run are skipped with the reason."""
     if not runs:
@@ -138,12 +143,19 @@ def _latency_per_provider(
     measured, skipped = [], []
     for provider in providers:
         reason = unavailable_reason(provider)
+        setup: list[float] = []
         if reason is None:
             try:
-                sessions = [
-                    create_session(path, str(path), threads=threads, providers=session_providers(provider))
-                    for path in (reference_path, candidate_path)
-                ]
+                sessions = []
+                for path in (reference_path, candidate_path):
+                    # Session creation and the first run, apart from inference: TensorRT builds its engine here.
+                    began = time.perf_counter()
+                    session = create_session(
+                        path, str(path), threads=threads, providers=session_providers(provider, trt_engine_cache)
+                    )
+                    run_session(session, None, feed, str(path))
+                    setup.append((time.perf_counter() - began) * 1e3)
+                    sessions.append(session)
             except QtoolError as e:
                 reason = e.message
             else:
@@ -163,9 +175,29 @@ def _latency_per_provider(
                 threads=threads,
                 provider=provider,
                 on_progress=factory(f"latency {provider.removesuffix('ExecutionProvider')}", runs),
+                setup_ms=(setup[0], setup[1]),
             )
         )
     return measured, skipped
+
+
+def _provider_accuracy(
+    latency: LatencyComparison,
+    reference: ort.InferenceSession,
+    candidate_path: Path | str,
+    dataset: Dataset,
+    threads: int | None,
+    options: EvaluationOptions,
+) -> LatencyComparison:
+    """``latency`` with the candidate's accuracy on its provider (a GPU's kernels are not the CPU's)."""
+    if latency.provider == "CPUExecutionProvider":
+        return latency
+    providers = session_providers(latency.provider, options.trt_engine_cache)
+    candidate = create_session(candidate_path, str(candidate_path), threads=threads, providers=providers)
+    with stage(f"accuracy on {latency.provider}"):
+        measured = output_metrics(reference, candidate, dataset, {}, task="none")
+    worst = min((o.sqnr_db for o in measured.outputs), default=measured.overall.sqnr_db)
+    return replace(latency, candidate_sqnr_db=worst)
 
 
 def _reproducibility(

@@ -13,6 +13,7 @@ from qtool.calibration.dataset import Dataset, Feed
 from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
 from qtool.evaluation.output_kinds import OutputKind, OutputSource, decide_kind, task_note
+from qtool.evaluation.providers import GPU_PROVIDERS
 from qtool.evaluation.timing import time_interleaved
 from qtool.graph.session import run_session
 
@@ -276,6 +277,12 @@ class LatencyComparison:
     threads: int | None
     reference: LatencyStats
     candidate: LatencyStats
+    # session creation + first run (TensorRT builds its engines then), reference and candidate; None: not timed
+    setup_ms: tuple[float, float] | None = None
+    io_binding: bool = False  # inputs and outputs bound on the device (GPU providers): no host copies timed
+    # the candidate run on this provider against the float reference (on CPU): worst output SQNR over
+    # the evaluation samples; None on the CPU, whose accuracy is the report's main table
+    candidate_sqnr_db: float | None = None
     speedup: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -293,13 +300,16 @@ def measure_latency(
     threads: int | None,
     provider: str = "CPUExecutionProvider",
     on_progress: Callable[[int], None] | None = None,
+    setup_ms: tuple[float, float] | None = None,
 ) -> LatencyComparison:
     """Time both sessions on ``feed``: warm-up runs, then ``runs`` timed rounds interleaved.
 
     Interleaving (see :func:`qtool.evaluation.timing.time_interleaved`) makes machine noise
-    (frequency changes, other processes) hit both models alike.
+    (frequency changes, other processes) hit both models alike. On a GPU provider the inputs and
+    outputs are bound on the device, so the time is the model's, not the host copies'.
     """
-    times = time_interleaved(
+    device = "cuda" if provider in GPU_PROVIDERS else None
+    times, bound = time_interleaved(
         {"the reference model": reference, "the candidate model": candidate},
         feed,
         rounds=runs,
@@ -307,8 +317,14 @@ def measure_latency(
         min_rounds=runs,
         warmup=warmup,
         on_round=on_progress,
+        device=device,
     )
     ref_times, cand_times = times["the reference model"], times["the candidate model"]
     return LatencyComparison(
-        provider, threads, LatencyStats.from_seconds(ref_times), LatencyStats.from_seconds(cand_times)
+        provider,
+        threads,
+        LatencyStats.from_seconds(ref_times),
+        LatencyStats.from_seconds(cand_times),
+        setup_ms,
+        bound,
     )

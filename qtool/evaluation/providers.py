@@ -64,6 +64,22 @@ def require_available(names: list[str]) -> None:
         )
 
 
-def session_providers(name: str) -> list[str]:
-    """The provider list for a session on ``name``: CPU takes the nodes the provider cannot run."""
-    return [name] if name == "CPUExecutionProvider" else [name, "CPUExecutionProvider"]
+ProviderSpec = str | tuple[str, dict[str, str]]
+GPU_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"})
+
+
+def session_providers(name: str, trt_engine_cache: str | None = None) -> list[ProviderSpec]:
+    """The provider list for a session on ``name``; CPU (and CUDA under TensorRT) take what it cannot run.
+
+    ``trt_engine_cache``: TensorRT keeps the engines it builds in this directory, so a later run
+    with the same model and shapes loads them instead of building again.
+    """
+    if name == "CPUExecutionProvider":
+        return [name]
+    if name == "TensorrtExecutionProvider":
+        options = (
+            {"trt_engine_cache_enable": "True", "trt_engine_cache_path": trt_engine_cache} if trt_engine_cache else {}
+        )
+        first: ProviderSpec = (name, options) if options else name
+        return [first, "CUDAExecutionProvider", "CPUExecutionProvider"]
+    return [name, "CPUExecutionProvider"]

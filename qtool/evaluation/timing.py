@@ -11,6 +11,30 @@ from qtool.calibration.dataset import Feed
 from qtool.graph.session import run_session
 
 
+def device_runner(session: ort.InferenceSession, feed: Feed, device: str) -> Callable[[], object] | None:
+    """A call that runs ``session`` with inputs and outputs bound on ``device`` (``cuda``, ``cpu``).
+
+    The inputs are copied to the device once; each call then runs without host copies, as a GPU
+    application that keeps its tensors on the device does. None when this onnxruntime build cannot
+    bind there (a CPU-only build asked for ``cuda``).
+    """
+    try:
+        binding = session.io_binding()
+        for name, value in feed.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))
+        for output in session.get_outputs():
+            binding.bind_output(output.name, device)
+        session.run_with_iobinding(binding)
+    except Exception:  # noqa: BLE001 - onnxruntime raises its own untyped family when the device is missing
+        return None
+
+    def run() -> ort.IOBinding:
+        session.run_with_iobinding(binding)
+        return binding
+
+    return run
+
+
 def time_interleaved(
     sessions: Mapping[str, ort.InferenceSession],
     feed: Feed,
@@ -20,17 +44,24 @@ def time_interleaved(
     min_rounds: int = 3,
     warmup: int = 1,
     on_round: Callable[[int], None] | None = None,
-) -> dict[str, list[float]]:
-    """Seconds of every timed run of each session.
+    device: str | None = None,
+) -> tuple[dict[str, list[float]], bool]:
+    """Seconds of every timed run of each session, and whether the runs were device-bound.
 
     Each round runs every session once, in an order that rotates from round to round, so
     machine noise (frequency changes, other processes) hits every model alike. Timing stops
     after ``rounds`` rounds, or once ``seconds`` have passed and ``min_rounds`` are done.
+    ``device``: bind inputs and outputs there (see :func:`device_runner`) when every session can.
     """
     names = list(sessions)
     for name in names:
         for _ in range(warmup):
             run_session(sessions[name], None, feed, name)
+    bound = {name: device_runner(sessions[name], feed, device) for name in names} if device else {}
+    runners: dict[str, Callable[[], object]] = {}
+    for name in names:
+        runner = bound.get(name)
+        runners[name] = runner if runner is not None and all(bound.values()) else _plain(sessions[name], feed)
     times: dict[str, list[float]] = {name: [] for name in names}
     started = time.perf_counter()
     for done in range(rounds):
@@ -39,8 +70,12 @@ def time_interleaved(
         shift = done % len(names)
         for name in names[shift:] + names[:shift]:
             begin = time.perf_counter()
-            sessions[name].run(None, feed)
+            runners[name]()
             times[name].append(time.perf_counter() - begin)
         if on_round:
             on_round(1)
-    return times
+    return times, bool(bound) and all(bound.values())
+
+
+def _plain(session: ort.InferenceSession, feed: Feed) -> Callable[[], object]:
+    return lambda: session.run(None, feed)

@@ -70,7 +70,7 @@ def create_session(
     *,
     threads: int | None = None,
     level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    providers: list[str] | None = None,
+    providers: list[str | tuple[str, dict[str, str]]] | None = None,
     weights: Weights | None = None,
     spinning: bool = True,
 ) -> ort.InferenceSession:
@@ -103,7 +103,7 @@ def create_session(
 def _session(
     source: str | bytes,
     options: ort.SessionOptions,
-    providers: list[str] | None,
+    providers: list[str | tuple[str, dict[str, str]]] | None,
     what: str,
     disabled: list[str] | None = None,
 ) -> ort.InferenceSession:

@@ -277,7 +277,7 @@ def _time_candidates(
     for name, (_, model) in plans.items():
         # Timed as written: weights embedded, so onnxruntime folds and prepacks them as it will at load.
         sessions[name] = create_session(weights.embedded(model), f"the '{name}' placement", threads=threads)
-    times = time_interleaved(
+    times, _ = time_interleaved(
         sessions,
         feed,
         rounds=rounds,

@@ -62,17 +62,19 @@ def to_markdown(result: ComparisonResult) -> str:
             "### Latency",
             "",
             "| provider | threads | reference median ms | candidate median ms | "
-            "p90 ms (ref / cand) | p99 ms (ref / cand) | speed-up |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "p90 ms (ref / cand) | p99 ms (ref / cand) | speed-up | setup ms (ref / cand) | candidate dB there |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for lat in result.latency:
+            setup = f"{lat.setup_ms[0]:.0f} / {lat.setup_ms[1]:.0f}" if lat.setup_ms else ""
+            there = f"{lat.candidate_sqnr_db:.2f}" if lat.candidate_sqnr_db is not None else ""
             lines.append(
                 f"| {lat.provider} | {lat.threads or 'default'} | {lat.reference.median_ms:.3f} | "
                 f"{lat.candidate.median_ms:.3f} | {lat.reference.p90_ms:.3f} / {lat.candidate.p90_ms:.3f} | "
-                f"{lat.reference.p99_ms:.3f} / {lat.candidate.p99_ms:.3f} | {lat.speedup:.2f}x |"
+                f"{lat.reference.p99_ms:.3f} / {lat.candidate.p99_ms:.3f} | {lat.speedup:.2f}x | {setup} | {there} |"
             )
         for provider, reason in result.skipped_providers:
-            lines.append(f"| {provider} | | skipped: {reason} | | | | |")
+            lines.append(f"| {provider} | | skipped: {reason} | | | | | | |")
     if result.gates:
         lines += ["", "### Gates", "", "| gate | measured | verdict |", "|---|---:|---|"]
         for g in result.gates:

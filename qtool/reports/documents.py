@@ -105,6 +105,9 @@ def comparison_to_dict(result: ComparisonResult) -> dict[str, Any]:
                     "reference": _latency_dict(lat.reference),
                     "candidate": _latency_dict(lat.candidate),
                     "speedup": lat.speedup,
+                    "setup_ms": list(lat.setup_ms) if lat.setup_ms else None,
+                    "io_binding": lat.io_binding,
+                    "candidate_sqnr_db": lat.candidate_sqnr_db,
                 }
                 for lat in result.latency
             ],

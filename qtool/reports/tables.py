@@ -81,6 +81,19 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
         colour = "green" if lat.speedup >= 1 else "yellow"
         table.add_row("speed-up", f"[{colour}]{lat.speedup:.2f}x[/{colour}]", "", "")
         console.print(table)
+        if lat.candidate_sqnr_db is not None:
+            console.print(
+                f"  accuracy on {provider}: worst output {lat.candidate_sqnr_db:.2f} dB against the float reference",
+                highlight=False,
+            )
+        if lat.setup_ms:
+            what = "engine build" if lat.provider == "TensorrtExecutionProvider" else "session setup"
+            bound = "; inputs and outputs bound on the device" if lat.io_binding else ""
+            console.print(
+                f"  {what} and first run, apart from the above: reference {lat.setup_ms[0]:.0f} ms, "
+                f"candidate {lat.setup_ms[1]:.0f} ms{bound}",
+                highlight=False,
+            )
     for provider, reason in result.skipped_providers:
         console.print(f"[yellow]latency on {provider} skipped[/yellow]: {reason}", highlight=False)
 

@@ -139,6 +139,15 @@ class Latency(_Report):
     reference: LatencyStats
     candidate: LatencyStats
     speedup: float
+    setup_ms: list[float] | None = Field(
+        None,
+        description="session creation and first run of reference and candidate, apart from inference "
+        "(TensorRT builds its engine then)",
+    )
+    io_binding: bool = Field(False, description="inputs and outputs bound on the device: no host copies timed")
+    candidate_sqnr_db: float | None = Field(
+        None, description="worst output SQNR of the candidate run on this provider against the float reference"
+    )
 
 
 class SkippedProvider(_Report):

@@ -34,7 +34,7 @@ def _timing(medians: dict[str, float]):
     """A stand-in for time_interleaved returning fixed medians (seconds) by candidate name."""
 
     def fake(sessions, feed, **kwargs):
-        return {name: [medians[name]] * 3 for name in sessions}
+        return {name: [medians[name]] * 3 for name in sessions}, False
 
     return fake
 

@@ -163,3 +163,77 @@ def test_required_providers_that_are_missing_fail_before_any_work(tmp_path):
     assert_user_error(r, "required execution provider CUDAExecutionProvider not available")
     assert not report.exists()
     assert invoke(*args, "--runs", "2", "--limit", "2").exit_code == 0  # without it, the CUDA row is a skip
+
+
+def test_device_bound_runs_give_the_same_outputs_and_compare_reports_setup_apart(tmp_path):
+    from qtool.evaluation.providers import session_providers
+    from qtool.evaluation.timing import device_runner
+
+    feed = {"input": np.load(sorted(calib_dir("cnn").glob("*.npy"))[0])[None]}
+    session = ort.InferenceSession(str(sample("cnn")), providers=["CPUExecutionProvider"])
+    runner = device_runner(session, feed, "cpu")  # the binding GPU providers use, on the CPU device
+    assert runner is not None
+    bound = runner()  # the binding, whose outputs stay on the device until copied
+    np.testing.assert_array_equal(bound.copy_outputs_to_cpu()[0], session.run(None, feed)[0])
+    assert device_runner(session, feed, "no-such-device") is None  # unavailable: plain runs instead
+    assert session_providers("TensorrtExecutionProvider", "/engines") == [
+        ("TensorrtExecutionProvider", {"trt_engine_cache_enable": "True", "trt_engine_cache_path": "/engines"}),
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
+    report, markdown = tmp_path / "report.json", tmp_path / "report.md"
+    r = invoke(
+        "compare",
+        sample("cnn"),
+        sample("cnn"),
+        "--data",
+        calib_dir("cnn"),
+        "--limit",
+        "2",
+        "--runs",
+        "3",
+        "--json",
+        report,
+        "--markdown",
+        markdown,
+    )
+    assert r.exit_code == 0, r.output
+    latency = __import__("json").loads(report.read_text())["latency"][0]
+    assert len(latency["setup_ms"]) == 2 and all(ms > 0 for ms in latency["setup_ms"])
+    assert latency["io_binding"] is False  # CPU runs read host memory anyway
+    assert "setup ms (ref / cand)" in markdown.read_text()
+
+
+def test_accuracy_is_measured_again_on_each_gpu_provider(tmp_path, monkeypatch):
+    from qtool.evaluation import compare as compare_module
+    from qtool.evaluation.metrics import LatencyComparison, LatencyStats
+    from qtool.options import EvaluationOptions
+
+    # Stand-in for a GPU: a session on the CPU under a GPU provider's name runs the plumbing for real.
+    monkeypatch.setattr(compare_module, "session_providers", lambda name, cache=None: ["CPUExecutionProvider"])
+    quantized = tmp_path / "q.onnx"
+    qtool.quantize(sample("cnn"), quantized, data_dir=calib_dir("cnn"), search=None, evaluation=None)
+    reference = ort.InferenceSession(str(sample("cnn")), providers=["CPUExecutionProvider"])
+    stats = LatencyStats(1.0, 1.0, 1.0, 1.0, 3)
+    dataset = qtool.calibration.dataset.Dataset(
+        calib_dir("cnn"), qtool.calibration.dataset.model_inputs(onnx.load(sample("cnn"))), limit=4
+    )
+    gpu = compare_module._provider_accuracy(
+        LatencyComparison("CUDAExecutionProvider", None, stats, stats),
+        reference,
+        quantized,
+        dataset,
+        None,
+        EvaluationOptions(),
+    )
+    main = qtool.compare(sample("cnn"), quantized, calib_dir("cnn"), options=EvaluationOptions(runs=0, limit=4))
+    assert gpu.candidate_sqnr_db == pytest.approx(min(o.sqnr_db for o in main.outputs), rel=1e-6)
+    cpu = compare_module._provider_accuracy(
+        LatencyComparison("CPUExecutionProvider", None, stats, stats),
+        reference,
+        quantized,
+        dataset,
+        None,
+        EvaluationOptions(),
+    )
+    assert cpu.candidate_sqnr_db is None  # the CPU's accuracy is the report's main table
