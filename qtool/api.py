@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from inspect import signature
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import onnx
 
 from qtool import __version__
 from qtool.calibration.dataset import Dataset, model_inputs
+from qtool.calibration.feeds import sample_directory
 from qtool.calibration.outputs import FloatOutputs
 from qtool.calibration.statistics import CalibrationStats, collect_statistics
 from qtool.config import AccuracySettings, QConfig, load_config, split_observer
 from qtool.errors import QtoolError
-from qtool.evaluation.compare import compare
+from qtool.evaluation.compare import compare as _compare
 from qtool.evaluation.metrics import LatencyComparison, LatencyStats
 from qtool.graph.model_io import load_model, same_file, save_model, write_text
 from qtool.graph.opsets import choose_opset, runtime_qdq_limit
@@ -67,6 +72,26 @@ _NEED_DATA = ("gptq", "adaround", "bias_correction")  # weight algorithms that n
 RANK_SAMPLES = 4  # samples of the sensitivity search's one per-layer pass (spread over the data)
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _accepts_feeds(func: _F) -> _F:
+    """Let ``func``'s ``data_dir`` also be an iterable of feeds or a ``get_next()`` reader.
+
+    They are written to a temporary sample directory for the call (see :mod:`qtool.calibration.feeds`).
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = signature(func).bind(*args, **kwargs)
+        with sample_directory(bound.arguments.get("data_dir"), "data") as directory:
+            if "data_dir" in bound.arguments:
+                bound.arguments["data_dir"] = directory
+            return func(*bound.args, **bound.kwargs)
+
+    return cast(_F, wrapper)
+
+
 @dataclass(frozen=True)
 class _Prepared:
     model: onnx.ModelProto
@@ -106,11 +131,12 @@ def _prepare(model_path: Path, config: QConfig, opset: int | None = None) -> _Pr
     return _Prepared(model, prepared, report, ModelFile.of(model_path), weights)
 
 
+@_accepts_feeds
 def calibrate(
     model_path: Path | str,
     data_dir: Path | str,
     *,
-    config_path: Path | str | None = None,
+    config_path: Path | str | Mapping[str, Any] | None = None,
     options: CalibrationOptions = DEFAULT_CALIBRATION,
     progress: ProgressFactory | None = None,
     target: str | None = None,
@@ -506,11 +532,12 @@ def _choose_placement(
     )
 
 
+@_accepts_feeds
 def quantize(
     model_path: Path | str,
     output_path: Path | str,
     *,
-    config_path: Path | str | None = None,
+    config_path: Path | str | Mapping[str, Any] | None = None,
     stats_path: Path | str | None = None,
     data_dir: Path | str | None = None,
     calibration: CalibrationOptions = DEFAULT_CALIBRATION,
@@ -648,7 +675,7 @@ def quantize(
         result.notes.append(f"shape inference failed and was skipped: {state.report.shape_inference_error}")
     if data_dir is not None and evaluation is not None:
         timed = choice is not None and choice.chosen in choice.times and evaluation.runs > 0
-        result.comparison = compare(
+        result.comparison = _compare(
             model_path,
             output_path,
             data_dir,
@@ -675,10 +702,11 @@ def quantize(
     return result
 
 
+@_accepts_feeds
 def inspect(
     model_path: Path | str,
     *,
-    config_path: Path | str | None = None,
+    config_path: Path | str | Mapping[str, Any] | None = None,
     data_dir: Path | str | None = None,
     target: str | None = None,
 ) -> Inspection:
@@ -717,3 +745,6 @@ def inspect(
 def write_stats(stats: CalibrationStats, path: Path | str) -> None:
     """Write calibration statistics atomically as JSON."""
     write_text(path, stats.to_json())
+
+
+compare = _accepts_feeds(_compare)

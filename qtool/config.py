@@ -7,6 +7,7 @@ out keeps the default. Per-node settings resolve with the precedence
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
@@ -362,11 +363,12 @@ def _default_document() -> dict[str, Any]:
     return doc.value
 
 
-def load_config(path: Path | str | None = None) -> QConfig:
+def load_config(path: Path | str | Mapping[str, Any] | None = None) -> QConfig:
     """Read a QConfigDict YAML file (or only the built-in default when ``path`` is None).
 
     Args:
-        path: the user's YAML file; its keys are merged over the default.
+        path: the user's YAML file, or the same document as a mapping (the Python API); its keys
+            are merged over the default.
 
     Returns:
         The validated, frozen configuration.
@@ -377,6 +379,16 @@ def load_config(path: Path | str | None = None) -> QConfig:
     """
     merged = _default_document()
     source = "<built-in default>"
+    if isinstance(path, Mapping):
+        # A config given as a dict (the Python API) is checked as its YAML form; errors name its keys.
+        try:
+            text = yaml.safe_dump(dict(path), sort_keys=False)
+        except yaml.YAMLError as e:
+            raise QtoolError(f"the config mapping holds a value YAML cannot hold: {e}") from None
+        doc = _Located("<config mapping>", text)
+        _check_document(doc)
+        user = {k: v for k, v in doc.value.items() if v is not None}
+        return _build(_deep_merge(merged, user), "<config mapping>")
     if path is not None:
         path = Path(path)
         text = read_text(path, "config file", CONFIG_MAX_BYTES)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +41,7 @@ def compare(
     data_dir: Path | str,
     *,
     options: EvaluationOptions = DEFAULT_EVALUATION,
-    config_path: Path | str | None = None,
+    config_path: Path | str | Mapping[str, Any] | None = None,
     gates: list[Gate] | None = None,
     progress: ProgressFactory | None = None,
     reference_outputs: FloatOutputs | None = None,
@@ -202,13 +205,18 @@ def _provider_accuracy(
 
 def _reproducibility(
     dataset: Dataset,
-    config_path: Path | str | None,
+    config_path: Path | str | Mapping[str, Any] | None,
     threads: int | None,
     providers: list[str],
     latency: list[LatencyComparison],
 ) -> dict[str, Any]:
+    digest: str | None
+    if isinstance(config_path, Mapping):  # a config given as a dict: the digest of its canonical JSON
+        digest = hashlib.sha256(json.dumps(config_path, sort_keys=True, default=str).encode()).hexdigest()
+    else:
+        digest = file_sha256(config_path) if config_path else None
     return {
-        "config_sha256": file_sha256(config_path) if config_path else None,
+        "config_sha256": digest,
         "data": {"files": len(dataset.files), "sha256": files_digest(list(dataset.files))},
         "versions": versions(),
         "cpu": cpu_info(),
