@@ -86,7 +86,7 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
                 f"  accuracy on {provider}: worst output {lat.candidate_sqnr_db:.2f} dB against the float reference",
                 highlight=False,
             )
-        if lat.setup_ms:
+        if lat.setup_ms and lat.provider != "CPUExecutionProvider":  # on the CPU it is noise; JSON keeps it
             what = "engine build" if lat.provider == "TensorrtExecutionProvider" else "session setup"
             bound = "; inputs and outputs bound on the device" if lat.io_binding else ""
             console.print(
