@@ -6,7 +6,7 @@ import difflib
 import functools
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from inspect import signature
 from pathlib import Path
@@ -24,6 +24,7 @@ from qtool.config import AccuracySettings, QConfig, load_config, split_observer
 from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare as _compare
 from qtool.evaluation.metrics import LatencyComparison, LatencyStats
+from qtool.graph.input_shapes import fix_input_shapes, restore_input_dims
 from qtool.graph.model_io import load_model, same_file, save_model, write_text
 from qtool.graph.opsets import choose_opset, runtime_qdq_limit
 from qtool.graph.prepare import PrepareReport, default_opset, prepare_model, refuse_quantized
@@ -104,13 +105,19 @@ class _Prepared:
     equalized: tuple[str, ...] = ()  # the Conv pairs equalization rescaled in ``prepared``
     awq: tuple[SmoothedGroup, ...] = ()  # what AWQ did to ``prepared``
     awq_notes: dict[str, str] = field(default_factory=dict)  # node -> why AWQ did not scale it
+    original_inputs: tuple[onnx.ValueInfoProto, ...] = ()  # the inputs as read, before --input-shapes
 
 
-def _prepare(model_path: Path, config: QConfig, opset: int | None = None) -> _Prepared:
+def _prepare(
+    model_path: Path, config: QConfig, opset: int | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> _Prepared:
     weights = Weights()
     with stage(f"load {model_path}"):
         model = load_model(model_path, weights)
     refuse_quantized(model, str(model_path))
+    original_inputs = tuple(_copied(value) for value in model.graph.input)
+    if input_shapes:
+        fix_input_shapes(model, input_shapes, str(model_path))
     limit = runtime_qdq_limit(*config.quantized_dtypes())
     target = choose_opset(default_opset(model), config.opset_requirement(), limit, opset, source=str(model_path))
     check_runtime_support(model, str(model_path), target)
@@ -128,7 +135,13 @@ def _prepare(model_path: Path, config: QConfig, opset: int | None = None) -> _Pr
             f"{config.source}: node name '{exact[0]}' matches no node of {model_path}",
             hint=f"closest node names: {', '.join(close)}" if close else f"run qtool inspect {model_path}",
         )
-    return _Prepared(model, prepared, report, ModelFile.of(model_path), weights)
+    return _Prepared(model, prepared, report, ModelFile.of(model_path), weights, original_inputs=original_inputs)
+
+
+def _copied(value: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    copy = onnx.ValueInfoProto()
+    copy.CopyFrom(value)
+    return copy
 
 
 @_accepts_feeds
@@ -140,6 +153,7 @@ def calibrate(
     options: CalibrationOptions = DEFAULT_CALIBRATION,
     progress: ProgressFactory | None = None,
     target: str | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> CalibrationStats:
     """Observe every activation the quantizer needs over a dataset.
 
@@ -151,12 +165,14 @@ def calibrate(
         progress: receives progress updates (the CLI draws a bar).
         target: ``cpu``, ``cuda`` or ``tensorrt`` instead of the config's ``target:`` (TensorRT
             observes the inputs of residual Adds too).
+        input_shapes: input name -> sizes fixing its dynamic dimensions other than batch (see
+            :mod:`qtool.graph.input_shapes`); samples of another shape are refused.
 
     Returns:
         The statistics, ready for :meth:`CalibrationStats.to_json` or :func:`quantize`.
     """
     config = load_config(config_path).with_target(target)
-    state = _prepare(Path(model_path), config)
+    state = _prepare(Path(model_path), config, input_shapes=input_shapes)
     if options.shard is not None and smoothing_nodes(state.prepared, config):
         raise QtoolError(
             "smoothquant needs the channel ranges of the whole data set before calibrating: calibrate without --shard",
@@ -546,6 +562,7 @@ def quantize(
     output: OutputOptions = DEFAULT_OUTPUT,
     progress: ProgressFactory | None = None,
     target: str | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> QuantizeResult:
     """Quantize a float model to QDQ and write it atomically.
 
@@ -568,6 +585,8 @@ def quantize(
         target: ``cpu``, ``cuda`` or ``tensorrt`` instead of the config's ``target:``
             (see :func:`qtool.config.for_target`). Off the CPU, the placement follows the
             target's rules: CPU latency says nothing about a GPU, so no placement is measured.
+        input_shapes: input name -> sizes fixing its dynamic dimensions other than batch for the
+            work (calibration, placement, evaluation); the written model keeps the inputs it had.
 
     Raises:
         QtoolError: bad input; nothing is written in that case.
@@ -584,7 +603,7 @@ def quantize(
     config = load_config(config_path).with_target(target)
     if search is not None:
         _check_search(search)  # before any work: a bad budget must not cost a calibration
-    state = _prepare(model_path, config, output.opset)
+    state = _prepare(model_path, config, output.opset, input_shapes)
     kept_outputs: FloatOutputs | None = None
     if stats_path is not None:
         # a module:Class observer in the file is imported only if the user named it too
@@ -644,6 +663,7 @@ def quantize(
     state.weights.retain(quantized)  # the float weights the output replaced: freed before it is checked and written
     quantized.producer_name = "qtool"
     quantized.producer_version = __version__
+    restore_input_dims(quantized, state.original_inputs)
     check_note = check_quantized_model(quantized, state.prepared)
     with stage("load the result in onnxruntime"):
         create_session(quantized, "the quantized model", weights=state.weights)  # onnxruntime loads it: write it
@@ -683,6 +703,7 @@ def quantize(
             config_path=config_path,
             progress=progress,
             reference_outputs=kept_outputs,
+            input_shapes=input_shapes,
         )
         if timed:
             assert choice is not None  # checked in timed
@@ -709,6 +730,7 @@ def inspect(
     config_path: Path | str | Mapping[str, Any] | None = None,
     data_dir: Path | str | None = None,
     target: str | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> Inspection:
     """What quantize would do with this model and config: per-node schemes, float nodes, predicted size.
 
@@ -720,9 +742,11 @@ def inspect(
             counts them, so ``placement: auto`` decides as quantize will.
         target: ``cpu``, ``cuda`` or ``tensorrt`` instead of the config's ``target:``: what each
             node becomes there.
+        input_shapes: input name -> sizes fixing its dynamic dimensions other than batch, so that
+            tensor sizes (and ``placement: auto``) are known without data.
     """
     config = load_config(config_path).with_target(target)
-    state = _prepare(Path(model_path), config)
+    state = _prepare(Path(model_path), config, input_shapes=input_shapes)
     elements = static_elements(state.prepared)
     if data_dir is not None:
         # quantize takes each tensor's per-sample size from its first calibration batch: run just that batch

@@ -11,6 +11,7 @@ from qtool.cli.app import app, parse_observer_options, parse_shard, progress_bar
 from qtool.cli.options import (
     BatchOption,
     ConfigOption,
+    InputShapesOption,
     JsonOption,
     LimitOption,
     ObserverOption,
@@ -31,6 +32,7 @@ def calibrate(
     ],
     output: Annotated[Path, typer.Option("--output", "-o", metavar="PATH", help="Statistics JSON file to write.")],
     config: ConfigOption = None,
+    input_shapes: InputShapesOption = None,
     target: TargetOption = None,
     observer: ObserverOption = None,
     observer_option: ObserverOptionsOption = None,
@@ -68,6 +70,7 @@ def calibrate(
             tensorrt_cache_text,
             tensorrt_version_number,
         )
+        from qtool.graph.input_shapes import parse_input_shapes
         from qtool.reports.documents import stats_summary_dict, to_json
         from qtool.reports.terminal import printable
 
@@ -84,7 +87,13 @@ def calibrate(
                 skip_nonfinite=skip_nonfinite,
             )
             stats = run_calibrate(
-                model, data_dir, config_path=config, options=options, progress=progress, target=target
+                model,
+                data_dir,
+                config_path=config,
+                options=options,
+                progress=progress,
+                target=target,
+                input_shapes=parse_input_shapes(input_shapes) if input_shapes else None,
             )
         write_stats(stats, output)
         if tensorrt_cache is not None:
@@ -118,6 +127,7 @@ def merge(
     """Merge statistics of dataset shards (from 'qtool calibrate --shard K/N') into one file."""
 
     def action() -> None:
+
         from qtool.api import merge_stats, write_stats
         from qtool.reports.terminal import printable
 

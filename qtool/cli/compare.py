@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 
 from qtool.cli.app import app, progress_bars, summary_console, write_json
-from qtool.cli.options import JsonOption, LimitOption, RunsOption, SkipNonfiniteOption, ThreadsOption, WarmupOption
+from qtool.cli.options import (
+    InputShapesOption,
+    JsonOption,
+    LimitOption,
+    RunsOption,
+    SkipNonfiniteOption,
+    ThreadsOption,
+    WarmupOption,
+)
 from qtool.cli.run import run_command
 from qtool.errors import CheckFailedError
 from qtool.options import EvaluationOptions
@@ -29,6 +37,7 @@ def compare(
             "--config", "-c", metavar="CONFIG.yaml", help="QConfigDict YAML whose preprocess: block reads images."
         ),
     ] = None,
+    input_shapes: InputShapesOption = None,
     limit: LimitOption = None,
     skip_nonfinite: SkipNonfiniteOption = False,
     task: Annotated[
@@ -129,6 +138,7 @@ def compare(
         from qtool.errors import QtoolError
         from qtool.evaluation.gates import parse_gates
         from qtool.evaluation.providers import parse_providers, require_available
+        from qtool.graph.input_shapes import parse_input_shapes
         from qtool.graph.model_io import write_text
         from qtool.reports.ci import to_junit, to_markdown
         from qtool.reports.documents import comparison_to_dict, to_json
@@ -159,7 +169,14 @@ def compare(
                 trt_engine_cache=str(trt_engine_cache) if trt_engine_cache is not None else None,
             )
             result = run_compare(
-                reference, candidate, data, options=options, config_path=config, gates=gates, progress=progress
+                reference,
+                candidate,
+                data,
+                options=options,
+                config_path=config,
+                gates=gates,
+                progress=progress,
+                input_shapes=parse_input_shapes(input_shapes) if input_shapes else None,
             )
         render_comparison(summary_console(json_out), result)
         if json_out:

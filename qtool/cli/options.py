@@ -13,6 +13,15 @@ ConfigOption = Annotated[
         "--config", "-c", metavar="CONFIG.yaml", help="QConfigDict YAML; merged over the built-in configs/default.yaml."
     ),
 ]
+InputShapesOption = Annotated[
+    str | None,
+    typer.Option(
+        "--input-shapes",
+        metavar="SHAPES",
+        help="NAME:AxBx...[,...]: fix inputs' dynamic dimensions other than batch (images:1x3x640x640): sizes are "
+        "known without data, and samples of another shape are refused.",
+    ),
+]
 TargetOption = Annotated[
     str | None,
     typer.Option(

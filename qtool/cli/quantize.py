@@ -11,6 +11,7 @@ from qtool.cli.app import app, parse_observer_options, progress_bars, summary_co
 from qtool.cli.options import (
     BatchOption,
     ConfigOption,
+    InputShapesOption,
     JsonOption,
     LimitOption,
     ObserverOption,
@@ -32,6 +33,7 @@ def quantize(
         Path, typer.Option("--output", "-o", metavar="PATH", help="Quantized ONNX model to write (never the input).")
     ],
     config: ConfigOption = None,
+    input_shapes: InputShapesOption = None,
     target: TargetOption = None,
     stats: Annotated[
         Path | None, typer.Option("--stats", metavar="STATS.json", help="Statistics from 'qtool calibrate'.")
@@ -128,6 +130,7 @@ def quantize(
 
     def action() -> None:
         from qtool.api import quantize as run_quantize
+        from qtool.graph.input_shapes import parse_input_shapes
         from qtool.reports.documents import quantize_to_dict, to_json
         from qtool.reports.tables import render_quantize
 
@@ -137,6 +140,7 @@ def quantize(
                 output,
                 config_path=config,
                 target=target,
+                input_shapes=parse_input_shapes(input_shapes) if input_shapes else None,
                 stats_path=stats,
                 data_dir=data,
                 calibration=CalibrationOptions(
@@ -172,6 +176,7 @@ def quantize(
 def inspect(
     model: Annotated[Path, typer.Argument(help="ONNX model.", show_default=False, metavar="MODEL")],
     config: ConfigOption = None,
+    input_shapes: InputShapesOption = None,
     target: TargetOption = None,
     data: Annotated[
         Path | None,
@@ -188,10 +193,12 @@ def inspect(
 
     def action() -> None:
         from qtool.api import inspect as run_inspect
+        from qtool.graph.input_shapes import parse_input_shapes
         from qtool.reports.documents import inspection_to_dict, to_json
         from qtool.reports.tables import render_inspection
 
-        result = run_inspect(model, config_path=config, data_dir=data, target=target)
+        shapes = parse_input_shapes(input_shapes) if input_shapes else None
+        result = run_inspect(model, config_path=config, data_dir=data, target=target, input_shapes=shapes)
         render_inspection(summary_console(json_out), result)
         if json_out:
             write_json(json_out, to_json(inspection_to_dict(result)))

@@ -6,11 +6,12 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import onnx
 import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset, model_inputs
@@ -22,6 +23,7 @@ from qtool.evaluation.layers import layer_errors
 from qtool.evaluation.metrics import TASKS, LatencyComparison, measure_latency, output_metrics
 from qtool.evaluation.output_kinds import output_sources
 from qtool.evaluation.providers import session_providers, unavailable_reason
+from qtool.graph.input_shapes import fix_input_shapes
 from qtool.graph.model_io import file_sha256, load_model
 from qtool.graph.session import create_session, run_session
 from qtool.options import (
@@ -45,6 +47,7 @@ def compare(
     gates: list[Gate] | None = None,
     progress: ProgressFactory | None = None,
     reference_outputs: FloatOutputs | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> ComparisonResult:
     """Compare a candidate model with its reference: size, accuracy, latency per provider, and gates.
 
@@ -60,6 +63,8 @@ def compare(
         progress: receives progress updates.
         reference_outputs: the float model's outputs that calibration kept for some of these
             samples (``quantize --data``): those samples do not run the reference again.
+        input_shapes: input name -> sizes fixing its dynamic dimensions other than batch: samples of
+            another shape are refused, so accuracy and latency are measured at that shape.
     """
     runs, warmup, threads, task = options.runs, options.warmup, options.threads, options.task
     if runs < 0 or warmup < 0:
@@ -69,7 +74,13 @@ def compare(
     if task not in TASKS:
         raise QtoolError(f"unknown task '{task}'", hint=f"use one of: {', '.join(TASKS)}")
     reference_model, candidate_model = load_model(reference_path), load_model(candidate_path)
-    inputs = model_inputs(reference_model)
+    if input_shapes:  # the samples must have these shapes: accuracy and latency at the shape that ships
+        fixed = onnx.ModelProto()
+        fixed.CopyFrom(reference_model)
+        fix_input_shapes(fixed, input_shapes, str(reference_path))
+        inputs = model_inputs(fixed)
+    else:
+        inputs = model_inputs(reference_model)
     candidate_inputs = {(i.name, i.dtype) for i in model_inputs(candidate_model)}
     if {(i.name, i.dtype) for i in inputs} != candidate_inputs:
         raise QtoolError(
