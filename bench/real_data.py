@@ -33,7 +33,7 @@ import subprocess
 import sys
 import unicodedata
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -390,15 +390,23 @@ def real_text_model(name: str, n_calib: int = 64, n_eval: int = 32) -> tuple[Pat
     return path, calib_dir, eval_dir
 
 
-def real_model(name: str, n_calib: int = 64, n_eval: int = 32) -> tuple[Path, Path, Path]:
-    """(model path, calibration dir, evaluation dir) for one of :data:`MODELS` or :data:`TEXT_MODELS`."""
+def real_model(
+    name: str, n_calib: int = 64, n_eval: int = 32, size: tuple[int, int] | None = None
+) -> tuple[Path, Path, Path]:
+    """(model path, calibration dir, evaluation dir) for one of :data:`MODELS` or :data:`TEXT_MODELS`.
+
+    ``size``: (height, width) of the crops instead of the model's usual input (models with dynamic sizes).
+    """
     if name in TEXT_MODELS:
         return real_text_model(name, n_calib, n_eval)
     model = MODELS[name]
     path = _extract(RAPIDOCR, model.member, model.sha256)
     base = CACHE / "data" / name
-    calib = _crops(CALIB_PHOTOS, model, n_calib, 1000, base / f"text-calib{n_calib}", "top")
-    evaluation = _crops(EVAL_PHOTOS, model, n_eval, 2000, base / f"text-eval{n_eval}", "bottom")
+    tag = ""
+    if size is not None:
+        model, tag = replace(model, height=size[0], width=size[1]), f"-{size[0]}x{size[1]}"
+    calib = _crops(CALIB_PHOTOS, model, n_calib, 1000, base / f"text-calib{n_calib}{tag}", "top")
+    evaluation = _crops(EVAL_PHOTOS, model, n_eval, 2000, base / f"text-eval{n_eval}{tag}", "bottom")
     return path, calib, evaluation
 
 

@@ -6,7 +6,8 @@ MatMulNBits (round to nearest, GPTQ, AWQ) and its default (the measured placemen
 onnxruntime's ``quantize_dynamic``, ``quantize_static`` (QDQ, per channel) and its MatMulNBits
 quantizer (blocks of 32, symmetric, its default round to nearest). Each result is scored on the
 evaluation samples against the float model: the SQNR of the sentence output (``pooled`` where the
-model has one, else every output), the file size ratio (weights in external data included), and
+model has one, else its float outputs of rank 2, else every output), the file size ratio (weights in
+external data included), and
 the median latency at 1 thread, the float model and every result timed interleaved on one sample.
 The script measures; it asserts nothing.
 
@@ -96,19 +97,14 @@ print(json.dumps({"seconds": time.perf_counter() - start, "peak_mb": peak_rss_kb
 """
 
 
-def feeds(model: Path, directory: Path, limit: int | None = None) -> list[dict[str, np.ndarray]]:
-    """The samples of ``directory`` as feeds: ``.npz`` files keyed by input name, or ``.npy`` for one input."""
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-    found: list[dict[str, np.ndarray]] = []
-    for path in sorted(directory.iterdir())[:limit]:
-        if path.suffix == ".npz":
-            with np.load(path) as data:
-                found.append({name: data[name] for name in names if name in data})
-        elif path.suffix == ".npy":
-            value = np.load(path)
-            found.append({names[0]: value if value.ndim == len(session.get_inputs()[0].shape) else value[None]})
-    return found
+def feeds(model: Path, directory: Path) -> list[dict[str, np.ndarray]]:
+    """The samples of ``directory`` as feeds, read the way qtool reads a dataset (a batch axis added)."""
+    import onnx
+
+    from qtool.calibration.dataset import Dataset, model_inputs
+
+    inputs = model_inputs(onnx.load(str(model), load_external_data=False))
+    return [feed for _, feed in Dataset(directory, inputs).samples()]
 
 
 def _session(path: Path, threads: int) -> ort.InferenceSession:
@@ -118,11 +114,16 @@ def _session(path: Path, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+def _one_row_per_sample(session: ort.InferenceSession) -> list[str]:
+    """Float outputs of rank 2 (a sentence embedding exported under a numeric name, say)."""
+    return [o.name for o in session.get_outputs() if o.type == "tensor(float)" and len(o.shape) == 2]
+
+
 def accuracy(model: Path, candidate: Path, samples: list[dict[str, np.ndarray]]) -> dict[str, float]:
     """SQNR (dB) and cosine of the sentence output, or of all outputs, against the float model."""
     ref, cand = _session(model, 2), _session(candidate, 2)
     names = [o.name for o in ref.get_outputs()]
-    chosen = [n for n in names if n in SENTENCE_OUTPUTS] or names
+    chosen = [n for n in names if n in SENTENCE_OUTPUTS] or _one_row_per_sample(ref) or names
     signal = noise = dot = cand_sq = 0.0
     for feed in samples:
         r = np.concatenate([o.astype(np.float64).ravel() for o in ref.run(chosen, feed)])

@@ -19,6 +19,7 @@ from qtool import __version__
 from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.feeds import sample_directory
 from qtool.calibration.outputs import FloatOutputs
+from qtool.calibration.remote import is_url, sample_files
 from qtool.calibration.statistics import CalibrationStats, collect_statistics
 from qtool.config import AccuracySettings, QConfig, load_config, split_observer
 from qtool.errors import QtoolError
@@ -85,12 +86,26 @@ def _accepts_feeds(func: _F) -> _F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         bound = signature(func).bind(*args, **kwargs)
-        with sample_directory(bound.arguments.get("data_dir"), "data") as directory:
-            if "data_dir" in bound.arguments:
+        search = bound.arguments.get("search")
+        search_data = search.data_dir if isinstance(search, SearchOptions) else None
+        for_workers = _read_by_workers(bound.arguments)
+        with (
+            sample_directory(None if for_workers else bound.arguments.get("data_dir"), "data") as directory,
+            sample_directory(search_data, "search data") as search_directory,
+        ):
+            if "data_dir" in bound.arguments and not for_workers:
                 bound.arguments["data_dir"] = directory
+            if isinstance(search, SearchOptions) and search_data is not None:
+                bound.arguments["search"] = replace(search, data_dir=search_directory)
             return func(*bound.args, **bound.kwargs)
 
     return cast(_F, wrapper)
+
+
+def _read_by_workers(arguments: Mapping[str, Any]) -> bool:
+    """Whether ``data_dir`` is a URL that a running scheduler's workers read themselves (no local copy)."""
+    options = arguments.get("options")
+    return is_url(arguments.get("data_dir")) and isinstance(options, CalibrationOptions) and bool(options.scheduler)
 
 
 @dataclass(frozen=True)
@@ -173,6 +188,21 @@ def calibrate(
     """
     config = load_config(config_path).with_target(target)
     state = _prepare(Path(model_path), config, input_shapes=input_shapes)
+    if options.workers is not None or options.scheduler is not None:
+        from qtool.distributed.calibration import calibrate_on_workers, shard_request
+
+        if smoothing_nodes(state.prepared, config):
+            raise QtoolError(
+                "smoothquant needs the channel ranges of the whole data set before calibrating: "
+                "calibrate without --workers/--scheduler",
+                hint="or turn smoothquant off for distributed calibration",
+            )
+        if options.shard is not None:
+            raise QtoolError("--shard and --workers/--scheduler: choose one (the workers split the samples themselves)")
+        samples = _sample_count(state, config, data_dir, options)
+        trusted = config.observer_references() | ({options.observer} if options.observer else set())
+        request = shard_request(model_path, data_dir, config_path, options, target, input_shapes)
+        return calibrate_on_workers(request, samples, frozenset(trusted), progress)
     if options.shard is not None and smoothing_nodes(state.prepared, config):
         raise QtoolError(
             "smoothquant needs the channel ranges of the whole data set before calibrating: calibrate without --shard",
@@ -277,6 +307,30 @@ def _input_collector(state: _Prepared, config: QConfig) -> NodeInputCollector | 
     return collector
 
 
+def _sample_count(state: _Prepared, config: QConfig, data_dir: Path | str, options: CalibrationOptions) -> int:
+    """How many samples calibration reads (a URL's are counted by listing it, without reading them)."""
+    if not is_url(data_dir):
+        return len(_calibration_dataset(state, config, data_dir, options))
+    samples = len({relative.split("/")[0] for _, relative in sample_files(str(data_dir))})
+    if samples == 0:
+        raise QtoolError(f"data directory {data_dir} holds no samples")
+    limit = options.limit or config.calibration.limit
+    return min(samples, limit) if limit else samples
+
+
+def _calibration_dataset(
+    state: _Prepared, config: QConfig, data_dir: Path | str, options: CalibrationOptions
+) -> Dataset:
+    return Dataset(
+        data_dir,
+        model_inputs(state.model),
+        limit=options.limit or config.calibration.limit,
+        shard=options.shard,
+        preprocess=config.preprocess,
+        skip_nonfinite=options.skip_nonfinite,
+    )
+
+
 def _calibrate(
     state: _Prepared,
     config: QConfig,
@@ -297,14 +351,7 @@ def _calibrate(
             state.source.sha256, name, 0, {}, smoothing=state.smoothing, equalized=list(state.equalized)
         )
     shard = options.shard
-    dataset = Dataset(
-        data_dir,
-        model_inputs(state.model),
-        limit=options.limit or config.calibration.limit,
-        shard=shard,
-        preprocess=config.preprocess,
-        skip_nonfinite=options.skip_nonfinite,
-    )
+    dataset = _calibration_dataset(state, config, data_dir, options)
     if inputs is not None:
         inputs.expect(len(dataset))
     advance = (progress or noop_progress)("calibrating", len(dataset))
@@ -325,6 +372,7 @@ def _calibrate(
             weights=state.weights,
             outputs=outputs,
             taps=[inputs] if inputs is not None else [],
+            threads=options.threads,
         )
     if seen == 0:
         skipped = f" ({len(dataset.skipped)} skipped for holding NaN or Inf)" if dataset.skipped else ""

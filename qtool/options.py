@@ -22,6 +22,9 @@ class CalibrationOptions:
     limit: int | None = None  # only the first N samples; overrides calibration.limit
     shard: tuple[int, int] | None = None  # (k, n): the k-th of n interleaved shards of the samples
     skip_nonfinite: bool = False  # skip samples holding NaN/Inf instead of failing
+    threads: int | None = None  # onnxruntime intra-op and observer threads per process (None: all cores; 1 per worker)
+    workers: int | None = None  # spread the samples over this many local Dask worker processes
+    scheduler: str | None = None  # ... or over the workers of a running Dask scheduler at this address
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
+from qtool.calibration.remote import is_url, local_copy
 from qtool.errors import QtoolError
 
 
@@ -41,11 +42,17 @@ def _feeds(source: Iterable[Mapping[str, np.ndarray]] | FeedReader) -> Iterator[
 
 @contextlib.contextmanager
 def sample_directory(source: DataSource | None, what: str = "data") -> Iterator[Path | str | None]:
-    """A directory holding ``source``'s samples: the directory itself, or one written for in-memory feeds.
+    """A directory holding ``source``'s samples: the folder itself, a URL's local copy, or in-memory feeds written out.
+
+    URLs: see :mod:`qtool.calibration.remote`.
 
     Raises:
         QtoolError: an item is not a mapping of input names to arrays, or there is none.
     """
+    if is_url(source):
+        with local_copy(cast(str, source)) as directory:
+            yield directory
+        return
     if source is None or isinstance(source, str | Path):
         yield source
         return

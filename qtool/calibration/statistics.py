@@ -209,13 +209,15 @@ def collect_statistics(
     weights: Weights | None = None,
     outputs: FloatOutputs | None = None,
     taps: Sequence[BatchTap] = (),
+    threads: int | None = None,
 ) -> tuple[dict[str, Observer], int, dict[str, int]]:
     """Run ``prepared`` over ``dataset`` and observe each tensor in ``tensors``.
 
     Only one batch of activations is alive at a time, whatever the dataset size. The observers of
     a batch run on all cores (see :class:`_BatchObserver`). With ``outputs``, the graph outputs of
     each sample run alone (batch size 1) are kept there. Each of ``taps`` sees every batch of the
-    tensors it names.
+    tensors it names. ``threads`` caps onnxruntime's intra-op threads and the observing threads
+    (None: every core).
 
     Returns:
         The observers by tensor name, the number of samples seen, and each tensor's
@@ -228,11 +230,12 @@ def collect_statistics(
     default = (observer, options or {})
     specs = {name: (per_tensor or {}).get(name, default) for name in names}
     observers = {name: create_observer(spec[0], None, spec[1]) for name, spec in specs.items()}
-    observe = _BatchObserver([observers[name] for name in names])
+    observe = _BatchObserver([observers[name] for name in names], threads)
     try:
         session = create_session(
             with_exposed_outputs(prepared, [*names, *tapped]),
             "the prepared float model",
+            threads=threads,
             level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
             weights=weights,
             # onnxruntime's idle workers would otherwise busy-wait through the observing between runs
@@ -244,7 +247,7 @@ def collect_statistics(
         fetched = list(dict.fromkeys([*names, *tapped, *graph_outputs]))
         for paths, feed in dataset.batches(batch_size):
             count = len(paths)
-            run = run_session(session, fetched, feed, f"the float model on samples of {dataset.directory}")
+            run = run_session(session, fetched, feed, f"the float model on {_samples(paths)}")
             by_name = dict(zip(fetched, run, strict=True))
             if outputs is not None and count == 1:
                 outputs.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
@@ -262,6 +265,13 @@ def collect_statistics(
     finally:
         observe.close()
     return observers, seen, elements
+
+
+def _samples(paths: Sequence[Path]) -> str:
+    """The sample files of one batch, for an error message."""
+    if len(paths) == 1:
+        return f"sample {paths[0]}"
+    return f"the batch of samples {paths[0]} ... {paths[-1]} ({len(paths)} samples)"
 
 
 MAX_OBSERVER_THREADS = 8  # observing is bounded by memory bandwidth well before this
@@ -284,10 +294,11 @@ class _BatchObserver:
     not depend on the number of threads. Only observers whose class says ``concurrent`` take part.
     """
 
-    def __init__(self, observers: Sequence[Observer]) -> None:
+    def __init__(self, observers: Sequence[Observer], threads: int | None = None) -> None:
         self.observers = list(observers)
         parallel = all(type(o).concurrent for o in self.observers)
-        self.threads = min(_cores(), MAX_OBSERVER_THREADS, len(self.observers)) if parallel else 1
+        cap = min(_cores(), threads or MAX_OBSERVER_THREADS, MAX_OBSERVER_THREADS)
+        self.threads = min(cap, len(self.observers)) if parallel else 1
         self.pool = ThreadPoolExecutor(self.threads - 1, "qtool-observe") if self.threads > 1 else None
         self.groups: list[list[int]] | None = None
 

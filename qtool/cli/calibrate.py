@@ -11,14 +11,18 @@ from qtool.cli.app import app, parse_observer_options, parse_shard, progress_bar
 from qtool.cli.options import (
     BatchOption,
     ConfigOption,
+    DataLocation,
     InputShapesOption,
     JsonOption,
     LimitOption,
     ObserverOption,
     ObserverOptionsOption,
+    SchedulerOption,
     ShardOption,
     SkipNonfiniteOption,
     TargetOption,
+    ThreadsOption,
+    WorkersOption,
 )
 from qtool.cli.run import run_command
 from qtool.options import CalibrationOptions
@@ -28,7 +32,14 @@ from qtool.options import CalibrationOptions
 def calibrate(
     model: Annotated[Path, typer.Argument(help="Float ONNX model.", show_default=False, metavar="MODEL")],
     data_dir: Annotated[
-        Path, typer.Argument(help="Directory of samples (*.npy or *.npz).", show_default=False, metavar="DATA_DIR")
+        DataLocation,
+        typer.Argument(
+            parser=DataLocation,
+            help="Directory of samples (*.npy, *.npz, images, test_data_set_*), or an fsspec URL "
+            "(s3://, gs://, https://; the 'remote' extra).",
+            show_default=False,
+            metavar="DATA_DIR",
+        ),
     ],
     output: Annotated[Path, typer.Option("--output", "-o", metavar="PATH", help="Statistics JSON file to write.")],
     config: ConfigOption = None,
@@ -40,6 +51,9 @@ def calibrate(
     limit: LimitOption = None,
     shard: ShardOption = None,
     skip_nonfinite: SkipNonfiniteOption = False,
+    workers: WorkersOption = None,
+    scheduler: SchedulerOption = None,
+    threads: ThreadsOption = None,
     tensorrt_cache: Annotated[
         Path | None,
         typer.Option(
@@ -85,6 +99,9 @@ def calibrate(
                 limit=limit,
                 shard=parse_shard(shard),
                 skip_nonfinite=skip_nonfinite,
+                threads=threads,
+                workers=workers,
+                scheduler=scheduler,
             )
             stats = run_calibrate(
                 model,

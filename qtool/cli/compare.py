@@ -30,7 +30,9 @@ def compare(
     candidate: Annotated[
         Path, typer.Argument(help="Candidate (quantized) ONNX model.", show_default=False, metavar="CANDIDATE")
     ],
-    data: Annotated[Path, typer.Option("--data", metavar="DATA_DIR", help="Directory of evaluation samples.")],
+    data: Annotated[
+        str, typer.Option("--data", metavar="DATA_DIR", help="Directory (or fsspec URL) of evaluation samples.")
+    ],
     config: Annotated[
         Path | None,
         typer.Option(

@@ -48,6 +48,34 @@ ShardOption = Annotated[
         "shards' statistics with 'qtool merge'.",
     ),
 ]
+
+
+class DataLocation(str):
+    """A sample folder or an fsspec URL, kept as typed (a Path would fold a URL's ``//``)."""
+
+
+DataLocation.__name__ = "folder|url"  # what --help shows for it: <folder|url>
+
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        metavar="N",
+        min=1,
+        max=1024,
+        help="Spread the samples over N local Dask worker processes (one onnxruntime thread each); "
+        "the merged statistics equal one process's. Needs the 'distributed' extra.",
+    ),
+]
+SchedulerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="Spread the samples over the workers of a running Dask scheduler (e.g. tcp://host:8786); "
+        "model, data and config paths must be readable on every worker.",
+    ),
+]
 SkipNonfiniteOption = Annotated[
     bool,
     typer.Option(

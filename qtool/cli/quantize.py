@@ -39,11 +39,11 @@ def quantize(
         Path | None, typer.Option("--stats", metavar="STATS.json", help="Statistics from 'qtool calibrate'.")
     ] = None,
     data: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--data",
             metavar="DATA_DIR",
-            help="Calibrate on this directory now (instead of --stats), "
+            help="Calibrate on this directory (or fsspec URL) now (instead of --stats), "
             "then compare the result with the float model on it.",
         ),
     ] = None,
@@ -69,7 +69,7 @@ def quantize(
         typer.Option("--max-float-nodes", metavar="N", help="At most this many nodes get float activations."),
     ] = None,
     search_data: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--search-data",
             metavar="DATA_DIR",
@@ -179,7 +179,7 @@ def inspect(
     input_shapes: InputShapesOption = None,
     target: TargetOption = None,
     data: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--data",
             metavar="DATA_DIR",

@@ -105,8 +105,10 @@ def _with_data_files(inputs: tuple[Path | str | None, ...]) -> list[Path]:
     from qtool.graph.model_io import model_files
 
     found: list[Path] = []
+    from qtool.calibration.remote import is_url
+
     for item in inputs:
-        if item is not None and str(item) != "-":
+        if item is not None and str(item) != "-" and not is_url(str(item)):
             found.extend(model_files(item))
     return found
 

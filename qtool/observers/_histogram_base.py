@@ -66,6 +66,14 @@ class HistogramObserver(Observer):
         self.histogram.merge(other.histogram)
         self.extremes.merge(other.extremes)
 
+    def check(self) -> None:
+        """The exact extremes' check and one histogram per channel (choosing a range costs seconds: not here)."""
+        self.extremes.check()
+        if self.axis is not None and self.histogram is not None:
+            channels = len(np.atleast_1d(self.extremes.range(8, False)[0]))
+            if self.histogram.counts.shape[0] != channels:
+                raise ValueError(f"{self.histogram.counts.shape[0]} channel histograms for {channels} channel ranges")
+
     def state(self) -> dict[str, Any]:
         if self.histogram is None:
             return {}

@@ -31,7 +31,7 @@ COMMANDS: dict[str, set[str]] = {  # what each command's --help lists, with the 
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 _NAMED = re.compile(r"(" + "|".join(COMMANDS) + r") ")
 # lines about other programs: their flags are not qtool's
-_OTHER_TOOLS = re.compile(r"bench/|\bmake\b|\bpip\b|\bpytest\b|\bpython\b|\buv\b|trtexec|onnxruntime's")
+_OTHER_TOOLS = re.compile(r"bench/|\bmake\b|\bpip\b|\bpytest\b|\bpython\b|\buv\b|\bdask\b|trtexec|onnxruntime's")
 
 
 def test_the_readme_is_short_enough_to_read_in_five_minutes():

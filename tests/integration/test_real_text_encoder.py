@@ -79,16 +79,20 @@ def test_float_encoder_gives_distinct_sentence_embeddings(text_encoder):
     assert embeddings.std(axis=0).mean() > 0.05
 
 
-def test_default_quantization_shrinks_and_runs(text_encoder, tmp_path):
+def test_default_quantization_meets_the_encoder_targets(text_encoder, tmp_path):
+    # Issue 17's bar for a BERT-style encoder: >= 16.2 dB on the sentence embedding, >= 3.5x smaller
+    # (speed, not slower than fp32 at 1 thread, is measured in bench/transformers.py).
     model, calib, evaluation = text_encoder
     out = tmp_path / "encoder.int8.onnx"
     qtool.quantize(model, out, data_dir=calib, evaluation=None)
-    session = _session(out)  # onnxruntime loads and runs what qtool wrote
     inputs = model_inputs(onnx.load(str(model), load_external_data=False))
     feeds = [feed for _, feed in Dataset(evaluation, inputs).samples()]
-    assert np.isfinite(_pooled(session, feeds)).all()
+    reference, candidate = _pooled(_session(model), feeds), _pooled(_session(out), feeds)  # onnxruntime runs both
+    sqnr_db = 10 * np.log10(np.sum(reference**2) / np.sum((reference - candidate) ** 2))
+    assert sqnr_db >= 16.2
+    assert model.stat().st_size / out.stat().st_size >= 3.5
+    tables = onnx.load(str(out)).graph.initializer
+    largest = max(tables, key=lambda t: int(np.prod(t.dims)))  # the token embedding table
+    assert largest.data_type == onnx.TensorProto.INT8 and list(largest.dims) == [30522, 384]
     comparison = qtool.compare(model, out, evaluation, options=EvaluationOptions(runs=0))
-    assert comparison.compression_ratio > 1.1
-    # Not asserted yet (work on transformers is ongoing): the default measured 1.30x and 35.4 dB SQNR
-    # on the sentence embedding over 32 evaluation sentences.
-    assert np.isfinite(comparison.overall.sqnr_db)
+    assert comparison.compression_ratio >= 3.5

@@ -1,0 +1,161 @@
+"""The Dask distributed engine: a local cluster of worker processes, or a running scheduler.
+
+Progress travels as worker events (``log_event`` on a per-run topic) that the client adds up;
+a QtoolError raised on a worker comes back as it is (it names the sample that broke it); a
+worker that dies is named with the item it was running; Ctrl-C cancels every task and stops
+the local workers before it reaches the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from qtool.distributed.engine import EngineSpec, Item, Result, Work
+from qtool.errors import QtoolError
+
+log = logging.getLogger(__name__)
+
+CONNECT_SECONDS = 10  # reaching a scheduler
+WORKERS_SECONDS = 60  # a scheduler without workers waits this long for the first one
+POLL_SECONDS = 0.1
+INSTALL_HINT = "install the distributed extra: pip install 'qtool-onnx[distributed]'"
+
+
+def _distributed() -> Any:
+    try:
+        import distributed
+    except ImportError as e:
+        raise QtoolError(f"--workers and --scheduler need Dask distributed ({e})", hint=INSTALL_HINT) from e
+    return distributed
+
+
+@contextmanager
+def dask_engine(spec: EngineSpec) -> Iterator[DaskEngine]:
+    """A :class:`DaskEngine` on ``spec``'s cluster; local workers are stopped on the way out."""
+    distributed = _distributed()
+    cluster = None
+    quiet = logging.ERROR if not log.isEnabledFor(logging.DEBUG) else logging.INFO
+    for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.worker"):
+        logging.getLogger(name).setLevel(quiet)
+    if spec.scheduler is not None:
+        try:
+            client = distributed.Client(spec.scheduler, timeout=CONNECT_SECONDS, set_as_default=False)
+        except (OSError, TimeoutError, ValueError) as e:
+            raise QtoolError(
+                f"cannot reach the Dask scheduler at {spec.scheduler}: {e}",
+                hint="start one with 'dask scheduler' and workers with 'dask worker ADDRESS'",
+            ) from e
+    else:
+        assert spec.workers is not None  # a spec without scheduler or workers asks for no engine
+        cluster = distributed.LocalCluster(
+            n_workers=spec.workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            silence_logs=quiet,
+            preload=["qtool.api"],  # workers import qtool, onnx and onnxruntime while they start
+        )
+        client = distributed.Client(cluster, set_as_default=False)
+    try:
+        slots = _slots(client, spec)
+        yield DaskEngine(client, slots, spec.threads)
+    finally:
+        with suppress(Exception):  # shutting down: a closing connection must not hide the real outcome
+            client.close()
+        if cluster is not None:
+            with suppress(Exception):
+                cluster.close()
+
+
+def _slots(client: Any, spec: EngineSpec) -> int:
+    """How many tasks the cluster runs at once (its workers' threads), at most ``spec.workers``."""
+    threads = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
+    if threads == 0:
+        try:
+            client.wait_for_workers(1, timeout=WORKERS_SECONDS)
+        except TimeoutError as e:
+            raise QtoolError(
+                f"the Dask scheduler at {spec.scheduler} has no workers (waited {WORKERS_SECONDS} s)",
+                hint="start workers with 'dask worker ADDRESS'",
+            ) from e
+        threads = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
+    return min(threads, spec.workers) if spec.workers else threads
+
+
+class DaskEngine:
+    """Runs work on a Dask cluster through ``client``."""
+
+    def __init__(self, client: Any, workers: int, threads: int) -> None:
+        self.client = client
+        self.workers = workers
+        self.threads = threads
+
+    def run(
+        self,
+        work: Work[Item, Result],
+        items: Sequence[Item],
+        *,
+        describe: Callable[[Item], str],
+        on_progress: Callable[[int], None],
+    ) -> list[Result]:
+        distributed = _distributed()
+        topic = f"qtool-progress-{uuid.uuid4().hex}"
+        done_units: list[int] = []
+        lock = threading.Lock()
+
+        def heard(event: tuple[float, Any]) -> None:  # runs on the client's event loop thread
+            with lock:
+                done_units.append(int(event[1]))
+
+        self.client.subscribe_topic(topic, heard)
+        futures = [
+            self.client.submit(_on_worker, work, item, topic, key=f"qtool-{topic[15:]}-{i}", pure=False)
+            for i, item in enumerate(items)
+        ]
+        try:
+            while True:
+                with lock:
+                    units, done_units[:] = sum(done_units), []
+                if units:
+                    on_progress(units)
+                for future, item in zip(futures, items, strict=True):
+                    if future.status == "error":
+                        _raise_failure(future, describe(item), distributed)
+                if all(f.done() for f in futures):
+                    break
+                time.sleep(POLL_SECONDS)
+            return [future.result() for future in futures]
+        except BaseException:
+            with suppress(Exception):
+                self.client.cancel(futures, force=True)
+            raise
+        finally:
+            with suppress(Exception):
+                self.client.unsubscribe_topic(topic)
+
+
+def _raise_failure(future: Any, what: str, distributed: Any) -> None:
+    error = future.exception()
+    if isinstance(error, QtoolError):
+        raise error
+    if isinstance(error, distributed.KilledWorker):
+        raise QtoolError(
+            f"a Dask worker died while {what}",
+            hint="the worker's log says why (memory, a crash in onnxruntime); the same item in one "
+            "process (without --workers/--scheduler) shows the error",
+        )
+    raise error
+
+
+def _on_worker(work: Work[Item, Result], item: Item, topic: str) -> Result:
+    """Runs on a Dask worker: ``work`` with its progress sent to the client as events."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    return work(item, lambda units: worker.log_event(topic, units))
