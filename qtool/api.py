@@ -24,7 +24,7 @@ from qtool.calibration.statistics import CalibrationStats, collect_statistics
 from qtool.config import AccuracySettings, QConfig, load_config, split_observer
 from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare as _compare
-from qtool.evaluation.metrics import LatencyComparison, LatencyStats
+from qtool.evaluation.metrics import LatencyComparison, LatencyStats, paired_ratio
 from qtool.graph.input_shapes import fix_input_shapes, restore_input_dims
 from qtool.graph.model_io import load_model, same_file, save_model, write_text
 from qtool.graph.opsets import choose_opset, runtime_qdq_limit
@@ -64,7 +64,7 @@ from qtool.quantization.plan import QuantPlan, build_plan
 from qtool.quantization.rewrite import RewriteReport, check_quantized_model, insert_qdq
 from qtool.quantization.roles import static_elements
 from qtool.quantization.selection import PlacementChoice, choose_placement
-from qtool.results import ModelFile, ProgressFactory, QuantizeResult, noop_progress
+from qtool.results import ComparisonResult, ModelFile, ProgressFactory, QuantizeResult, noop_progress
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
 from qtool.system.stages import stage
 
@@ -78,28 +78,47 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _accepts_feeds(func: _F) -> _F:
-    """Let ``func``'s ``data_dir`` also be an iterable of feeds or a ``get_next()`` reader.
+    """Let ``func``'s sample directories also be URLs, iterables of feeds or ``get_next()`` readers.
 
-    They are written to a temporary sample directory for the call (see :mod:`qtool.calibration.feeds`).
+    ``data_dir``, ``eval_dir`` and ``search.data_dir`` become temporary sample directories for the
+    call (see :mod:`qtool.calibration.feeds`); a comparison in the result names the data as given.
     """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         bound = signature(func).bind(*args, **kwargs)
+        given = {key: bound.arguments.get(key) for key in ("data_dir", "eval_dir")}
         search = bound.arguments.get("search")
         search_data = search.data_dir if isinstance(search, SearchOptions) else None
         for_workers = _read_by_workers(bound.arguments)
         with (
-            sample_directory(None if for_workers else bound.arguments.get("data_dir"), "data") as directory,
+            sample_directory(None if for_workers else given["data_dir"], "data") as directory,
             sample_directory(search_data, "search data") as search_directory,
+            sample_directory(given["eval_dir"], "evaluation data") as eval_directory,
         ):
             if "data_dir" in bound.arguments and not for_workers:
                 bound.arguments["data_dir"] = directory
+            if "eval_dir" in bound.arguments:
+                bound.arguments["eval_dir"] = eval_directory
             if isinstance(search, SearchOptions) and search_data is not None:
                 bound.arguments["search"] = replace(search, data_dir=search_directory)
-            return func(*bound.args, **bound.kwargs)
+            result = func(*bound.args, **bound.kwargs)
+        scored = "eval_dir" if given["eval_dir"] is not None else "data_dir"
+        return _named_data(result, str(bound.arguments.get(scored)), given[scored])
 
     return cast(_F, wrapper)
+
+
+def _named_data(result: Any, used: str, given: Any) -> Any:
+    """``result`` with its comparison's data named as the caller gave it (a URL, feeds), not the temporary copy."""
+    if given is None or (isinstance(given, (str, Path)) and not is_url(given)):
+        return result
+    shown = str(given) if is_url(given) else "feeds given from code"
+    if isinstance(result, ComparisonResult) and result.data_dir == used:
+        return replace(result, data_dir=shown)
+    if isinstance(result, QuantizeResult) and result.comparison is not None and result.comparison.data_dir == used:
+        result.comparison = replace(result.comparison, data_dir=shown)
+    return result
 
 
 def _read_by_workers(arguments: Mapping[str, Any]) -> bool:
@@ -607,6 +626,7 @@ def quantize(
     calibration: CalibrationOptions = DEFAULT_CALIBRATION,
     search: SearchOptions | None = DEFAULT_SEARCH,
     evaluation: EvaluationOptions | None = QUANTIZE_EVALUATION,
+    eval_dir: Path | str | None = None,
     output: OutputOptions = DEFAULT_OUTPUT,
     progress: ProgressFactory | None = None,
     target: str | None = None,
@@ -626,8 +646,10 @@ def quantize(
         search: the sensitivity search, run when it has samples (``search.data_dir`` or ``data_dir``)
             and a target (``search.target_sqnr_db`` or the config's ``accuracy.target_sqnr_db``);
             None skips it.
-        evaluation: with ``data_dir``, compare the result with the float model on those samples;
+        evaluation: with ``data_dir`` or ``eval_dir``, compare the result with the float model;
             None skips it. Its threads and NaN handling also apply to the search.
+        eval_dir: held-out samples to compare on; without it the comparison scores the calibration
+            samples (``data_dir``), warns that they are not held out and says so in the result.
         output: external data and the output opset (see :mod:`qtool.graph.opsets`).
         progress: receives progress updates (the CLI draws a bar).
         target: ``cpu``, ``cuda`` or ``tensorrt`` instead of the config's ``target:``
@@ -741,26 +763,37 @@ def quantize(
         )
     if state.report.shape_inference_error:
         result.notes.append(f"shape inference failed and was skipped: {state.report.shape_inference_error}")
-    if data_dir is not None and evaluation is not None:
+    scored = eval_dir if eval_dir is not None else data_dir
+    if scored is not None and evaluation is not None:
         timed = choice is not None and choice.chosen in choice.times and evaluation.runs > 0
+        if eval_dir is None:
+            log.warning(
+                "the comparison scores the model on the samples it was calibrated on (%s): not held out, "
+                "so optimistic; give --eval DIR for held-out samples",
+                data_dir,
+            )
         result.comparison = _compare(
             model_path,
             output_path,
-            data_dir,
+            scored,
             options=replace(evaluation, runs=0) if timed else evaluation,
             config_path=config_path,
             progress=progress,
-            reference_outputs=kept_outputs,
+            reference_outputs=kept_outputs if eval_dir is None else None,
             input_shapes=input_shapes,
         )
+        result.comparison = replace(result.comparison, calibration_data=eval_dir is None)
         if timed:
             assert choice is not None  # checked in timed
             # The choice already timed this very model against fp32, interleaved: that is the latency to report.
+            ratio, interval = paired_ratio(choice.times["fp32"], choice.times[choice.chosen])
             latency = LatencyComparison(
                 "CPUExecutionProvider",
                 choice.threads,
                 LatencyStats.from_seconds(choice.times["fp32"]),
                 LatencyStats.from_seconds(choice.times[choice.chosen]),
+                ratio=ratio,
+                ratio_interval=interval,
             )
             reproducibility = {
                 **result.comparison.reproducibility,

@@ -52,6 +52,7 @@ class ComparisonResult:
     reproducibility: dict[str, Any] = field(default_factory=dict)
     output_kinds: list[OutputKind] = field(default_factory=list)  # how each float output was judged, and why
     boxes: list[BoxIoU] = field(default_factory=list)  # mean IoU of each box output
+    calibration_data: bool = False  # scored on the samples the model was calibrated on (not held out)
 
     @property
     def compression_ratio(self) -> float:
@@ -78,8 +79,13 @@ class ComparisonResult:
             "top5": min((a.top5 for a in self.agreement), default=None),
             "box_iou": min((b.mean_iou for b in self.boxes), default=None),
             "compression": self.compression_ratio,
-            "latency_ratio": lat.candidate.median_ms / lat.reference.median_ms if lat else None,
+            "latency_ratio": lat.latency_ratio if lat else None,
         }
+
+    def intervals(self) -> dict[str, tuple[float, float] | None]:
+        """Confidence intervals of the measured numbers that have one, by metric name."""
+        lat = self.primary_latency
+        return {"latency_ratio": lat.ratio_interval if lat else None}
 
 
 @dataclass

@@ -126,7 +126,16 @@ def compare(
         typer.Option(
             "--max-latency-ratio",
             metavar="RATIO",
-            help="Gate: candidate/reference median latency on the first provider must be at most this.",
+            help="Gate: candidate/reference latency on the first provider (median of paired rounds) must be "
+            "at most this; it fails only when the 99 % interval lies wholly above.",
+        ),
+    ] = None,
+    latency_tolerance: Annotated[
+        str | None,
+        typer.Option(
+            "--latency-tolerance",
+            metavar="PCT",
+            help="Slack on --max-latency-ratio, e.g. 5% (or 0.05): fail only above RATIO x (1 + PCT).",
         ),
     ] = None,
 ) -> None:
@@ -138,7 +147,7 @@ def compare(
     def action() -> None:
         from qtool.api import compare as run_compare
         from qtool.errors import QtoolError
-        from qtool.evaluation.gates import parse_gates
+        from qtool.evaluation.gates import check_measurable, parse_gates
         from qtool.evaluation.providers import parse_providers, require_available
         from qtool.graph.input_shapes import parse_input_shapes
         from qtool.graph.model_io import write_text
@@ -146,7 +155,8 @@ def compare(
         from qtool.reports.documents import comparison_to_dict, to_json
         from qtool.reports.tables import render_comparison
 
-        gates = parse_gates(fail_under, fail_over, min_compression, max_latency_ratio)
+        gates = parse_gates(fail_under, fail_over, min_compression, max_latency_ratio, latency_tolerance)
+        check_measurable(gates, runs=runs, task=task)
         chosen = parse_providers(providers)
         if require_providers:
             require_available(chosen)

@@ -47,6 +47,15 @@ def quantize(
             "then compare the result with the float model on it.",
         ),
     ] = None,
+    eval_data: Annotated[
+        str | None,
+        typer.Option(
+            "--eval",
+            metavar="DATA_DIR",
+            help="Held-out samples (directory or fsspec URL) to compare the result on; without it, "
+            "the calibration samples are scored, with a warning.",
+        ),
+    ] = None,
     observer: ObserverOption = None,
     observer_option: ObserverOptionsOption = None,
     batch_size: BatchOption = None,
@@ -143,6 +152,7 @@ def quantize(
                 input_shapes=parse_input_shapes(input_shapes) if input_shapes else None,
                 stats_path=stats,
                 data_dir=data,
+                eval_dir=eval_data,
                 calibration=CalibrationOptions(
                     observer=observer,
                     observer_options=parse_observer_options(observer_option),
@@ -169,7 +179,7 @@ def quantize(
         if json_out:
             write_json(json_out, to_json(quantize_to_dict(result)))
 
-    run_command(action, {"-o": output, "--json": json_out}, (model, config, stats, data, search_data))
+    run_command(action, {"-o": output, "--json": json_out}, (model, config, stats, data, search_data, eval_data))
 
 
 @app.command()

@@ -18,7 +18,7 @@ from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.outputs import FloatOutputs
 from qtool.config import load_config
 from qtool.errors import QtoolError
-from qtool.evaluation.gates import Gate, evaluate_gates
+from qtool.evaluation.gates import Gate, check_measurable, evaluate_gates
 from qtool.evaluation.layers import layer_errors
 from qtool.evaluation.metrics import TASKS, LatencyComparison, measure_latency, output_metrics
 from qtool.evaluation.output_kinds import output_sources
@@ -73,6 +73,7 @@ def compare(
         raise QtoolError("--threads must be >= 1")
     if task not in TASKS:
         raise QtoolError(f"unknown task '{task}'", hint=f"use one of: {', '.join(TASKS)}")
+    check_measurable(gates or [], runs=runs, task=task)
     reference_model, candidate_model = load_model(reference_path), load_model(candidate_path)
     if input_shapes:  # the samples must have these shapes: accuracy and latency at the shape that ships
         fixed = onnx.ModelProto()
@@ -136,7 +137,7 @@ def compare(
         output_kinds=accuracy.kinds,
         boxes=accuracy.boxes,
     )
-    return replace(result, gates=evaluate_gates(gates or [], result.measured()))
+    return replace(result, gates=evaluate_gates(gates or [], result.measured(), result.intervals()))
 
 
 def _latency_per_provider(
@@ -165,7 +166,11 @@ def _latency_per_provider(
                     # Session creation and the first run, apart from inference: TensorRT builds its engine here.
                     began = time.perf_counter()
                     session = create_session(
-                        path, str(path), threads=threads, providers=session_providers(provider, trt_engine_cache)
+                        path,
+                        str(path),
+                        threads=threads,
+                        providers=session_providers(provider, trt_engine_cache),
+                        spinning=False,
                     )
                     run_session(session, None, feed, str(path))
                     setup.append((time.perf_counter() - began) * 1e3)

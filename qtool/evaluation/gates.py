@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from qtool.errors import QtoolError
 
@@ -19,18 +19,42 @@ FAIL_UNDER = {
 FAIL_OVER = {"mse": "MSE", "max_abs_error": "max abs error", "latency_ratio": "latency ratio (candidate/reference)"}
 
 
+# The range a threshold can take, per metric: fractions are fractions (top-1 = 0.99 means 99 %).
+RANGES = {
+    "cosine": (-1.0, 1.0),
+    "top1": (0.0, 1.0),
+    "top5": (0.0, 1.0),
+    "box_iou": (0.0, 1.0),
+    "compression": (0.0, math.inf),
+    "mse": (0.0, math.inf),
+    "max_abs_error": (0.0, math.inf),
+    "latency_ratio": (0.0, math.inf),
+}
+FRACTIONS = ("top1", "top5", "box_iou")  # often written as percentages
+
+
 @dataclass(frozen=True)
 class Gate:
-    """One threshold: ``metric`` must not be under (or over) ``threshold``."""
+    """One threshold: ``metric`` must not be under (or over) ``threshold``.
+
+    ``tolerance`` (latency only) widens an "over" threshold by that fraction; a latency gate fails
+    only when the whole confidence interval of the measured ratio lies above threshold x (1 + tolerance).
+    """
 
     metric: str
     direction: str  # "under" or "over"
     threshold: float
+    tolerance: float = 0.0
+
+    @property
+    def allowed(self) -> float:
+        return self.threshold * (1 + self.tolerance)
 
     @property
     def label(self) -> str:
         symbol = ">=" if self.direction == "under" else "<="
-        return f"{self.metric} {symbol} {self.threshold:g}"
+        extra = f" (+{self.tolerance:.0%} tolerance)" if self.tolerance else ""
+        return f"{self.metric} {symbol} {self.threshold:g}{extra}"
 
 
 @dataclass(frozen=True)
@@ -53,16 +77,56 @@ def _number(text: str, option: str) -> float:
     return value
 
 
+def parse_tolerance(text: str | None) -> float:
+    """``5%`` or ``0.05`` -> 0.05 (``--latency-tolerance``)."""
+    if text is None:
+        return 0.0
+    stripped = text.strip()
+    value = _number(stripped.removesuffix("%"), "--latency-tolerance")
+    value = value / 100 if stripped.endswith("%") else value
+    if not 0 <= value <= 10:
+        raise QtoolError(f"--latency-tolerance: {text} is outside 0..1000 %", hint="e.g. 5% or 0.05")
+    return value
+
+
+def _check_range(gate: Gate, option: str) -> None:
+    low, high = RANGES.get(gate.metric, (-math.inf, math.inf))
+    if low <= gate.threshold <= high:
+        if gate.metric in ("compression", "latency_ratio") and gate.threshold == 0:
+            raise QtoolError(f"{option} {gate.metric}=0: a ratio gate needs a positive value")
+        return
+    hint = f"{gate.metric} lies in [{low:g}, {high:g}]"
+    if gate.metric in FRACTIONS and 1 < gate.threshold <= 100:
+        hint = f"{gate.metric} is a fraction: {gate.threshold / 100:g} means {gate.threshold:g} %"
+    raise QtoolError(f"{option} {gate.metric}={gate.threshold:g} can never be measured", hint=hint)
+
+
+def check_measurable(gates: list[Gate], *, runs: int, task: str) -> None:
+    """Refuse, before any work, gates on a measurement that is switched off."""
+    for gate in gates:
+        if gate.metric == "latency_ratio" and runs == 0:
+            raise QtoolError(
+                "a latency gate with --runs 0: latency is not measured", hint="drop the gate or give --runs N"
+            )
+        if gate.metric in ("top1", "top5") and task == "none":
+            raise QtoolError(
+                f"a {gate.metric} gate with --task none: agreement is not measured",
+                hint="use --task auto or classification",
+            )
+
+
 def parse_gates(
     fail_under: list[str] | None = None,
     fail_over: list[str] | None = None,
     min_compression: float | None = None,
     max_latency_ratio: float | None = None,
+    latency_tolerance: str | None = None,
 ) -> list[Gate]:
     """Build gates from ``--fail-under metric=value`` / ``--fail-over metric=value`` and the two shortcuts.
 
     Raises:
-        QtoolError: a malformed gate or an unknown metric (a usage error, exit 2).
+        QtoolError: a malformed gate, an unknown metric or a threshold out of the metric's range
+            (a usage error, exit 2).
     """
     gates: list[Gate] = []
     for option, specs, allowed, direction in (
@@ -77,21 +141,41 @@ def parse_gates(
             if metric not in allowed:
                 raise QtoolError(f"{option}: unknown metric '{metric}'", hint=f"use one of: {', '.join(allowed)}")
             gates.append(Gate(metric, direction, _number(value, option)))
+            _check_range(gates[-1], option)
     if min_compression is not None:
         gates.append(Gate("compression", "under", min_compression))
+        _check_range(gates[-1], "--min-compression")
     if max_latency_ratio is not None:
         gates.append(Gate("latency_ratio", "over", max_latency_ratio))
-    return gates
+        _check_range(gates[-1], "--max-latency-ratio")
+    tolerance = parse_tolerance(latency_tolerance)
+    if latency_tolerance is not None and not any(g.metric == "latency_ratio" for g in gates):
+        raise QtoolError("--latency-tolerance without a latency gate", hint="add --max-latency-ratio R")
+    return [replace(g, tolerance=tolerance) if g.metric == "latency_ratio" else g for g in gates]
 
 
-def evaluate_gates(gates: list[Gate], measured: dict[str, float | None]) -> list[GateResult]:
-    """Judge every gate against the measured values (a missing value fails, with a note)."""
+def evaluate_gates(
+    gates: list[Gate],
+    measured: dict[str, float | None],
+    intervals: dict[str, tuple[float, float] | None] | None = None,
+) -> list[GateResult]:
+    """Judge every gate against the measured values (a missing value fails, with a note).
+
+    A metric with a confidence interval in ``intervals`` (latency) fails an "over" gate only when
+    the whole interval lies above the allowed value.
+    """
     results = []
     for gate in gates:
         value = measured.get(gate.metric)
         if value is None:
             results.append(GateResult(gate, None, False, "not measured"))
             continue
-        passed = value >= gate.threshold if gate.direction == "under" else value <= gate.threshold
-        results.append(GateResult(gate, value, passed))
+        interval = (intervals or {}).get(gate.metric)
+        if gate.direction == "under":
+            results.append(GateResult(gate, value, value >= gate.threshold))
+        elif interval is not None:
+            note = f"99 % interval {interval[0]:.3f}-{interval[1]:.3f}"
+            results.append(GateResult(gate, value, interval[0] <= gate.allowed, note))
+        else:
+            results.append(GateResult(gate, value, value <= gate.allowed))
     return results

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,6 +12,7 @@ import onnxruntime as ort
 from qtool.calibration.dataset import Dataset, Feed
 from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
+from qtool.evaluation.intervals import median_interval
 from qtool.evaluation.output_kinds import OutputKind, OutputSource, decide_kind, task_note
 from qtool.evaluation.providers import GPU_PROVIDERS
 from qtool.evaluation.timing import time_interleaved
@@ -283,11 +284,45 @@ class LatencyComparison:
     # the candidate run on this provider against the float reference (on CPU): worst output SQNR over
     # the evaluation samples; None on the CPU, whose accuracy is the report's main table
     candidate_sqnr_db: float | None = None
+    # candidate/reference time, the median over rounds of each round's own ratio (both models ran in it),
+    # and its distribution-free interval (see qtool.evaluation.intervals); None: not enough rounds
+    ratio: float | None = None
+    ratio_interval: tuple[float, float] | None = None
     speedup: float = field(init=False)
 
     def __post_init__(self) -> None:
-        speedup = self.reference.median_ms / self.candidate.median_ms if self.candidate.median_ms else math.inf
+        if self.ratio is not None and self.ratio > 0:
+            speedup = 1 / self.ratio
+        else:
+            speedup = self.reference.median_ms / self.candidate.median_ms if self.candidate.median_ms else math.inf
         object.__setattr__(self, "speedup", speedup)
+
+    @property
+    def latency_ratio(self) -> float:
+        """Candidate time over reference time (the paired median where measured)."""
+        if self.ratio is not None:
+            return self.ratio
+        return self.candidate.median_ms / self.reference.median_ms if self.reference.median_ms else math.inf
+
+    @property
+    def speedup_interval(self) -> tuple[float, float] | None:
+        """The interval of the speed-up (reference over candidate time)."""
+        if self.ratio_interval is None or min(self.ratio_interval) <= 0:
+            return None
+        return 1 / self.ratio_interval[1], 1 / self.ratio_interval[0]
+
+
+def paired_ratio(
+    reference: Sequence[float], candidate: Sequence[float]
+) -> tuple[float | None, tuple[float, float] | None]:
+    """Median of the per-round ratios candidate/reference, and its confidence interval."""
+    ratios = [c / r for r, c in zip(reference, candidate, strict=True) if r > 0]
+    if not ratios:
+        return None, None
+    return float(np.median(ratios)), median_interval(ratios)
+
+
+LATENCY_BLOCK_SECONDS = 0.005  # each timed sample: back-to-back runs lasting about this long, averaged
 
 
 def measure_latency(
@@ -318,8 +353,10 @@ def measure_latency(
         warmup=warmup,
         on_round=on_progress,
         device=device,
+        block_seconds=LATENCY_BLOCK_SECONDS,
     )
     ref_times, cand_times = times["the reference model"], times["the candidate model"]
+    ratio, interval = paired_ratio(ref_times, cand_times)
     return LatencyComparison(
         provider,
         threads,
@@ -327,4 +364,6 @@ def measure_latency(
         LatencyStats.from_seconds(cand_times),
         setup_ms,
         bound,
+        ratio=ratio,
+        ratio_interval=interval,
     )

@@ -45,13 +45,17 @@ def time_interleaved(
     warmup: int = 1,
     on_round: Callable[[int], None] | None = None,
     device: str | None = None,
+    block_seconds: float = 0.0,
 ) -> tuple[dict[str, list[float]], bool]:
-    """Seconds of every timed run of each session, and whether the runs were device-bound.
+    """Seconds per run of each session, one number per round, and whether the runs were device-bound.
 
     Each round runs every session once, in an order that rotates from round to round, so
     machine noise (frequency changes, other processes) hits every model alike. Timing stops
     after ``rounds`` rounds, or once ``seconds`` have passed and ``min_rounds`` are done.
     ``device``: bind inputs and outputs there (see :func:`device_runner`) when every session can.
+    ``block_seconds``: a round runs each session back to back enough times to last about this long
+    (the slowest model's warm-up run sets the count, see :func:`runs_per_block`) and records the
+    mean: a thread's wake-up or a cache miss in one short run no longer decides the sample.
     """
     names = list(sessions)
     for name in names:
@@ -62,6 +66,7 @@ def time_interleaved(
     for name in names:
         runner = bound.get(name)
         runners[name] = runner if runner is not None and all(bound.values()) else _plain(sessions[name], feed)
+    repeat = runs_per_block(runners, block_seconds)
     times: dict[str, list[float]] = {name: [] for name in names}
     started = time.perf_counter()
     for done in range(rounds):
@@ -70,11 +75,27 @@ def time_interleaved(
         shift = done % len(names)
         for name in names[shift:] + names[:shift]:
             begin = time.perf_counter()
-            runners[name]()
-            times[name].append(time.perf_counter() - begin)
+            for _ in range(repeat):
+                runners[name]()
+            times[name].append((time.perf_counter() - begin) / repeat)
         if on_round:
             on_round(1)
     return times, bool(bound) and all(bound.values())
+
+
+MAX_BLOCK_RUNS = 1000
+
+
+def runs_per_block(runners: Mapping[str, Callable[[], object]], block_seconds: float) -> int:
+    """How many back-to-back runs of the slowest model last ``block_seconds`` (at least 1)."""
+    if block_seconds <= 0:
+        return 1
+    slowest = 0.0
+    for runner in runners.values():
+        begin = time.perf_counter()
+        runner()
+        slowest = max(slowest, time.perf_counter() - begin)
+    return max(1, min(MAX_BLOCK_RUNS, int(block_seconds / max(slowest, 1e-9))))
 
 
 def _plain(session: ort.InferenceSession, feed: Feed) -> Callable[[], object]:

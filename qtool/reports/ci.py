@@ -17,6 +17,12 @@ def _num(value: float | None, spec: str = ".4g") -> str:
     return format(value, spec)
 
 
+CALIBRATION_WARNING = (
+    "> **Scored on the calibration samples**: not held-out data; the accuracy here is optimistic "
+    "(give `quantize --eval DIR`, or `compare` other samples)."
+)
+
+
 def to_markdown(result: ComparisonResult) -> str:
     """A Markdown report (for ``$GITHUB_STEP_SUMMARY`` and pull-request comments)."""
     verdict = "passed" if result.gates_passed else "FAILED"
@@ -32,6 +38,7 @@ def to_markdown(result: ComparisonResult) -> str:
         "",
         f"### Accuracy ({result.samples} samples of `{result.data_dir}`)",
         "",
+        *([CALIBRATION_WARNING, ""] if result.calibration_data else []),
         "| output | SQNR dB | cosine | MSE | max abs error |",
         "|---|---:|---:|---:|---:|",
     ]
@@ -62,16 +69,19 @@ def to_markdown(result: ComparisonResult) -> str:
             "### Latency",
             "",
             "| provider | threads | reference median ms | candidate median ms | "
-            "p90 ms (ref / cand) | p99 ms (ref / cand) | speed-up | setup ms (ref / cand) | candidate dB there |",
+            "p90 ms (ref / cand) | p99 ms (ref / cand) | speed-up (99 % interval) | setup ms (ref / cand) | "
+            "candidate dB there |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for lat in result.latency:
             setup = f"{lat.setup_ms[0]:.0f} / {lat.setup_ms[1]:.0f}" if lat.setup_ms else ""
             there = f"{lat.candidate_sqnr_db:.2f}" if lat.candidate_sqnr_db is not None else ""
+            interval = lat.speedup_interval
+            speedup = f"{lat.speedup:.2f}x" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
             lines.append(
                 f"| {lat.provider} | {lat.threads or 'default'} | {lat.reference.median_ms:.3f} | "
                 f"{lat.candidate.median_ms:.3f} | {lat.reference.p90_ms:.3f} / {lat.candidate.p90_ms:.3f} | "
-                f"{lat.reference.p99_ms:.3f} / {lat.candidate.p99_ms:.3f} | {lat.speedup:.2f}x | {setup} | {there} |"
+                f"{lat.reference.p99_ms:.3f} / {lat.candidate.p99_ms:.3f} | {speedup} | {setup} | {there} |"
             )
         for provider, reason in result.skipped_providers:
             lines.append(f"| {provider} | | skipped: {reason} | | | | | | |")

@@ -62,7 +62,11 @@ def comparison_to_dict(result: ComparisonResult) -> dict[str, Any]:
                 "reference": {"path": result.reference.path, "sha256": result.reference.sha256},
                 "candidate": {"path": result.candidate.path, "sha256": result.candidate.sha256},
             },
-            "data": {"dir": result.data_dir, "samples": result.samples},
+            "data": {
+                "dir": result.data_dir,
+                "samples": result.samples,
+                "calibration_data": result.calibration_data,
+            },
             "size": {
                 "reference_bytes": result.reference.size_bytes,
                 "candidate_bytes": result.candidate.size_bytes,
@@ -105,6 +109,9 @@ def comparison_to_dict(result: ComparisonResult) -> dict[str, Any]:
                     "reference": _latency_dict(lat.reference),
                     "candidate": _latency_dict(lat.candidate),
                     "speedup": lat.speedup,
+                    "speedup_interval": list(lat.speedup_interval) if lat.speedup_interval else None,
+                    "latency_ratio": lat.latency_ratio,
+                    "latency_ratio_interval": list(lat.ratio_interval) if lat.ratio_interval else None,
                     "setup_ms": list(lat.setup_ms) if lat.setup_ms else None,
                     "io_binding": lat.io_binding,
                     "candidate_sqnr_db": lat.candidate_sqnr_db,

@@ -55,12 +55,18 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
     size.add_row("compression", "", f"[bold]{result.compression_ratio:.2f}x[/bold]")
     console.print(size)
 
-    acc = Table(title=f"accuracy vs reference, {result.samples} samples", title_justify="left")
+    acc = Table(title=f"accuracy vs reference, {result.samples} samples of {result.data_dir}", title_justify="left")
     for column in ("output", "SQNR dB", "cosine", "MSE", "max |err|"):
         acc.add_column(column, justify="left" if column == "output" else "right")
     for m in [*result.outputs, result.overall] if len(result.outputs) > 1 else result.outputs:
         acc.add_row(m.name, _db(m.sqnr_db), f"{m.cosine:.6f}", f"{m.mse:.3e}", f"{m.max_abs_error:.3e}")
     console.print(acc)
+    if result.calibration_data:
+        console.print(
+            "[yellow]scored on the calibration samples[/yellow]: not held out, so optimistic "
+            "(give --eval DIR, or compare other samples)",
+            highlight=False,
+        )
     console.print(f"task: {result.task_note}", highlight=False)
     for a in result.agreement:
         console.print(f"  {a.name}: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} over {a.rows} rows")
@@ -79,7 +85,9 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
         for label, stats in (("reference", lat.reference), ("candidate", lat.candidate)):
             table.add_row(label, f"{stats.median_ms:.3f}", f"{stats.p90_ms:.3f}", f"{stats.p99_ms:.3f}")
         colour = "green" if lat.speedup >= 1 else "yellow"
-        table.add_row("speed-up", f"[{colour}]{lat.speedup:.2f}x[/{colour}]", "", "")
+        interval = lat.speedup_interval
+        spread = f"99 % interval {interval[0]:.2f}-{interval[1]:.2f}x" if interval else "too few runs for an interval"
+        table.add_row("speed-up", f"[{colour}]{lat.speedup:.2f}x[/{colour}]", spread, "")
         console.print(table)
         if lat.candidate_sqnr_db is not None:
             console.print(

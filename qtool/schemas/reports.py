@@ -45,6 +45,9 @@ class Data(_Report):
 
     dir: str
     samples: int
+    calibration_data: bool = Field(
+        False, description="the samples the model was calibrated on (quantize --data without --eval): not held out"
+    )
 
 
 class Size(_Report):
@@ -139,6 +142,15 @@ class Latency(_Report):
     reference: LatencyStats
     candidate: LatencyStats
     speedup: float
+    speedup_interval: list[float] | None = Field(
+        None, description="99 % distribution-free interval of the speed-up (null: too few runs)"
+    )
+    latency_ratio: float | None = Field(
+        None, description="candidate/reference time: the median of the ratios of rounds that ran both models"
+    )
+    latency_ratio_interval: list[float] | None = Field(
+        None, description="99 % interval of latency_ratio, from order statistics; latency gates judge it"
+    )
     setup_ms: list[float] | None = Field(
         None,
         description="session creation and first run of reference and candidate, apart from inference "

@@ -61,7 +61,7 @@ def test_compare_reads_evaluation_samples_from_a_url(memory, quantized_samples):
     url = _upload(memory, eval_dir("mlp"), "/qtool-test/mlp/eval")
     remote = qtool.compare(sample("mlp"), quantized_samples["mlp"], url, options=EvaluationOptions(runs=0))
     local = qtool.compare(sample("mlp"), quantized_samples["mlp"], eval_dir("mlp"), options=EvaluationOptions(runs=0))
-    assert remote.samples == local.samples == 32
+    assert remote.samples == local.samples == 32 and remote.data_dir == url  # the URL, not the temporary copy
     assert remote.overall.sqnr_db == pytest.approx(local.overall.sqnr_db, abs=1e-9)
 
 
