@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.gates import GateResult
 from qtool.evaluation.layers import LayerError
 from qtool.evaluation.metrics import Agreement, BoxIoU, ErrorMetrics, LatencyComparison
@@ -53,6 +54,7 @@ class ComparisonResult:
     output_kinds: list[OutputKind] = field(default_factory=list)  # how each float output was judged, and why
     boxes: list[BoxIoU] = field(default_factory=list)  # mean IoU of each box output
     calibration_data: bool = False  # scored on the samples the model was calibrated on (not held out)
+    baseline: BaselineComparison | None = None  # the change against an earlier report (compare --baseline)
 
     @property
     def compression_ratio(self) -> float:

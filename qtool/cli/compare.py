@@ -130,12 +130,30 @@ def compare(
             "at most this; it fails only when the 99 % interval lies wholly above.",
         ),
     ] = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            "--baseline",
+            metavar="REPORT.json",
+            help="An earlier 'compare --json' report (e.g. from main): show the change in size, accuracy "
+            "and latency against it in every report.",
+        ),
+    ] = None,
+    fail_on_regression: Annotated[
+        bool,
+        typer.Option(
+            "--fail-on-regression",
+            help="With --baseline: exit 1 when size, accuracy or latency got worse than the baseline "
+            "beyond its tolerance (each becomes a gate).",
+        ),
+    ] = False,
     latency_tolerance: Annotated[
         str | None,
         typer.Option(
             "--latency-tolerance",
             metavar="PCT",
-            help="Slack on --max-latency-ratio, e.g. 5% (or 0.05): fail only above RATIO x (1 + PCT).",
+            help="Slack on --max-latency-ratio, e.g. 5% (or 0.05): fail only above RATIO x (1 + PCT). "
+            "Default 2%: sessions of one model differ by about 1%.",
         ),
     ] = None,
 ) -> None:
@@ -189,6 +207,8 @@ def compare(
                 gates=gates,
                 progress=progress,
                 input_shapes=parse_input_shapes(input_shapes) if input_shapes else None,
+                baseline=baseline,
+                fail_on_regression=fail_on_regression,
             )
         render_comparison(summary_console(json_out), result)
         if json_out:
@@ -206,4 +226,4 @@ def compare(
             raise CheckFailedError(f"{len(failed)} of {len(result.gates)} gates failed: {', '.join(failed)}")
 
     outputs = {"--json": json_out, "--markdown": markdown, "--junit": junit, "--plot": plot}
-    run_command(action, outputs, (reference, candidate, data, config))
+    run_command(action, outputs, (reference, candidate, data, config, baseline))

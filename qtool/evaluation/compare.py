@@ -18,7 +18,8 @@ from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.outputs import FloatOutputs
 from qtool.config import load_config
 from qtool.errors import QtoolError
-from qtool.evaluation.gates import Gate, check_measurable, evaluate_gates
+from qtool.evaluation.baseline import against_baseline, read_baseline, regression_gates
+from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
 from qtool.evaluation.layers import layer_errors
 from qtool.evaluation.metrics import TASKS, LatencyComparison, measure_latency, output_metrics
 from qtool.evaluation.output_kinds import output_sources
@@ -48,6 +49,8 @@ def compare(
     progress: ProgressFactory | None = None,
     reference_outputs: FloatOutputs | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    baseline: Path | str | None = None,
+    fail_on_regression: bool = False,
 ) -> ComparisonResult:
     """Compare a candidate model with its reference: size, accuracy, latency per provider, and gates.
 
@@ -65,6 +68,9 @@ def compare(
             samples (``quantize --data``): those samples do not run the reference again.
         input_shapes: input name -> sizes fixing its dynamic dimensions other than batch: samples of
             another shape are refused, so accuracy and latency are measured at that shape.
+        baseline: an earlier ``compare --json`` report: the result also holds the change against it
+            (see :mod:`qtool.evaluation.baseline`), read and checked before any work.
+        fail_on_regression: with ``baseline``, each compared number is also a gate that a regression fails.
     """
     runs, warmup, threads, task = options.runs, options.warmup, options.threads, options.task
     if runs < 0 or warmup < 0:
@@ -74,6 +80,9 @@ def compare(
     if task not in TASKS:
         raise QtoolError(f"unknown task '{task}'", hint=f"use one of: {', '.join(TASKS)}")
     check_measurable(gates or [], runs=runs, task=task)
+    earlier = read_baseline(baseline) if baseline is not None else None
+    if fail_on_regression and earlier is None:
+        raise QtoolError("--fail-on-regression needs --baseline REPORT.json")
     reference_model, candidate_model = load_model(reference_path), load_model(candidate_path)
     if input_shapes:  # the samples must have these shapes: accuracy and latency at the shape that ships
         fixed = onnx.ModelProto()
@@ -137,7 +146,21 @@ def compare(
         output_kinds=accuracy.kinds,
         boxes=accuracy.boxes,
     )
-    return replace(result, gates=evaluate_gates(gates or [], result.measured(), result.intervals()))
+    judged = evaluate_gates(gates or [], result.measured(), result.intervals())
+    if earlier is None:
+        return replace(result, gates=judged)
+    from qtool.reports.documents import comparison_to_dict
+    from qtool.schemas.reports import CompareReport
+
+    stated = [g.tolerance for g in gates or [] if g.metric == "latency_ratio"]
+    tolerance = max(stated, default=DEFAULT_LATENCY_TOLERANCE)
+    now = CompareReport.model_validate(comparison_to_dict(replace(result, gates=judged)))
+    changes = against_baseline(now, earlier, str(baseline), tolerance)
+    if not changes.same_reference:
+        log.warning("the baseline %s measured another reference model (its digest differs)", baseline)
+    if fail_on_regression:
+        judged += regression_gates(changes)
+    return replace(result, gates=judged, baseline=changes)
 
 
 def _latency_per_provider(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 
+from qtool.evaluation.baseline import BaselineComparison, Change
 from qtool.evaluation.layers import largest_drop
 from qtool.results import ComparisonResult
 
@@ -23,12 +24,46 @@ CALIBRATION_WARNING = (
 )
 
 
+def _change(value: float | None, metric: str) -> str:
+    if value is None:
+        return ""
+    return f"{value:+.2f} dB" if metric == "sqnr" else f"{value:+.3f}"
+
+
+def baseline_markdown(baseline: BaselineComparison) -> list[str]:
+    """The "against the baseline" section of the Markdown report."""
+    verdict = "**regressed**" if baseline.regressed else "no regression"
+    lines = ["", f"### Against the baseline (`{baseline.path}`): {verdict}", ""]
+    if not baseline.same_reference:
+        lines += ["> The baseline measured another reference model.", ""]
+    if not baseline.same_data:
+        lines += ["> The baseline was measured on other data (name or sample count).", ""]
+    lines += ["| metric | baseline | now | change | |", "|---|---:|---:|---:|---|"]
+    for c in baseline.changes:
+        mark = "regressed" if c.regressed else ("better" if improved(c) else "")
+        note = "; ".join(part for part in (mark, c.note) if part)
+        lines.append(
+            f"| {c.metric} | {_num(c.baseline, '.3f')} | {_num(c.current, '.3f')} | "
+            f"{_change(c.change, c.metric)} | {note} |"
+        )
+    return lines
+
+
+def improved(c: Change) -> bool:
+    """Whether the number moved the better way."""
+    if c.change is None or c.change == 0:
+        return False
+    return (c.change > 0) == (c.better == "higher")
+
+
 def to_markdown(result: ComparisonResult) -> str:
     """A Markdown report (for ``$GITHUB_STEP_SUMMARY`` and pull-request comments)."""
     verdict = "passed" if result.gates_passed else "FAILED"
     lines = [f"## qtool compare: {result.candidate.path}", ""]
     if result.gates:
-        lines += [f"**Gates {verdict}** ({sum(g.passed for g in result.gates)}/{len(result.gates)})", ""]
+        failed = sum(not g.passed for g in result.gates)
+        counts = f"{failed} of {len(result.gates)} failed" if failed else f"all {len(result.gates)} passed"
+        lines += [f"**Gates {verdict}** ({counts})", ""]
     lines += [
         "| | reference | candidate |",
         "|---|---:|---:|",
@@ -85,6 +120,8 @@ def to_markdown(result: ComparisonResult) -> str:
             )
         for provider, reason in result.skipped_providers:
             lines.append(f"| {provider} | | skipped: {reason} | | | | | | |")
+    if result.baseline is not None:
+        lines += baseline_markdown(result.baseline)
     if result.gates:
         lines += ["", "### Gates", "", "| gate | measured | verdict |", "|---|---:|---|"]
         for g in result.gates:

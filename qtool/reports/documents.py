@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from qtool import __version__
 from qtool.calibration.statistics import CalibrationStats
+from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.layers import largest_drop
 from qtool.evaluation.metrics import ErrorMetrics, LatencyStats
 from qtool.quantization.inspection import Inspection
@@ -47,6 +48,30 @@ def _latency_dict(stats: LatencyStats) -> dict[str, Any]:
         "p99_ms": stats.p99_ms,
         "mean_ms": stats.mean_ms,
         "runs": stats.runs,
+    }
+
+
+def _baseline_dict(baseline: BaselineComparison) -> dict[str, Any]:
+    def number(value: float | None) -> float | None:
+        return None if value is None else _finite(value)
+
+    return {
+        "path": baseline.path,
+        "same_reference": baseline.same_reference,
+        "same_data": baseline.same_data,
+        "regressed": baseline.regressed,
+        "changes": [
+            {
+                "metric": c.metric,
+                "baseline": number(c.baseline),
+                "current": number(c.current),
+                "change": number(c.change),
+                "better": c.better,
+                "regressed": c.regressed,
+                "note": c.note,
+            }
+            for c in baseline.changes
+        ],
     }
 
 
@@ -134,6 +159,7 @@ def comparison_to_dict(result: ComparisonResult) -> dict[str, Any]:
                     for g in result.gates
                 ],
             },
+            "baseline": _baseline_dict(result.baseline) if result.baseline else None,
             "reproducibility": {
                 "reference_sha256": result.reference.sha256,
                 "candidate_sha256": result.candidate.sha256,

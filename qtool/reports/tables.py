@@ -9,11 +9,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.layers import LayerError, largest_drop
 from qtool.quantization.inspection import Inspection
 from qtool.quantization.rewrite import RewriteReport
 from qtool.quantization.search import FallbackResult
 from qtool.quantization.selection import PlacementChoice
+from qtool.reports.ci import improved
 from qtool.reports.terminal import for_terminal
 from qtool.results import ComparisonResult, QuantizeResult
 from qtool.system.doctor import Doctor
@@ -41,6 +43,25 @@ def _value(value: float | None) -> str:
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return f"{value:.4g}"
+
+
+def _render_baseline(console: Console, baseline: BaselineComparison) -> None:
+    verdict = "[red]regressed[/red]" if baseline.regressed else "[green]no regression[/green]"
+    table = Table(title=f"against the baseline {baseline.path}: {verdict}", title_justify="left")
+    for column in ("metric", "baseline", "now", "change", ""):
+        table.add_column(column, justify="left" if column in ("metric", "") else "right")
+    for c in baseline.changes:
+        change = "" if c.change is None else (f"{c.change:+.2f} dB" if c.metric == "sqnr" else f"{c.change:+.3f}")
+        mark = "[red]regressed[/red]" if c.regressed else ("[green]better[/green]" if improved(c) else "")
+        note = "; ".join(part for part in (mark, c.note) if part)
+        table.add_row(c.metric, _opt(c.baseline), _opt(c.current), change, note)
+    console.print(table)
+    if not baseline.same_reference:
+        console.print("[yellow]the baseline measured another reference model[/yellow]", highlight=False)
+
+
+def _opt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def render_comparison(console: Console, result: ComparisonResult, title: str = "qtool compare") -> None:
@@ -104,6 +125,8 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
             )
     for provider, reason in result.skipped_providers:
         console.print(f"[yellow]latency on {provider} skipped[/yellow]: {reason}", highlight=False)
+    if result.baseline is not None:
+        _render_baseline(console, result.baseline)
 
     if result.gates:
         gates = Table(title="gates", title_justify="left")

@@ -188,6 +188,28 @@ class Gates(_Report):
     results: list[GateResult]
 
 
+class BaselineChange(_Report):
+    """One number of the baseline report next to the same number now."""
+
+    metric: str
+    baseline: float | None
+    current: float | None
+    change: float | None
+    better: str = Field(description="higher or lower")
+    regressed: bool
+    note: str
+
+
+class Baseline(_Report):
+    """The change against an earlier report (compare --baseline)."""
+
+    path: str
+    same_reference: bool
+    same_data: bool
+    regressed: bool
+    changes: list[BaselineChange]
+
+
 class CompareReport(_Report):
     """``qtool compare --json``: size, accuracy, per-layer error, latency per provider, gates."""
 
@@ -202,6 +224,7 @@ class CompareReport(_Report):
     skipped_providers: list[SkippedProvider]
     gates: Gates
     reproducibility: dict[str, Any] = Field(description="digests, versions, CPU and settings behind the numbers")
+    baseline: Baseline | None = Field(None, description="the change against compare --baseline REPORT.json")
 
 
 class InputModel(_Report):

@@ -165,7 +165,7 @@ def test_every_gate_is_printed_and_written_to_junit_and_markdown(cnn_int8, tmp_p
     assert [c.find("failure") is not None for c in cases] == [False, True, False]
     assert suite.get("failures") == "1" and suite.get("tests") == "3"
     text = markdown.read_text()
-    assert "**Gates FAILED** (2/3)" in text and "| `sqnr >= 99` |" in text and "### Latency" in text
+    assert "**Gates FAILED** (1 of 3 failed)" in text and "| `sqnr >= 99` |" in text and "### Latency" in text
 
 
 def test_unavailable_providers_are_skipped_with_a_reason_and_unknown_ones_refused(cnn_int8):
@@ -242,7 +242,8 @@ def test_cuda_latency_is_measured_on_a_gpu_machine(cnn_int8):
 def test_github_actions_example_is_valid_and_runs_real_commands():
     workflow = yaml.safe_load((ROOT / "examples" / "github-actions.yml").read_text())
     steps = workflow["jobs"]["quantize"]["steps"]
-    commands = [s["run"] for s in steps if "run" in s and s["run"].lstrip().startswith("qtool")]
+    lines = [line.strip() for s in steps if "run" in s for line in s["run"].replace("\\\n", " ").splitlines()]
+    commands = [line for line in lines if line.startswith("qtool")]
     assert {c.split()[1] for c in commands} == {"calibrate", "quantize", "compare"}
     assert any(s.get("uses", "").startswith("actions/upload-artifact") for s in steps)
     for command in commands:
@@ -251,6 +252,7 @@ def test_github_actions_example_is_valid_and_runs_real_commands():
         help_text = invoke(subcommand, "--help").stdout
         for option in (w.split("=")[0] for w in words if w.startswith("--")):
             assert option in help_text, f"{subcommand} has no option {option}"
+    assert "--baseline baseline/report.json --fail-on-regression" in "\n".join(lines)
 
 
 @pytest.mark.parametrize(
@@ -303,7 +305,7 @@ def test_latency_interval_is_reported_and_judged(tmp_path):
 
 def test_a_model_at_reference_speed_passes_a_ratio_1_gate_19_times_in_20(tmp_path):
     # The candidate is a byte copy of the reference: the same speed by construction. With the default
-    # runs, a latency gate at 1.0 (no tolerance) must not fail on noise more than once in 20 runs.
+    # runs and tolerance, a latency gate at 1.0 must not fail on noise more than once in 20 runs.
     from qtool.evaluation.gates import parse_gates
 
     copy = tmp_path / "copy.onnx"
@@ -340,3 +342,74 @@ def test_quantize_with_stats_compares_on_eval(tmp_path):
     assert "accuracy vs reference, 32 samples" in r.stdout
     report = to_markdown(qtool.compare(sample("mlp"), tmp_path / "q.onnx", eval_dir("mlp")))
     assert "Scored on the calibration samples" not in report
+
+
+def test_baseline_shows_the_change_and_gates_regressions(cnn_int8, tmp_path):
+    base = ["compare", sample("cnn"), "--data", eval_dir("cnn"), "--runs", "20", "--warmup", "2"]
+    assert invoke(*base[:2], cnn_int8, *base[2:], "--json", tmp_path / "main.json").exit_code == 0
+    same = invoke(
+        *base[:2],
+        cnn_int8,
+        *base[2:],
+        "--baseline",
+        tmp_path / "main.json",
+        "--fail-on-regression",
+        "--json",
+        tmp_path / "same.json",
+        "--markdown",
+        tmp_path / "same.md",
+    )
+    assert same.exit_code == 0, same.stderr
+    doc = json.loads((tmp_path / "same.json").read_text())["baseline"]
+    assert doc["regressed"] is False and doc["same_reference"] and doc["same_data"]
+    sqnr = next(c for c in doc["changes"] if c["metric"] == "sqnr")
+    assert sqnr["change"] == pytest.approx(0.0, abs=1e-9)  # same models, same data: the same accuracy
+    assert {c["metric"] for c in doc["changes"]} >= {"compression", "sqnr", "latency_ratio"}
+    assert "### Against the baseline" in (tmp_path / "same.md").read_text()
+    # a worse candidate: int4 weights lose accuracy against the int8 baseline
+    worse = tmp_path / "int4.onnx"
+    config = tmp_path / "int4.yaml"
+    config.write_text("global: {weight: {dtype: int4, granularity: per_channel}}\n")
+    qtool.quantize(sample("cnn"), worse, config_path=config, data_dir=calib_dir("cnn"), evaluation=None)
+    bad = invoke(
+        *base[:2],
+        worse,
+        *base[2:],
+        "--baseline",
+        tmp_path / "main.json",
+        "--fail-on-regression",
+        "--json",
+        tmp_path / "bad.json",
+        "--junit",
+        tmp_path / "bad.xml",
+    )
+    assert bad.exit_code == 1, bad.stderr
+    assert "sqnr vs baseline" in bad.stderr and "regressed" in bad.stdout
+    doc = json.loads((tmp_path / "bad.json").read_text())
+    assert doc["baseline"]["regressed"] is True
+    failed = [g["metric"] for g in doc["gates"]["results"] if not g["passed"]]
+    assert "sqnr vs baseline" in failed
+    assert "sqnr vs baseline" in (tmp_path / "bad.xml").read_text()
+
+
+def test_a_bad_baseline_is_refused_before_any_work(tmp_path):
+    (tmp_path / "not.json").write_text('{"format": "qtool-calibration-stats"}')
+    base = ["compare", sample("mlp"), sample("mlp"), "--data", eval_dir("mlp"), "--json", tmp_path / "r.json"]
+    r = invoke(*base, "--baseline", tmp_path / "not.json")
+    assert r.exit_code == 2 and "is not a 'qtool compare --json' report" in r.stderr
+    r = invoke(*base, "--fail-on-regression")
+    assert r.exit_code == 2 and "--fail-on-regression needs --baseline" in r.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize(("stated", "allowed"), [(None, 1.02), ("0", 1.0), ("0%", 1.0), ("5%", 1.05), ("0.1", 1.1)])
+def test_latency_gates_allow_the_stated_tolerance_or_two_percent(stated, allowed):
+    from qtool.evaluation.gates import evaluate_gates, parse_gates
+
+    (gate,) = parse_gates(max_latency_ratio=1.0, latency_tolerance=stated)
+    assert gate.allowed == pytest.approx(allowed)
+    inside, outside = (allowed - 0.001, allowed + 0.05), (allowed + 0.001, allowed + 0.05)
+    judged = evaluate_gates([gate], {"latency_ratio": allowed}, {"latency_ratio": inside})
+    assert judged[0].passed
+    judged = evaluate_gates([gate], {"latency_ratio": allowed}, {"latency_ratio": outside})
+    assert not judged[0].passed

@@ -74,9 +74,11 @@ def test_the_install_step_installs_qtool_onnx_from_a_place_the_user_chooses():
 @pytest.mark.slow
 def test_the_steps_run_as_written_and_every_gate_passes_on_the_sample(tmp_path):
     results = _run_steps(tmp_path, _sample_env())
-    assert [name for name, _, _ in results] == ["Calibrate", "Quantize", "Compare and gate", "Publish the report"]
+    names = ["Calibrate", "Quantize", "Compare and gate", "Keep this report as main's baseline", "Publish the report"]
+    assert [name for name, _, _ in results] == names
     for name, code, output in results:
         assert code == 0, f"{name} failed:\n{output[-3000:]}"
+    assert json.loads((tmp_path / "report.json").read_text())["baseline"] is None  # the first run has none
     quantize = json.loads((tmp_path / "quantize.json").read_text())
     assert quantize["placement_choice"] is not None  # --search-data: the placement was measured with --stats
     report = json.loads((tmp_path / "report.json").read_text())
@@ -85,6 +87,14 @@ def test_the_steps_run_as_written_and_every_gate_passes_on_the_sample(tmp_path):
     assert {g["metric"] for g in gates} >= {"sqnr", "cosine", "compression", "latency_ratio"}
     assert "<testsuite" in (tmp_path / "gates.xml").read_text()
     assert (tmp_path / "summary.md").read_text() == (tmp_path / "report.md").read_text()
+    # the next run (a pull request) finds main's report and gates on the change against it
+    (tmp_path / "summary.md").unlink()
+    for name, code, output in _run_steps(tmp_path, _sample_env()):
+        assert code == 0, f"{name} failed on the second run:\n{output[-3000:]}"
+    again = json.loads((tmp_path / "report.json").read_text())
+    assert again["baseline"]["path"] == "baseline/report.json" and again["baseline"]["regressed"] is False
+    assert any(g["metric"] == "sqnr vs baseline" for g in again["gates"]["results"])
+    assert "### Against the baseline" in (tmp_path / "summary.md").read_text()
 
 
 def test_a_failed_calibration_still_publishes_a_summary_and_fails_the_job(tmp_path):

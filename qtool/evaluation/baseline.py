@@ -1,0 +1,161 @@
+"""The change against an earlier ``qtool compare --json`` report: what a pull request wants to see.
+
+Each number the two reports share (compression ratio, overall SQNR, the worst top-1/top-5
+agreement and box IoU, the latency ratio on the first provider) is shown as baseline, now and
+change. A change is a regression when it goes the wrong way by more than its tolerance:
+
+- compression: 1 % smaller ratio;
+- SQNR: 0.1 dB lower;
+- top-1, top-5, box IoU: 0.005 lower (half a percentage point);
+- latency: the new ratio's 99 % interval lies wholly above the baseline's interval, widened by the
+  latency tolerance (``--latency-tolerance``); without intervals, the medians are compared.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from qtool.errors import QtoolError
+from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, GateResult
+from qtool.schemas.reports import CompareReport
+from qtool.system.files import read_json
+
+REPORT_MAX_BYTES = 64 << 20
+SQNR_TOLERANCE_DB = 0.1
+FRACTION_TOLERANCE = 0.005
+COMPRESSION_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class Change:
+    """One number of the baseline report next to the same number now."""
+
+    metric: str
+    baseline: float | None
+    current: float | None
+    better: str  # "higher" or "lower"
+    regressed: bool
+    note: str = ""
+    limit: float | None = None  # the worst value that is not a regression (the baseline and its tolerance)
+
+    @property
+    def change(self) -> float | None:
+        if self.baseline is None or self.current is None:
+            return None
+        if math.isinf(self.baseline) or math.isinf(self.current):
+            return None
+        return self.current - self.baseline
+
+
+@dataclass(frozen=True)
+class BaselineComparison:
+    """Every shared number against the baseline report at ``path``."""
+
+    path: str
+    changes: list[Change]
+    same_reference: bool  # the baseline measured the same reference model (by digest)
+    same_data: bool  # ... on data of the same name and sample count
+
+    @property
+    def regressed(self) -> bool:
+        return any(c.regressed for c in self.changes)
+
+
+def read_baseline(path: Path | str) -> CompareReport:
+    """A ``qtool compare --json`` report, validated; a QtoolError names the file and the field."""
+    data = read_json(path, "baseline report", REPORT_MAX_BYTES)
+    if not isinstance(data, dict) or "schema_version" not in data or "latency" not in data:
+        raise QtoolError(f"{path} is not a 'qtool compare --json' report", hint="pass a report written by --json")
+    if data.get("schema_version") != 3:
+        raise QtoolError(
+            f"{path}: compare report schema version {data.get('schema_version')!r}, this qtool reads 3",
+            hint="write the baseline again with this qtool version",
+        )
+    try:
+        return CompareReport.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise QtoolError(f"{path}: field '{where}': {first['msg']}") from None
+
+
+def _numbers(report: CompareReport) -> dict[str, Any]:
+    """The comparable numbers of a report, by metric."""
+    accuracy = report.accuracy
+    latency = report.latency[0] if report.latency else None
+    return {
+        "compression": report.size.compression_ratio,
+        "sqnr": math.inf if accuracy.overall.sqnr_db is None else accuracy.overall.sqnr_db,
+        "top1": min((a.top1 for a in accuracy.classification), default=None),
+        "top5": min((a.top5 for a in accuracy.classification), default=None),
+        "box_iou": min((b.mean_iou for b in accuracy.boxes), default=None),
+        "latency_ratio": latency.latency_ratio if latency else None,
+        "latency_interval": tuple(latency.latency_ratio_interval)
+        if latency and latency.latency_ratio_interval
+        else None,
+        "provider": latency.provider if latency else None,
+    }
+
+
+def against_baseline(
+    current: CompareReport, baseline: CompareReport, path: str, latency_tolerance: float = DEFAULT_LATENCY_TOLERANCE
+) -> BaselineComparison:
+    """Every number both reports hold, with the regressions marked (see the module docstring)."""
+    now, then = _numbers(current), _numbers(baseline)
+    changes = []
+    limits = {  # metric -> the lowest value that is not a regression, from the baseline's value
+        "compression": lambda b: b * (1 - COMPRESSION_TOLERANCE),
+        "sqnr": lambda b: b - SQNR_TOLERANCE_DB,
+        "top1": lambda b: b - FRACTION_TOLERANCE,
+        "top5": lambda b: b - FRACTION_TOLERANCE,
+        "box_iou": lambda b: b - FRACTION_TOLERANCE,
+    }
+    for metric, lowest in limits.items():
+        b, c = then[metric], now[metric]
+        if b is None and c is None:
+            continue
+        limit = lowest(b) if b is not None else None
+        regressed = limit is not None and c is not None and c < limit
+        changes.append(Change(metric, b, c, "higher", regressed, limit=limit))
+    if now["latency_ratio"] is not None or then["latency_ratio"] is not None:
+        changes.append(_latency_change(now, then, latency_tolerance))
+    same_reference = current.models.reference.sha256 == baseline.models.reference.sha256
+    same_data = (current.data.dir, current.data.samples) == (baseline.data.dir, baseline.data.samples)
+    return BaselineComparison(path, changes, same_reference, same_data)
+
+
+def _latency_change(now: dict[str, Any], then: dict[str, Any], tolerance: float) -> Change:
+    b, c = then["latency_ratio"], now["latency_ratio"]
+    if b is None or c is None:
+        return Change("latency_ratio", b, c, "lower", False, "measured in one report only")
+    if now["provider"] != then["provider"]:
+        return Change("latency_ratio", b, c, "lower", False, f"{then['provider']} then, {now['provider']} now")
+    low_now = now["latency_interval"][0] if now["latency_interval"] else c
+    high_then = then["latency_interval"][1] if then["latency_interval"] else b
+    limit = high_then * (1 + tolerance)
+    regressed = low_now > limit
+    note = "intervals apart" if regressed else "within the intervals"
+    return Change("latency_ratio", b, c, "lower", regressed, note, limit)
+
+
+def regression_gates(comparison: BaselineComparison) -> list[GateResult]:
+    """Each compared number as a gate (``--fail-on-regression``): a regression fails it."""
+    results = []
+    for c in comparison.changes:
+        if c.baseline is None or c.current is None:
+            continue
+        direction = "under" if c.better == "higher" else "over"
+        limit = c.limit if c.limit is not None else c.baseline
+        gate = Gate(f"{c.metric} vs baseline", direction, round(_finite_or(limit, 0.0), 6))
+        note = c.note or ("regressed" if c.regressed else "")
+        results.append(GateResult(gate, c.current, not c.regressed, note))
+    return results
+
+
+def _finite_or(value: float, fallback: float) -> float:
+    return value if math.isfinite(value) else fallback
