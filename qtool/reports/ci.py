@@ -6,7 +6,7 @@ import math
 import xml.etree.ElementTree as ET
 
 from qtool.evaluation.baseline import BaselineComparison, Change
-from qtool.evaluation.layers import largest_drop
+from qtool.evaluation.layers import largest_drop, layer_drop, layer_op
 from qtool.results import ComparisonResult
 
 
@@ -95,9 +95,16 @@ def to_markdown(result: ComparisonResult) -> str:
             "|---|---|---|---:|---:|",
         ]
         for r in result.layers[:10]:
-            lines.append(f"| {r.tensor} | {r.node} | {r.op_type} | {_num(r.sqnr_db, '.2f')} | {r.drop_db:.2f} |")
+            lines.append(f"| {r.tensor} | {r.node} | {layer_op(r)} | {_num(r.sqnr_db, '.2f')} | {layer_drop(r)} |")
         if drop is not None:
             lines += ["", f"Largest drop: **{drop.node}** ({drop.op_type}), {drop.drop_db:.1f} dB."]
+        uncertain = [r for r in result.layers if r.uncertain]
+        if uncertain:
+            lines += [
+                "",
+                f"Uncertain pairings (no drop given): {len(uncertain)}, e.g. {uncertain[0].tensor}: "
+                f"{uncertain[0].uncertain}.",
+            ]
     if result.latency or result.skipped_providers:
         lines += [
             "",

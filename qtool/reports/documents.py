@@ -122,7 +122,11 @@ def comparison_to_dict(result: ComparisonResult) -> dict[str, Any]:
                         "mse": r.mse,
                         "cosine": r.cosine,
                         "input_sqnr_db": r.input_sqnr_db,
-                        "drop_db": r.drop_db,
+                        "drop_db": None if r.uncertain else r.drop_db,
+                        "candidate_tensor": r.candidate_tensor or r.tensor,
+                        "paired_by": r.paired_by,
+                        "folded": list(r.folded),
+                        "uncertain": r.uncertain or None,
                     }
                     for r in result.layers
                 ],

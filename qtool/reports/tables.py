@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from qtool.evaluation.baseline import BaselineComparison
-from qtool.evaluation.layers import LayerError, largest_drop
+from qtool.evaluation.layers import LayerError, largest_drop, layer_drop, layer_op
 from qtool.quantization.inspection import Inspection
 from qtool.quantization.rewrite import RewriteReport
 from qtool.quantization.search import FallbackResult
@@ -146,8 +146,15 @@ def render_layers(console: Console, layers: list[LayerError], show: int = 15) ->
     for column in ("tensor", "node", "op", "SQNR dB", "drop dB", "MSE"):
         table.add_column(column, justify="right" if column in ("SQNR dB", "drop dB", "MSE") else "left")
     for r in layers[:show]:
-        table.add_row(r.tensor, r.node, r.op_type, _db(r.sqnr_db), f"{r.drop_db:.2f}", f"{r.mse:.3e}")
+        table.add_row(r.tensor, r.node, layer_op(r), _db(r.sqnr_db), layer_drop(r), f"{r.mse:.3e}")
     console.print(table)
+    uncertain = [r for r in layers if r.uncertain]
+    if uncertain:
+        console.print(
+            f"{len(uncertain)} pairing(s) uncertain, no drop given: "
+            + "; ".join(f"{r.tensor} ({r.uncertain})" for r in uncertain[:3]),
+            highlight=False,
+        )
     drop = largest_drop(layers)
     if drop is not None:
         console.print(

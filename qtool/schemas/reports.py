@@ -114,7 +114,12 @@ class Layer(_Report):
     mse: float
     cosine: float
     input_sqnr_db: float | None
-    drop_db: float
+    drop_db: float | None  # None when the pairing is uncertain
+    # Defaults keep reports written before structural pairing readable (as baselines).
+    candidate_tensor: str = ""  # the candidate tensor measured (its dequantized copy where a clamp was folded)
+    paired_by: str = "name"  # "name", "node name" or "structure"
+    folded: list[str] = Field(default_factory=list)  # reference ops the candidate node computes too
+    uncertain: str | None = None  # why the pairing may be wrong
 
 
 class PerLayer(_Report):

@@ -76,6 +76,48 @@ def test_plot_draws_a_png(cnn_with_one_int2_layer, tmp_path):
     )
     assert r.exit_code == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    # the worst bar carries the node name the text report blames
+    assert "largest drop: block1/conv" in r.stdout + r.stderr
+
+
+def _png_size(path):
+    import struct
+
+    return struct.unpack(">II", path.read_bytes()[16:24])
+
+
+def test_plot_shows_drops_and_stays_readable_for_hundreds_of_layers(tmp_path):
+    pytest.importorskip("matplotlib")
+    from qtool.evaluation.layers import LayerError
+    from qtool.reports.plot import chart_layers, plot_layers
+
+    def row(i, drop, uncertain=""):
+        return LayerError(
+            f"t{i}",
+            f"node{i}",
+            "Conv",
+            100.0 if i == 0 else 30.0,
+            0.0,
+            1.0,
+            40.0,
+            drop,
+            position=i,
+            folded=("Relu",) if i == 7 else (),
+            uncertain=uncertain,
+        )
+
+    # a capped 100 dB tensor no longer flattens the rest: drops are drawn, not absolute SQNR
+    layers = [row(i, float(i % 13) / 4) for i in range(600)]
+    layers[7] = row(7, 25.0)
+    layers[300] = row(300, 40.0, uncertain="named like another tensor")
+    chart = chart_layers(layers, top=20)
+    assert len(chart.drops) == 599 and chart.uncertain == 1
+    assert chart.worst[0] == (7, "node7 (Conv+Relu)", 25.0) and len(chart.worst) == 20
+    assert [d for _, _, d in chart.worst] == sorted((d for _, _, d in chart.worst), reverse=True)
+    png = tmp_path / "many.png"
+    plot_layers(layers, png)
+    width, height = _png_size(png)
+    assert width <= 1200 and height <= 1200  # the same figure for 600 layers as for 20
 
 
 def test_plot_without_matplotlib_is_a_clear_error_before_any_work(cnn_int8, tmp_path, monkeypatch):
