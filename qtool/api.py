@@ -5,6 +5,8 @@ from __future__ import annotations
 import difflib
 import functools
 import logging
+import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,6 +27,7 @@ from qtool.config import AccuracySettings, QConfig, load_config, split_observer
 from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare as _compare
 from qtool.evaluation.metrics import LatencyComparison, LatencyStats, paired_ratio
+from qtool.evaluation.scoring import OutputScorer
 from qtool.graph.input_shapes import fix_input_shapes, restore_input_dims
 from qtool.graph.model_io import load_model, same_file, save_model, write_text
 from qtool.graph.opsets import choose_opset, runtime_qdq_limit
@@ -36,11 +39,13 @@ from qtool.options import (
     DEFAULT_CALIBRATION,
     DEFAULT_OUTPUT,
     DEFAULT_SEARCH,
+    DEFAULT_TUNE,
     QUANTIZE_EVALUATION,
     CalibrationOptions,
     EvaluationOptions,
     OutputOptions,
     SearchOptions,
+    TuneOptions,
 )
 from qtool.quantization.activations import activation_qparams, plan_activation_qparams
 from qtool.quantization.algorithms.empirical_bias import measure_shifts, measured_layers
@@ -64,7 +69,14 @@ from qtool.quantization.plan import QuantPlan, build_plan
 from qtool.quantization.rewrite import RewriteReport, check_quantized_model, insert_qdq
 from qtool.quantization.roles import static_elements
 from qtool.quantization.selection import PlacementChoice, choose_placement
-from qtool.results import ComparisonResult, ModelFile, ProgressFactory, QuantizeResult, noop_progress
+from qtool.quantization.tune.allocation import allocate, predicted_nsr
+from qtool.quantization.tune.candidates import Candidates, Goal, node_costs
+from qtool.quantization.tune.configs import allocation_document, config_text
+from qtool.quantization.tune.loop import Trial, best_trial, search_budgets
+from qtool.quantization.tune.metric import load_metric, read_labels
+from qtool.quantization.tune.sensitivity import measure, nsr
+from qtool.quantization.tune.space import MEASURED, OPTIONS, W4, Option, options_for
+from qtool.results import ComparisonResult, ModelFile, ProgressFactory, QuantizeResult, TuneResult, noop_progress
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
 from qtool.system.stages import stage
 
@@ -853,3 +865,239 @@ def write_stats(stats: CalibrationStats, path: Path | str) -> None:
 
 
 compare = _accepts_feeds(_compare)
+
+
+def tune(
+    model_path: Path | str,
+    output_path: Path | str,
+    config_out: Path | str,
+    *,
+    data_dir: Path | str,
+    eval_dir: Path | str,
+    options: TuneOptions = DEFAULT_TUNE,
+    config_path: Path | str | Mapping[str, Any] | None = None,
+    calibration: CalibrationOptions = DEFAULT_CALIBRATION,
+    target: str | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    progress: ProgressFactory | None = None,
+) -> TuneResult:
+    """The smallest (or fastest) model that meets a budget, and the config that reproduces it.
+
+    Calibrates once on ``data_dir``, measures what each tuned node (every node with a constant
+    weight) adds to the output error at each precision its target allows, one node at a time on
+    ``options.sensitivity_samples`` calibration samples, then allocates precisions for a noise
+    budget and verifies each allocation on ``eval_dir`` (see :mod:`qtool.quantization.tune`). The
+    chosen allocation is written as a QConfigDict to ``config_out`` and the model is built from it
+    exactly as ``qtool quantize --config CONFIG_OUT --data DATA_DIR`` builds it.
+
+    Raises:
+        QtoolError: bad input (nothing is written then).
+    """
+    started = time.monotonic()
+    deadline = started + options.time_budget
+    model_path, output_path, config_out = Path(model_path), Path(output_path), Path(config_out)
+    goal = _tune_goal(options, eval_dir)
+    _check_tune_outputs(model_path, output_path, config_out)
+    config = load_config(config_path).with_target(target)
+    if config.global_scheme.algorithms.names():
+        raise QtoolError(
+            f"{config.source}: tune does not search accuracy algorithms yet; "
+            f"give a config without global.algorithms ({', '.join(config.global_scheme.algorithms.names())})"
+        )
+    space = options_for(config.target)
+    # Candidates are built at the opset the widest option needs (int2 weights: 25), so each one loads.
+    opset = max(load_config({**config.raw, "global": o.entry}).opset_requirement()[0] for o in space if o.entry)
+    state = _prepare(model_path, config, opset, input_shapes)
+    stats = _calibrate(state, config, data_dir, calibration, progress)
+    elements = {**static_elements(state.prepared), **stats.elements}
+    plan = build_plan(state.prepared, config, elements)
+    shapes = {init.name: list(init.dims) for init in state.prepared.graph.initializer}
+    weight_shape = {n.name: shapes[n.weight.name] for n in plan.nodes if n.weight is not None}
+    tuned = sorted(
+        (n for n in plan.nodes if n.name in weight_shape), key=lambda n: (-int(np.prod(weight_shape[n.name])), n.name)
+    )
+    if not tuned:
+        raise QtoolError(f"{model_path} has no node with a constant weight to tune")
+    op_types = {n.op_type for n in plan.nodes}
+    inputs = model_inputs(state.model)
+    spread = Dataset(data_dir, inputs, spread=options.sensitivity_samples, preprocess=config.preprocess)
+    held_out = Dataset(eval_dir, inputs, preprocess=config.preprocess)
+    labels = read_labels(options.labels, len(held_out)) if options.labels is not None else None
+    goal = replace(goal, labels=labels)
+    threads = options.threads
+    sensitivity_scorer = OutputScorer(state.prepared, spread, threads=threads, weights=state.weights)
+
+    def build(allocation: Mapping[str, Option | str]) -> onnx.ModelProto:
+        document = allocation_document(config.raw, op_types, allocation)
+        _, model, _ = _quantize_in_memory(state, load_config(document), stats)
+        return model
+
+    def isolated_sqnr(selection: dict[str, Option]) -> float:
+        return sensitivity_scorer.score(build(selection), "a node alone").worst_db
+
+    with stage(f"sensitivity of {len(tuned)} nodes"):
+        advance = (progress or noop_progress)("sensitivity", len(tuned) * len([o for o in space if o.name in MEASURED]))
+        sens = measure(
+            [n.name for n in tuned],
+            space,
+            isolated_sqnr,
+            deadline=started + SENSITIVITY_SHARE * options.time_budget,
+            advance=advance,
+        )
+    sensitivity_scorer.release()
+    timed = options.objective == "latency" or options.max_latency_ratio is not None
+    candidates = Candidates(
+        state.prepared,
+        OutputScorer(state.prepared, held_out, threads=threads, weights=state.weights),
+        state.weights,
+        state.source.size_bytes,
+        goal,
+        timed=timed,
+        latency_runs=options.latency_runs,
+        threads=threads,
+    )
+    names = [n.name for n in tuned]
+    work = {n.name: n.macs or 0 for n in tuned}
+    costs = node_costs(
+        names,
+        weight_shape,
+        {n.name: n.weight.axis if n.weight is not None else None for n in tuned},
+        _block_axes(state, config),
+        work,
+        options.objective,
+        [o.name for o in space],
+        lambda o: OPTIONS[o].integer,
+    )
+    first = nsr(goal.target_sqnr_db) if goal.target_sqnr_db is not None else FIRST_METRIC_BUDGET
+    trials: list[Trial] = []
+    out_of_time = False
+    tiers = [[o.name for o in space]]
+    if timed:  # low-bit weight-only nodes dequantize at run time: the fallback tier runs at float speed or faster
+        tiers.append([o.name for o in space if o.name not in ("w2", "w4")])
+    with stage("allocate and verify"):
+        for allowed in tiers:
+
+            def allocate_for(budget: float, allowed: list[str] = allowed) -> dict[str, str]:
+                return allocate(names, allowed, costs, sens, budget)
+
+            def verify(allocation: dict[str, str], budget: float) -> Trial:
+                return candidates.verify(build(allocation), allocation, predicted_nsr(allocation, sens))
+
+            search = search_budgets(
+                first,
+                allocate_for,
+                verify,
+                goal.slack_db,
+                deadline=deadline,
+            )
+            trials += search.trials
+            out_of_time = out_of_time or search.out_of_time
+            if best_trial(trials, options.objective) is not None or out_of_time:
+                break
+    chosen = best_trial(trials, options.objective)
+    met = chosen is not None
+    if chosen is None:
+        if not trials:
+            raise QtoolError(
+                f"--time-budget {options.time_budget:g} s ran out before any candidate was verified",
+                hint="give a larger --time-budget",
+            )
+        chosen = max(
+            trials,
+            key=lambda t: (t.metric if t.metric is not None else t.sqnr_db) * (-1 if goal.lower_is_better else 1),
+        )
+    document = allocation_document(config.raw, op_types, chosen.allocation)
+    header = (
+        f"Chosen by qtool tune {__version__} for {model_path.name}: {goal.describe()}, objective {options.objective}.\n"
+        f"Reproduce: qtool quantize {model_path.name} --config {config_out.name} --data {data_dir} -o OUT.onnx"
+    )
+    text = config_text(document, header)
+    with tempfile.TemporaryDirectory(prefix="qtool-tune-") as scratch:
+        # The build reads the config as quantize --config will; -o and --config-out are committed together.
+        built_from = Path(scratch) / config_out.name
+        built_from.write_text(text)
+        with stage(f"write {output_path}"):
+            quantize(
+                model_path,
+                output_path,
+                config_path=built_from,
+                data_dir=data_dir,
+                calibration=calibration,
+                evaluation=None,
+                input_shapes=input_shapes,
+            )
+    write_text(config_out, text)
+    notes = []
+    if not sens.complete:
+        notes.append(
+            "the time budget cut the sensitivity measurement short: unmeasured nodes use the worst measured figures"
+        )
+    return TuneResult(
+        source=state.source,
+        output=ModelFile.of(output_path),
+        config_out=str(config_out),
+        objective=options.objective,
+        goal=goal.describe(),
+        nodes=len(tuned),
+        trials=trials,
+        chosen=chosen,
+        met=met,
+        out_of_time=out_of_time,
+        sensitivity=sens,
+        seconds=time.monotonic() - started,
+        notes=notes,
+    )
+
+
+def _block_axes(state: _Prepared, config: QConfig) -> dict[str, int | None]:
+    """Each weighted node's per-block axis (the reduction axis), as the plan of per-block weights has it."""
+    blocked = load_config({**config.raw, "global": W4.entry})
+    plan = build_plan(state.prepared, blocked)
+    return {n.name: n.weight.axis for n in plan.nodes if n.weight is not None}
+
+
+SENSITIVITY_SHARE = 0.6  # of the time budget, at most, for measuring nodes one at a time
+FIRST_METRIC_BUDGET = 1e-3  # noise-to-signal power to start from with a metric goal (30 dB)
+
+
+def _tune_goal(options: TuneOptions, eval_dir: Path | str) -> Goal:
+    """Check the goal options before any work."""
+    if (options.target_sqnr_db is None) == (options.metric is None):
+        raise QtoolError("give exactly one of --target-sqnr DB and --metric module:function")
+    if options.metric is not None and options.target_metric is None:
+        raise QtoolError("--metric needs --target-metric X (the value the metric must reach)")
+    if options.target_metric is not None and options.metric is None:
+        raise QtoolError("--target-metric without --metric module:function")
+    if options.labels is not None and options.metric is None:
+        raise QtoolError("--labels without --metric: labels are passed to the metric")
+    if options.objective not in ("size", "latency"):
+        raise QtoolError(f"--objective must be size or latency, not '{options.objective}'")
+    if not 0 < options.time_budget <= 24 * 3600:
+        raise QtoolError("--time-budget must be a number of seconds above 0 (at most a day)")
+    if options.max_latency_ratio is not None and not options.max_latency_ratio > 0:
+        raise QtoolError("--max-latency-ratio must be above 0")
+    if options.sensitivity_samples < 1 or options.latency_runs < 8:
+        raise QtoolError("--sensitivity-samples must be >= 1 and --latency-runs >= 8")
+    if options.target_sqnr_db is not None and not 0 < options.target_sqnr_db < 200:
+        raise QtoolError(f"--target-sqnr {options.target_sqnr_db:g} dB is outside (0, 200)")
+    metric = load_metric(options.metric) if options.metric is not None else None
+    return Goal(
+        target_sqnr_db=options.target_sqnr_db,
+        metric=metric,
+        metric_name=options.metric or "",
+        target_metric=options.target_metric,
+        lower_is_better=options.lower_is_better,
+        max_latency_ratio=options.max_latency_ratio,
+    )
+
+
+def _check_tune_outputs(model_path: Path, output_path: Path, config_out: Path) -> None:
+    if output_path.suffix.lower() != ".onnx":
+        raise QtoolError(f"output path {output_path} must end in .onnx")
+    if config_out.suffix.lower() not in (".yaml", ".yml"):
+        raise QtoolError(f"--config-out {config_out} must end in .yaml")
+    for path in (output_path, config_out):
+        if same_file(model_path, path):
+            raise QtoolError(f"{path} is the input model; qtool never overwrites its input")
+        if not path.parent.exists():
+            raise QtoolError(f"the folder of {path} does not exist")

@@ -65,8 +65,26 @@ class OutputOptions:
     opset: int | None = None  # the output's default-domain opset (None: see qtool.graph.opsets)
 
 
+@dataclass(frozen=True)
+class TuneOptions:
+    """What ``qtool tune`` must reach and how long it may look (see :func:`qtool.api.tune`)."""
+
+    target_sqnr_db: float | None = None  # the worst output's SQNR on the evaluation samples must reach this
+    metric: str | None = None  # module:function scored per evaluation sample (instead of SQNR)
+    target_metric: float | None = None  # the metric's mean must reach this
+    lower_is_better: bool = False  # the metric is an error: it must stay at or below target_metric
+    labels: Path | str | None = None  # one label per evaluation sample, passed to the metric
+    max_latency_ratio: float | None = None  # candidate / float time bound (CPU, timed interleaved)
+    objective: str = "size"  # size | latency: what the chosen model minimises among those meeting the target
+    time_budget: float = 600.0  # seconds; the search stops with the best result so far
+    sensitivity_samples: int = 4  # calibration samples each node is measured on, spread over the set
+    latency_runs: int = 30  # timed rounds per candidate when latency matters
+    threads: int | None = None  # onnxruntime intra-op threads
+
+
 # The defaults, as shared immutable values (the records are frozen).
 DEFAULT_CALIBRATION = CalibrationOptions()
 DEFAULT_SEARCH = SearchOptions()
 DEFAULT_EVALUATION = EvaluationOptions()
 DEFAULT_OUTPUT = OutputOptions()
+DEFAULT_TUNE = TuneOptions(target_sqnr_db=30.0)

@@ -17,6 +17,8 @@ from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exp
 from qtool.quantization.rewrite import RewriteReport
 from qtool.quantization.search import FallbackResult
 from qtool.quantization.selection import PlacementChoice
+from qtool.quantization.tune.loop import Trial
+from qtool.quantization.tune.sensitivity import Sensitivity
 
 
 @dataclass(frozen=True)
@@ -111,3 +113,22 @@ class QuantizeResult:
     @property
     def compression_ratio(self) -> float:
         return self.source.size_bytes / self.output.size_bytes
+
+
+@dataclass
+class TuneResult:
+    """What ``qtool tune`` tried, chose and wrote."""
+
+    source: ModelFile
+    output: ModelFile
+    config_out: str
+    objective: str
+    goal: str  # e.g. "SQNR >= 30 dB" or "mytask:top1 >= 0.9"
+    nodes: int  # nodes tuned
+    trials: list[Trial]
+    chosen: Trial
+    met: bool  # the chosen model meets the goal (otherwise it is the most accurate tried)
+    out_of_time: bool  # the time budget stopped the search
+    sensitivity: Sensitivity
+    seconds: float
+    notes: list[str] = field(default_factory=list)

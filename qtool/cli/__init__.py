@@ -10,14 +10,14 @@ from typing import Any
 
 from rich.text import Text
 
-from qtool.cli import calibrate, compare, info, quantize  # noqa: F401 - registers the commands
+from qtool.cli import calibrate, compare, info, quantize, tune  # noqa: F401 - registers the commands
 from qtool.cli.app import app, err_console
 from qtool.reports.terminal import printable
 
 __all__ = ["app", "main"]
 
 # --help lists the commands in the order of the pipeline, whatever order their modules load in
-_ORDER = ("calibrate", "quantize", "compare", "inspect", "merge", "observers", "schema", "doctor")
+_ORDER = ("calibrate", "quantize", "tune", "compare", "inspect", "merge", "observers", "schema", "doctor")
 app.registered_commands.sort(key=lambda c: _ORDER.index(c.callback.__name__) if c.callback else len(_ORDER))
 
 

@@ -96,11 +96,22 @@ class OutputScorer:
         session = create_session(model, what, threads=self.threads, weights=self.weights)
         return self.score_session(session, what)
 
-    def score_session(self, session: ort.InferenceSession, what: str = "the candidate model") -> OutputScore:
-        """Like :meth:`score`, for a session already created."""
+    def reference_outputs(self, index: int) -> dict[str, np.ndarray]:
+        """The float model's outputs on sample ``index``, by name."""
+        return dict(zip(self.names, self._reference(index), strict=True))
+
+    def score_session(
+        self,
+        session: ort.InferenceSession,
+        what: str = "the candidate model",
+        collect: list[dict[str, np.ndarray]] | None = None,
+    ) -> OutputScore:
+        """Like :meth:`score`, for a session already created; ``collect`` receives each sample's outputs."""
         accumulators = {name: ErrorAccumulator() for name in self.names}
         for index, (path, feed) in enumerate(self.samples):
             values = run_session(session, self.names, feed, f"{what} on {path}")
+            if collect is not None:
+                collect.append({name: np.asarray(v) for name, v in zip(self.names, values, strict=True)})
             for name, r, c in zip(self.names, self._reference(index), values, strict=True):
                 if np.shape(r) == np.shape(c):
                     accumulators[name].add(r, np.asarray(c))

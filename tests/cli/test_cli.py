@@ -214,7 +214,7 @@ def test_internal_errors_exit_70_with_a_report_request(tmp_path, monkeypatch):
 
 
 def test_help_documents_every_option():
-    for command in ("calibrate", "quantize", "compare"):
+    for command in ("calibrate", "quantize", "tune", "compare"):
         r = invoke(command, "--help")
         assert r.exit_code == 0
         for line in r.stdout.splitlines():

@@ -1,0 +1,60 @@
+"""Pick one option per node: the cheapest set whose predicted error fits a budget (a Lagrangian knapsack).
+
+For a multiplier ``lam`` every node takes the option minimising ``cost + lam * nsr`` on its own;
+raising ``lam`` trades cost for accuracy, node by node, in order of the best exchange rate. A
+bisection on ``lam`` finds the cheapest such allocation whose summed noise-to-signal power stays
+within the budget. Costs are bytes (objective ``size``) or predicted time (objective ``latency``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from qtool.quantization.tune.sensitivity import Sensitivity
+
+Allocation = dict[str, str]  # node -> option name
+
+
+def _pick(
+    nodes: Sequence[str], options: Sequence[str], cost: Mapping[str, Mapping[str, float]], sens: Sensitivity, lam: float
+) -> Allocation:
+    chosen = {}
+    for node in nodes:
+        usable = [o for o in options if math.isfinite(sens.of(node, o)) and o in cost[node]]
+        chosen[node] = min(usable, key=lambda o: (cost[node][o] + lam * sens.of(node, o), sens.of(node, o), o))
+    return chosen
+
+
+def predicted_nsr(allocation: Allocation, sens: Sensitivity) -> float:
+    """The allocation's summed noise-to-signal power."""
+    return sum(sens.of(node, option) for node, option in allocation.items())
+
+
+def allocate(
+    nodes: Sequence[str],
+    options: Sequence[str],
+    cost: Mapping[str, Mapping[str, float]],
+    sens: Sensitivity,
+    budget: float,
+) -> Allocation:
+    """The cheapest allocation (by the Lagrangian) whose predicted noise fits ``budget``."""
+    if "float" not in options:
+        raise ValueError("the options must include float (the allocation that always fits)")
+    low, high = 1e-6, 1e18  # lam: low buys the cheapest options, high the most accurate
+    best = _pick(nodes, options, cost, sens, high)
+    if predicted_nsr(best, sens) > budget:
+        return best
+    cheapest = _pick(nodes, options, cost, sens, low)
+    if predicted_nsr(cheapest, sens) <= budget:
+        return cheapest
+    for _ in range(80):
+        middle = math.sqrt(low * high)
+        trial = _pick(nodes, options, cost, sens, middle)
+        if predicted_nsr(trial, sens) <= budget:
+            high, best = middle, trial
+        else:
+            low = middle
+        if high / low < 1.0001:
+            break
+    return best

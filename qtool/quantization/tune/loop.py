@@ -1,0 +1,115 @@
+"""The verification loop: allocate for a noise budget, build and measure for real, move the budget.
+
+The predicted noise is a first-order sum; the measured model decides. Each round allocates for a
+budget, verifies the allocation (a real build, scored on the evaluation samples), and moves the
+budget: up when the model meets the target (a smaller model may too), down when it does not, by
+the measured slack in dB while only one side is known, then by bisection between the largest
+budget that met the target and the smallest that did not.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from qtool.quantization.tune.allocation import Allocation
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One allocation built and measured."""
+
+    allocation: dict[str, str]  # node -> option name
+    predicted_db: float  # the SQNR the sum of its nodes' measured noise predicts
+    size_bytes: int
+    compression: float
+    sqnr_db: float  # worst output on the evaluation samples
+    metric: float | None = None  # the user's metric, when given
+    latency_ratio: float | None = None  # candidate / float time, when timed
+    latency_interval: tuple[float, float] | None = None
+    meets: bool = False  # accuracy target met (and the latency bound, when given)
+    note: str = ""  # why it does not meet the target
+
+    def counts(self) -> dict[str, int]:
+        """How many nodes got each option."""
+        found: dict[str, int] = {}
+        for option in self.allocation.values():
+            found[option] = found.get(option, 0) + 1
+        return dict(sorted(found.items()))
+
+
+@dataclass
+class Search:
+    """The trials so far and whether the time budget cut the loop short."""
+
+    trials: list[Trial] = field(default_factory=list)
+    out_of_time: bool = False
+
+
+def search_budgets(
+    first_budget: float,
+    allocate: Callable[[float], Allocation],
+    verify: Callable[[Allocation, float], Trial],
+    slack_db: Callable[[Trial], float | None],
+    *,
+    deadline: float,
+    max_trials: int = 10,
+) -> Search:
+    """Verify allocations for moving budgets (noise-to-signal power) until the best is pinned down.
+
+    ``slack_db``: how far a trial is above (+) or below (-) its accuracy target in dB, when that is
+    known (an SQNR target); None moves the budget by a factor of 4 while one side is unknown.
+    """
+    search = Search()
+    seen: dict[tuple[tuple[str, str], ...], Trial] = {}
+    budget, met, missed = first_budget, 0.0, math.inf
+    repeats = 0
+    for _ in range(max_trials):
+        if search.trials and time.monotonic() > deadline:  # one candidate is always verified
+            search.out_of_time = True
+            break
+        allocation = allocate(budget)
+        key = tuple(sorted(allocation.items()))
+        trial = seen.get(key)
+        if trial is None:
+            trial = verify(allocation, budget)
+            seen[key] = trial
+            search.trials.append(trial)
+            repeats = 0
+        else:
+            repeats += 1
+        if trial.meets:
+            met = max(met, budget)
+        else:
+            missed = min(missed, budget)
+        if repeats >= 3 or (met > 0 and math.isfinite(missed) and missed / met < 1.5):
+            break
+        if met > 0 and math.isfinite(missed):
+            budget = math.sqrt(met * missed)
+            continue
+        slack = slack_db(trial)
+        factor = 10 ** (slack / 10) if slack is not None and math.isfinite(slack) else (4.0 if trial.meets else 0.25)
+        factor = min(max(factor, 1.5), 100.0) if trial.meets else max(min(factor, 1 / 1.5), 0.01)
+        budget *= factor
+    return search
+
+
+def best_trial(trials: list[Trial], objective: str) -> Trial | None:
+    """The smallest (``size``) or fastest (``latency``) trial that meets the target; ties to accuracy."""
+    meeting = [t for t in trials if t.meets]
+    if objective == "latency":
+        return min(meeting, key=lambda t: (t.latency_ratio or math.inf, t.size_bytes, -t.sqnr_db), default=None)
+    return min(meeting, key=lambda t: (t.size_bytes, -t.sqnr_db), default=None)
+
+
+def pareto(trials: list[Trial]) -> list[Trial]:
+    """The trials no other trial beats on size, accuracy and (when timed) latency at once."""
+
+    def beats(a: Trial, b: Trial) -> bool:
+        la, lb = a.latency_ratio or 0.0, b.latency_ratio or 0.0
+        no_worse = a.size_bytes <= b.size_bytes and a.sqnr_db >= b.sqnr_db and la <= lb
+        return no_worse and (a.size_bytes < b.size_bytes or a.sqnr_db > b.sqnr_db or la < lb)
+
+    return sorted((t for t in trials if not any(beats(o, t) for o in trials)), key=lambda t: t.size_bytes)

@@ -1,0 +1,57 @@
+"""What ``qtool tune`` may choose for each node: weight precision and whether activations are quantized.
+
+Each :class:`Option` is a ``node_name`` entry of a QConfigDict, so any choice of options is a config
+that ``qtool quantize --config`` reproduces. The options a target allows follow its rules: TensorRT
+runs int8 only with int8 on both inputs of a layer, CUDA runs Q/DQ models in float (quantized
+weights are stored and restored at load), the CPU runs all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+FP16_NSR = 1e-7  # noise-to-signal power of fp16 weights (11-bit mantissa): far below any target
+INT16_GAIN = 2.0**-16  # int16 activations: 256x finer steps than 8 bits, so 65536x less noise power
+
+
+@dataclass(frozen=True)
+class Option:
+    """One precision a node may get; ``entry`` is its ``node_name:`` value (None keeps it float)."""
+
+    name: str
+    entry: dict[str, Any] | None
+    integer: bool = False  # runs integer kernels (quantized activations): faster where the node does enough work
+
+
+def _weights(dtype: str, granularity: str, **extra: Any) -> dict[str, Any]:
+    weight: dict[str, Any] = {"dtype": dtype, "granularity": granularity, "final_layer_int8": False}
+    if granularity == "per_block":
+        weight["block_size"] = 32
+    return {"weight": weight, **extra}
+
+
+FLOAT = Option("float", None)
+FP16 = Option("fp16", _weights("fp16", "per_tensor", weight_only=True))
+W8 = Option("w8", _weights("int8", "per_channel", weight_only=True, placement="storage"))
+W8A8 = Option("w8a8", _weights("int8", "per_channel", weight_only=False, placement="integer"), integer=True)
+W8A16 = Option(
+    "w8a16",
+    {**_weights("int8", "per_channel", weight_only=False, placement="integer"), "activation": {"dtype": "int16"}},
+)
+W8_BLOCKS = Option("w8b", _weights("int8", "per_block", weight_only=True))  # a scale per 32 weights: outliers hurt less
+W4 = Option("w4", _weights("int4", "per_block", weight_only=True))
+W2 = Option("w2", _weights("int2", "per_block", weight_only=True))
+
+OPTIONS = {o.name: o for o in (W2, W4, W8, W8_BLOCKS, W8A8, W8A16, FP16, FLOAT)}
+# Measured one node at a time; the others are derived (see qtool.quantization.tune.sensitivity).
+MEASURED = ("w4", "w8", "w8b", "w8a8")
+
+
+def options_for(target: str) -> list[Option]:
+    """The options ``target`` can run, smallest weights first."""
+    if target == "tensorrt":
+        return [W8A8, FLOAT]
+    if target == "cuda":
+        return [W2, W4, W8, W8_BLOCKS, FP16, FLOAT]
+    return [W2, W4, W8, W8_BLOCKS, W8A8, W8A16, FP16, FLOAT]

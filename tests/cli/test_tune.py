@@ -1,0 +1,166 @@
+"""qtool tune: the smallest model meeting a budget, reproduced through --config-out."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import qtool
+from qtool.cli import app
+from qtool.options import EvaluationOptions
+from tests.conftest import calib_dir, eval_dir, sample
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def tune_args(name, tmp_path, *extra):
+    return [
+        "tune",
+        sample(name),
+        "--data",
+        calib_dir(name),
+        "--eval",
+        eval_dir(name),
+        "-o",
+        tmp_path / "out.onnx",
+        "--config-out",
+        tmp_path / "chosen.yaml",
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_tune_meets_the_target_smaller_than_int8_and_the_config_reproduces_it(name, tmp_path):
+    r = invoke(*tune_args(name, tmp_path, "--target-sqnr", "30", "--json", tmp_path / "t.json"))
+    assert r.exit_code == 0, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "t.json").read_text())
+    chosen = next(t for t in doc["trials"] if t["chosen"])
+    assert doc["met"] and chosen["meets"] and chosen["sqnr_db"] >= 30 and chosen["pareto"]
+    # int4 where tolerable: smaller than int8 weights alone would make it
+    assert chosen["compression_ratio"] >= 3.5 and chosen["precisions"].get("w4", 0) >= 1
+    # the written model is the chosen one: an independent comparison on the evaluation samples agrees
+    result = qtool.compare(sample(name), tmp_path / "out.onnx", eval_dir(name), options=EvaluationOptions(runs=0))
+    assert result.overall.sqnr_db >= 30 and result.compression_ratio >= 3.5
+    # the config reproduces it byte for byte through quantize
+    chosen_yaml = yaml.safe_load((tmp_path / "chosen.yaml").read_text())
+    assert chosen_yaml["accuracy"]["target_sqnr_db"] is None and chosen_yaml["node_name"]
+    again = tmp_path / "again.onnx"
+    q = invoke("quantize", sample(name), "--config", tmp_path / "chosen.yaml", "--data", calib_dir(name), "-o", again)
+    assert q.exit_code == 0, q.stderr
+    assert again.read_bytes() == (tmp_path / "out.onnx").read_bytes()
+
+
+def test_the_time_budget_stops_the_search_with_the_best_so_far(tmp_path):
+    r = invoke(*tune_args("transformer", tmp_path, "--target-sqnr", "30", "--time-budget", "0.05", "--json", "-"))
+    assert r.exit_code in (0, 1), r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["out_of_time"] and not doc["sensitivity"]["complete"] and len(doc["trials"]) == 1
+    assert "time budget" in r.stderr and (tmp_path / "out.onnx").exists() == (r.exit_code in (0, 1))
+    assert any("cut the sensitivity measurement short" in note for note in doc["notes"])
+
+
+METRIC = '''
+import numpy as np
+
+calls = []
+
+
+def agreement(reference, candidate):
+    """1 when the candidate's top class is the float model's."""
+    return float(np.argmax(reference["logits"]) == np.argmax(candidate["logits"]))
+
+
+def worst_error(reference, candidate):
+    return float(np.abs(reference["logits"] - candidate["logits"]).max())
+
+
+def labelled(reference, candidate, label):
+    calls.append(int(label))
+    return float(np.argmax(candidate["logits"]) == int(label))
+'''
+
+
+def test_a_user_metric_is_the_budget(tmp_path, monkeypatch):
+    (tmp_path / "mytask.py").write_text(METRIC)
+    monkeypatch.chdir(tmp_path)
+    r = invoke(*tune_args("mlp", tmp_path, "--metric", "mytask:agreement", "--target-metric", "1.0", "--json", "-"))
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    chosen = next(t for t in doc["trials"] if t["chosen"])
+    assert doc["goal"] == "mytask:agreement >= 1" and chosen["metric"] == 1.0
+    assert all((t["metric"] >= 1.0) == t["meets"] for t in doc["trials"])
+    # an error metric: lower is better
+    r = invoke(
+        *tune_args("mlp", tmp_path, "--metric", "mytask:worst_error", "--target-metric", "0.5", "--lower-is-better")
+    )
+    assert r.exit_code == 0, r.stderr
+    assert "mytask:worst_error <= 0.5" in r.stdout
+
+
+def test_labels_reach_the_metric(tmp_path, monkeypatch):
+    (tmp_path / "labelled_task.py").write_text(METRIC)
+    monkeypatch.chdir(tmp_path)
+    files = sorted(eval_dir("mlp").iterdir())
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(str(i % 10) for i in range(len(files))))
+    args = tune_args("mlp", tmp_path, "--metric", "labelled_task:labelled", "--target-metric", "0.0", "--json", "-")
+    r = invoke(*args, "--labels", labels)
+    assert r.exit_code == 0, r.stderr
+    import labelled_task
+
+    assert labelled_task.calls[: len(files)] == [i % 10 for i in range(len(files))]
+    short = tmp_path / "short.txt"
+    short.write_text("1\n2\n")
+    r = invoke(*args, "--labels", short)
+    assert r.exit_code == 2 and f"holds 2 labels for {len(files)} evaluation samples" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "give exactly one of --target-sqnr DB and --metric"),
+        (["--target-sqnr", "30", "--metric", "m:f", "--target-metric", "1"], "give exactly one of"),
+        (["--metric", "nosuchmodule_qtool:f", "--target-metric", "1"], "--metric: cannot import nosuchmodule_qtool"),
+        (["--metric", "json:no_such_function", "--target-metric", "1"], "json has no function 'no_such_function'"),
+        (["--metric", "json:dumps"], "--metric needs --target-metric"),
+        (["--target-sqnr", "30", "--objective", "speed"], "--objective must be size or latency"),
+        (["--target-sqnr", "30", "--time-budget", "0"], "--time-budget must be a number of seconds above 0"),
+    ],
+)
+def test_bad_goals_are_refused_before_any_work(tmp_path, extra, message):
+    r = invoke(*tune_args("mlp", tmp_path, *extra))
+    assert r.exit_code == 2 and message in r.stderr, r.stderr
+    assert not (tmp_path / "out.onnx").exists() and not (tmp_path / "chosen.yaml").exists()
+
+
+def test_config_out_must_be_yaml_and_nothing_is_written(tmp_path):
+    args = tune_args("mlp", tmp_path, "--target-sqnr", "30")
+    args[args.index("--config-out") + 1] = tmp_path / "chosen.txt"
+    r = invoke(*args)
+    assert r.exit_code == 2 and "must end in .yaml" in r.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_latency_objective_times_every_candidate_and_the_plot_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "tune.png"
+    r = invoke(
+        *tune_args("cnn", tmp_path, "--target-sqnr", "30", "--objective", "latency", "--max-latency-ratio", "1.5"),
+        "--plot",
+        png,
+        "--json",
+        tmp_path / "t.json",
+    )
+    assert r.exit_code in (0, 1), r.stderr
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert all(t["latency_ratio"] is not None and t["latency_ratio_interval"] for t in doc["trials"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert np.isfinite([t["sqnr_db"] for t in doc["trials"]]).all()

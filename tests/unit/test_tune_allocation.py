@@ -1,0 +1,116 @@
+"""The tune allocation: the cheapest precisions whose predicted noise fits the budget."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from qtool.quantization.tune.allocation import allocate, predicted_nsr
+from qtool.quantization.tune.loop import Trial, best_trial, pareto, search_budgets
+from qtool.quantization.tune.sensitivity import INT2_FROM_INT4, Sensitivity, measure, nsr, sqnr_db
+from qtool.quantization.tune.space import FP16_NSR, INT16_GAIN, options_for
+
+OPTIONS = ["w4", "w8", "fp16", "float"]
+BYTES = {"w4": 0.625, "w8": 1.0, "fp16": 2.0, "float": 4.0}
+
+
+def _instance(seed: int, nodes: int = 5) -> tuple[list[str], dict, Sensitivity]:
+    rng = np.random.default_rng(seed)
+    names = [f"n{i}" for i in range(nodes)]
+    sizes = rng.integers(100, 10_000, nodes)
+    sens = Sensitivity()
+    for name in names:
+        w8 = float(10 ** rng.uniform(-6, -3))
+        sens.nsr[name] = {"w4": w8 * float(rng.uniform(50, 400)), "w8": w8, "fp16": 1e-7, "float": 0.0}
+    costs = {n: {o: BYTES[o] * int(s) for o in OPTIONS} for n, s in zip(names, sizes, strict=True)}
+    return names, costs, sens
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_allocation_fits_the_budget_and_is_near_the_cheapest_that_does(seed):
+    names, costs, sens = _instance(seed)
+    budget = float(10 ** np.random.default_rng(seed + 100).uniform(-4, -2))
+    chosen = allocate(names, OPTIONS, costs, sens, budget)
+    assert predicted_nsr(chosen, sens) <= budget
+    cost = sum(costs[n][o] for n, o in chosen.items())
+    fitting = [
+        sum(costs[n][o] for n, o in zip(names, combo, strict=True))
+        for combo in itertools.product(OPTIONS, repeat=len(names))
+        if sum(sens.of(n, o) for n, o in zip(names, combo, strict=True)) <= budget
+    ]
+    # the Lagrangian finds the convex hull's points: never more than the next one up from the optimum
+    assert cost <= 1.35 * min(fitting)
+
+
+def test_a_budget_nothing_fits_keeps_every_node_float():
+    names, costs, sens = _instance(0)
+    chosen = allocate(names, OPTIONS, costs, sens, budget=0.0)
+    assert set(chosen.values()) == {"float"}
+
+
+def test_options_that_fail_on_a_node_are_never_chosen():
+    names, costs, sens = _instance(1)
+    sens.nsr["n0"]["w4"] = math.inf
+    chosen = allocate(names, OPTIONS, costs, sens, budget=1.0)
+    assert chosen["n0"] != "w4" and all(o == "w4" for n, o in chosen.items() if n != "n0")
+
+
+def test_unmeasured_options_are_derived_and_unmeasured_nodes_take_the_worst_figures():
+    scores = {("a", "w4"): 20.0, ("a", "w8"): 45.0, ("a", "w8b"): 47.0, ("a", "w8a8"): 40.0}
+    scores |= {("b", "w4"): 10.0, ("b", "w8"): 35.0, ("b", "w8b"): 38.0, ("b", "w8a8"): 33.0}
+    seen = []
+
+    def score(selection):
+        ((node, option),) = selection.items()
+        seen.append(node)
+        return scores[(node, option.name)]
+
+    sens = measure(["a", "b"], options_for("cpu"), score)
+    assert sens.complete and sens.builds == 8
+    assert sens.of("a", "w2") == pytest.approx(nsr(20.0) * INT2_FROM_INT4)
+    assert sens.of("a", "w8a16") == pytest.approx(nsr(45.0) + (nsr(40.0) - nsr(45.0)) * INT16_GAIN)
+    assert sens.of("a", "fp16") == FP16_NSR and sens.of("a", "float") == 0.0
+    cut = measure(["a", "b", "c"], options_for("cpu"), score, deadline=-math.inf)
+    assert not cut.complete and cut.measured["c"] == [] and seen[-1] in ("a", "b")
+    assert cut.of("c", "w8") == max(cut.of("a", "w8"), cut.of("b", "w8")) or cut.of("c", "w8") == math.inf
+
+
+def test_tensorrt_gets_only_integer_kernels_or_float():
+    assert [o.name for o in options_for("tensorrt")] == ["w8a8", "float"]
+    assert "w8a8" not in [o.name for o in options_for("cuda")]
+
+
+def _trial(size: int, sqnr: float, meets: bool, latency: float | None = None) -> Trial:
+    return Trial({}, sqnr, size, 100 / size, sqnr, latency_ratio=latency, meets=meets)
+
+
+def test_the_smallest_or_fastest_qualifying_trial_wins_and_the_front_drops_dominated_ones():
+    trials = [
+        _trial(10, 31, True, 1.1),
+        _trial(8, 29, False, 0.9),
+        _trial(12, 35, True, 0.95),
+        _trial(12, 30, True, 1.2),
+    ]
+    assert best_trial(trials, "size") is trials[0]
+    assert best_trial(trials, "latency") is trials[2]
+    assert trials[3] not in pareto(trials) and {id(t) for t in trials[:3]} == {id(t) for t in pareto(trials)}
+
+
+def test_the_budget_moves_until_the_largest_that_meets_is_pinned_down():
+    # a fake model: measured SQNR = predicted budget in dB + 3 (the sum is pessimistic by 3 dB)
+    tried = []
+
+    def verify(allocation, budget):
+        tried.append(budget)
+        measured = sqnr_db(budget) + 3
+        return Trial(dict(allocation), sqnr_db(budget), int(100 * measured), 1.0, measured, meets=measured >= 30)
+
+    search = search_budgets(
+        nsr(30), lambda b: {"n": f"{b:.6g}"}, verify, lambda t: t.sqnr_db - 30, deadline=math.inf, max_trials=10
+    )
+    best = best_trial(search.trials, "size")
+    assert best is not None and 30 <= best.sqnr_db < 32  # within the last bisection step (1.76 dB)
+    assert not search.out_of_time and len(search.trials) <= 10
