@@ -53,6 +53,7 @@ bench: $(BIN)/python $(QUARK)/installed  ## qtool vs onnxruntime and AMD Quark: 
 	$(BIN)/python bench/transformers.py
 	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/scaleout.py
+	$(BIN)/python bench/tune.py
 	$(BIN)/python bench/observers.py
 	$(BIN)/python bench/large_model.py
 

@@ -75,7 +75,7 @@ from qtool.quantization.tune.configs import allocation_document, config_text
 from qtool.quantization.tune.loop import Trial, best_trial, search_budgets
 from qtool.quantization.tune.metric import load_metric, read_labels
 from qtool.quantization.tune.sensitivity import measure, nsr
-from qtool.quantization.tune.space import MEASURED, OPTIONS, W4, Option, options_for
+from qtool.quantization.tune.space import GPTQ, MEASURED, OPTIONS, W4, Option, options_for, without_algorithms
 from qtool.results import ComparisonResult, ModelFile, ProgressFactory, QuantizeResult, TuneResult, noop_progress
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
 from qtool.system.stages import stage
@@ -908,7 +908,17 @@ def tune(
     # Candidates are built at the opset the widest option needs (int2 weights: 25), so each one loads.
     opset = max(load_config({**config.raw, "global": o.entry}).opset_requirement()[0] for o in space if o.entry)
     state = _prepare(model_path, config, opset, input_shapes)
-    stats = _calibrate(state, config, data_dir, calibration, progress)
+    # GPTQ options need each node's calibration inputs: gathered in the same float pass (within the
+    # collector's memory budget; nodes past it are rounded to nearest, as quantize would)
+    global_with_gptq = {
+        **config.raw["global"],
+        "algorithms": {**config.raw["global"]["algorithms"], **GPTQ["algorithms"]},
+    }
+    collector = _input_collector(state, load_config({**config.raw, "global": global_with_gptq}))
+    stats = _calibrate(state, config, data_dir, calibration, progress, inputs=collector)
+    algorithms = WeightAlgorithms(collector.result) if collector is not None else None
+    if algorithms is None:
+        space = without_algorithms(space)
     elements = {**static_elements(state.prepared), **stats.elements}
     plan = build_plan(state.prepared, config, elements)
     shapes = {init.name: list(init.dims) for init in state.prepared.graph.initializer}
@@ -929,7 +939,7 @@ def tune(
 
     def build(allocation: Mapping[str, Option | str]) -> onnx.ModelProto:
         document = allocation_document(config.raw, op_types, allocation)
-        _, model, _ = _quantize_in_memory(state, load_config(document), stats)
+        _, model, _ = _quantize_in_memory(state, load_config(document), stats, algorithms)
         return model
 
     def isolated_sqnr(selection: dict[str, Option]) -> float:

@@ -102,8 +102,9 @@ def tune(
     """Find the smallest model (or the fastest) that meets an accuracy budget; write it and its config.
 
     Every node with a weight is measured alone at each precision its target allows (int2/int4/int8
-    weights, int8/int16/float activations, fp16, float); precisions are then allocated for a noise
-    budget and each allocation is built and verified on EVAL, moving the budget until the best is found.
+    weights, GPTQ or nearest rounding, int8/int16/float activations, fp16, float); precisions are then
+    allocated for a noise budget and each allocation is built and verified on EVAL, moving the budget
+    until the best is found.
     """
 
     def action() -> None:

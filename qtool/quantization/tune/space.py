@@ -41,11 +41,14 @@ W8A16 = Option(
 )
 W8_BLOCKS = Option("w8b", _weights("int8", "per_block", weight_only=True))  # a scale per 32 weights: outliers hurt less
 W4 = Option("w4", _weights("int4", "per_block", weight_only=True))
+GPTQ = {"algorithms": {"rounding": "gptq"}}  # rounding that minimises the output error on calibration inputs
+W8_GPTQ = Option("w8g", _weights("int8", "per_channel", weight_only=True, placement="storage", **GPTQ))
+W4_GPTQ = Option("w4g", _weights("int4", "per_block", weight_only=True, **GPTQ))
 W2 = Option("w2", _weights("int2", "per_block", weight_only=True))
 
-OPTIONS = {o.name: o for o in (W2, W4, W8, W8_BLOCKS, W8A8, W8A16, FP16, FLOAT)}
+OPTIONS = {o.name: o for o in (W2, W4, W4_GPTQ, W8, W8_GPTQ, W8_BLOCKS, W8A8, W8A16, FP16, FLOAT)}
 # Measured one node at a time; the others are derived (see qtool.quantization.tune.sensitivity).
-MEASURED = ("w4", "w8", "w8b", "w8a8")
+MEASURED = ("w4", "w4g", "w8", "w8g", "w8b", "w8a8")
 
 
 def options_for(target: str) -> list[Option]:
@@ -53,5 +56,10 @@ def options_for(target: str) -> list[Option]:
     if target == "tensorrt":
         return [W8A8, FLOAT]
     if target == "cuda":
-        return [W2, W4, W8, W8_BLOCKS, FP16, FLOAT]
-    return [W2, W4, W8, W8_BLOCKS, W8A8, W8A16, FP16, FLOAT]
+        return [W2, W4, W4_GPTQ, W8, W8_GPTQ, W8_BLOCKS, FP16, FLOAT]
+    return [W2, W4, W4_GPTQ, W8, W8_GPTQ, W8_BLOCKS, W8A8, W8A16, FP16, FLOAT]
+
+
+def without_algorithms(options: list[Option]) -> list[Option]:
+    """``options`` less those that need calibration inputs (GPTQ)."""
+    return [o for o in options if not (o.entry and "algorithms" in o.entry)]

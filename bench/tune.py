@@ -1,0 +1,159 @@
+"""``qtool tune --target-sqnr 30`` on the sample models and the real PP-OCR models: what it finds, how fast.
+
+Each model is tuned once through the command line (the whole command's wall time and peak memory),
+the written model is compared with the float model on the evaluation samples by ``qtool compare``
+(an independent check of the reported SQNR and size), and ``qtool quantize --config CHOSEN.yaml``
+is run to check that the config reproduces the model byte for byte. The Pareto front of what was
+tried (size, SQNR) is listed per model. Writes bench/results/tune.{json,md}.
+
+Usage: python bench/tune.py [--target DB] [--time-budget S] [--models cnn,mlp,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import onnxruntime as ort  # noqa: E402
+
+from bench.real_data import RegistryUnavailable, real_model  # noqa: E402
+from qtool.system.environment import cpu_info  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+SAMPLES = ("cnn", "mlp", "transformer", "encoder")
+REAL = ("ppocr_det", "ppocr_cls", "ppocr_rec")
+QTOOL = [sys.executable, "-m", "qtool"]
+
+
+def data_for(name: str) -> tuple[Path, Path, Path]:
+    if name in SAMPLES:
+        folder = ROOT / "sample_models" / name
+        return folder / "model.onnx", folder / "calib", folder / "eval"
+    return real_model(name, n_calib=32, n_eval=16)
+
+
+PEAK = (
+    "import resource, subprocess, sys\n"
+    "done = subprocess.run(sys.argv[1:])\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)\n"
+    "sys.exit(done.returncode)\n"
+)
+
+
+def timed(command: list[str]) -> tuple[float, int, subprocess.CompletedProcess]:
+    """Wall seconds and peak resident KiB of one command (measured by a wrapper that runs only it)."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", PEAK, *command], capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    lines = done.stderr.strip().splitlines()
+    peak = int(lines[-1]) if lines and lines[-1].isdigit() else 0
+    return seconds, peak, done
+
+
+def tune_one(name: str, target: float, budget: float, tmp: Path) -> dict:
+    model, calib, evaluation = data_for(name)
+    out, chosen, report = tmp / f"{name}.onnx", tmp / f"{name}.yaml", tmp / f"{name}.json"
+    command = [*QTOOL, "-q", "tune", str(model), "--data", str(calib), "--eval", str(evaluation)]
+    command += ["--target-sqnr", str(target), "--time-budget", str(budget), "-o", str(out)]
+    command += ["--config-out", str(chosen), "--json", str(report)]
+    seconds, peak, done = timed(command)
+    if done.returncode not in (0, 1):
+        return {"model": name, "error": done.stderr.strip().splitlines()[-2:-1]}  # the last line is the peak
+    doc = json.loads(report.read_text())
+    check = tmp / f"{name}.check.json"
+    subprocess.run(
+        [*QTOOL, "-q", "compare", str(model), str(out), "--data", str(evaluation), "--runs", "0", "--json", str(check)],
+        check=True,
+        capture_output=True,
+    )
+    compared = json.loads(check.read_text())
+    again = tmp / f"{name}.again.onnx"
+    subprocess.run(
+        [*QTOOL, "-q", "quantize", str(model), "--config", str(chosen), "--data", str(calib), "-o", str(again)],
+        check=True,
+        capture_output=True,
+    )
+    front = [t for t in doc["trials"] if t["pareto"]]
+    chosen_trial = next(t for t in doc["trials"] if t["chosen"])
+    return {
+        "model": name,
+        "met": doc["met"],
+        "seconds": seconds,
+        "peak_mib": peak / 1024,
+        "nodes": doc["sensitivity"]["nodes"],
+        "sensitivity_seconds": doc["sensitivity"]["seconds"],
+        "trials": len(doc["trials"]),
+        "compression": compared["size"]["compression_ratio"],
+        "sqnr_db": compared["accuracy"]["overall"]["sqnr_db"],
+        "precisions": chosen_trial["precisions"],
+        "reproduced": again.read_bytes() == out.read_bytes(),
+        "pareto": [
+            {"compression": t["compression_ratio"], "sqnr_db": t["sqnr_db"], "precisions": t["precisions"]}
+            for t in front
+        ],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", type=float, default=30.0)
+    parser.add_argument("--time-budget", type=float, default=600.0)
+    parser.add_argument("--models", default=",".join((*SAMPLES, *REAL)))
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="qtool-bench-tune-") as scratch:
+        for name in args.models.split(","):
+            try:
+                row = tune_one(name, args.target, args.time_budget, Path(scratch))
+            except RegistryUnavailable as e:
+                row = {"model": name, "error": f"skipped: {e}"}
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "pareto"}), flush=True)
+    document = {
+        "date": datetime.date.today().isoformat(),
+        "machine": {"cpu": cpu_info(), "python": platform.python_version(), "onnxruntime": ort.__version__},
+        "target_sqnr_db": args.target,
+        "time_budget_s": args.time_budget,
+        "rows": rows,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "tune.json").write_text(json.dumps(document, indent=1) + "\n")
+    lines = [
+        f"# qtool tune --target-sqnr {args.target:g} ({document['date']}, {cpu_info()['model']} "
+        f"{platform.machine()}, onnxruntime {ort.__version__})",
+        "",
+        "| model | nodes | met | compression | SQNR dB (compare) | precisions | wall s | sensitivity s | candidates "
+        "| peak MiB | reproduced |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | | {r['error']} | | | | | | | | |")
+            continue
+        precisions = ", ".join(f"{k} {v}" for k, v in r["precisions"].items())
+        lines.append(
+            f"| {r['model']} | {r['nodes']} | {'yes' if r['met'] else 'no'} | {r['compression']:.2f}x | "
+            f"{r['sqnr_db']:.2f} | {precisions} | {r['seconds']:.0f} | {r['sensitivity_seconds']:.0f} | "
+            f"{r['trials']} | {r['peak_mib']:.0f} | {'yes' if r['reproduced'] else 'NO'} |"
+        )
+    lines += ["", "Pareto fronts (compression, SQNR dB):", ""]
+    for r in rows:
+        if "pareto" in r:
+            front = "; ".join(f"{p['compression']:.2f}x {p['sqnr_db']:.1f} dB" for p in r["pareto"])
+            lines.append(f"- {r['model']}: {front}")
+    (RESULTS / "tune.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
