@@ -14,6 +14,7 @@ from qtool import __version__
 from qtool.graph.model_io import atomic_writer
 from qtool.quantization.tune.loop import Trial, pareto
 from qtool.results import TuneResult
+from qtool.schemas.tune import TuneReport
 
 TUNE_SCHEMA_VERSION = 1
 
@@ -96,7 +97,7 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
     """The ``qtool tune --json`` document."""
     front = {id(t) for t in pareto(result.trials)}
     s = result.sensitivity
-    return {
+    document = {
         "schema_version": TUNE_SCHEMA_VERSION,
         "qtool_version": __version__,
         "model": {"path": result.source.path, "sha256": result.source.sha256, "bytes": result.source.size_bytes},
@@ -118,6 +119,8 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
         "trials": [_trial_dict(t, t is result.chosen, id(t) in front) for t in result.trials],
         "notes": list(result.notes),
     }
+    TuneReport.model_validate(document)  # a report never drifts from its schema
+    return document
 
 
 def plot_trials(result: TuneResult, path: Path | str) -> None:

@@ -17,6 +17,7 @@ def _models() -> dict[str, type[BaseModel]]:
     from qtool.schemas.config import ConfigDocument
     from qtool.schemas.reports import CalibrateReport, CompareReport, QuantizeReport
     from qtool.schemas.stats import StatsFile
+    from qtool.schemas.tune import TuneReport
 
     return {
         "config": ConfigDocument,
@@ -24,10 +25,11 @@ def _models() -> dict[str, type[BaseModel]]:
         "calibrate-report": CalibrateReport,
         "quantize-report": QuantizeReport,
         "compare-report": CompareReport,
+        "tune-report": TuneReport,
     }
 
 
-SCHEMA_NAMES = ("config", "stats", "calibrate-report", "quantize-report", "compare-report")
+SCHEMA_NAMES = ("config", "stats", "calibrate-report", "quantize-report", "compare-report", "tune-report")
 
 
 def json_schema(name: str) -> dict[str, Any]:

@@ -84,6 +84,22 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "--json",
             out / "compare.json",
         ],
+        "tune": [
+            "tune",
+            sample("mlp"),
+            "--data",
+            calib_dir("mlp"),
+            "--eval",
+            eval_dir("mlp"),
+            "--target-sqnr",
+            "30",
+            "-o",
+            out / "t.onnx",
+            "--config-out",
+            out / "t.yaml",
+            "--json",
+            out / "tune.json",
+        ],
     }
     for command in commands.values():
         r = runner.invoke(app, [str(a) for a in command])
@@ -98,6 +114,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ("calibrate", "calibrate-report"),
         ("quantize", "quantize-report"),
         ("compare", "compare-report"),
+        ("tune", "tune-report"),
     ],
 )
 def test_written_files_match_their_schema(reports, report, schema):
