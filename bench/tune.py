@@ -83,7 +83,7 @@ def tune_one(name: str, target: float, budget: float, tmp: Path) -> dict:
         check=True,
         capture_output=True,
     )
-    front = [t for t in doc["trials"] if t["pareto"]]
+    front = sorted((t for t in doc["trials"] if t["pareto"]), key=lambda t: -t["compression_ratio"])
     chosen_trial = next(t for t in doc["trials"] if t["chosen"])
     return {
         "model": name,
@@ -95,6 +95,7 @@ def tune_one(name: str, target: float, budget: float, tmp: Path) -> dict:
         "trials": len(doc["trials"]),
         "compression": compared["size"]["compression_ratio"],
         "sqnr_db": compared["accuracy"]["overall"]["sqnr_db"],
+        "tune_sqnr_db": doc["written"]["sqnr_db"],
         "precisions": chosen_trial["precisions"],
         "reproduced": again.read_bytes() == out.read_bytes(),
         "pareto": [

@@ -69,10 +69,10 @@ from qtool.quantization.plan import QuantPlan, build_plan
 from qtool.quantization.rewrite import RewriteReport, check_quantized_model, insert_qdq
 from qtool.quantization.roles import static_elements
 from qtool.quantization.selection import PlacementChoice, choose_placement
-from qtool.quantization.tune.allocation import allocate, predicted_nsr
+from qtool.quantization.tune.allocation import allocate, cheaper_moves, predicted_nsr
 from qtool.quantization.tune.candidates import Candidates, Goal, node_costs
 from qtool.quantization.tune.configs import allocation_document, config_text
-from qtool.quantization.tune.loop import Trial, best_trial, search_budgets
+from qtool.quantization.tune.loop import Trial, best_trial, refine, search_budgets
 from qtool.quantization.tune.metric import load_metric, read_labels
 from qtool.quantization.tune.sensitivity import measure, nsr
 from qtool.quantization.tune.space import GPTQ, MEASURED, OPTIONS, W4, Option, options_for, without_algorithms
@@ -914,7 +914,10 @@ def tune(
         **config.raw["global"],
         "algorithms": {**config.raw["global"]["algorithms"], **GPTQ["algorithms"]},
     }
-    collector = _input_collector(state, load_config({**config.raw, "global": global_with_gptq}))
+    wants_inputs = len(without_algorithms(space)) < len(space)
+    collector = (
+        _input_collector(state, load_config({**config.raw, "global": global_with_gptq})) if wants_inputs else None
+    )
     stats = _calibrate(state, config, data_dir, calibration, progress, inputs=collector)
     algorithms = WeightAlgorithms(collector.result) if collector is not None else None
     if algorithms is None:
@@ -1004,6 +1007,19 @@ def tune(
             out_of_time = out_of_time or search.out_of_time
             if best_trial(trials, options.objective) is not None or out_of_time:
                 break
+    best = best_trial(trials, options.objective)
+    if best is not None and options.objective == "size" and not out_of_time:
+        allowed = [o.name for o in space]
+        with stage("refine the best allocation"):
+            refined = refine(
+                best,
+                lambda allocation: cheaper_moves(allocation, allowed, costs, sens),
+                lambda allocation: candidates.verify(build(allocation), allocation, predicted_nsr(allocation, sens)),
+                deadline=deadline,
+                max_trials=REFINE_TRIALS_PER_NODE * len(names) + 10,
+            )
+        trials += refined.trials
+        out_of_time = refined.out_of_time
     chosen = best_trial(trials, options.objective)
     met = chosen is not None
     if chosen is None:
@@ -1037,7 +1053,16 @@ def tune(
                 input_shapes=input_shapes,
             )
     write_text(config_out, text)
+    with stage("score the written model"):
+        # The written model is built by quantize's own path: score it too, so the report states what was written.
+        written = candidates.verify(onnx.load(str(output_path)), chosen.allocation, nsr(chosen.predicted_db))
     notes = []
+    if met and not written.meets:
+        met = False
+        notes.append(
+            f"the written model measures {written.sqnr_db:.2f} dB on EVAL where its candidate measured "
+            f"{chosen.sqnr_db:.2f} dB: it misses the target"
+        )
     if not sens.complete:
         notes.append(
             "the time budget cut the sensitivity measurement short: unmeasured nodes use the worst measured figures"
@@ -1051,6 +1076,7 @@ def tune(
         nodes=len(tuned),
         trials=trials,
         chosen=chosen,
+        written=written,
         met=met,
         out_of_time=out_of_time,
         sensitivity=sens,
@@ -1066,6 +1092,7 @@ def _block_axes(state: _Prepared, config: QConfig) -> dict[str, int | None]:
     return {n.name: n.weight.axis for n in plan.nodes if n.weight is not None}
 
 
+REFINE_TRIALS_PER_NODE = 2  # verifications the greedy refinement may spend, per tuned node
 SENSITIVITY_SHARE = 0.6  # of the time budget, at most, for measuring nodes one at a time
 FIRST_METRIC_BUDGET = 1e-3  # noise-to-signal power to start from with a metric goal (30 dB)
 

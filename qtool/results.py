@@ -127,7 +127,8 @@ class TuneResult:
     nodes: int  # nodes tuned
     trials: list[Trial]
     chosen: Trial
-    met: bool  # the chosen model meets the goal (otherwise it is the most accurate tried)
+    written: Trial  # the written model (built by quantize from CHOSEN.yaml), measured like every candidate
+    met: bool  # the written model meets the goal (otherwise it is the most accurate tried)
     out_of_time: bool  # the time budget stopped the search
     sensitivity: Sensitivity
     seconds: float

@@ -152,7 +152,7 @@ def tune(
             from qtool.errors import CheckFailedError
 
             raise CheckFailedError(
-                f"no model met {result.goal}: wrote the most accurate one tried ({result.chosen.sqnr_db:.2f} dB)"
+                f"the written model does not meet {result.goal} ({result.written.sqnr_db:.2f} dB on EVAL)"
             )
 
     run_command(

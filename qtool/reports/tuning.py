@@ -64,8 +64,10 @@ def render_tune(console: Console, result: TuneResult) -> None:
         highlight=False,
     )
     status = "meets" if result.met else "does NOT meet"
+    written = result.written
+    scored = f", metric {written.metric:.4g}" if written.metric is not None else ""
     console.print(
-        f"chosen: {result.chosen.compression:.2f}x smaller, {result.chosen.sqnr_db:.2f} dB, {status} {result.goal}; "
+        f"written: {written.compression:.2f}x smaller, {written.sqnr_db:.2f} dB{scored}, {status} {result.goal}; "
         f"{len(result.trials)} candidates verified in {result.seconds:.1f} s"
         + (" (the time budget ran out: best so far)" if result.out_of_time else ""),
         highlight=False,
@@ -116,6 +118,7 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
             "noise_to_signal": {node: {o: _finite(v) for o, v in row.items()} for node, row in sorted(s.nsr.items())},
             "measured": {node: options for node, options in sorted(s.measured.items())},
         },
+        "written": _trial_dict(result.written, True, False),
         "trials": [_trial_dict(t, t is result.chosen, id(t) in front) for t in result.trials],
         "notes": list(result.notes),
     }

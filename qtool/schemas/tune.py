@@ -60,5 +60,6 @@ class TuneReport(_Report):
     out_of_time: bool
     seconds: float
     sensitivity: TuneSensitivity
+    written: TuneTrial  # the model written to -o, built from --config-out and measured on EVAL
     trials: list[TuneTrial]
     notes: list[str]

@@ -44,6 +44,9 @@ def test_tune_meets_the_target_smaller_than_int8_and_the_config_reproduces_it(na
     doc = json.loads((tmp_path / "t.json").read_text())
     chosen = next(t for t in doc["trials"] if t["chosen"])
     assert doc["met"] and chosen["meets"] and chosen["sqnr_db"] >= 30 and chosen["pareto"]
+    # what was written measures what its candidate measured (GPTQ codes do not depend on the other nodes)
+    assert doc["written"]["sqnr_db"] == pytest.approx(chosen["sqnr_db"], abs=1e-6)
+    assert doc["written"]["size_bytes"] == pytest.approx(chosen["size_bytes"], rel=0.01)
     # int4 where tolerable: smaller than int8 weights alone would make it
     assert (
         chosen["compression_ratio"] >= 3.5
@@ -167,3 +170,13 @@ def test_latency_objective_times_every_candidate_and_the_plot_is_written(tmp_pat
     assert all(t["latency_ratio"] is not None and t["latency_ratio_interval"] for t in doc["trials"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert np.isfinite([t["sqnr_db"] for t in doc["trials"]]).all()
+
+
+def test_tensorrt_target_chooses_only_integer_nodes_or_float(tmp_path):
+    r = invoke(*tune_args("cnn", tmp_path, "--target-sqnr", "25", "--target", "tensorrt", "--json", "-"))
+    assert r.exit_code in (0, 1), r.stderr
+    doc = json.loads(r.stdout)
+    used = {option for t in doc["trials"] for option in t["allocation"].values()}
+    assert used <= {"w8a8", "float"} and "w8a8" in used
+    chosen = yaml.safe_load((tmp_path / "chosen.yaml").read_text())
+    assert chosen["target"] == "tensorrt"

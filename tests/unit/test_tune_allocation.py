@@ -118,3 +118,34 @@ def test_the_budget_moves_until_the_largest_that_meets_is_pinned_down():
     best = best_trial(search.trials, "size")
     assert best is not None and 30 <= best.sqnr_db < 32  # within the last bisection step (1.76 dB)
     assert not search.out_of_time and len(search.trials) <= 10
+
+
+def test_refinement_keeps_cheaper_steps_only_while_the_target_holds():
+    from qtool.quantization.tune.allocation import cheaper_moves
+    from qtool.quantization.tune.loop import refine
+
+    names, costs, sens = _instance(3, nodes=6)
+    start_allocation = {n: "fp16" for n in names}
+    limit = 2e-3
+    verified = []
+
+    def verify(allocation):
+        verified.append(dict(allocation))
+        size = int(sum(costs[n][o] for n, o in allocation.items()))
+        noise = predicted_nsr(allocation, sens)
+        return Trial(dict(allocation), sqnr_db(noise), size, 1.0, sqnr_db(noise), meets=noise <= limit)
+
+    start = verify(start_allocation)
+    search = refine(
+        start,
+        lambda a: cheaper_moves(a, OPTIONS, costs, sens),
+        verify,
+        deadline=math.inf,
+        max_trials=100,
+    )
+    kept = best_trial([start, *search.trials], "size")
+    assert kept is not None and kept.meets and kept.size_bytes < start.size_bytes
+    # no single cheaper step from the result still meets the target
+    for node, option in cheaper_moves(kept.allocation, OPTIONS, costs, sens):
+        assert predicted_nsr({**kept.allocation, node: option}, sens) > limit
+    assert len({tuple(sorted(a.items())) for a in verified}) == len(verified)  # nothing verified twice

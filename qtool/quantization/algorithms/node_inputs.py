@@ -12,6 +12,7 @@ over the pass, each node's Hessian sums at most ``POSITIONS_PER_NODE`` patches, 
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -99,7 +100,10 @@ class NodeInputCollector:
                 self.result.layouts[layout.node] = layout
                 self.positions[layout.node] = min(POSITIONS_PER_NODE, max(MIN_POSITIONS, POSITIONS_PER_INPUT * k))
         self.expect(samples)
-        self.rngs = {name: np.random.default_rng([SEED, i]) for i, name in enumerate(self.result.layouts)}
+        # Seeded by the node's name, not its place among the collected nodes: a node's patches (and so
+        # its GPTQ codes) do not depend on which other nodes ask for inputs (tune measures all of them,
+        # the config it writes asks for a few, and both must round each node alike).
+        self.rngs = {name: np.random.default_rng([SEED, zlib.crc32(name.encode())]) for name in self.result.layouts}
 
     def expect(self, samples: int) -> None:
         """Spread the observed samples, and each node's patch budget, over a pass of ``samples`` samples."""

@@ -58,3 +58,24 @@ def allocate(
         if high / low < 1.0001:
             break
     return best
+
+
+def cheaper_moves(
+    allocation: Allocation, options: Sequence[str], cost: Mapping[str, Mapping[str, float]], sens: Sensitivity
+) -> list[tuple[str, str]]:
+    """For each node, the cheaper option that saves the most cost per unit of added noise; best exchanges first."""
+    found = []
+    for node, current in allocation.items():
+        best: tuple[float, str] | None = None
+        for option in options:
+            if option not in cost[node] or cost[node][option] >= cost[node][current]:
+                continue
+            added = sens.of(node, option) - sens.of(node, current)
+            if not math.isfinite(sens.of(node, option)):
+                continue
+            rate = (cost[node][current] - cost[node][option]) / max(added, 1e-12)
+            if best is None or rate > best[0]:
+                best = (rate, option)
+        if best is not None:
+            found.append((best[0], node, best[1]))
+    return [(node, option) for _, node, option in sorted(found, key=lambda f: (-f[0], f[1]))]

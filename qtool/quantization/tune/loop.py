@@ -96,6 +96,42 @@ def search_budgets(
     return search
 
 
+def refine(
+    start: Trial,
+    moves: Callable[[Allocation], list[tuple[str, str]]],
+    verify: Callable[[Allocation], Trial],
+    *,
+    deadline: float,
+    max_trials: int,
+) -> Search:
+    """Greedy descent from a trial that meets the target: cheaper options, verified, kept while it still does.
+
+    ``moves`` lists (node, cheaper option) steps, the best exchange of saved cost for added noise first.
+    They are tried in batches (a quarter of them at first); a batch that breaks the target is halved,
+    and a single step that breaks it is not tried again. Each kept batch makes the model smaller.
+    """
+    search = Search()
+    current, rejected = start, set()
+    pending = moves(current.allocation)
+    batch = max(1, len(pending) // 4)
+    while pending and len(search.trials) < max_trials:
+        if time.monotonic() > deadline:
+            search.out_of_time = True
+            break
+        step = pending[:batch]
+        trial = verify({**current.allocation, **dict(step)})
+        search.trials.append(trial)
+        if trial.meets and trial.size_bytes < current.size_bytes:
+            current = trial
+            pending = [m for m in moves(current.allocation) if m not in rejected]
+        elif batch > 1:
+            batch = max(1, batch // 2)
+        else:
+            rejected.add(step[0])
+            pending = pending[1:]
+    return search
+
+
 def best_trial(trials: list[Trial], objective: str) -> Trial | None:
     """The smallest (``size``) or fastest (``latency``) trial that meets the target; ties to accuracy."""
     meeting = [t for t in trials if t.meets]
