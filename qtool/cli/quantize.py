@@ -98,7 +98,7 @@ def quantize(
         typer.Option(
             "--latency-runs",
             metavar="N",
-            help="Timing rounds per candidate placement (default: accuracy.latency_runs, 5; 0: no timing, "
+            help="Timing rounds per candidate placement (default: accuracy.latency_runs, 9; 0: no timing, "
             "the config's placement rules decide).",
         ),
     ] = None,

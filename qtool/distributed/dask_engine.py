@@ -53,15 +53,20 @@ def dask_engine(spec: EngineSpec) -> Iterator[DaskEngine]:
             ) from e
     else:
         assert spec.workers is not None  # a spec without scheduler or workers asks for no engine
-        cluster = distributed.LocalCluster(
-            n_workers=spec.workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            silence_logs=quiet,
-            preload=["qtool.api"],  # workers import qtool, onnx and onnxruntime while they start
-        )
-        client = distributed.Client(cluster, set_as_default=False)
+        existing = set(_cluster_instances(distributed))
+        try:
+            cluster = distributed.LocalCluster(
+                n_workers=spec.workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=quiet,
+                preload=["qtool.api"],  # workers import qtool, onnx and onnxruntime while they start
+            )
+            client = distributed.Client(cluster, set_as_default=False)
+        except BaseException:  # Ctrl-C while the workers start
+            _close_started_clusters(distributed, existing)
+            raise
     try:
         slots = _slots(client, spec)
         yield DaskEngine(client, slots, spec.threads)
@@ -71,6 +76,26 @@ def dask_engine(spec: EngineSpec) -> Iterator[DaskEngine]:
         if cluster is not None:
             with suppress(Exception):
                 cluster.close()
+            cluster.shutdown_on_close = False  # closed (or past saving): Dask's exit hook leaves it alone
+
+
+def _cluster_instances(distributed: Any) -> list[Any]:
+    return list(getattr(distributed.SpecCluster, "_instances", ()))
+
+
+def _close_started_clusters(distributed: Any, existing: set[Any]) -> None:
+    """Close the local cluster interrupted while it started, so Dask's exit hook has none to close.
+
+    A cluster whose workers are still starting fails Dask's own close at exit with a traceback;
+    closing it here (its worker processes stop with it) and marking it done keeps the exit quiet.
+    Clusters that existed before (a Python caller's own) are left alone.
+    """
+    for cluster in _cluster_instances(distributed):
+        if cluster in existing:
+            continue
+        with suppress(BaseException):
+            cluster.close(timeout=5)
+        cluster.shutdown_on_close = False
 
 
 def _slots(client: Any, spec: EngineSpec) -> int:

@@ -13,11 +13,14 @@ builds a few candidates and measures them:
   (:mod:`qtool.quantization.search`), when ``auto`` misses the target.
 
 Each distinct candidate is scored on the same samples (the worst output's SQNR), then the
-float model and the candidates are timed interleaved. The fastest candidate that reaches the
-target wins; candidates within :data:`TIE` of the fastest count as equally fast and the most
-accurate of them is kept. When none reaches the target, the most accurate candidate is kept.
-Storage-only runs at float speed, so the choice is never meaningfully slower than fp32 when
-storage reaches the target.
+float model and the candidates are timed interleaved. Of the candidates that reach the target,
+the most accurate is kept unless another is *decisively* faster: faster by more than :data:`TIE`
+at the upper end of a :data:`DECISIVE_CONFIDENCE` order-statistic interval of the round-by-round
+latency ratios. Then that one is kept (the most accurate of several), and the rule repeats from
+it. Timing noise between near-equal candidates therefore never changes the model written: the
+same inputs give the same bytes unless a candidate's speed sits right at the margin. When none
+reaches the target, the most accurate candidate is kept. Storage-only runs at float speed, so
+the choice is never meaningfully slower than fp32 when storage reaches the target.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import onnx
 from qtool.calibration.dataset import Dataset, Feed
 from qtool.calibration.outputs import FloatOutputs
 from qtool.config import QConfig
+from qtool.evaluation.intervals import median_interval
 from qtool.evaluation.scoring import OutputScorer
 from qtool.evaluation.timing import time_interleaved
 from qtool.graph.session import create_session
@@ -41,9 +45,10 @@ from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan import QuantPlan
 from qtool.quantization.search import FallbackResult, search_fallback
 
-TIE = 0.05  # candidates within 5 % of the fastest median latency count as equally fast
+TIE = 0.05  # a candidate must be more than 5 % faster to displace a more accurate one
+DECISIVE_CONFIDENCE = 0.9  # two-sided interval of the median ratio (one-sided 95 %); needs 5+ rounds
 TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are done
-MIN_ROUNDS = 3
+MIN_ROUNDS = 5
 DYNAMIC_MIN_SHARE = 0.5  # the dynamic candidate is built when weighted MatMul/Gemm do this share of the MACs
 TIMING_MAX_BYTES = 1 << 30  # the float model's bytes times the sessions timed together; past it, no timing
 
@@ -252,10 +257,22 @@ def _candidates(
 
 
 def _faster_than_storage(choice: PlacementChoice, storage_name: str | None) -> bool:
-    """Whether "auto" measured faster than storage-only by more than :data:`TIE` (True when untimed)."""
-    latency = {c.name: c.latency_ms for c in choice.candidates}
-    auto, storage = latency.get("auto"), latency.get(storage_name or "")
-    return auto is None or storage is None or auto < storage * (1 - TIE)
+    """Whether "auto" measured decisively faster than storage-only (True when untimed)."""
+    if storage_name is None or "auto" not in choice.times or storage_name not in choice.times:
+        return True
+    return decisively_faster(choice.times, "auto", storage_name)
+
+
+def decisively_faster(times: dict[str, list[float]], fast: str, slow: str) -> bool:
+    """Whether ``fast`` beat ``slow`` by more than :data:`TIE`, judged on the paired rounds.
+
+    Rounds are interleaved, so round ``i`` of both met the same machine: the ratio of each pair is
+    one sample, and the upper end of the median ratio's :data:`DECISIVE_CONFIDENCE` interval must
+    lie below ``1 - TIE``. Too few rounds for that interval: not decisive.
+    """
+    ratios = [f / s for f, s in zip(times.get(fast, []), times.get(slow, []), strict=False) if s > 0]
+    interval = median_interval(ratios, DECISIVE_CONFIDENCE)
+    return interval is not None and interval[1] < 1 - TIE
 
 
 def _time_candidates(
@@ -294,7 +311,7 @@ def _decide(choice: PlacementChoice) -> None:
     """Set ``chosen`` and ``reason`` from the measurements."""
     candidates = choice.candidates
     meeting = [c for c in candidates if c.meets_target]
-    timed = all(c.latency_ms is not None for c in candidates)
+    timed = all(c.latency_ms is not None and c.name in choice.times for c in candidates)
     target = f"{choice.target_sqnr_db:g} dB"
     if not meeting:
         best = max(candidates, key=lambda c: (c.sqnr_db, -candidates.index(c)))
@@ -305,11 +322,21 @@ def _decide(choice: PlacementChoice) -> None:
         choice.chosen = min(meeting, key=lambda c: preference.index(c.name)).name
         choice.reason = f"reaches {target} (not timed: {choice.timing_note or 'timing is off'})"
     else:
-        fastest = min(c.latency_ms or math.inf for c in meeting)
-        ties = [c for c in meeting if (c.latency_ms or math.inf) <= fastest * (1 + TIE)]
-        best = max(ties, key=lambda c: (c.sqnr_db, -candidates.index(c)))
+        best = max(meeting, key=lambda c: (c.sqnr_db, -candidates.index(c)))
+        start = best
+        while True:  # ends: "decisively faster" is transitive round by round, so no cycle
+            faster = [c for c in meeting if c is not best and decisively_faster(choice.times, c.name, best.name)]
+            if not faster:
+                break
+            best = max(faster, key=lambda c: (c.sqnr_db, -candidates.index(c)))
         choice.chosen = best.name
-        others = "the only placement" if len(meeting) == 1 else f"the fastest of {len(meeting)} placements"
-        choice.reason = f"{others} that reach {target}" + (
-            f" (the most accurate of {len(ties)} within {TIE:.0%} of the fastest)" if len(ties) > 1 else ""
-        )
+        if best is start:
+            others = "the only placement" if len(meeting) == 1 else f"the most accurate of {len(meeting)} placements"
+            choice.reason = f"{others} that reach {target}" + (
+                f"; none measured more than {TIE:.0%} faster" if len(meeting) > 1 else ""
+            )
+        else:
+            choice.reason = (
+                f"reaches {target} and measured more than {TIE:.0%} faster than the more accurate placements"
+                f" ({DECISIVE_CONFIDENCE:.0%} interval over {len(choice.times[best.name])} interleaved rounds)"
+            )
