@@ -441,20 +441,29 @@ def _quantize_in_memory(
         shifts, few = measure_shifts(rounded, state.weights, layers, algorithms.inputs.feeds)
         algorithms.shifts[key] = (shifts, {**skipped, **few})
     shifts, skipped = algorithms.shifts[key]
-    quantized, report = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms, shifts)
+    measured: dict[str, np.ndarray | None] = {**dict.fromkeys(wanted), **shifts}
+    quantized, report = insert_qdq(state.prepared, plan, act_qparams, state.weights, algorithms, measured)
     for node, reason in skipped.items():
         report.algorithm_notes.setdefault(node, f"bias_correction: {reason}")
     return plan, quantized, report
 
 
 def _empirical_bias_nodes(plan: QuantPlan, algorithms: WeightAlgorithms) -> dict[str, NodeInput]:
-    """Plan nodes whose bias correction is measured on the quantized model (needs the kept samples)."""
+    """Plan nodes whose bias correction is measured on the quantized model (needs the kept samples).
+
+    Only nodes whose inputs are quantized: their output mean also drifts with the rounded input, which
+    only a run of the quantized model shows. A node with float inputs (weight-only, storage) drifts by
+    its rounded weight alone, which the analytic correction cancels exactly from the float input means,
+    without a model run (so each node's correction is the same in every plan: tune relies on it).
+    """
     if not algorithms.inputs.feeds:
         return {}
     return {
         node.name: algorithms.inputs.layouts[node.name]
         for node in plan.nodes
-        if node.scheme.algorithms.bias_correction and node.name in algorithms.inputs.layouts
+        if node.scheme.algorithms.bias_correction
+        and node.name in algorithms.inputs.layouts
+        and (node.placement == "dynamic" or (node.placement == "integer" and bool(node.activations)))
     }
 
 

@@ -115,7 +115,7 @@ class _Rewriter:
         act_qparams: dict[str, QParams],
         store: Weights,
         algorithms: WeightAlgorithms | None = None,
-        bias_shifts: dict[str, np.ndarray] | None = None,
+        bias_shifts: dict[str, np.ndarray | None] | None = None,
         correct_biases: bool = True,
     ) -> None:
         self.store = store  # the values of detached initializers
@@ -332,8 +332,10 @@ class _Rewriter:
         if self.algorithms is None or weight_qp is None or not node.scheme.algorithms.bias_correction:
             return None
         assert node.weight is not None  # only nodes with a weight get here
-        if self.bias_shifts is not None:  # measured on the quantized model (empirical_bias)
-            shift = self.bias_shifts.get(node.name)
+        measured = self.bias_shifts is not None and node.name in self.bias_shifts
+        if measured:  # measured on the quantized model (empirical_bias); None: the measurement skipped it
+            assert self.bias_shifts is not None
+            shift = self.bias_shifts[node.name]
         elif not self.correct_biases:  # the pass that measures the errors: no correction yet
             shift = None
         else:
@@ -342,7 +344,7 @@ class _Rewriter:
             shift = self.algorithms.bias_shift(node, values, self.codes[(use.weight, use.copy)], weight_qp)
             alpha = next((a.f for a in self.nodes[node.name].attribute if a.name == "alpha"), 1.0)
             shift = None if shift is None else (shift * alpha).astype(np.float32)  # in output units
-        if shift is None and self.correct_biases and self.bias_shifts is None:  # (measured skips: the caller's)
+        if shift is None and self.correct_biases and not measured:  # (measured skips: the caller's)
             why = self.algorithms.inputs.skipped.get(node.name, "its inputs were not observed")
             self.report.algorithm_notes.setdefault(node.name, f"bias_correction: {why}")
         return shift
@@ -469,7 +471,7 @@ def insert_qdq(
     act_qparams: dict[str, QParams],
     weights: Weights | None = None,
     algorithms: WeightAlgorithms | None = None,
-    bias_shifts: dict[str, np.ndarray] | None = None,
+    bias_shifts: dict[str, np.ndarray | None] | None = None,
     *,
     correct_biases: bool = True,
 ) -> tuple[onnx.ModelProto, RewriteReport]:
@@ -481,7 +483,8 @@ def insert_qdq(
         act_qparams: scale / zero point of every tensor in ``plan.activations``.
         weights: the values of ``model``'s detached initializers; the result shares them.
         algorithms: the calibration inputs for GPTQ and bias correction (None: nearest rounding only).
-        bias_shifts: bias corrections measured on the quantized model, by node, instead of the analytic ones.
+        bias_shifts: bias corrections measured on the quantized model, by node, instead of the analytic ones
+            (None for a node the measurement had to skip); nodes not in it get the analytic correction.
         correct_biases: False for the rewrite whose errors bias correction measures.
 
     Raises:

@@ -91,6 +91,25 @@ def test_a_matmul_bias_add_and_a_storage_node_get_float_bias_corrections(tmp_pat
     run_model(out, {"input": np.load(sorted(eval_dir("transformer").glob("*.npy"))[0])[None]})
 
 
+def test_a_float_input_node_gets_the_analytic_correction_whatever_the_other_nodes_do(tmp_path):
+    # block1/conv reads float inputs (storage): its rounded weight alone shifts its mean, which the analytic
+    # correction cancels from the float input means; the same bytes whether or not the others are integer
+    storage = "node_name: {block1/conv: {placement: storage, algorithms: {rounding: gptq, bias_correction: true}}}\n"
+    alone, _ = _quantize(tmp_path, "cnn", "global: {placement: storage}\n" + storage, "alone")
+    mixed, result = _quantize(tmp_path, "cnn", GPTQ_BC + storage, "mixed")
+    assert result.rewrite.algorithms["block1/conv"] == ["gptq", "bias_correction"]
+
+    def block1_bias(path: Path) -> np.ndarray:
+        model = onnx.load(str(path))
+        conv = next(n for n in model.graph.node if n.name == "block1/conv")
+        inits = {i.name: i for i in model.graph.initializer}
+        return onnx.numpy_helper.to_array(inits[conv.input[2]])
+
+    original = next(i for i in onnx.load(str(sample("cnn"))).graph.initializer if i.name == "block1.conv.bias")
+    np.testing.assert_array_equal(block1_bias(alone), block1_bias(mixed))
+    assert not np.array_equal(block1_bias(alone), onnx.numpy_helper.to_array(original))  # corrected
+
+
 def test_the_collector_skips_nodes_whose_hessian_would_be_too_large():
     big = NodeInput("big", "MatMul", "x", MatMulGeometry(-1))
     small = NodeInput("small", "MatMul", "y", MatMulGeometry(-1))

@@ -80,10 +80,12 @@ def search_budgets(
             repeats = 0
         else:
             repeats += 1
+        # A missed allocation's own predicted noise bounds the budget that could choose it again.
+        spent = 10 ** (-trial.predicted_db / 10) if math.isfinite(trial.predicted_db) else budget
         if trial.meets:
             met = max(met, budget)
         else:
-            missed = min(missed, budget)
+            missed = min(missed, budget, spent)
         if repeats >= 3 or (met > 0 and math.isfinite(missed) and missed / met < 1.5):
             break
         if met > 0 and math.isfinite(missed):
@@ -92,7 +94,7 @@ def search_budgets(
         slack = slack_db(trial)
         factor = 10 ** (slack / 10) if slack is not None and math.isfinite(slack) else (4.0 if trial.meets else 0.25)
         factor = min(max(factor, 1.5), 100.0) if trial.meets else max(min(factor, 1 / 1.5), 0.01)
-        budget *= factor
+        budget = budget * factor if trial.meets else min(budget * factor, spent / 1.5)
     return search
 
 

@@ -4,9 +4,7 @@ For every tuned node and every measured option, a model with only that node quan
 few calibration samples against float outputs computed once (see
 :class:`qtool.evaluation.scoring.OutputScorer`). The error is kept as noise-to-signal power
 (``10 ** (-SQNR / 10)``), which adds up across nodes to first order: the allocation budgets its sum.
-Options not measured are derived: int2 from the better int4 rounding (uniform noise grows with the
-step squared: 7x the step, 49x the power), int16 activations from int8 ones (256x finer), fp16 as
-negligible.
+Options not measured are derived: int16 activations from int8 ones (256x finer), fp16 as negligible.
 Nodes the time budget leaves unmeasured get the worst measured figure of each option.
 """
 
@@ -19,8 +17,6 @@ from dataclasses import dataclass, field
 
 from qtool.errors import QtoolError
 from qtool.quantization.tune.space import FP16_NSR, INT16_GAIN, MEASURED, Option
-
-INT2_FROM_INT4 = 49.0  # (7 / 1) ** 2: symmetric int4 has levels -7..7, int2 -1..1
 
 
 def nsr(sqnr_db: float) -> float:
@@ -97,8 +93,6 @@ def measure(
 
 def _derive(row: dict[str, float], allowed: dict[str, Option]) -> None:
     """Fill in the options that are not measured from those that are."""
-    if "w2" in allowed:
-        row["w2"] = min(row.get("w4", math.inf), row.get("w4g", math.inf)) * INT2_FROM_INT4
     if "w8a16" in allowed:
         weight, both = row.get("w8", math.inf), row.get("w8a8", math.inf)
         row["w8a16"] = weight + max(0.0, both - weight) * INT16_GAIN if math.isfinite(both) else weight
