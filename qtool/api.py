@@ -461,9 +461,7 @@ def _empirical_bias_nodes(plan: QuantPlan, algorithms: WeightAlgorithms) -> dict
     return {
         node.name: algorithms.inputs.layouts[node.name]
         for node in plan.nodes
-        if node.scheme.algorithms.bias_correction
-        and node.name in algorithms.inputs.layouts
-        and (node.placement == "dynamic" or (node.placement == "integer" and bool(node.activations)))
+        if node.scheme.algorithms.bias_correction and node.name in algorithms.inputs.layouts and node.quantized_inputs
     }
 
 
@@ -979,6 +977,7 @@ def tune(
         threads=threads,
     )
     names = [n.name for n in tuned]
+    option_names = [o.name for o in space]
     work = {n.name: n.macs or 0 for n in tuned}
     costs = node_costs(
         names,
@@ -987,28 +986,29 @@ def tune(
         _block_axes(state, config),
         work,
         options.objective,
-        [o.name for o in space],
+        option_names,
         lambda o: OPTIONS[o].integer,
     )
     first = nsr(goal.target_sqnr_db) if goal.target_sqnr_db is not None else FIRST_METRIC_BUDGET
     trials: list[Trial] = []
     out_of_time = False
-    tiers = [[o.name for o in space]]
+    tiers = [option_names]
     if timed:  # low-bit weight-only nodes dequantize at run time: the fallback tier runs at float speed or faster
-        tiers.append([o.name for o in space if o.name not in ("w2", "w4")])
+        tiers.append([o for o in option_names if o not in ("w2", "w4")])
+
+    def verify(allocation: dict[str, str]) -> Trial:
+        return candidates.verify(build(allocation), allocation, predicted_nsr(allocation, sens))
+
     with stage("allocate and verify"):
         for allowed in tiers:
 
             def allocate_for(budget: float, allowed: list[str] = allowed) -> dict[str, str]:
                 return allocate(names, allowed, costs, sens, budget)
 
-            def verify(allocation: dict[str, str], budget: float) -> Trial:
-                return candidates.verify(build(allocation), allocation, predicted_nsr(allocation, sens))
-
             search = search_budgets(
                 first,
                 allocate_for,
-                verify,
+                lambda allocation, budget: verify(allocation),
                 goal.slack_db,
                 deadline=deadline,
             )
@@ -1018,12 +1018,11 @@ def tune(
                 break
     best = best_trial(trials, options.objective)
     if best is not None and options.objective == "size" and not out_of_time:
-        allowed = [o.name for o in space]
         with stage("refine the best allocation"):
             refined = refine(
                 best,
-                lambda allocation: cheaper_moves(allocation, allowed, costs, sens),
-                lambda allocation: candidates.verify(build(allocation), allocation, predicted_nsr(allocation, sens)),
+                lambda allocation: cheaper_moves(allocation, option_names, costs, sens),
+                verify,
                 deadline=deadline,
                 max_trials=REFINE_TRIALS_PER_NODE * len(names) + 10,
             )

@@ -57,10 +57,15 @@ class NodePlan:
     macs: int | None = None  # multiply-accumulates per sample (integer nodes, when sizes are known)
 
     @property
+    def quantized_inputs(self) -> bool:
+        """Whether the node's inputs are quantized (integer kernels, or quantized at run time)."""
+        return self.placement == "dynamic" or (self.placement == "integer" and bool(self.activations))
+
+    @property
     def reduced_weight_range(self) -> bool:
         """Whether the int8 weight is stored in [-64, 63] (``weight.saturation``; see :func:`guard_saturation`)."""
         return (
-            (self.placement == "dynamic" or (self.placement == "integer" and bool(self.activations)))
+            self.quantized_inputs
             and self.scheme.weight.dtype == "int8"
             and self.scheme.activation.dtype in _U8S8_ACTIVATIONS
             and (

@@ -332,10 +332,10 @@ class _Rewriter:
         if self.algorithms is None or weight_qp is None or not node.scheme.algorithms.bias_correction:
             return None
         assert node.weight is not None  # only nodes with a weight get here
-        measured = self.bias_shifts is not None and node.name in self.bias_shifts
+        shifts = self.bias_shifts or {}
+        measured = node.name in shifts
         if measured:  # measured on the quantized model (empirical_bias); None: the measurement skipped it
-            assert self.bias_shifts is not None
-            shift = self.bias_shifts[node.name]
+            shift = shifts[node.name]
         elif not self.correct_biases:  # the pass that measures the errors: no correction yet
             shift = None
         else:

@@ -248,9 +248,9 @@ def test_ctrl_c_stops_the_workers_and_writes_nothing(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     rng = np.random.default_rng(0)
-    sample_ = rng.normal(size=(1, 3, 32, 32)).astype(np.float32)
+    base = rng.normal(size=(1, 3, 32, 32)).astype(np.float32)
     for i in range(6000):  # several seconds of work even on a fast machine (2000 took 4 s on 2 cores)
-        np.save(data / f"{i:04d}.npy", sample_ + i * 1e-3)
+        np.save(data / f"{i:04d}.npy", base + i * 1e-3)
     out = tmp_path / "stats.json"
     command = [sys.executable, "-m", "qtool", "calibrate", str(sample("cnn")), str(data), "-o", str(out)]
     process = subprocess.Popen(

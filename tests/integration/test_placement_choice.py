@@ -285,7 +285,7 @@ def test_noisy_rounds_never_let_speed_displace_accuracy():
     assert choice.chosen == "storage"
 
 
-def test_real_timing_decides_by_the_paired_rounds_it_measured_and_reruns_write_the_same_bytes(tmp_path):
+def test_real_timing_decides_by_the_paired_rounds_it_measured(tmp_path):
     # Six 64x64 MatMuls: whether Q/DQ around each costs more than int8 saves depends on the CPU;
     # whatever was measured, the kept placement is one no accurate candidate decisively beat.
     rng = np.random.default_rng(3)
