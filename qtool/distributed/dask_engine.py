@@ -41,6 +41,7 @@ def dask_engine(spec: EngineSpec) -> Iterator[DaskEngine]:
     distributed = _distributed()
     cluster = None
     quiet = logging.ERROR if not log.isEnabledFor(logging.DEBUG) else logging.INFO
+    _drop_abandoned_dask_tasks()
     for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.worker"):
         logging.getLogger(name).setLevel(quiet)
     if spec.scheduler is not None:
@@ -77,6 +78,41 @@ def dask_engine(spec: EngineSpec) -> Iterator[DaskEngine]:
             with suppress(Exception):
                 cluster.close()
             cluster.shutdown_on_close = False  # closed (or past saving): Dask's exit hook leaves it alone
+
+
+class _AbandonedDaskTask(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" for a task Dask itself left behind.
+
+    When several workers fail to start (Ctrl-C reaches their processes too), Dask raises the
+    first failure and never retrieves the others, so asyncio prints their tracebacks at exit,
+    after qtool has reported the outcome. Abandoned tasks of any other code are still logged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Task exception was never retrieved") or not record.exc_info:
+            return True
+        return not _raised_in_dask(record.exc_info[1])
+
+
+def _raised_in_dask(error: BaseException | None) -> bool:
+    """Whether ``error`` (or an exception it was raised from) was raised in Dask's own code."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback = error.__traceback__
+        while traceback is not None:
+            module = str(traceback.tb_frame.f_globals.get("__name__", ""))
+            if module == "distributed" or module.startswith("distributed."):
+                return True
+            traceback = traceback.tb_next
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _drop_abandoned_dask_tasks() -> None:
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _AbandonedDaskTask) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_AbandonedDaskTask())
 
 
 def _cluster_instances(distributed: Any) -> list[Any]:

@@ -7,12 +7,16 @@ cannot be reached are one-line errors.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -291,3 +295,30 @@ def test_workers_calibrate_a_dataset_behind_a_url(tmp_path):
         assert spread.to_json() == whole.to_json()
     finally:
         memory.rm("/qtool-workers", recursive=True)
+
+
+def _abandon_a_failed_task(fail: Callable[[], object]) -> None:
+    """Runs a task that fails with ``fail``'s error and drops it unretrieved, as Dask does."""
+
+    async def failing() -> None:
+        fail()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(failing())
+        await asyncio.wait([task])
+
+    asyncio.run(main())
+    gc.collect()
+
+
+def test_dask_own_abandoned_tasks_stay_quiet_others_are_still_logged(caplog):
+    from distributed.utils import parse_ports
+
+    from qtool.distributed.dask_engine import _drop_abandoned_dask_tasks
+
+    _drop_abandoned_dask_tasks()
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        _abandon_a_failed_task(lambda: parse_ports("two"))  # raised inside Dask's own code
+        assert "never retrieved" not in caplog.text
+        _abandon_a_failed_task(lambda: int("two"))  # raised in anyone else's code
+        assert "never retrieved" in caplog.text
