@@ -1,11 +1,13 @@
-"""GPU targets: fp32, qtool ``--target tensorrt`` and onnxruntime's quantizer on CUDA and TensorRT.
+"""GPU targets: fp32, qtool ``--target tensorrt|cuda`` and onnxruntime's quantizer on CUDA and TensorRT.
 
 For each model (the bundled samples and the PP-OCR detector, classifier and recogniser), qtool
-quantizes with ``target: tensorrt`` and onnxruntime's ``quantize_static`` writes its QDQ model
+quantizes with ``target: tensorrt`` and with ``target: cuda`` (weights stored int8, float compute:
+what onnxruntime's CUDA provider runs), and onnxruntime's ``quantize_static`` writes its QDQ model
 (symmetric int8 activations and per-channel weights, what TensorRT wants), on the same calibration
 samples. ``qtool compare`` then measures each against fp32 on every GPU provider this onnxruntime
 build has: accuracy on that provider (worst output SQNR against the float reference), median
-latency with inputs and outputs bound on the GPU, and the engine build apart. Results:
+latency with inputs and outputs bound on the GPU, and the engine build apart; a provider the build
+lists but cannot start (TensorRT without its libraries) is reported with onnxruntime's reason. Results:
 bench/results/gpu.json and gpu.md. Without an NVIDIA GPU and onnxruntime-gpu it says so and
 writes nothing. The script measures; it asserts nothing.
 
@@ -52,7 +54,12 @@ def _compare(reference: Path, candidate: Path, data: Path, providers: list[str],
             "io_binding": lat.io_binding,
             "sqnr_db": lat.candidate_sqnr_db,
         }
-    return {"cpu_sqnr_db": min(o.sqnr_db for o in result.outputs), "providers": rows}
+    return {
+        "cpu_sqnr_db": min(o.sqnr_db for o in result.outputs),
+        "compression": result.compression_ratio,
+        "providers": rows,
+        "skipped": dict(result.skipped_providers),
+    }
 
 
 def main() -> None:
@@ -74,12 +81,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="qtool-bench-gpu-") as tmp_dir:
         tmp = Path(tmp_dir)
         for name, (model, calib, evaluation) in _models([m for m in args.models.split(",") if m]).items():
-            ours, theirs = tmp / f"{name}.qtool.onnx", tmp / f"{name}.ort.onnx"
-            qtool.quantize(model, ours, data_dir=calib, target="tensorrt", evaluation=None)
+            candidates = {}
+            for target in ("tensorrt", "cuda"):
+                candidates[f"qtool --target {target}"] = tmp / f"{name}.qtool-{target}.onnx"
+                qtool.quantize(
+                    model, candidates[f"qtool --target {target}"], data_dir=calib, target=target, evaluation=None
+                )
+            candidates["onnxruntime quantize_static"] = tmp / f"{name}.ort.onnx"
             onnxruntime_quantize_static(
-                str(model), str(calib), str(theirs), per_channel=True, method="MinMax", tensorrt=True
+                str(model),
+                str(calib),
+                str(candidates["onnxruntime quantize_static"]),
+                per_channel=True,
+                method="MinMax",
+                tensorrt=True,
             )
-            for tool, path in (("qtool --target tensorrt", ours), ("onnxruntime quantize_static", theirs)):
+            for tool, path in candidates.items():
                 measured = _compare(model, path, evaluation, providers, args.runs, tmp / "engines")
                 rows.append({"model": name, "tool": tool, **measured})
                 print(f"{name} {tool}: {measured}", file=sys.stderr)
@@ -95,9 +112,9 @@ def main() -> None:
         f"Measured {document['date']}, onnxruntime {ort.__version__}; latency medians with IO binding, "
         "accuracy as worst output SQNR against the float reference, on each provider.",
         "",
-        "| model | tool | provider | fp32 ms | model ms | speed-up | SQNR dB there | SQNR dB on CPU "
+        "| model | tool | compression | provider | fp32 ms | model ms | speed-up | SQNR dB there | SQNR dB on CPU "
         "| engine build ms |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         for provider, m in row["providers"].items():
@@ -105,9 +122,11 @@ def main() -> None:
             there = f"{m['sqnr_db']:.2f}" if m["sqnr_db"] is not None else "-"
             short = provider.removesuffix("ExecutionProvider")
             lines.append(
-                f"| {row['model']} | {row['tool']} | {short} | {m['fp32_ms']:.3f} | {m['ms']:.3f} | "
-                f"{m['speedup']:.2f}x | {there} | {row['cpu_sqnr_db']:.2f} | {build} |"
+                f"| {row['model']} | {row['tool']} | {row['compression']:.2f}x | {short} | {m['fp32_ms']:.3f} | "
+                f"{m['ms']:.3f} | {m['speedup']:.2f}x | {there} | {row['cpu_sqnr_db']:.2f} | {build} |"
             )
+    skipped = {provider: reason for row in rows for provider, reason in row["skipped"].items()}
+    lines += ["", *(f"Not measured on {provider}: {reason}" for provider, reason in sorted(skipped.items()))]
     (RESULTS / "gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

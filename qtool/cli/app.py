@@ -113,6 +113,7 @@ def write_json(target: str, text: str) -> None:
     """Write a JSON document to a file (atomically, with the other outputs) or, for ``-``, to stdout."""
     if target == "-":
         sys.stdout.write(text)
+        sys.stdout.flush()  # a reader that closed the pipe (| head) shows here, inside the command
     else:
         from qtool.graph.model_io import write_text
 

@@ -6,12 +6,15 @@ anything else is a bug and is shown with a traceback (exit 70).
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 import time
 import traceback
 import warnings
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -78,6 +81,8 @@ def run_command(
         _interrupted(files, started, e.signum if isinstance(e, _Stopped) else signal.SIGINT)
     except typer.Exit:
         raise
+    except BrokenPipeError:
+        _stdout_closed()
     except OSError as e:
         if e.errno not in ENVIRONMENT_ERRNOS:
             _internal_error(stopped, files, started)
@@ -118,6 +123,13 @@ def _one_line(message: str) -> str:
     from qtool.reports.terminal import printable
 
     return printable(message, markup=False)
+
+
+def _stdout_closed() -> NoReturn:
+    """The reader of stdout went away (``| head``): stop quietly, as a command killed by SIGPIPE would."""
+    with suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush must not fail
+    raise typer.Exit(128 + signal.SIGPIPE)
 
 
 def _interrupted(files: dict[str, Path | str | None], started: int, signum: int) -> NoReturn:

@@ -26,7 +26,7 @@ from qtool.evaluation.output_kinds import output_sources
 from qtool.evaluation.providers import session_providers, unavailable_reason
 from qtool.graph.input_shapes import fix_input_shapes
 from qtool.graph.model_io import file_sha256, load_model
-from qtool.graph.session import create_session, run_session
+from qtool.graph.session import create_session, fallback_error, run_session
 from qtool.options import (
     DEFAULT_EVALUATION,
     EvaluationOptions,
@@ -202,7 +202,11 @@ def _latency_per_provider(
                 reason = e.message
             else:
                 if provider not in sessions[0].get_providers():
-                    reason = "onnxruntime could not start it and fell back to another provider"
+                    fell_back = ", ".join(p.removesuffix("ExecutionProvider") for p in sessions[0].get_providers())
+                    error = fallback_error(sessions[0]) or fallback_error(sessions[1])
+                    reason = f"onnxruntime could not start it and fell back to {fell_back}" + (
+                        f" ({error})" if error else ""
+                    )
         if reason is not None:
             log.warning("latency on %s skipped: %s", provider, reason)
             skipped.append((provider, reason))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import logging
 import re
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +17,69 @@ from qtool.calibration.dataset import Feed
 from qtool.errors import QtoolError
 from qtool.graph.weights import Weights
 
+log = logging.getLogger(__name__)
+
+_SOURCE_LOCATION = re.compile(r"^\S+\.(?:cc|cpp|h):\d+ ")
+
 
 def _first_line(error: Exception) -> str:
-    text = str(error).strip()
+    text = runtime_message(str(error))
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def runtime_message(text: str) -> str:
+    """Onnxruntime's error text without the C++ source location and function signature it starts with."""
+    text = text.strip()
+    location = _SOURCE_LOCATION.match(text)
+    if location is None:
+        return text
+    depth, start = 0, text.find("(", location.end())
+    for i in range(max(start, 0), len(text) if start >= 0 else 0):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[i + 1 :].strip() or text
+    return text
+
+
+def inference_session(
+    source: str | bytes,
+    options: ort.SessionOptions | None = None,
+    providers: list[str | tuple[str, dict[str, str]]] | None = None,
+    disabled: list[str] | None = None,
+) -> ort.InferenceSession:
+    """``ort.InferenceSession`` that keeps onnxruntime's provider-fallback notice off stdout.
+
+    When a provider fails to start, onnxruntime prints an "EP Error" notice to stdout and retries
+    with others; on stdout it would corrupt ``--json -``. The notice goes to the debug log and its
+    error is kept for :func:`fallback_error`.
+    """
+    printed = io.StringIO()
+    try:
+        with redirect_stdout(printed):
+            session = ort.InferenceSession(
+                source, options, providers=providers or ["CPUExecutionProvider"], disabled_optimizers=disabled
+            )
+    finally:
+        if printed.getvalue().strip():
+            log.debug("onnxruntime: %s", printed.getvalue().strip())
+    if printed.getvalue().strip():
+        session._qtool_fallback_error = _ep_error(printed.getvalue())
+    return session
+
+
+def fallback_error(session: ort.InferenceSession) -> str | None:
+    """Why onnxruntime fell back from the providers it was given, when it said so (else None)."""
+    error: str | None = getattr(session, "_qtool_fallback_error", None)
+    return error
+
+
+_EP_ERROR = re.compile(r"^EP Error (.*?)\s+when using \[", re.DOTALL | re.MULTILINE)
+
+
+def _ep_error(notice: str) -> str:
+    found = _EP_ERROR.search(notice)
+    text = runtime_message(found[1]) if found else notice
+    return " ".join(text.split())
 
 
 _shared_arena: bool | None = None  # None: not tried yet
@@ -108,9 +170,7 @@ def _session(
     disabled: list[str] | None = None,
 ) -> ort.InferenceSession:
     try:
-        return ort.InferenceSession(
-            source, options, providers=providers or ["CPUExecutionProvider"], disabled_optimizers=disabled
-        )
+        return inference_session(source, options, providers, disabled)
     except Exception as e:  # onnxruntime raises its own untyped exception family
         _raise_if_ir_too_new(e, what)
         raise QtoolError(f"onnxruntime cannot load {what}: {_first_line(e)}") from e

@@ -294,3 +294,19 @@ def test_a_sample_in_a_linked_folder_is_an_input(work, tmp_path):
 
 def test_a_dash_is_standard_output_only_for_json(work):
     _refused(work, ["calibrate", _w(work, "model.onnx"), _w(work, "calib"), "-o", "-"], needle="this output is a file")
+
+
+def test_a_reader_that_closes_stdout_stops_the_command_quietly_with_nothing_written(work):
+    report = work / "report.md"
+    model = _w(work, "model.onnx")
+    process = subprocess.Popen(
+        [QTOOL, "compare", model, model, "--data", eval_dir("cnn"), "--runs", "0", "--json", "-", "--markdown", report],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    process.stdout.close()  # `qtool ... --json - | head -c 0`: the reader is gone before the JSON
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGPIPE, stderr.decode()
+    assert "Traceback" not in stderr.decode() and "internal error" not in stderr.decode()
+    assert not report.exists() and not _leftovers(work)
