@@ -9,7 +9,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from inspect import signature
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -70,6 +70,7 @@ from qtool.quantization.rewrite import RewriteReport, check_quantized_model, ins
 from qtool.quantization.roles import static_elements
 from qtool.quantization.selection import PlacementChoice, choose_placement
 from qtool.quantization.tune.allocation import allocate, cheaper_moves, predicted_nsr
+from qtool.quantization.tune.cache import cache_key, default_cache_dir, load_sensitivity, save_sensitivity
 from qtool.quantization.tune.candidates import Candidates, Goal, node_costs
 from qtool.quantization.tune.configs import allocation_document, config_text
 from qtool.quantization.tune.loop import Trial, best_trial, refine, search_budgets
@@ -78,6 +79,7 @@ from qtool.quantization.tune.sensitivity import measure, nsr
 from qtool.quantization.tune.space import GPTQ, MEASURED, OPTIONS, W4, Option, options_for, without_algorithms
 from qtool.results import ComparisonResult, ModelFile, ProgressFactory, QuantizeResult, TuneResult, noop_progress
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
+from qtool.system.environment import files_digest, versions
 from qtool.system.stages import stage
 
 log = logging.getLogger(__name__)
@@ -945,26 +947,49 @@ def tune(
     labels = read_labels(options.labels, len(held_out)) if options.labels is not None else None
     goal = replace(goal, labels=labels)
     threads = options.threads
-    sensitivity_scorer = OutputScorer(state.prepared, spread, threads=threads, weights=state.weights)
 
     def build(allocation: Mapping[str, Option | str]) -> onnx.ModelProto:
         document = allocation_document(config.raw, op_types, allocation)
         _, model, _ = _quantize_in_memory(state, load_config(document), stats, algorithms)
         return model
 
-    def isolated_sqnr(selection: dict[str, Option]) -> float:
-        return sensitivity_scorer.score(build(selection), "a node alone").worst_db
+    cache_dir = (
+        (Path(options.cache_dir) if options.cache_dir is not None else default_cache_dir()) if options.cache else None
+    )
+    key = cache_key(
+        {
+            "versions": versions(),
+            "model": state.source.sha256,
+            "config": config.raw,
+            "opset": opset,
+            "input_shapes": dict(input_shapes or {}),
+            "calibration": asdict(calibration),
+            "data": files_digest(Dataset(data_dir, inputs, preprocess=config.preprocess).files),
+            "sensitivity_samples": options.sensitivity_samples,
+            "space": [(o.name, o.entry) for o in space],
+            "nodes": [n.name for n in tuned],
+            "threads": threads,
+        }
+    )
+    sens = load_sensitivity(cache_dir, key) if cache_dir is not None else None
+    if sens is None:
+        sensitivity_scorer = OutputScorer(state.prepared, spread, threads=threads, weights=state.weights)
 
-    with stage(f"sensitivity of {len(tuned)} nodes"):
-        advance = (progress or noop_progress)("sensitivity", len(tuned) * len([o for o in space if o.name in MEASURED]))
-        sens = measure(
-            [n.name for n in tuned],
-            space,
-            isolated_sqnr,
-            deadline=started + SENSITIVITY_SHARE * options.time_budget,
-            advance=advance,
-        )
-    sensitivity_scorer.release()
+        def isolated_sqnr(selection: dict[str, Option]) -> float:
+            return sensitivity_scorer.score(build(selection), "a node alone").worst_db
+
+        with stage(f"sensitivity of {len(tuned)} nodes"):
+            measured = len(tuned) * len([o for o in space if o.name in MEASURED])
+            sens = measure(
+                [n.name for n in tuned],
+                space,
+                isolated_sqnr,
+                deadline=started + SENSITIVITY_SHARE * options.time_budget,
+                advance=(progress or noop_progress)("sensitivity", measured),
+            )
+        sensitivity_scorer.release()
+        if cache_dir is not None:
+            sens.cache_file = save_sensitivity(cache_dir, key, sens)
     timed = options.objective == "latency" or options.max_latency_ratio is not None
     candidates = Candidates(
         state.prepared,

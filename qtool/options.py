@@ -80,6 +80,8 @@ class TuneOptions:
     sensitivity_samples: int = 4  # calibration samples each node is measured on, spread over the set
     latency_runs: int = 30  # timed rounds per candidate when latency matters
     threads: int | None = None  # onnxruntime intra-op threads
+    cache: bool = True  # keep and reuse the per-node sensitivity between runs (qtool.quantization.tune.cache)
+    cache_dir: Path | str | None = None  # where (None: $QTOOL_CACHE_DIR, else ~/.cache/qtool)
 
 
 # The defaults, as shared immutable values (the records are frozen).

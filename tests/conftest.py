@@ -16,6 +16,14 @@ SAMPLE_NAMES = ("cnn", "mlp", "transformer")
 INTEGER = ROOT / "configs" / "integer.yaml"  # every node as an integer kernel (placement: integer)
 
 
+@pytest.fixture(autouse=True)
+def _own_tune_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own tune cache: no test reads what another measured (or the user's ~/.cache)."""
+    directory = tmp_path_factory.mktemp("qtool-cache")
+    monkeypatch.setenv("QTOOL_CACHE_DIR", str(directory))
+    return directory
+
+
 def sample(name: str) -> Path:
     return SAMPLES / name / "model.onnx"
 

@@ -98,6 +98,22 @@ def tune(
         ),
     ] = None,
     json_out: JsonOption = None,
+    cache: Annotated[
+        bool,
+        typer.Option(
+            "--cache/--no-cache",
+            help="Keep the per-node sensitivity measurement and reuse it when model, config, data, options "
+            "and versions are the same (default: on).",
+        ),
+    ] = True,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache-dir",
+            metavar="DIR",
+            help="Where the measurements are kept (default: $QTOOL_CACHE_DIR, else ~/.cache/qtool).",
+        ),
+    ] = None,
 ) -> None:
     """Find the smallest model (or the fastest) that meets an accuracy budget; write it and its config.
 
@@ -135,6 +151,8 @@ def tune(
                     time_budget=time_budget,
                     sensitivity_samples=sensitivity_samples,
                     threads=threads,
+                    cache=cache,
+                    cache_dir=cache_dir,
                 ),
                 config_path=config,
                 target=target,

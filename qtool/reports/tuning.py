@@ -16,7 +16,7 @@ from qtool.quantization.tune.loop import Trial, pareto
 from qtool.results import TuneResult
 from qtool.schemas.tune import TuneReport
 
-TUNE_SCHEMA_VERSION = 1
+TUNE_SCHEMA_VERSION = 2  # 2: sensitivity.cached and sensitivity.cache_file
 
 
 def _counts(trial: Trial) -> str:
@@ -58,11 +58,15 @@ def render_tune(console: Console, result: TuneResult) -> None:
         table.add_row(*row, _counts(t), verdict)
     console.print(table)
     s = result.sensitivity
-    console.print(
-        f"sensitivity: {result.nodes} nodes, {s.builds} single-node builds in {s.seconds:.1f} s"
-        + ("" if s.complete else " (cut short by the time budget)"),
-        highlight=False,
-    )
+    if s.cached:
+        source = f"read from the tune cache ({s.cache_file}), measured earlier: {s.builds} single-node builds"
+        console.print(f"sensitivity: {result.nodes} nodes, {source} in {s.seconds:.1f} s", highlight=False)
+    else:
+        console.print(
+            f"sensitivity: {result.nodes} nodes, {s.builds} single-node builds in {s.seconds:.1f} s"
+            + ("" if s.complete else " (cut short by the time budget)"),
+            highlight=False,
+        )
     status = "meets" if result.met else "does NOT meet"
     written = result.written
     scored = f", metric {written.metric:.4g}" if written.metric is not None else ""
@@ -115,6 +119,8 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
             "builds": s.builds,
             "seconds": s.seconds,
             "complete": s.complete,
+            "cached": s.cached,
+            "cache_file": s.cache_file,
             "noise_to_signal": {node: {o: _finite(v) for o, v in row.items()} for node, row in sorted(s.nsr.items())},
             "measured": {node: options for node, options in sorted(s.measured.items())},
         },

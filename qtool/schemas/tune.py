@@ -24,6 +24,8 @@ class TuneSensitivity(_Report):
     builds: int
     seconds: float
     complete: bool  # false: the time budget cut the measurement short
+    cached: bool  # true: read from cache_file (an earlier run's measurement), not measured in this run
+    cache_file: str | None  # the tune cache file read or written; null: none (--no-cache, or not complete)
     noise_to_signal: dict[str, dict[str, float | None]]
     measured: dict[str, list[str]]  # node -> options measured (the rest derived)
 

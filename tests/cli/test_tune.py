@@ -180,3 +180,48 @@ def test_tensorrt_target_chooses_only_integer_nodes_or_float(tmp_path):
     assert used <= {"w8a8", "float"} and "w8a8" in used
     chosen = yaml.safe_load((tmp_path / "chosen.yaml").read_text())
     assert chosen["target"] == "tensorrt"
+
+
+def test_a_second_run_reuses_the_sensitivity_and_chooses_the_same_model(tmp_path, _own_tune_cache):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    r = invoke(*tune_args("mlp", first, "--target-sqnr", "30", "--json", first / "t.json"))
+    assert r.exit_code == 0, r.stderr
+    measured = json.loads((first / "t.json").read_text())["sensitivity"]
+    kept = list(_own_tune_cache.rglob("sensitivity-*.json"))
+    assert not measured["cached"] and [str(p) for p in kept] == [measured["cache_file"]]
+    r = invoke(*tune_args("mlp", second, "--target-sqnr", "30", "--json", second / "t.json"))
+    assert r.exit_code == 0, r.stderr
+    reused = json.loads((second / "t.json").read_text())["sensitivity"]
+    assert reused["cached"] and reused["cache_file"] == measured["cache_file"] and "tune cache" in r.stdout + r.stderr
+    assert reused["noise_to_signal"] == measured["noise_to_signal"] and reused["builds"] == measured["builds"]
+    assert (second / "out.onnx").read_bytes() == (first / "out.onnx").read_bytes()
+    assert (second / "chosen.yaml").read_text() == (first / "chosen.yaml").read_text()
+
+
+def test_other_data_or_no_cache_measure_again_and_a_damaged_file_is_ignored(tmp_path, _own_tune_cache):
+    r = invoke(*tune_args("mlp", tmp_path, "--target-sqnr", "30", "--time-budget", "120"))
+    assert r.exit_code == 0, r.stderr
+    (kept,) = _own_tune_cache.rglob("sensitivity-*.json")
+    # one calibration sample changed: another key, measured again and kept beside the first
+    data = tmp_path / "calib"
+    data.mkdir()
+    for path in sorted(calib_dir("mlp").iterdir()):
+        (data / path.name).write_bytes(path.read_bytes())
+    first = sorted(data.glob("*.npy"))[0]
+    np.save(first, np.load(first) * 1.01)
+    args = tune_args("mlp", tmp_path, "--target-sqnr", "30", "--json", tmp_path / "t.json")
+    args[args.index(calib_dir("mlp"))] = data
+    assert invoke(*args).exit_code == 0
+    assert not json.loads((tmp_path / "t.json").read_text())["sensitivity"]["cached"]
+    assert len(list(_own_tune_cache.rglob("sensitivity-*.json"))) == 2
+    # a damaged file is measured again (and replaced); --no-cache neither reads nor writes
+    kept.write_text("{not json")
+    r = invoke(*tune_args("mlp", tmp_path, "--target-sqnr", "30", "--json", tmp_path / "t.json"))
+    assert r.exit_code == 0, r.stderr
+    assert not json.loads((tmp_path / "t.json").read_text())["sensitivity"]["cached"]
+    assert json.loads(kept.read_text())["format"] == 1
+    private = tmp_path / "private-cache"
+    r = invoke(*tune_args("mlp", tmp_path, "--target-sqnr", "30", "--no-cache", "--cache-dir", private))
+    assert r.exit_code == 0, r.stderr
+    assert not private.exists()

@@ -40,6 +40,8 @@ class Sensitivity:
     builds: int = 0
     seconds: float = 0.0
     complete: bool = True  # False when the time budget stopped the measurement
+    cache_file: str | None = None  # where it was read from or kept (see qtool.quantization.tune.cache)
+    cached: bool = False  # read from cache_file instead of measured in this run
 
     def of(self, node: str, option: str) -> float:
         return self.nsr.get(node, {}).get(option, math.inf)
