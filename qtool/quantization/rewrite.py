@@ -239,15 +239,19 @@ class _Rewriter:
         self.qparams[(use.weight, use.copy)] = qp
         return qp, codes
 
-    def _round(self, use: WeightUse, values: np.ndarray, qp: QParams) -> np.ndarray:
-        """The copy's integers: nearest rounding, or what the readers' rounding algorithm chose."""
-        if self.algorithms is None:
-            return quantize(values, qp)
-        readers = [
+    def _readers(self, use: WeightUse) -> list[NodePlan]:
+        """The plan nodes that read ``use``'s copy of its weight."""
+        return [
             p
             for p in self.plan.nodes
             if p.name in self.uses and (self.uses[p.name].weight, self.uses[p.name].copy) == (use.weight, use.copy)
         ]
+
+    def _round(self, use: WeightUse, values: np.ndarray, qp: QParams) -> np.ndarray:
+        """The copy's integers: nearest rounding, or what the readers' rounding algorithm chose."""
+        if self.algorithms is None:
+            return quantize(values, qp)
+        readers = self._readers(use)
         rounded = self.algorithms.round(use.weight, values, qp, readers)
         for reader in readers:
             if rounded.method != "nearest":
@@ -282,7 +286,10 @@ class _Rewriter:
             if use.form == RESTORED:
                 self.forms.restored_at_load(weight, stored, qp, output, values.shape)
             else:
-                self.forms.dequantized(weight, stored, qp, output)
+                # A symmetric weight needs no zero point, except where onnxruntime fuses it into an integer kernel
+                # (its QGemm fusion wants one) and for TensorRT, whose parser is not checked without one
+                keep = any(p.quantized_inputs for p in self._readers(use)) or self.plan.target == "tensorrt"
+                self.forms.dequantized(weight, stored, qp, output, zero_point=keep)
         self.replaced.add(weight)
         return output
 

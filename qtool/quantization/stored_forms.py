@@ -56,9 +56,8 @@ class StoredForms:
     def dq_node(
         self, base: str, source: str, scale: str, zero: str, output: str, axis: int | None, block: int | None = None
     ) -> onnx.NodeProto:
-        node = helper.make_node(
-            "DequantizeLinear", [source, scale, zero], [output], name=self.names.new(f"{base}/DequantizeLinear")
-        )
+        inputs = [source, scale, zero] if zero else [source, scale]
+        node = helper.make_node("DequantizeLinear", inputs, [output], name=self.names.new(f"{base}/DequantizeLinear"))
         if axis is not None:
             node.attribute.append(helper.make_attribute("axis", axis))
         if block is not None:
@@ -74,7 +73,7 @@ class StoredForms:
         self.graph.initializer.append(to_tensor_proto(values, qp.qtype, stored))
         return stored
 
-    def dequantized(self, name: str, stored: str, qp: QParams, output: str) -> None:
+    def dequantized(self, name: str, stored: str, qp: QParams, output: str, *, zero_point: bool = True) -> None:
         """Make a DequantizeLinear turn the integers ``stored`` into ``output``.
 
         A 4- or 2-bit weight with per-tensor/per-channel scales is first widened by
@@ -82,6 +81,8 @@ class StoredForms:
         the node in its int8 kernels (it has none for narrower weights, and would
         otherwise fuse them anyway and reject the model). Block-wise weights keep
         a narrow DequantizeLinear, which onnxruntime turns into MatMulNBits.
+        ``zero_point=False`` leaves out a zero point that is all zeros (the operator's
+        default): a symmetric per-block weight would otherwise store one per block.
         """
         zero_type = qp.qtype
         if qp.qtype.bits < 8 and qp.block_size is None:
@@ -94,9 +95,11 @@ class StoredForms:
             )
             stored = widened
         scale = self.names.new(f"{name}/scale")
-        zero = self.names.new(f"{name}/zero_point")
         self.graph.initializer.append(numpy_helper.from_array(qp.scale.astype(np.float32), scale))
-        self.graph.initializer.append(to_tensor_proto(qp.zero_point, zero_type, zero))
+        zero = ""
+        if zero_point or np.any(qp.zero_point != 0):
+            zero = self.names.new(f"{name}/zero_point")
+            self.graph.initializer.append(to_tensor_proto(qp.zero_point, zero_type, zero))
         self.prologue.append(self.dq_node(name, stored, scale, zero, output, qp.axis, qp.block_size))
 
     def restored_at_load(self, name: str, stored: str, qp: QParams, output: str, shape: tuple[int, ...]) -> None:

@@ -188,3 +188,38 @@ def test_narrow_per_channel_weights_run_in_int8_kernels_with_quantized_activatio
     assert len(casts) == 4 and all({a.name: a.i for a in n.attribute}["to"] == TensorProto.INT8 for n in casts)
     ops = optimized_ops(out, tmp_path)
     assert ops["QLinearConv"] == 3 and ops["QGemm"] == 1 and ops["Conv"] == 0 and ops["Cast"] == 0, ops
+
+
+def _weight_zero_points(path: Path) -> dict[str, bool]:
+    """Each weight DequantizeLinear (integer input stored in the file) -> whether it has a zero point."""
+    model = onnx.load(str(path))
+    stored = {i.name for i in model.graph.initializer}
+    widened = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Cast"}
+    return {
+        n.name: len(n.input) > 2 and bool(n.input[2])
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear" and widened.get(n.input[0], n.input[0]) in stored
+    }
+
+
+def test_symmetric_stored_weights_write_no_zero_point_and_integer_kernels_keep_theirs(tmp_path):
+    weight_only = tmp_path / "weight_only"
+    weight_only.mkdir()
+    config = "global: {weight: {dtype: int4, granularity: per_block, block_size: 32}, weight_only: true}\n"
+    out = quantize_with(weight_only, "mlp", config)
+    flags = _weight_zero_points(out)
+    assert flags and not any(flags.values())  # all zeros, the operator's default: not stored once per block
+    model = onnx.load(str(out))
+    assert not [i.name for i in model.graph.initializer if i.name.endswith("zero_point")]
+    feed = {"input": np.load(sorted(eval_dir("mlp").glob("*.npy"))[0])}
+    feed = {k: v if v.ndim == 2 else v[None] for k, v in feed.items()}
+    reference, got = run_model(sample("mlp"), feed)[0], run_model(out, feed)[0]
+    assert 10 * np.log10((reference**2).sum() / ((reference - got) ** 2).sum()) > 15
+    integer = tmp_path / "integer"
+    integer.mkdir()
+    flags = _weight_zero_points(quantize_with(integer, "cnn", "global: {placement: integer}\n"))
+    assert flags and all(flags.values())  # onnxruntime's QGemm fusion wants the weight's zero point
+    asymmetric = tmp_path / "asymmetric"
+    asymmetric.mkdir()
+    config = "global: {weight: {dtype: int4, granularity: per_block, symmetric: false}, weight_only: true}\n"
+    assert all(_weight_zero_points(quantize_with(asymmetric, "mlp", config)).values())
