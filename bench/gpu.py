@@ -125,8 +125,8 @@ def main() -> None:
                 f"| {row['model']} | {row['tool']} | {row['compression']:.2f}x | {short} | {m['fp32_ms']:.3f} | "
                 f"{m['ms']:.3f} | {m['speedup']:.2f}x | {there} | {row['cpu_sqnr_db']:.2f} | {build} |"
             )
-    skipped = {provider: reason for row in rows for provider, reason in row["skipped"].items()}
-    lines += ["", *(f"Not measured on {provider}: {reason}" for provider, reason in sorted(skipped.items()))]
+    skipped = sorted({(provider, reason) for row in rows for provider, reason in row["skipped"].items()})
+    lines += ["", *(f"Not measured on {provider}: {reason}" for provider, reason in skipped)]
     (RESULTS / "gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

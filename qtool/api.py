@@ -79,7 +79,7 @@ from qtool.quantization.tune.sensitivity import measure, nsr
 from qtool.quantization.tune.space import GPTQ, MEASURED, OPTIONS, W4, Option, options_for, without_algorithms
 from qtool.results import ComparisonResult, ModelFile, ProgressFactory, QuantizeResult, TuneResult, noop_progress
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
-from qtool.system.environment import files_digest, versions
+from qtool.system.environment import cpu_info, files_digest, versions
 from qtool.system.stages import stage
 
 log = logging.getLogger(__name__)
@@ -953,24 +953,25 @@ def tune(
         _, model, _ = _quantize_in_memory(state, load_config(document), stats, algorithms)
         return model
 
-    cache_dir = (
-        (Path(options.cache_dir) if options.cache_dir is not None else default_cache_dir()) if options.cache else None
-    )
-    key = cache_key(
-        {
-            "versions": versions(),
-            "model": state.source.sha256,
-            "config": config.raw,
-            "opset": opset,
-            "input_shapes": dict(input_shapes or {}),
-            "calibration": asdict(calibration),
-            "data": files_digest(Dataset(data_dir, inputs, preprocess=config.preprocess).files),
-            "sensitivity_samples": options.sensitivity_samples,
-            "space": [(o.name, o.entry) for o in space],
-            "nodes": [n.name for n in tuned],
-            "threads": threads,
-        }
-    )
+    cache_dir = _tune_cache_dir(options)
+    key = ""
+    if cache_dir is not None:
+        key = cache_key(
+            {
+                "versions": versions(),
+                "cpu": cpu_info(),  # integer kernels differ with the instruction set (VNNI or not)
+                "model": state.source.sha256,
+                "config": config.raw,
+                "opset": opset,
+                "input_shapes": dict(input_shapes or {}),
+                "calibration": asdict(calibration),
+                "data": files_digest(Dataset(data_dir, inputs, preprocess=config.preprocess).files),
+                "sensitivity_samples": options.sensitivity_samples,
+                "space": [(o.name, o.entry) for o in space],
+                "nodes": [n.name for n in tuned],
+                "threads": threads,
+            }
+        )
     sens = load_sensitivity(cache_dir, key) if cache_dir is not None else None
     if sens is None:
         sensitivity_scorer = OutputScorer(state.prepared, spread, threads=threads, weights=state.weights)
@@ -1116,6 +1117,13 @@ def tune(
         seconds=time.monotonic() - started,
         notes=notes,
     )
+
+
+def _tune_cache_dir(options: TuneOptions) -> Path | None:
+    """Where tune keeps its measurements (None: --no-cache, or no folder to use)."""
+    if not options.cache:
+        return None
+    return Path(options.cache_dir) if options.cache_dir is not None else default_cache_dir()
 
 
 def _block_axes(state: _Prepared, config: QConfig) -> dict[str, int | None]:

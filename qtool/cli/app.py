@@ -26,8 +26,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+class StdoutClosed(Exception):
+    """The reader of stdout went away (``qtool ... | head``) before the output was written."""
+
+
+class _StdoutConsole(Console):
+    """The stdout console: a closed pipe ends the command as :class:`StdoutClosed` (rich would exit 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise StdoutClosed
+
+
 err_console = Console(stderr=True)
-out_console = Console()
+out_console = _StdoutConsole()
 STATE = {"debug": False, "quiet": False}
 SILENT = Console(quiet=True)  # where summaries go under --quiet
 PIPE_WIDTH = 4096  # not a terminal: never wrap lines or cut table cells
@@ -112,8 +126,11 @@ def parse_observer_options(pairs: list[str] | None) -> dict[str, Any]:
 def write_json(target: str, text: str) -> None:
     """Write a JSON document to a file (atomically, with the other outputs) or, for ``-``, to stdout."""
     if target == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()  # a reader that closed the pipe (| head) shows here, inside the command
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()  # a reader that closed the pipe (| head) shows here, inside the command
+        except BrokenPipeError as e:
+            raise StdoutClosed from e
     else:
         from qtool.graph.model_io import write_text
 

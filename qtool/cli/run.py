@@ -21,7 +21,7 @@ from typing import Any, NoReturn, TypeVar
 import typer
 
 from qtool import __version__
-from qtool.cli.app import STATE, err_console, fail
+from qtool.cli.app import STATE, StdoutClosed, err_console, fail
 from qtool.errors import CheckFailedError, ExitCode, QtoolError
 
 T = TypeVar("T")
@@ -81,7 +81,7 @@ def run_command(
         _interrupted(files, started, e.signum if isinstance(e, _Stopped) else signal.SIGINT)
     except typer.Exit:
         raise
-    except BrokenPipeError:
+    except StdoutClosed:
         _stdout_closed()
     except OSError as e:
         if e.errno not in ENVIRONMENT_ERRNOS:

@@ -111,7 +111,8 @@ def tune(
         typer.Option(
             "--cache-dir",
             metavar="DIR",
-            help="Where the measurements are kept (default: $QTOOL_CACHE_DIR, else ~/.cache/qtool).",
+            help="Where the measurements are kept (default: $QTOOL_CACHE_DIR, else $XDG_CACHE_HOME/qtool, "
+            "else ~/.cache/qtool).",
         ),
     ] = None,
 ) -> None:

@@ -26,7 +26,7 @@ from qtool.evaluation.output_kinds import output_sources
 from qtool.evaluation.providers import session_providers, unavailable_reason
 from qtool.graph.input_shapes import fix_input_shapes
 from qtool.graph.model_io import file_sha256, load_model
-from qtool.graph.session import create_session, fallback_error, run_session
+from qtool.graph.session import create_session, run_session
 from qtool.options import (
     DEFAULT_EVALUATION,
     EvaluationOptions,
@@ -201,12 +201,10 @@ def _latency_per_provider(
             except QtoolError as e:
                 reason = e.message
             else:
-                if provider not in sessions[0].get_providers():
-                    fell_back = ", ".join(p.removesuffix("ExecutionProvider") for p in sessions[0].get_providers())
-                    error = fallback_error(sessions[0]) or fallback_error(sessions[1])
-                    reason = f"onnxruntime could not start it and fell back to {fell_back}" + (
-                        f" ({error})" if error else ""
-                    )
+                fell_back = next((s.get_providers() for s in sessions if provider not in s.get_providers()), None)
+                if fell_back is not None:  # a provider this build lists but cannot run on this model or machine
+                    others = ", ".join(p.removesuffix("ExecutionProvider") for p in fell_back)
+                    reason = f"onnxruntime could not start it and fell back to {others}"
         if reason is not None:
             log.warning("latency on %s skipped: %s", provider, reason)
             skipped.append((provider, reason))

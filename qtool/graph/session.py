@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import io
-import logging
 import re
-from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +13,6 @@ from onnx import helper
 from qtool.calibration.dataset import Feed
 from qtool.errors import QtoolError
 from qtool.graph.weights import Weights
-
-log = logging.getLogger(__name__)
 
 _SOURCE_LOCATION = re.compile(r"^\S+\.(?:cc|cpp|h):\d+ ")
 
@@ -47,39 +42,19 @@ def inference_session(
     providers: list[str | tuple[str, dict[str, str]]] | None = None,
     disabled: list[str] | None = None,
 ) -> ort.InferenceSession:
-    """``ort.InferenceSession`` that keeps onnxruntime's provider-fallback notice off stdout.
+    """``ort.InferenceSession`` without onnxruntime's silent provider fallback.
 
-    When a provider fails to start, onnxruntime prints an "EP Error" notice to stdout and retries
-    with others; on stdout it would corrupt ``--json -``. The notice goes to the debug log and its
-    error is kept for :func:`fallback_error`.
+    When a provider fails to start (TensorRT without its libraries), onnxruntime would print an
+    "EP Error" notice to stdout (where it corrupts ``--json -``) and retry with other providers, at
+    creation and again at run time. Here the failure is raised instead, with the provider's reason.
     """
-    printed = io.StringIO()
-    try:
-        with redirect_stdout(printed):
-            session = ort.InferenceSession(
-                source, options, providers=providers or ["CPUExecutionProvider"], disabled_optimizers=disabled
-            )
-    finally:
-        if printed.getvalue().strip():
-            log.debug("onnxruntime: %s", printed.getvalue().strip())
-    if printed.getvalue().strip():
-        session._qtool_fallback_error = _ep_error(printed.getvalue())
-    return session
-
-
-def fallback_error(session: ort.InferenceSession) -> str | None:
-    """Why onnxruntime fell back from the providers it was given, when it said so (else None)."""
-    error: str | None = getattr(session, "_qtool_fallback_error", None)
-    return error
-
-
-_EP_ERROR = re.compile(r"^EP Error (.*?)\s+when using \[", re.DOTALL | re.MULTILINE)
-
-
-def _ep_error(notice: str) -> str:
-    found = _EP_ERROR.search(notice)
-    text = runtime_message(found[1]) if found else notice
-    return " ".join(text.split())
+    return ort.InferenceSession(
+        source,
+        options,
+        providers=providers or ["CPUExecutionProvider"],
+        disabled_optimizers=disabled,
+        enable_fallback=0,
+    )
 
 
 _shared_arena: bool | None = None  # None: not tried yet

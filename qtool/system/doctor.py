@@ -12,7 +12,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from qtool.graph.opsets import qdq_kernel_opset
-from qtool.graph.session import fallback_error, inference_session, runtime_message
+from qtool.graph.session import inference_session, runtime_message
 from qtool.observers.histogram import counting_kernel
 from qtool.system.environment import cpu_info, int8_kernels_saturate, versions
 
@@ -58,9 +58,7 @@ def _check_provider(name: str) -> ProviderCheck:
         text = runtime_message(str(e)).splitlines()
         return ProviderCheck(name, False, text[0] if text else type(e).__name__)
     if name not in session.get_providers():
-        error = fallback_error(session)
-        detail = f" ({error})" if error else ""
-        return ProviderCheck(name, False, f"onnxruntime fell back to {', '.join(session.get_providers())}{detail}")
+        return ProviderCheck(name, False, f"onnxruntime fell back to {', '.join(session.get_providers())}")
     return ProviderCheck(name, True, "a session loads")
 
 

@@ -221,6 +221,12 @@ def test_other_data_or_no_cache_measure_again_and_a_damaged_file_is_ignored(tmp_
     assert r.exit_code == 0, r.stderr
     assert not json.loads((tmp_path / "t.json").read_text())["sensitivity"]["cached"]
     assert json.loads(kept.read_text())["format"] == 1
+    before = {p: p.stat().st_mtime_ns for p in _own_tune_cache.rglob("*")}
+    r = invoke(*tune_args("mlp", tmp_path, "--target-sqnr", "30", "--no-cache", "--json", tmp_path / "t.json"))
+    assert r.exit_code == 0, r.stderr
+    unused = json.loads((tmp_path / "t.json").read_text())["sensitivity"]
+    assert not unused["cached"] and unused["cache_file"] is None  # the kept measurement was there to read
+    assert {p: p.stat().st_mtime_ns for p in _own_tune_cache.rglob("*")} == before
     private = tmp_path / "private-cache"
     r = invoke(*tune_args("mlp", tmp_path, "--target-sqnr", "30", "--no-cache", "--cache-dir", private))
     assert r.exit_code == 0, r.stderr

@@ -296,16 +296,17 @@ def test_a_dash_is_standard_output_only_for_json(work):
     _refused(work, ["calibrate", _w(work, "model.onnx"), _w(work, "calib"), "-o", "-"], needle="this output is a file")
 
 
-def test_a_reader_that_closes_stdout_stops_the_command_quietly_with_nothing_written(work):
+@pytest.mark.parametrize("json_out", [["--json", "-"], []], ids=["json", "tables"])
+def test_a_reader_that_closes_stdout_stops_the_command_quietly_with_nothing_written(work, json_out):
     report = work / "report.md"
     model = _w(work, "model.onnx")
     process = subprocess.Popen(
-        [QTOOL, "compare", model, model, "--data", eval_dir("cnn"), "--runs", "0", "--json", "-", "--markdown", report],
+        [QTOOL, "compare", model, model, "--data", eval_dir("cnn"), "--runs", "0", *json_out, "--markdown", report],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     assert process.stdout is not None
-    process.stdout.close()  # `qtool ... --json - | head -c 0`: the reader is gone before the JSON
+    process.stdout.close()  # `qtool ... | head -c 0`: the reader is gone before the JSON or the tables
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGPIPE, stderr.decode()
     assert "Traceback" not in stderr.decode() and "internal error" not in stderr.decode()

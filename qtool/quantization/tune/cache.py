@@ -29,12 +29,17 @@ CACHE_ENV = "QTOOL_CACHE_DIR"
 FORMAT = 1
 
 
-def default_cache_dir() -> Path:
-    """``$QTOOL_CACHE_DIR``, else ``$XDG_CACHE_HOME/qtool``, else ``~/.cache/qtool``."""
+def default_cache_dir() -> Path | None:
+    """``$QTOOL_CACHE_DIR``, else ``$XDG_CACHE_HOME/qtool``, else ``~/.cache/qtool`` (None: no home to use)."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "qtool"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "qtool"
+    try:
+        return Path.home() / ".cache" / "qtool"
+    except RuntimeError as e:  # no HOME and a user unknown to the password database
+        log.warning("no tune cache: %s (set %s)", e, CACHE_ENV)
+        return None
 
 
 def cache_key(parts: dict[str, Any]) -> str:
@@ -89,17 +94,22 @@ def save_sensitivity(directory: Path, key: str, sensitivity: Sensitivity) -> str
         "builds": sensitivity.builds,
         "seconds": sensitivity.seconds,
     }
+    # Not one of the command's outputs (those commit together, see qtool.system.outputs): a file of its
+    # own, renamed into place so that a reader never sees half of it, readable by whoever shares the cache.
     temporary: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
             temporary = Path(handle.name)
             handle.write(json.dumps(document, sort_keys=True))
+        temporary.chmod(0o644)
         os.replace(temporary, path)
-    except OSError as e:
-        log.warning("could not keep the sensitivity measurement in %s: %s", path.parent, e)
+    except BaseException as e:
         if temporary is not None:
             with suppress(OSError):
                 temporary.unlink(missing_ok=True)
+        if not isinstance(e, OSError):
+            raise
+        log.warning("could not keep the sensitivity measurement in %s: %s", path.parent, e)
         return None
     return str(path)
