@@ -65,7 +65,7 @@ def tune_one(name: str, target: float, budget: float, tmp: Path) -> dict:
     out, chosen, report = tmp / f"{name}.onnx", tmp / f"{name}.yaml", tmp / f"{name}.json"
     command = [*QTOOL, "-q", "tune", str(model), "--data", str(calib), "--eval", str(evaluation)]
     command += ["--target-sqnr", str(target), "--time-budget", str(budget), "-o", str(out)]
-    command += ["--config-out", str(chosen), "--json", str(report)]
+    command += ["--config-out", str(chosen), "--json", str(report), "--no-cache"]  # first-run times, every time
     seconds, peak, done = timed(command)
     if done.returncode not in (0, 1):
         return {"model": name, "error": done.stderr.strip().splitlines()[-2:-1]}  # the last line is the peak

@@ -1047,7 +1047,7 @@ def tune(
         with stage("refine the best allocation"):
             refined = refine(
                 best,
-                lambda allocation: cheaper_moves(allocation, option_names, costs, sens),
+                lambda allocation, rejected: cheaper_moves(allocation, option_names, costs, sens, rejected),
                 verify,
                 deadline=deadline,
                 max_trials=REFINE_TRIALS_PER_NODE * len(names) + 10,

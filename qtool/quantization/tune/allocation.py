@@ -9,7 +9,7 @@ within the budget. Costs are bytes (objective ``size``) or predicted time (objec
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from qtool.quantization.tune.sensitivity import Sensitivity
 
@@ -61,14 +61,22 @@ def allocate(
 
 
 def cheaper_moves(
-    allocation: Allocation, options: Sequence[str], cost: Mapping[str, Mapping[str, float]], sens: Sensitivity
+    allocation: Allocation,
+    options: Sequence[str],
+    cost: Mapping[str, Mapping[str, float]],
+    sens: Sensitivity,
+    rejected: Collection[tuple[str, str]] = (),
 ) -> list[tuple[str, str]]:
-    """For each node, the cheaper option that saves the most cost per unit of added noise; best exchanges first."""
+    """For each node, the cheaper option that saves the most cost per unit of added noise; best exchanges first.
+
+    Steps in ``rejected`` (verified to break the target) are passed over, so a node whose best step
+    broke it offers its next best.
+    """
     found = []
     for node, current in allocation.items():
         best: tuple[float, str] | None = None
         for option in options:
-            if option not in cost[node] or cost[node][option] >= cost[node][current]:
+            if option not in cost[node] or cost[node][option] >= cost[node][current] or (node, option) in rejected:
                 continue
             added = sens.of(node, option) - sens.of(node, current)
             if not math.isfinite(sens.of(node, option)):

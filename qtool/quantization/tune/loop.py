@@ -100,7 +100,7 @@ def search_budgets(
 
 def refine(
     start: Trial,
-    moves: Callable[[Allocation], list[tuple[str, str]]],
+    moves: Callable[[Allocation, set[tuple[str, str]]], list[tuple[str, str]]],
     verify: Callable[[Allocation], Trial],
     *,
     deadline: float,
@@ -108,13 +108,14 @@ def refine(
 ) -> Search:
     """Greedy descent from a trial that meets the target: cheaper options, verified, kept while it still does.
 
-    ``moves`` lists (node, cheaper option) steps, the best exchange of saved cost for added noise first.
-    They are tried in batches (a quarter of them at first); a batch that breaks the target is halved,
-    and a single step that breaks it is not tried again. Each kept batch makes the model smaller.
+    ``moves(allocation, rejected)`` lists (node, cheaper option) steps, the best exchange of saved cost
+    for added noise first, leaving out the rejected ones. They are tried in batches (a quarter of them
+    at first); a batch that breaks the target is halved, and a single step that breaks it is rejected
+    (its node then offers its next cheaper option). Each kept batch makes the model smaller.
     """
     search = Search()
-    current, rejected = start, set()
-    pending = moves(current.allocation)
+    current, rejected = start, set[tuple[str, str]]()
+    pending = moves(current.allocation, rejected)
     batch = max(1, len(pending) // 4)
     while pending and len(search.trials) < max_trials:
         if time.monotonic() > deadline:
@@ -125,12 +126,12 @@ def refine(
         search.trials.append(trial)
         if trial.meets and trial.size_bytes < current.size_bytes:
             current = trial
-            pending = [m for m in moves(current.allocation) if m not in rejected]
+            pending = moves(current.allocation, rejected)
         elif batch > 1:
             batch = max(1, batch // 2)
         else:
             rejected.add(step[0])
-            pending = pending[1:]
+            pending = moves(current.allocation, rejected)
     return search
 
 
