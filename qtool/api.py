@@ -76,7 +76,16 @@ from qtool.quantization.tune.configs import allocation_document, config_text
 from qtool.quantization.tune.loop import Trial, best_trial, refine, search_budgets
 from qtool.quantization.tune.metric import load_metric, read_labels
 from qtool.quantization.tune.sensitivity import measure, nsr
-from qtool.quantization.tune.space import GPTQ, MEASURED, OPTIONS, W4, Option, options_for, without_algorithms
+from qtool.quantization.tune.space import (
+    GPTQ,
+    MEASURED,
+    OPTIONS,
+    W4,
+    Option,
+    for_objective,
+    options_for,
+    without_algorithms,
+)
 from qtool.results import ComparisonResult, ModelFile, ProgressFactory, QuantizeResult, TuneResult, noop_progress
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
 from qtool.system.environment import cpu_info, files_digest, versions
@@ -913,7 +922,8 @@ def tune(
             f"{config.source}: tune does not search accuracy algorithms yet; "
             f"give a config without global.algorithms ({', '.join(config.global_scheme.algorithms.names())})"
         )
-    space = options_for(config.target)
+    timed = options.objective == "latency" or options.max_latency_ratio is not None
+    space = for_objective(options_for(config.target), timed)
     # Candidates are built at the opset the widest option needs (int2 weights: 25), so each one loads.
     opset = max(load_config({**config.raw, "global": o.entry}).opset_requirement()[0] for o in space if o.entry)
     state = _prepare(model_path, config, opset, input_shapes)
@@ -991,7 +1001,6 @@ def tune(
         sensitivity_scorer.release()
         if cache_dir is not None:
             sens.cache_file = save_sensitivity(cache_dir, key, sens)
-    timed = options.objective == "latency" or options.max_latency_ratio is not None
     candidates = Candidates(
         state.prepared,
         OutputScorer(state.prepared, held_out, threads=threads, weights=state.weights),

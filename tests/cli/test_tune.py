@@ -188,6 +188,8 @@ def test_a_second_run_reuses_the_sensitivity_and_chooses_the_same_model(tmp_path
     r = invoke(*tune_args("mlp", first, "--target-sqnr", "30", "--json", first / "t.json"))
     assert r.exit_code == 0, r.stderr
     measured = json.loads((first / "t.json").read_text())["sensitivity"]
+    # size alone: nothing is measured that only adds activation noise to w8's bytes
+    assert not {"w8a8"} & {o for options in measured["measured"].values() for o in options}
     kept = list(_own_tune_cache.rglob("sensitivity-*.json"))
     assert not measured["cached"] and [str(p) for p in kept] == [measured["cache_file"]]
     r = invoke(*tune_args("mlp", second, "--target-sqnr", "30", "--json", second / "t.json"))

@@ -153,6 +153,17 @@ def test_refinement_keeps_cheaper_steps_only_while_the_target_holds():
     assert len({tuple(sorted(a.items())) for a in verified}) == len(verified)  # nothing verified twice
 
 
+def test_size_alone_never_measures_options_that_only_add_activation_noise():
+    from qtool.quantization.tune.space import for_objective
+
+    cpu = options_for("cpu")
+    sized = [o.name for o in for_objective(cpu, timed=False)]
+    assert "w8" in sized and not {"w8a8", "w8a16"} & set(sized)
+    assert [o.name for o in for_objective(cpu, timed=True)] == [o.name for o in cpu]
+    # TensorRT has no weight-only option: its integer nodes stay whatever the objective
+    assert [o.name for o in for_objective(options_for("tensorrt"), timed=False)] == ["w8a8", "float"]
+
+
 def test_a_node_whose_best_step_breaks_the_target_offers_its_next_one():
     from qtool.quantization.tune.allocation import cheaper_moves
     from qtool.quantization.tune.loop import refine

@@ -67,6 +67,20 @@ def options_for(target: str) -> list[Option]:
     return [W2, W4, W4_GPTQ, W8, W8_GPTQ, W8_BLOCKS, W8A8, W8A16, FP16, FLOAT]
 
 
+QUANTIZED_ACTIVATIONS = ("w8a8", "w8a16")  # w8's stored bytes, plus the noise of quantized activations
+
+
+def for_objective(options: list[Option], timed: bool) -> list[Option]:
+    """``options`` less those that can never be the smallest choice when only size counts (``timed`` False).
+
+    w8a8 and w8a16 store the bytes of w8 and add activation noise: they win only on latency, and
+    measuring w8a8 costs one model build per node (a seventh of the sensitivity measurement).
+    """
+    if timed or not any(o.name == "w8" for o in options):
+        return options
+    return [o for o in options if o.name not in QUANTIZED_ACTIVATIONS]
+
+
 def without_algorithms(options: list[Option]) -> list[Option]:
     """``options`` less those that need calibration inputs (GPTQ)."""
     return [o for o in options if not (o.entry and "algorithms" in o.entry)]
