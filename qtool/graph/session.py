@@ -28,8 +28,10 @@ def runtime_message(text: str) -> str:
     location = _SOURCE_LOCATION.match(text)
     if location is None:
         return text
-    depth, start = 0, text.find("(", location.end())
-    for i in range(max(start, 0), len(text) if start >= 0 else 0):
+    start, depth = text.find("(", location.end()), 0
+    if start < 0:
+        return text
+    for i in range(start, len(text)):  # the message follows the signature's closing parenthesis
         depth += {"(": 1, ")": -1}.get(text[i], 0)
         if depth == 0:
             return text[i + 1 :].strip() or text

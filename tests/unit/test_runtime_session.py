@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
 
 from qtool.graph.session import inference_session, runtime_message
+from tests.conftest import sample
 
 # What onnxruntime-gpu 1.31.1 raised on an H200 without TensorRT's libraries (2026-11-26).
 TENSORRT_ERROR = (
@@ -17,22 +17,12 @@ TENSORRT_ERROR = (
 )
 
 
-def _relu() -> bytes:
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        "relu",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
-
-
 def test_a_session_that_fails_raises_without_printing_a_fallback_notice(capsys):
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
     options.add_session_config_entry("session.intra_op_thread_affinities", "first")  # onnxruntime would fall back
     with pytest.raises(Exception, match="Processor id must consist of only digits") as caught:
-        inference_session(_relu(), options)
+        inference_session(str(sample("cnn")), options)
     assert capsys.readouterr().out == ""
     assert runtime_message(str(caught.value)).startswith("std::all_of(")  # no source location, no signature
 

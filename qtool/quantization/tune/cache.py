@@ -1,9 +1,9 @@
 """Sensitivity measurements kept between ``tune`` runs, keyed by everything they depend on.
 
-Measuring each node alone is most of a tune run's time (PP-OCRv4's detector: 83 of 154 s), and a
+Measuring each node alone is about half of a tune run's time (PP-OCRv4's detector: 81 of 176 s), and a
 second run on the same model, config and data (another target, another time budget, a CI rerun)
 would measure the very same numbers. The key hashes the versions of qtool and of the libraries
-behind the numbers, the model's bytes, the config, the calibration options and samples (their
+behind the numbers, the CPU, the model's bytes, the config, the calibration options and samples (their
 bytes), the sensitivity samples, the option space and the thread count; any change measures anew.
 Only complete measurements are kept. The cache is a convenience: a folder that cannot be read or
 written is skipped with a warning, never an error.
@@ -72,7 +72,12 @@ def load_sensitivity(directory: Path, key: str) -> Sensitivity | None:
         }
         measured = {str(node): [str(o) for o in names] for node, names in document["measured"].items()}
         return Sensitivity(
-            table, measured, int(document["builds"]), float(document["seconds"]), True, str(path), cached=True
+            table,
+            measured,
+            builds=int(document["builds"]),
+            seconds=float(document["seconds"]),
+            cache_file=str(path),
+            cached=True,
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         log.warning("ignoring the tune cache file %s: not a sensitivity table (%s)", path, e)
