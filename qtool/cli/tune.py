@@ -84,9 +84,11 @@ def tune(
     sensitivity_samples: Annotated[
         int,
         typer.Option(
-            "--sensitivity-samples", metavar="N", help="CALIB samples each node is measured on, spread over the set."
+            "--sensitivity-samples",
+            metavar="N",
+            help="EVAL samples each node is measured on, spread over the set (all when it holds fewer).",
         ),
-    ] = 4,
+    ] = 8,
     config: ConfigOption = None,
     target: TargetOption = None,
     input_shapes: InputShapesOption = None,

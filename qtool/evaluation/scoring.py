@@ -87,6 +87,14 @@ class OutputScorer:
         path, feed = self.samples[index]
         return self._run_reference(path, feed, self.names)
 
+    def float_outputs(self) -> FloatOutputs:
+        """The float outputs computed so far, by sample file (for another scorer over some of the same files)."""
+        known = FloatOutputs()
+        for (path, _), cached in zip(self.samples, self._cached, strict=True):
+            if cached is not None:
+                known.add(path, dict(zip(self.names, cached, strict=True)))
+        return known
+
     def release(self) -> None:
         """Free the float model's session (scoring later creates it again if needed)."""
         self._session = None

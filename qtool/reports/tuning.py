@@ -16,7 +16,7 @@ from qtool.quantization.tune.loop import Trial, pareto
 from qtool.results import TuneResult
 from qtool.schemas.tune import TuneReport
 
-TUNE_SCHEMA_VERSION = 2  # 2: sensitivity.cached and sensitivity.cache_file
+TUNE_SCHEMA_VERSION = 3  # 2: sensitivity.cached and sensitivity.cache_file; 3: sensitivity.samples
 
 
 def _counts(trial: Trial) -> str:
@@ -121,6 +121,7 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
             "complete": s.complete,
             "cached": s.cached,
             "cache_file": s.cache_file,
+            "samples": list(s.samples),
             "noise_to_signal": {node: {o: _finite(v) for o, v in row.items()} for node, row in sorted(s.nsr.items())},
             "measured": {node: options for node, options in sorted(s.measured.items())},
         },

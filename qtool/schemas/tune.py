@@ -26,6 +26,7 @@ class TuneSensitivity(_Report):
     complete: bool  # false: the time budget cut the measurement short
     cached: bool  # true: read from cache_file (an earlier run's measurement), not measured in this run
     cache_file: str | None  # the tune cache file read or written; null: none (--no-cache, or not complete)
+    samples: list[str]  # the evaluation sample files each node was measured on (--sensitivity-samples of EVAL)
     noise_to_signal: dict[str, dict[str, float | None]]
     measured: dict[str, list[str]]  # node -> options measured (the rest derived)
 

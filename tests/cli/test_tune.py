@@ -233,3 +233,31 @@ def test_other_data_or_no_cache_measure_again_and_a_damaged_file_is_ignored(tmp_
     r = invoke(*tune_args("mlp", tmp_path, "--target-sqnr", "30", "--no-cache", "--cache-dir", private))
     assert r.exit_code == 0, r.stderr
     assert not private.exists()
+
+
+def test_nodes_are_measured_on_eval_samples_and_their_bytes_key_the_cache(tmp_path, _own_tune_cache):
+    first = tmp_path / "first"
+    first.mkdir()
+    r = invoke(*tune_args("mlp", first, "--target-sqnr", "30", "--json", first / "t.json"))
+    assert r.exit_code == 0, r.stderr
+    measured = json.loads((first / "t.json").read_text())["sensitivity"]
+    held_out = sorted(p.name for p in eval_dir("mlp").glob("*.npy"))
+    # eight EVAL samples (the default), spread over the set: the middle one of each eighth
+    assert measured["samples"] == [held_out[(2 * i + 1) * len(held_out) // 16] for i in range(8)]
+    # one of those samples changed (same CALIB): measured anew, and the numbers follow the new sample
+    data = tmp_path / "eval"
+    data.mkdir()
+    for name in held_out:
+        (data / name).write_bytes((eval_dir("mlp") / name).read_bytes())
+    changed = data / measured["samples"][0]
+    np.save(changed, np.load(changed) * 4.0)
+    second = tmp_path / "second"
+    second.mkdir()
+    args = tune_args("mlp", second, "--target-sqnr", "30", "--json", second / "t.json")
+    args[args.index(eval_dir("mlp"))] = data
+    r = invoke(*args)
+    assert r.exit_code == 0, r.stderr
+    again = json.loads((second / "t.json").read_text())["sensitivity"]
+    assert not again["cached"] and again["samples"] == measured["samples"]
+    assert again["noise_to_signal"] != measured["noise_to_signal"]
+    assert len(list(_own_tune_cache.rglob("sensitivity-*.json"))) == 2

@@ -4,7 +4,8 @@ Measuring each node alone is about half of a tune run's time (PP-OCRv4's detecto
 second run on the same model, config and data (another target, another time budget, a CI rerun)
 would measure the very same numbers. The key hashes the versions of qtool and of the libraries
 behind the numbers, the CPU, the model's bytes, the config, the calibration options and samples (their
-bytes), the sensitivity samples, the option space and the thread count; any change measures anew.
+bytes), the evaluation samples the nodes are measured on (their bytes), the option space and the
+thread count; any change measures anew.
 Only complete measurements are kept. The cache is a convenience: a folder that cannot be read or
 written is skipped with a warning, never an error.
 """

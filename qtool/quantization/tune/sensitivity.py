@@ -1,7 +1,7 @@
 """How much output error each node adds at each precision, measured one node at a time.
 
 For every tuned node and every measured option, a model with only that node quantized runs on a
-few calibration samples against float outputs computed once (see
+few evaluation samples (the set the target is judged on) against float outputs computed once (see
 :class:`qtool.evaluation.scoring.OutputScorer`). The error is kept as noise-to-signal power
 (``10 ** (-SQNR / 10)``), which adds up across nodes to first order: the allocation budgets its sum.
 Options not measured are derived: int16 activations from int8 ones (256x finer), fp16 as negligible.
@@ -42,6 +42,7 @@ class Sensitivity:
     complete: bool = True  # False when the time budget stopped the measurement
     cache_file: str | None = None  # where it was read from or kept (see qtool.quantization.tune.cache)
     cached: bool = False  # read from cache_file instead of measured in this run
+    samples: list[str] = field(default_factory=list)  # the evaluation sample files measured on
 
     def of(self, node: str, option: str) -> float:
         return self.nsr.get(node, {}).get(option, math.inf)
