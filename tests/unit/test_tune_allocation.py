@@ -61,9 +61,9 @@ def test_options_that_fail_on_a_node_are_never_chosen():
 def test_unmeasured_options_are_derived_and_unmeasured_nodes_take_the_worst_figures():
     scores = {("a", "w2"): 3.0, ("b", "w2"): 1.0}
     scores |= {("a", "w4"): 20.0, ("a", "w4g"): 23.0, ("a", "w8"): 45.0, ("a", "w8g"): 47.0}
-    scores |= {("a", "w8b"): 47.0, ("a", "w8a8"): 40.0}
+    scores |= {("a", "w8b"): 47.0, ("a", "w8bg"): 49.0, ("a", "w8a8"): 40.0}
     scores |= {("b", "w4"): 10.0, ("b", "w4g"): 9.0, ("b", "w8"): 35.0, ("b", "w8g"): 36.0}
-    scores |= {("b", "w8b"): 38.0, ("b", "w8a8"): 33.0}
+    scores |= {("b", "w8b"): 38.0, ("b", "w8bg"): 40.0, ("b", "w8a8"): 33.0}
     seen = []
 
     def score(selection):
@@ -72,7 +72,7 @@ def test_unmeasured_options_are_derived_and_unmeasured_nodes_take_the_worst_figu
         return scores[(node, option.name)]
 
     sens = measure(["a", "b"], options_for("cpu"), score)
-    assert sens.complete and sens.builds == 14
+    assert sens.complete and sens.builds == 16
     # int2 measured, as the int4 and int8 options are
     assert sens.of("a", "w2") == pytest.approx(nsr(3.0)) and sens.of("b", "w2") == pytest.approx(nsr(1.0))
     assert sens.of("a", "w8a16") == pytest.approx(nsr(45.0) + (nsr(40.0) - nsr(45.0)) * INT16_GAIN)

@@ -155,6 +155,7 @@ def node_costs(
             "w8a8": elements + 4.0 * channels,
             "w8a16": elements + 4.0 * channels,
             "w8b": elements + 4.0 * blocks,
+            "w8bg": elements + 4.0 * blocks,
             "w8g": elements + 4.0 * channels,
             "w4": elements / 2 + 4.0 * blocks,
             "w4g": elements / 2 + 4.0 * blocks,
