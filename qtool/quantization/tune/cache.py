@@ -1,6 +1,6 @@
 """Sensitivity measurements kept between ``tune`` runs, keyed by everything they depend on.
 
-Measuring each node alone is about half of a tune run's time (PP-OCRv4's detector: 81 of 176 s), and a
+Measuring each node alone is about half of a tune run's time (PP-OCRv4's detector: 101 of 192 s), and a
 second run on the same model, config and data (another target, another time budget, a CI rerun)
 would measure the very same numbers. The key hashes the versions of qtool and of the libraries
 behind the numbers, the CPU, the model's bytes, the config, the calibration options and samples (their
