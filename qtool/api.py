@@ -69,7 +69,7 @@ from qtool.quantization.plan import QuantPlan, build_plan
 from qtool.quantization.rewrite import RewriteReport, check_quantized_model, insert_qdq
 from qtool.quantization.roles import static_elements
 from qtool.quantization.selection import PlacementChoice, choose_placement
-from qtool.quantization.tune.allocation import allocate, cheaper_moves, predicted_nsr
+from qtool.quantization.tune.allocation import allocate, cheaper_moves, costlier_moves, predicted_nsr
 from qtool.quantization.tune.cache import cache_key, default_cache_dir, load_sensitivity, save_sensitivity
 from qtool.quantization.tune.candidates import Candidates, Goal, node_costs
 from qtool.quantization.tune.configs import allocation_document, config_text
@@ -1067,6 +1067,8 @@ def tune(
                 verify,
                 deadline=deadline,
                 max_trials=REFINE_TRIALS_PER_NODE * len(names) + 10,
+                upgrades=lambda allocation: costlier_moves(allocation, option_names, costs, sens),
+                restart_trials=len(names),
             )
         trials += refined.trials
         out_of_time = refined.out_of_time
@@ -1149,7 +1151,7 @@ def _block_axes(state: _Prepared, config: QConfig) -> dict[str, int | None]:
     return {n.name: n.weight.axis for n in plan.nodes if n.weight is not None}
 
 
-REFINE_TRIALS_PER_NODE = 2  # verifications the greedy refinement may spend, per tuned node
+REFINE_TRIALS_PER_NODE = 8  # verifications the refinement (descent and restarts) may spend, per tuned node
 SENSITIVITY_SHARE = 0.6  # of the time budget, at most, for measuring nodes one at a time
 FIRST_METRIC_BUDGET = 1e-3  # noise-to-signal power to start from with a metric goal (30 dB)
 

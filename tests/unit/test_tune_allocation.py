@@ -202,3 +202,36 @@ def test_a_missed_allocation_is_never_chosen_again_however_small_the_slack():
 
     search = search_budgets(1e-3, allocate, verify, lambda t: t.sqnr_db - 30, deadline=math.inf)
     assert [t.allocation["n"] for t in search.trials] == ["a", "b"]
+
+
+def test_a_restart_from_one_node_made_more_accurate_finds_what_the_descent_could_not():
+    from qtool.quantization.tune.allocation import cheaper_moves, costlier_moves
+    from qtool.quantization.tune.loop import refine
+
+    # "a" is small and noisy at int8; "b" and "c" are large: each fits at int4 only once "a" is fp16
+    costs = {"a": {"w8": 10.0, "fp16": 20.0}, "b": {"w4": 25.0, "w8": 100.0}, "c": {"w4": 25.0, "w8": 100.0}}
+    sens = Sensitivity(
+        {"a": {"w8": 3e-4, "fp16": 0.0}, "b": {"w4": 2.5e-4, "w8": 0.5e-4}, "c": {"w4": 2.5e-4, "w8": 0.5e-4}}
+    )
+    verified = []
+
+    def verify(allocation):
+        verified.append(tuple(sorted(allocation.items())))
+        noise = predicted_nsr(allocation, sens)
+        size = int(sum(costs[n][o] for n, o in allocation.items()))
+        return Trial(dict(allocation), sqnr_db(noise), size, 1.0, sqnr_db(noise), meets=noise <= 5e-4 + 1e-12)
+
+    options = ["w4", "w8", "fp16"]
+    start = verify({"a": "w8", "b": "w8", "c": "w8"})
+    assert costlier_moves(start.allocation, options, costs, sens)[0] == ("a", "fp16")
+
+    def run(**restarts):
+        moves = lambda a, rejected: cheaper_moves(a, options, costs, sens, rejected)  # noqa: E731
+        search = refine(start, moves, verify, deadline=math.inf, max_trials=20, **restarts)
+        return best_trial([start, *search.trials], "size")
+
+    assert run().size_bytes == 210  # the descent alone: every cheaper step breaks the target
+    before = len(verified)
+    restarted = run(upgrades=lambda a: costlier_moves(a, options, costs, sens), restart_trials=5)
+    assert restarted.allocation == {"a": "fp16", "b": "w4", "c": "w4"} and restarted.size_bytes == 70
+    assert len(set(verified[before:])) == len(verified[before:])  # nothing verified twice

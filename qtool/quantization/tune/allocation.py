@@ -87,3 +87,24 @@ def cheaper_moves(
         if best is not None:
             found.append((best[0], node, best[1]))
     return [(node, option) for _, node, option in sorted(found, key=lambda f: (-f[0], f[1]))]
+
+
+def costlier_moves(
+    allocation: Allocation, options: Sequence[str], cost: Mapping[str, Mapping[str, float]], sens: Sensitivity
+) -> list[tuple[str, str]]:
+    """For each node, the costlier option that removes the most noise per unit of added cost; best first."""
+    found = []
+    for node, current in allocation.items():
+        best: tuple[float, str] | None = None
+        for option in options:
+            if option not in cost[node] or cost[node][option] <= cost[node][current]:
+                continue
+            removed = sens.of(node, current) - sens.of(node, option)
+            if not removed > 0:  # no less noise (or the current option fails and so does this one)
+                continue
+            rate = removed / (cost[node][option] - cost[node][current])
+            if best is None or rate > best[0]:
+                best = (rate, option)
+        if best is not None:
+            found.append((best[0], node, best[1]))
+    return [(node, option) for _, node, option in sorted(found, key=lambda f: (-f[0], f[1]))]

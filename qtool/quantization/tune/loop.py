@@ -98,32 +98,88 @@ def search_budgets(
     return search
 
 
+Moves = Callable[[Allocation, set[tuple[str, str]]], list[tuple[str, str]]]
+
+
 def refine(
     start: Trial,
-    moves: Callable[[Allocation, set[tuple[str, str]]], list[tuple[str, str]]],
+    moves: Moves,
     verify: Callable[[Allocation], Trial],
     *,
     deadline: float,
     max_trials: int,
+    upgrades: Callable[[Allocation], list[tuple[str, str]]] | None = None,
+    restart_trials: int = 0,
 ) -> Search:
-    """Greedy descent from a trial that meets the target: cheaper options, verified, kept while it still does.
+    """Greedy descent from a trial that meets the target, then restarts from one node made more accurate.
 
     ``moves(allocation, rejected)`` lists (node, cheaper option) steps, the best exchange of saved cost
     for added noise first, leaving out the rejected ones. They are tried in batches (a quarter of them
     at first); a batch that breaks the target is halved, and a single step that breaks it is rejected
     (its node then offers its next cheaper option). Each kept batch makes the model smaller.
+
+    A descent stops where no single cheaper step keeps the target, but a step that breaks it may pass
+    once another node is more accurate. ``upgrades(allocation)`` lists (node, costlier option) steps,
+    the most noise removed per byte added first: each of the first ``RESTARTS`` that meets the target
+    starts a new descent of at most ``restart_trials`` verifications (the upgraded node may not go back),
+    and the first that ends smaller replaces the best, for as long as trials and time remain. No
+    allocation is verified twice.
     """
     search = Search()
-    current, rejected = start, set[tuple[str, str]]()
-    pending = moves(current.allocation, rejected)
-    batch = max(1, len(pending) // 4)
-    while pending and len(search.trials) < max_trials:
+    seen: dict[tuple[tuple[str, str], ...], Trial] = {}
+
+    def check(allocation: Allocation) -> Trial | None:
+        """The allocation's trial (verified once); None when trials or time have run out."""
+        key = tuple(sorted(allocation.items()))
+        if key in seen:
+            return seen[key]
+        if len(search.trials) >= max_trials:
+            return None
         if time.monotonic() > deadline:
             search.out_of_time = True
-            break
+            return None
+        seen[key] = verify(allocation)
+        search.trials.append(seen[key])
+        return seen[key]
+
+    seen[tuple(sorted(start.allocation.items()))] = start
+    best = _descend(start, moves, check, set(), max_trials)
+    while upgrades is not None and restart_trials > 0:
+        for node, option in upgrades(best.allocation)[:RESTARTS]:
+            trial = check({**best.allocation, node: option})
+            if trial is None:
+                return search
+            if not trial.meets:
+                continue
+            found = _descend(trial, moves, check, {(node, best.allocation[node])}, restart_trials)
+            if found.size_bytes < best.size_bytes:
+                best = found
+                break
+        else:
+            return search
+    return search
+
+
+RESTARTS = 6  # upgrades tried per round, each with its own descent
+
+
+def _descend(
+    start: Trial,
+    moves: Moves,
+    check: Callable[[Allocation], Trial | None],
+    rejected: set[tuple[str, str]],
+    limit: int,
+) -> Trial:
+    """The greedy descent from ``start``: the smallest trial it reached that meets the target."""
+    current, spent = start, 0
+    pending = moves(current.allocation, rejected)
+    batch = max(1, len(pending) // 4)
+    while pending and spent < limit:
         step = pending[:batch]
-        trial = verify({**current.allocation, **dict(step)})
-        search.trials.append(trial)
+        trial = check({**current.allocation, **dict(step)})
+        if trial is None:
+            break
+        spent += 1
         if trial.meets and trial.size_bytes < current.size_bytes:
             current = trial
             pending = moves(current.allocation, rejected)
@@ -132,7 +188,7 @@ def refine(
         else:
             rejected.add(step[0])
             pending = moves(current.allocation, rejected)
-    return search
+    return current
 
 
 def best_trial(trials: list[Trial], objective: str) -> Trial | None:
