@@ -51,7 +51,8 @@ def data_for(name: str, tmp: Path) -> tuple[Path, Path, Path, Path | None]:
     return model, calib, evaluation, unseen
 
 
-def compared_sqnr(model: Path, candidate: Path, data: Path, check: Path) -> dict:
+def compare_json(model: Path, candidate: Path, data: Path, check: Path) -> dict:
+    """`qtool compare --json` of ``candidate`` against ``model`` on ``data`` (kept at ``check``)."""
     command = [*QTOOL, "-q", "compare", str(model), str(candidate), "--data", str(data), "--runs", "0"]
     subprocess.run([*command, "--json", str(check)], check=True, capture_output=True)
     return json.loads(check.read_text())
@@ -85,8 +86,8 @@ def tune_one(name: str, target: float, budget: float, tmp: Path) -> dict:
     if done.returncode not in (0, 1):
         return {"model": name, "error": done.stderr.strip().splitlines()[-2:-1]}  # the last line is the peak
     doc = json.loads(report.read_text())
-    compared = compared_sqnr(model, out, evaluation, tmp / f"{name}.check.json")
-    fresh = compared_sqnr(model, out, unseen, tmp / f"{name}.unseen.json") if unseen is not None else None
+    compared = compare_json(model, out, evaluation, tmp / f"{name}.check.json")
+    fresh = compare_json(model, out, unseen, tmp / f"{name}.unseen.json") if unseen is not None else None
     again = tmp / f"{name}.again.onnx"
     subprocess.run(
         [*QTOOL, "-q", "quantize", str(model), "--config", str(chosen), "--data", str(calib), "-o", str(again)],

@@ -9,7 +9,7 @@ within the budget. Costs are bytes (objective ``size``) or predicted time (objec
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from qtool.quantization.tune.sensitivity import Sensitivity
 
@@ -60,6 +60,20 @@ def allocate(
     return best
 
 
+Rate = Callable[[str, str, str], float | None]  # (node, current, option) -> exchange rate; None: not a step
+
+
+def _best_steps(allocation: Allocation, options: Sequence[str], rate: Rate) -> list[tuple[str, str]]:
+    """For each node, the option with the highest ``rate`` from where it is; best steps first."""
+    found = []
+    for node, current in allocation.items():
+        rated = [(r, option) for option in options if (r := rate(node, current, option)) is not None]
+        if rated:
+            best = max(rated, key=lambda ro: ro[0])  # the first of equal rates, in ``options`` order
+            found.append((best[0], node, best[1]))
+    return [(node, option) for _, node, option in sorted(found, key=lambda f: (-f[0], f[1]))]
+
+
 def cheaper_moves(
     allocation: Allocation,
     options: Sequence[str],
@@ -72,39 +86,29 @@ def cheaper_moves(
     Steps in ``rejected`` (verified to break the target) are passed over, so a node whose best step
     broke it offers its next best.
     """
-    found = []
-    for node, current in allocation.items():
-        best: tuple[float, str] | None = None
-        for option in options:
-            if option not in cost[node] or cost[node][option] >= cost[node][current] or (node, option) in rejected:
-                continue
-            added = sens.of(node, option) - sens.of(node, current)
-            if not math.isfinite(sens.of(node, option)):
-                continue
-            rate = (cost[node][current] - cost[node][option]) / max(added, 1e-12)
-            if best is None or rate > best[0]:
-                best = (rate, option)
-        if best is not None:
-            found.append((best[0], node, best[1]))
-    return [(node, option) for _, node, option in sorted(found, key=lambda f: (-f[0], f[1]))]
+
+    def saved_per_noise(node: str, current: str, option: str) -> float | None:
+        if option not in cost[node] or cost[node][option] >= cost[node][current] or (node, option) in rejected:
+            return None
+        if not math.isfinite(sens.of(node, option)):
+            return None
+        added = sens.of(node, option) - sens.of(node, current)
+        return (cost[node][current] - cost[node][option]) / max(added, 1e-12)
+
+    return _best_steps(allocation, options, saved_per_noise)
 
 
 def costlier_moves(
     allocation: Allocation, options: Sequence[str], cost: Mapping[str, Mapping[str, float]], sens: Sensitivity
 ) -> list[tuple[str, str]]:
     """For each node, the costlier option that removes the most noise per unit of added cost; best first."""
-    found = []
-    for node, current in allocation.items():
-        best: tuple[float, str] | None = None
-        for option in options:
-            if option not in cost[node] or cost[node][option] <= cost[node][current]:
-                continue
-            removed = sens.of(node, current) - sens.of(node, option)
-            if not removed > 0:  # no less noise (or the current option fails and so does this one)
-                continue
-            rate = removed / (cost[node][option] - cost[node][current])
-            if best is None or rate > best[0]:
-                best = (rate, option)
-        if best is not None:
-            found.append((best[0], node, best[1]))
-    return [(node, option) for _, node, option in sorted(found, key=lambda f: (-f[0], f[1]))]
+
+    def removed_per_cost(node: str, current: str, option: str) -> float | None:
+        if option not in cost[node] or cost[node][option] <= cost[node][current]:
+            return None
+        removed = sens.of(node, current) - sens.of(node, option)
+        if not removed > 0:  # no less noise (or the current option fails and so does this one)
+            return None
+        return removed / (cost[node][option] - cost[node][current])
+
+    return _best_steps(allocation, options, removed_per_cost)
