@@ -61,14 +61,14 @@ done(start, tensors=len(stats.tensors))
 BARE = (
     PRELUDE
     + r"""
-from qtool.api import _prepare
+from qtool.pipeline.workspace import open_workspace
 from qtool.calibration.statistics import with_exposed_outputs
 from qtool.config import load_config
 from qtool.graph.session import create_session
 import onnxruntime as ort
 start = time.perf_counter()
-state = _prepare(Path(model), load_config())
-names = list(state.plan.activations)
+state = open_workspace(Path(model), load_config())
+names = list(state.plan().activations)
 session = create_session(with_exposed_outputs(state.prepared, names), "bare",
                          level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, weights=state.weights)
 feed_name = session.get_inputs()[0].name

@@ -75,16 +75,15 @@ BARE = (
     PRELUDE
     + r"""
 import onnxruntime as ort
-from qtool.api import _prepare
+from qtool.pipeline.workspace import open_workspace
 from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.statistics import with_exposed_outputs
 from qtool.config import load_config
 from qtool.graph.session import create_session
-from qtool.quantization.plan import build_plan
 start = time.perf_counter()
 config = load_config()
-state = _prepare(Path(model), config)
-names = list(build_plan(state.prepared, config).activations)
+state = open_workspace(Path(model), config)
+names = list(state.plan().activations)
 passing = time.perf_counter()
 exposed = variant == "bare"
 fetch = names if exposed else [o.name for o in state.prepared.graph.output]

@@ -15,7 +15,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from qtool import __version__
+from qtool._version import __version__
 from qtool.errors import ExitCode, QtoolError
 
 app = typer.Typer(

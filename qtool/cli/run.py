@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TypeVar
 
 import typer
 
-from qtool import __version__
+from qtool._version import __version__
 from qtool.cli.app import STATE, StdoutClosed, err_console, fail
 from qtool.errors import CheckFailedError, ExitCode, QtoolError
 

@@ -6,6 +6,21 @@ reports progress from every worker; Dask distributed is the engine behind it (th
 and ``run``.
 """
 
-from qtool.distributed.engine import Engine, EngineSpec, open_engine
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from qtool.distributed.engine import Engine, EngineSpec
+
+
+@contextmanager
+def open_engine(spec: EngineSpec) -> Iterator[Engine]:
+    """The engine ``spec`` asks for, shut down (its local workers stopped) on the way out."""
+    from qtool.distributed.dask_engine import dask_engine
+
+    with dask_engine(spec) as engine:
+        yield engine
+
 
 __all__ = ["Engine", "EngineSpec", "open_engine"]

@@ -1,6 +1,6 @@
 """Calibration spread over an engine's workers: one shard of the samples each, merged exactly.
 
-Each worker runs :func:`qtool.api.calibrate` on shard ``k/n`` of the samples (every n-th file
+Each worker runs :func:`qtool.pipeline.calibrate.calibrate_shard` on shard ``k/n`` of the samples (every n-th file
 from the k-th), exactly as ``qtool calibrate --shard k/n`` would, and sends back its statistics;
 the client merges them in shard order. The histogram and min/max observers merge exactly, so
 the result is byte for byte the statistics of one process.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qtool.calibration.statistics import CalibrationStats
-from qtool.distributed.engine import EngineSpec, open_engine
+from qtool.distributed import EngineSpec, open_engine
 from qtool.options import CalibrationOptions
 from qtool.progress import ProgressFactory, noop_progress
 
@@ -58,26 +58,21 @@ def _absolute(path: Path | str) -> str:
     return text if "://" in text else str(Path(text).resolve())
 
 
-def calibrate_shard(request: ShardRequest, report: Callable[[int], None]) -> dict[str, Any]:
-    """Runs on a worker: the statistics of one shard, as :meth:`CalibrationStats.to_dict`."""
-    from qtool.api import calibrate
-
-    stats = calibrate(
-        request.model,
-        request.data,
-        config_path=request.config,
-        options=request.options,
-        progress=lambda description, total: report,
-        target=request.target,
-        input_shapes=request.input_shapes,
-    )
-    return stats.to_dict()
+ShardWork = Callable[[ShardRequest, Callable[[int], None]], dict[str, Any]]
 
 
 def calibrate_on_workers(
-    request: ShardRequest, samples: int, trusted: frozenset[str], progress: ProgressFactory | None
+    request: ShardRequest,
+    samples: int,
+    trusted: frozenset[str],
+    progress: ProgressFactory | None,
+    calibrate_shard: ShardWork,
 ) -> CalibrationStats:
-    """Calibrate ``samples`` samples in shards over the engine ``request.options`` asks for."""
+    """Calibrate ``samples`` samples in shards over the engine ``request.options`` asks for.
+
+    ``calibrate_shard`` runs on a worker: the statistics of one shard, as :meth:`CalibrationStats.to_dict`
+    (:func:`qtool.pipeline.calibrate.calibrate_shard`).
+    """
     options = request.options
     spec = EngineSpec(options.workers, options.scheduler, options.threads or 1)
     with open_engine(spec) as engine:

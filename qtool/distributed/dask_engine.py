@@ -62,7 +62,7 @@ def dask_engine(spec: EngineSpec) -> Iterator[DaskEngine]:
                 processes=True,
                 dashboard_address=None,
                 silence_logs=quiet,
-                preload=["qtool.api"],  # workers import qtool, onnx and onnxruntime while they start
+                preload=["qtool.pipeline.calibrate"],  # workers import qtool, onnx and onnxruntime while they start
             )
             client = distributed.Client(cluster, set_as_default=False)
         except BaseException:  # Ctrl-C while the workers start

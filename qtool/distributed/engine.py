@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -54,12 +53,3 @@ class Engine(Protocol):
         ``describe(item)`` names an item in the error raised when its worker dies.
         """
         ...
-
-
-@contextmanager
-def open_engine(spec: EngineSpec) -> Iterator[Engine]:
-    """The engine ``spec`` asks for, shut down (its local workers stopped) on the way out."""
-    from qtool.distributed.dask_engine import dask_engine
-
-    with dask_engine(spec) as engine:
-        yield engine

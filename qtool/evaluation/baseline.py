@@ -84,11 +84,20 @@ def read_baseline(path: Path | str) -> CompareReport:
         raise QtoolError(f"{path}: field '{where}': {first['msg']}") from None
 
 
-def _numbers(report: CompareReport) -> dict[str, Any]:
-    """The comparable numbers of a report, by metric."""
+@dataclass(frozen=True)
+class Snapshot:
+    """The comparable numbers of one comparison (by metric), and what it compared."""
+
+    numbers: dict[str, Any]
+    reference_sha256: str
+    data: tuple[str, int]  # the data's name and sample count
+
+
+def report_snapshot(report: CompareReport) -> Snapshot:
+    """The comparable numbers of a report (a JSON null SQNR is an exact match: infinite)."""
     accuracy = report.accuracy
     latency = report.latency[0] if report.latency else None
-    return {
+    numbers = {
         "compression": report.size.compression_ratio,
         "sqnr": math.inf if accuracy.overall.sqnr_db is None else accuracy.overall.sqnr_db,
         "top1": min((a.top1 for a in accuracy.classification), default=None),
@@ -100,13 +109,15 @@ def _numbers(report: CompareReport) -> dict[str, Any]:
         else None,
         "provider": latency.provider if latency else None,
     }
+    return Snapshot(numbers, report.models.reference.sha256, (report.data.dir, report.data.samples))
 
 
 def against_baseline(
-    current: CompareReport, baseline: CompareReport, path: str, latency_tolerance: float = DEFAULT_LATENCY_TOLERANCE
+    current: Snapshot, baseline: CompareReport, path: str, latency_tolerance: float = DEFAULT_LATENCY_TOLERANCE
 ) -> BaselineComparison:
-    """Every number both reports hold, with the regressions marked (see the module docstring)."""
-    now, then = _numbers(current), _numbers(baseline)
+    """Every number both comparisons hold, with the regressions marked (see the module docstring)."""
+    earlier = report_snapshot(baseline)
+    now, then = current.numbers, earlier.numbers
     changes = []
     limits = {  # metric -> the lowest value that is not a regression, from the baseline's value
         "compression": lambda b: b * (1 - COMPRESSION_TOLERANCE),
@@ -124,9 +135,8 @@ def against_baseline(
         changes.append(Change(metric, b, c, "higher", regressed, limit=limit))
     if now["latency_ratio"] is not None or then["latency_ratio"] is not None:
         changes.append(_latency_change(now, then, latency_tolerance))
-    same_reference = current.models.reference.sha256 == baseline.models.reference.sha256
-    same_data = (current.data.dir, current.data.samples) == (baseline.data.dir, baseline.data.samples)
-    return BaselineComparison(path, changes, same_reference, same_data)
+    same_reference = current.reference_sha256 == earlier.reference_sha256
+    return BaselineComparison(path, changes, same_reference, current.data == earlier.data)
 
 
 def _latency_change(now: dict[str, Any], then: dict[str, Any], tolerance: float) -> Change:

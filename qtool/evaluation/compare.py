@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -18,7 +19,7 @@ from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.outputs import FloatOutputs
 from qtool.config import load_config
 from qtool.errors import QtoolError
-from qtool.evaluation.baseline import against_baseline, read_baseline, regression_gates
+from qtool.evaluation.baseline import Snapshot, against_baseline, read_baseline, regression_gates
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
 from qtool.evaluation.layers import layer_errors
 from qtool.evaluation.metrics import TASKS, LatencyComparison, measure_latency, output_metrics
@@ -149,18 +150,31 @@ def compare(
     judged = evaluate_gates(gates or [], result.measured(), result.intervals())
     if earlier is None:
         return replace(result, gates=judged)
-    from qtool.reports.documents import comparison_to_dict
-    from qtool.schemas.reports import CompareReport
-
     stated = [g.tolerance for g in gates or [] if g.metric == "latency_ratio"]
     tolerance = max(stated, default=DEFAULT_LATENCY_TOLERANCE)
-    now = CompareReport.model_validate(comparison_to_dict(replace(result, gates=judged)))
-    changes = against_baseline(now, earlier, str(baseline), tolerance)
+    changes = against_baseline(_snapshot(result), earlier, str(baseline), tolerance)
     if not changes.same_reference:
         log.warning("the baseline %s measured another reference model (its digest differs)", baseline)
     if fail_on_regression:
         judged += regression_gates(changes)
     return replace(result, gates=judged, baseline=changes)
+
+
+def _snapshot(result: ComparisonResult) -> Snapshot:
+    """The numbers a baseline report is compared on, as its JSON states them (an infinite SQNR as null)."""
+    latency = result.latency[0] if result.latency else None
+    sqnr = result.overall.sqnr_db
+    numbers = {
+        "compression": result.compression_ratio,
+        "sqnr": sqnr if math.isfinite(sqnr) else math.inf,
+        "top1": min((a.top1 for a in result.agreement), default=None),
+        "top5": min((a.top5 for a in result.agreement), default=None),
+        "box_iou": min((b.mean_iou for b in result.boxes), default=None),
+        "latency_ratio": latency.latency_ratio if latency else None,
+        "latency_interval": tuple(latency.ratio_interval) if latency and latency.ratio_interval else None,
+        "provider": latency.provider if latency else None,
+    }
+    return Snapshot(numbers, result.reference.sha256, (result.data_dir, result.samples))
 
 
 def _latency_per_provider(

@@ -10,7 +10,7 @@ from qtool.config import TensorScheme
 from qtool.errors import QtoolError
 from qtool.observers import Observer
 from qtool.observers.base import check_range
-from qtool.quantization.plan import QuantPlan
+from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.qparams import QParams, compute_qparams, quant_type
 
 

@@ -10,7 +10,8 @@ import onnx
 
 from qtool.config import QConfig
 from qtool.quantization.kernels import predict_kernels
-from qtool.quantization.plan import NodePlan, QuantPlan, passthrough_ops
+from qtool.quantization.plan import passthrough_ops
+from qtool.quantization.plan_types import NodePlan, QuantPlan
 from qtool.quantization.qparams import quant_type
 
 _FLOAT_BYTES = 4

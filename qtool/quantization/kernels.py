@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from qtool.quantization.plan import NodePlan, QuantPlan
+from qtool.quantization.plan_types import NodePlan, QuantPlan
 
 
 @dataclass(frozen=True)

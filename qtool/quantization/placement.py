@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import onnx
 
 from qtool.config import NodeScheme
+from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.roles import GraphIndex, Roles, is_depthwise, node_macs
-
-if TYPE_CHECKING:
-    from qtool.quantization.plan import QuantPlan
 
 # A node runs as an integer kernel under placement "auto" only when it does at least this many
 # multiply-accumulates per sample: below it, onnxruntime spends more on Quantize/DequantizeLinear and
@@ -26,7 +22,7 @@ AUTO_MIN_MACS = 500_000
 AUTO_MIN_INTENSITY = 48
 
 
-def choose_placement(
+def node_placement(
     node: onnx.NodeProto, roles: Roles, scheme: NodeScheme, g: GraphIndex, elements: dict[str, int] | None
 ) -> tuple[str, str]:
     """("integer" | "storage" | "float", why) for one node."""

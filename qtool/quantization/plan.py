@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import onnx
 from onnx import TensorProto, helper
@@ -19,66 +19,12 @@ from qtool.config import NodeScheme, QConfig, TensorScheme, for_target
 from qtool.errors import QtoolError
 from qtool.graph.prepare import all_nodes, node_subgraphs
 from qtool.quantization.matmul_nbits import check_layout
-from qtool.quantization.placement import choose_placement, isolated_integer_nodes
+from qtool.quantization.placement import isolated_integer_nodes, node_placement
+from qtool.quantization.plan_types import NodePlan, QuantPlan, WeightPlan
 from qtool.quantization.qparams import quant_type
 from qtool.quantization.roles import HANDLERS, LOOKUP_OPS, GraphIndex, WeightRoles, node_macs, output_to_quantize
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WeightPlan:
-    """A constant weight input: its initializer and where its scales lie.
-
-    ``axis`` None means one scale for the tensor; with ``block_size`` None it is
-    one scale per slice along ``axis`` (per channel), otherwise one per block of
-    ``block_size`` elements along ``axis``.
-    """
-
-    name: str
-    axis: int | None
-    block_size: int | None = None
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    """How one node is quantized."""
-
-    name: str
-    op_type: str
-    scheme: NodeScheme
-    activations: tuple[str, ...]  # float inputs quantized per tensor
-    weight: WeightPlan | None
-    bias: str | None  # 1-D initializer quantized to int32 (needs activations[0] and weight)
-    output: str | None  # tensor quantized after the node (after a folded Relu)
-    placement: str = "integer"  # "integer" (Q/DQ), "dynamic" (input quantized at run time), "storage"
-    # (restored to float at load), "weight_only" or "lookup" (a Gather: the rows read are dequantized)
-    reason: str = ""  # why this placement
-    macs: int | None = None  # multiply-accumulates per sample (integer nodes, when sizes are known)
-
-    @property
-    def quantized_inputs(self) -> bool:
-        """Whether the node's inputs are quantized (integer kernels, or quantized at run time)."""
-        return self.placement == "dynamic" or (self.placement == "integer" and bool(self.activations))
-
-    @property
-    def reduced_weight_range(self) -> bool:
-        """Whether the int8 weight is stored in [-64, 63] (``weight.saturation``; see :func:`guard_saturation`)."""
-        return (
-            self.quantized_inputs
-            and self.scheme.weight.dtype == "int8"
-            and self.scheme.activation.dtype in _U8S8_ACTIVATIONS
-            and (
-                self.scheme.weight.saturation == "reduce_range"
-                or (self.scheme.weight.saturation == "uint8" and self.scheme.activation.dtype == "int8")
-            )
-        )
-
-
-# x86 CPUs without VNNI (AVX2; AVX-512 before Cascade Lake; AMD before Zen 4) multiply 8-bit activations
-# by int8 weights with VPMADDUBSW, which adds two products in int16 and saturates: 255 x 127 x 2
-# overflows. onnxruntime runs such kernels for integer-placed nodes with these activation dtypes.
-_U8S8_ACTIVATIONS = ("uint8", "int8")
 
 
 def guard_saturation(scheme: NodeScheme) -> NodeScheme:
@@ -94,20 +40,6 @@ def guard_saturation(scheme: NodeScheme) -> NodeScheme:
     if weight.saturation == "uint8" and weight.dtype == "int8" and scheme.activation.dtype == "uint8":
         return replace(scheme, weight=replace(weight, dtype="uint8"))
     return scheme
-
-
-@dataclass(frozen=True)
-class QuantPlan:
-    """Every quantization decision for one model."""
-
-    nodes: tuple[NodePlan, ...]
-    activations: dict[str, TensorScheme]  # tensor -> scheme, in first-use order
-    skipped: tuple[tuple[str, str], ...] = field(default=())  # (node, reason) left in float
-    target: str = "cpu"  # the config's target (see qtool.config.for_target)
-
-    @property
-    def uses_per_channel(self) -> bool:
-        return any(n.weight is not None and n.weight.axis is not None for n in self.nodes)
 
 
 def runs_weight_only(spec: TensorScheme) -> bool:
@@ -197,7 +129,7 @@ def _plan_nodes(
                     why += f"; {fallback}"
             nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "weight_only", why))
             continue
-        placement, why = choose_placement(node, roles, scheme, g, elements)
+        placement, why = node_placement(node, roles, scheme, g, elements)
         if name in demoted:
             placement, why = ("storage" if weight is not None else "float"), demoted[name]
         if placement == "float":

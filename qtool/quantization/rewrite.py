@@ -28,7 +28,8 @@ from qtool.graph.prepare import subgraph_reads
 from qtool.graph.weights import Weights, checkable
 from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
 from qtool.quantization.matmul_nbits import DOMAIN as CONTRIB_DOMAIN
-from qtool.quantization.plan import NodePlan, QuantPlan, passthrough_ops
+from qtool.quantization.plan import passthrough_ops
+from qtool.quantization.plan_types import NodePlan, QuantPlan
 from qtool.quantization.qparams import (
     QParams,
     compute_qparams,

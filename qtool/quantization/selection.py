@@ -42,7 +42,7 @@ from qtool.evaluation.timing import time_interleaved
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
 from qtool.progress import ProgressFactory, noop_progress
-from qtool.quantization.plan import QuantPlan
+from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.search import FallbackResult, search_fallback
 
 TIE = 0.05  # a candidate must be more than 5 % faster to displace a more accurate one
@@ -125,7 +125,7 @@ def _meets(sqnr: float, target: float) -> bool:
     return not math.isnan(sqnr) and sqnr >= target
 
 
-def choose_placement(
+def measure_placements(
     model_path: Path,
     reference: onnx.ModelProto,
     config: QConfig,

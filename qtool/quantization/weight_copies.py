@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from qtool.quantization.plan import NodePlan
+from qtool.quantization.plan_types import NodePlan
 from qtool.quantization.qparams import quant_type
 
 CopyKey = tuple[int | None, int | None, str, bool, bool]

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from qtool import __version__
+from qtool._version import __version__
 from qtool.calibration.statistics import CalibrationStats
 from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.layers import largest_drop

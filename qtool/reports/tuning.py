@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from qtool import __version__
+from qtool._version import __version__
 from qtool.graph.model_io import atomic_writer
 from qtool.quantization.tune.loop import Trial, pareto
 from qtool.results import TuneResult

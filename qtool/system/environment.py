@@ -64,7 +64,7 @@ def versions() -> dict[str, str]:
     import onnx
     import onnxruntime
 
-    from qtool import __version__
+    from qtool._version import __version__
 
     return {
         "qtool": __version__,

@@ -201,12 +201,12 @@ def test_console_script_runs_as_a_module():
 
 
 def test_internal_errors_exit_70_with_a_report_request(tmp_path, monkeypatch):
-    import qtool.api
+    import qtool.pipeline.build
 
     def boom(*args, **kwargs):
         raise ZeroDivisionError("simulated bug")
 
-    monkeypatch.setattr(qtool.api, "insert_qdq", boom)
+    monkeypatch.setattr(qtool.pipeline.build, "insert_qdq", boom)
     r = invoke("quantize", sample("mlp"), "--data", calib_dir("mlp"), "-o", tmp_path / "o.onnx")
     assert r.exit_code == 70
     assert "ZeroDivisionError" in r.stderr and "please report" in r.stderr

@@ -153,18 +153,19 @@ def test_a_bad_json_path_is_refused_before_the_model_is_written(work, json_targe
 
 
 def test_a_failure_after_the_model_is_written_removes_it_and_restores_the_previous_one(work, monkeypatch):
-    import qtool.api
+    import qtool.pipeline.quantize
+    from qtool.errors import QtoolError
 
     out = work / "new.onnx"
     out.write_bytes(b"yesterday's model")
-    original = qtool.api.save_model
+    original = qtool.pipeline.quantize.save_model
 
     def save_then_fail(*args, **kwargs):
         original(*args, **kwargs)
         assert out.read_bytes() != b"yesterday's model"  # the new model was in place
-        raise qtool.api.QtoolError("a later step failed")
+        raise QtoolError("a later step failed")
 
-    monkeypatch.setattr(qtool.api, "save_model", save_then_fail)
+    monkeypatch.setattr(qtool.pipeline.quantize, "save_model", save_then_fail)
     r = runner.invoke(app, ["quantize", _w(work, "model.onnx"), "--stats", _w(work, "stats.json"), "-o", str(out)])
     assert r.exit_code == 2 and "a later step failed" in r.output
     assert out.read_bytes() == b"yesterday's model"

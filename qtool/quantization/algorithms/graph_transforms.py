@@ -15,15 +15,13 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from qtool.config import QConfig, TensorScheme
+from qtool.config import TensorScheme
 from qtool.graph.weights import Weights
 from qtool.quantization.algorithms.awq import channel_scales
-from qtool.quantization.algorithms.equalization import EqualizationReport, equalize
 from qtool.quantization.algorithms.smoothing import SmoothingReport, channel_absmax, smooth
-from qtool.quantization.plan import build_plan
+from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.qparams import dequantize, quantize
 from qtool.quantization.rewrite import weight_qparams
-from qtool.quantization.roles import HANDLERS, GraphIndex
 
 
 @dataclass
@@ -44,49 +42,31 @@ class ChannelMaxima:
             self.maxima[name] = batch if known is None else np.maximum(known, batch)
 
 
-def smoothing_nodes(model: onnx.ModelProto, config: QConfig) -> dict[str, str]:
-    """MatMul/Gemm nodes whose config turns SmoothQuant on -> the activation tensor each reads."""
-    g = GraphIndex(model)
-    chosen: dict[str, str] = {}
-    for node in model.graph.node:
-        if node.op_type not in ("MatMul", "Gemm") or node.domain not in ("", "ai.onnx"):
-            continue
-        scheme = config.scheme_for(node.name, node.op_type)
-        if scheme is None or not scheme.algorithms.smoothquant:
-            continue
-        roles = HANDLERS[node.op_type](node, g)
-        if isinstance(roles, str) or roles.weight is None or node.input[1] != roles.weight.name:
-            continue
-        chosen[node.name] = node.input[0]
-    return chosen
+def smoothing_nodes(plan: QuantPlan, model: onnx.ModelProto) -> dict[str, str]:
+    """The plan's MatMul/Gemm nodes that turn SmoothQuant on -> the activation tensor each reads."""
+    inputs = {n.name: list(n.input) for n in model.graph.node}
+    return {
+        node.name: inputs[node.name][0]
+        for node in plan.nodes
+        if node.op_type in ("MatMul", "Gemm")
+        and node.scheme.algorithms.smoothquant
+        and node.weight is not None
+        and inputs[node.name][1] == node.weight.name
+    }
 
 
 def apply_smoothing(
-    model: onnx.ModelProto, store: Weights, config: QConfig, maxima: dict[str, np.ndarray]
+    model: onnx.ModelProto, store: Weights, plan: QuantPlan, maxima: dict[str, np.ndarray]
 ) -> tuple[onnx.ModelProto, SmoothingReport]:
     """``model`` with the activations of its SmoothQuant nodes smoothed, each node at its own migration strength."""
-    nodes = smoothing_nodes(model, config)
-    op_types = {n.name: n.op_type for n in model.graph.node}
-
-    def alpha(name: str) -> float:
-        scheme = config.scheme_for(name, op_types[name])
-        return scheme.algorithms.smoothquant_alpha if scheme is not None else 0.5
-
-    return smooth(model, store, maxima, frozenset(nodes), alpha=alpha)
+    nodes = smoothing_nodes(plan, model)
+    alphas = {node.name: node.scheme.algorithms.smoothquant_alpha for node in plan.nodes}
+    return smooth(model, store, maxima, frozenset(nodes), alpha=lambda name: alphas[name])
 
 
-def apply_equalization(
-    model: onnx.ModelProto, store: Weights, config: QConfig
-) -> tuple[onnx.ModelProto, EqualizationReport]:
-    """``model`` with the Conv chains whose nodes all turn ``equalization`` on equalized (data-free)."""
-    chosen = set()
-    for node in model.graph.node:
-        scheme = config.scheme_for(node.name, node.op_type) if node.op_type in HANDLERS else None
-        if scheme is not None and scheme.algorithms.equalization:
-            chosen.add(node.name)
-    if not chosen:
-        return model, EqualizationReport((), (), (), 0)
-    return equalize(model, store, frozenset(chosen))
+def equalization_nodes(plan: QuantPlan) -> frozenset[str]:
+    """The plan's nodes that turn ``equalization`` on (a Conv chain is equalized when all its nodes do)."""
+    return frozenset(node.name for node in plan.nodes if node.scheme.algorithms.equalization)
 
 
 AWQ_MAX_K = 4096  # a [K, K] second moment per input tensor: 128 MiB at K = 4096
@@ -138,9 +118,8 @@ class AwqReader:
     block_size: int | None  # blocks along K, or None: one scale per output column
 
 
-def awq_readers(model: onnx.ModelProto, store: Weights, config: QConfig) -> tuple[list[AwqReader], dict[str, str]]:
-    """The nodes whose config turns AWQ on and that run weight-only, and why the others cannot be scaled."""
-    plan = build_plan(model, config)
+def awq_readers(plan: QuantPlan, model: onnx.ModelProto, store: Weights) -> tuple[list[AwqReader], dict[str, str]]:
+    """The plan's nodes that turn AWQ on and run weight-only, and why the others cannot be scaled."""
     nodes = {n.name: n for n in model.graph.node}
     inits = {i.name: i for i in model.graph.initializer}
     readers: list[AwqReader] = []

@@ -24,7 +24,7 @@ from qtool.quantization.algorithms.gptq import (
     weight_rows,
 )
 from qtool.quantization.algorithms.node_inputs import NodeInput, NodeInputs
-from qtool.quantization.plan import NodePlan
+from qtool.quantization.plan_types import NodePlan
 from qtool.quantization.qparams import QParams, dequantize
 
 log = logging.getLogger(__name__)

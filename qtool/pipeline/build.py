@@ -1,0 +1,162 @@
+"""Config -> plan -> quantized model, for one workspace and its statistics, memoized.
+
+The placement choice builds several candidates and then writes one of them: a :class:`Builder`
+keeps what it built by plan, so the winner is not rewritten again, and keeps the measured bias
+shifts by plan and activation ranges, so no layer is measured twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from qtool.calibration.statistics import CalibrationStats
+from qtool.config import QConfig
+from qtool.options import CalibrationOptions
+from qtool.pipeline.data import tapped_pass
+from qtool.pipeline.workspace import Workspace
+from qtool.quantization.activations import plan_activation_qparams
+from qtool.quantization.algorithms.empirical_bias import measure_shifts, measured_layers
+from qtool.quantization.algorithms.node_inputs import NodeInput, NodeInputCollector, node_input
+from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
+from qtool.quantization.plan_types import QuantPlan
+from qtool.quantization.rewrite import RewriteReport, insert_qdq
+
+log = logging.getLogger(__name__)
+
+NEED_DATA = ("gptq", "adaround", "bias_correction")  # weight algorithms that need calibration inputs
+
+
+@dataclass(frozen=True)
+class Built:
+    """One quantized model in memory, the plan it follows and what the rewrite reports."""
+
+    plan: QuantPlan
+    model: onnx.ModelProto
+    report: RewriteReport
+
+
+class Builder:
+    """Builds the quantized model of a config over one workspace and its statistics."""
+
+    def __init__(self, ws: Workspace, stats: CalibrationStats, algorithms: WeightAlgorithms | None = None) -> None:
+        self.ws = ws
+        self.stats = stats
+        self.algorithms = algorithms
+        self.elements = ws.sizes(stats)  # with tensor sizes known, placement "auto" decides per node
+        self._built: dict[str, Built] = {}
+
+    def plan(self, config: QConfig) -> QuantPlan:
+        """The plan of ``config`` with the calibrated tensor sizes."""
+        return self.ws.plan(config, self.elements)
+
+    def build(self, config: QConfig, *, keep: bool = False) -> Built:
+        """The model of ``config``; with ``keep``, remembered so that a later build of its plan is free."""
+        plan = self.plan(config)
+        key = repr(plan.nodes)
+        if key in self._built:
+            return self._built.pop(key)
+        built = self._rewrite(plan)
+        if keep:
+            self._built[key] = built
+        return built
+
+    def forget(self) -> None:
+        """Drop the remembered models."""
+        self._built.clear()
+
+    def _rewrite(self, plan: QuantPlan) -> Built:
+        ws, algorithms = self.ws, self.algorithms
+        act_qparams = plan_activation_qparams(plan, self.stats.tensors)
+        wanted = {} if algorithms is None else empirical_bias_nodes(plan, algorithms)
+        if not wanted:
+            model, report = insert_qdq(ws.prepared, plan, act_qparams, ws.weights, algorithms)
+            return Built(plan, model, report)
+        assert algorithms is not None  # wanted is empty without it
+        # Bias correction measures each layer's own mean error on the model as rounded, then corrects it.
+        key = repr((plan.nodes, sorted((t, repr(q)) for t, q in act_qparams.items())))
+        if key not in algorithms.shifts:
+            rounded, _ = insert_qdq(ws.prepared, plan, act_qparams, ws.weights, algorithms, correct_biases=False)
+            layers, skipped = measured_layers(rounded, ws.prepared, ws.weights, wanted)
+            shifts, few = measure_shifts(rounded, ws.weights, layers, algorithms.inputs.feeds)
+            algorithms.shifts[key] = (shifts, {**skipped, **few})
+        shifts, skipped = algorithms.shifts[key]
+        measured: dict[str, np.ndarray | None] = {**dict.fromkeys(wanted), **shifts}
+        model, report = insert_qdq(ws.prepared, plan, act_qparams, ws.weights, algorithms, measured)
+        for node, reason in skipped.items():
+            report.algorithm_notes.setdefault(node, f"bias_correction: {reason}")
+        return Built(plan, model, report)
+
+
+def empirical_bias_nodes(plan: QuantPlan, algorithms: WeightAlgorithms) -> dict[str, NodeInput]:
+    """Plan nodes whose bias correction is measured on the quantized model (needs the kept samples).
+
+    Only nodes whose inputs are quantized: their output mean also drifts with the rounded input, which
+    only a run of the quantized model shows. A node with float inputs (weight-only, storage) drifts by
+    its rounded weight alone, which the analytic correction cancels exactly from the float input means,
+    without a model run (so each node's correction is the same in every plan: tune relies on it).
+    """
+    if not algorithms.inputs.feeds:
+        return {}
+    return {
+        node.name: algorithms.inputs.layouts[node.name]
+        for node in plan.nodes
+        if node.scheme.algorithms.bias_correction and node.name in algorithms.inputs.layouts and node.quantized_inputs
+    }
+
+
+def input_collector(ws: Workspace, config: QConfig | None = None) -> NodeInputCollector | None:
+    """A collector of the calibration inputs that the config's weight algorithms need (None: none do)."""
+    plan = ws.plan(config)
+    inits = {i.name: i for i in ws.prepared.graph.initializer}
+    nodes = {n.name: n for n in ws.prepared.graph.node}
+    layouts = []
+    skipped = {}
+    for node in plan.nodes:
+        if node.weight is None or not node.scheme.algorithms.need_inputs:
+            continue
+        if node.placement == "lookup":
+            skipped[node.name] = "a table lookup has no inputs to weigh its rounding errors by"
+            continue
+        shape = tuple(int(d) for d in inits[node.weight.name].dims)
+        layout = node_input(nodes[node.name], node.weight.name, shape)
+        if isinstance(layout, str):
+            skipped[node.name] = layout
+        else:
+            layouts.append((layout, shape))
+    if not layouts and not skipped:
+        return None
+    collector = NodeInputCollector(layouts)
+    collector.result.skipped.update(skipped)
+    return collector
+
+
+def weight_algorithms(
+    ws: Workspace,
+    collector: NodeInputCollector | None,
+    calibrated: bool,
+    search_dir: Path | str | None,
+    calibration: CalibrationOptions,
+) -> tuple[WeightAlgorithms | None, str | None]:
+    """The weight algorithms' inputs: gathered by calibration (``calibrated``), or by a pass over the search data.
+
+    Returns them (None when no node asks for an algorithm) and a note when they could not be had.
+    """
+    if collector is None:
+        return None, None
+    if not calibrated:
+        if search_dir is None:
+            plan = ws.plan()
+            asked = sorted({name for n in plan.nodes for name in n.scheme.algorithms.names() if name in NEED_DATA})
+            note = (
+                f"{', '.join(asked)} need calibration samples: give --data (or --search-data with --stats); "
+                "weights were rounded to nearest"
+            )
+            log.warning(note)
+            return None, note
+        tapped_pass(ws, search_dir, calibration, collector, "calibration inputs of the weight algorithms")
+    return WeightAlgorithms(collector.result), None

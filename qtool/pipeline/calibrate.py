@@ -1,0 +1,188 @@
+"""Statistics for a workspace: observed in one float pass, read from a file, or none needed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qtool.calibration.feeds import sample_directory
+from qtool.calibration.outputs import FloatOutputs
+from qtool.calibration.statistics import CalibrationStats, collect_statistics
+from qtool.config import load_config, split_observer
+from qtool.distributed.calibration import ShardRequest, calibrate_on_workers
+from qtool.errors import QtoolError
+from qtool.observers import create_observer
+from qtool.options import CalibrationOptions
+from qtool.pipeline.data import calibration_dataset, sample_count
+from qtool.pipeline.passes import BEFORE_CALIBRATION, PassInputs, run_passes
+from qtool.pipeline.workspace import Workspace, open_workspace
+from qtool.progress import ProgressFactory, noop_progress
+from qtool.quantization.algorithms.graph_transforms import smoothing_nodes
+from qtool.quantization.algorithms.node_inputs import NodeInputCollector
+from qtool.system.stages import stage
+
+
+def observe(
+    ws: Workspace,
+    data_dir: Path | str,
+    options: CalibrationOptions,
+    progress: ProgressFactory | None = None,
+    outputs: FloatOutputs | None = None,
+    inputs: NodeInputCollector | None = None,
+) -> CalibrationStats:
+    """One float pass over the calibration samples: the plan's activation ranges, plus what the taps keep.
+
+    ``outputs`` keeps the float outputs (the placement choice and the comparison reuse them);
+    ``inputs`` gathers the weight algorithms' calibration inputs.
+    """
+    config = ws.config
+    name = options.observer or config.calibration.observer
+    observer_options = dict(config.calibration.observer_options) if name == config.calibration.observer else {}
+    observer_options.update(options.observer_options)
+    create_observer(name, None, observer_options)  # fail on an unknown name or option before any work
+    plan = ws.plan()  # without tensor sizes every "auto" node is planned integer: all it may need is observed
+    done = ws.transforms
+    if not plan.activations and inputs is None:  # weight-only: no activation needs a range, skip the float pass
+        return CalibrationStats(ws.source.sha256, name, 0, {}, smoothing=done.smoothing, equalized=list(done.equalized))
+    dataset = calibration_dataset(ws, data_dir, options)
+    if inputs is not None:
+        inputs.expect(len(dataset))
+    advance = (progress or noop_progress)("calibrating", len(dataset))
+    with stage("calibrate (float pass)"):
+        observers, seen, elements = collect_statistics(
+            ws.prepared,
+            plan.activations,
+            dataset,
+            observer=name,
+            options=observer_options,
+            per_tensor={
+                tensor: split_observer(scheme.observer)
+                for tensor, scheme in plan.activations.items()
+                if scheme.observer is not None
+            },
+            batch_size=options.batch_size or config.calibration.batch_size,
+            on_progress=advance,
+            weights=ws.weights,
+            outputs=outputs,
+            taps=[inputs] if inputs is not None else [],
+            threads=options.threads,
+        )
+    if seen == 0:
+        skipped = f" ({len(dataset.skipped)} skipped for holding NaN or Inf)" if dataset.skipped else ""
+        raise QtoolError(f"no sample of {data_dir} could be observed{skipped}: there are no statistics to write")
+    shard = options.shard
+    return CalibrationStats(
+        ws.source.sha256,
+        name,
+        seen,
+        observers,
+        f"{shard[0]}/{shard[1]}" if shard else None,
+        len(dataset.skipped),
+        elements,
+        smoothing=done.smoothing,
+        equalized=list(done.equalized),
+    )
+
+
+def without_data(ws: Workspace) -> CalibrationStats:
+    """Empty statistics for a config that needs none (weight-only, fp16, ``mode: dynamic``), else a clear error."""
+    plan = ws.plan(elements=ws.sizes())
+    needs = [f"{len(plan.activations)} activations are quantized statically"] if plan.activations else []
+    asked = sorted({name for n in plan.nodes for name in n.scheme.algorithms.names()})
+    needs += [f"{', '.join(asked)} need calibration inputs"] if asked else []
+    if needs:
+        raise QtoolError(
+            f"{ws.path}: {'; '.join(needs)}: give --data DATA_DIR or --stats STATS.json",
+            hint="without data only weights can be quantized: weight_only: true, fp16 weights, or mode: dynamic",
+        )
+    return CalibrationStats(ws.source.sha256, ws.config.calibration.observer, 0, {}, elements=ws.sizes())
+
+
+def read_statistics(ws: Workspace, stats_path: Path | str, trusted: frozenset[str]) -> CalibrationStats:
+    """A statistics file, refused when it was computed for another model."""
+    stats = CalibrationStats.read(stats_path, trusted)
+    if stats.model_sha256 != ws.source.sha256:
+        raise QtoolError(
+            f"{stats_path} was computed for a different model than {ws.path}",
+            hint="re-run qtool calibrate on this model",
+        )
+    return stats
+
+
+def check_transforms(stats: CalibrationStats, ws: Workspace, path: Path | str) -> None:
+    """Statistics describe the model as transformed when they were taken: the config must transform it alike.
+
+    Called after equalization and before SmoothQuant, whose nodes it reads from the plan.
+    """
+    pairs = list(ws.transforms.equalized)
+    if pairs != stats.equalized:
+        if stats.equalized:
+            then = f"with cross-layer equalization of {len(stats.equalized)} Conv pairs"
+        else:
+            then = "without cross-layer equalization"
+        now = f"equalizes {len(pairs)}" if pairs else "equalizes none"
+        raise QtoolError(
+            f"{path} was calibrated {then}; this config {now}",
+            hint="quantize with the config you calibrated with, or re-run qtool calibrate",
+        )
+    wanted = set(smoothing_nodes(ws.plan(), ws.prepared).values())
+    if wanted and not stats.smoothing:
+        raise QtoolError(
+            f"{path} was calibrated without SmoothQuant, which this config turns on",
+            hint="re-run qtool calibrate with this config",
+        )
+    if stats.smoothing and not wanted:
+        raise QtoolError(
+            f"{path} was calibrated with SmoothQuant, which this config leaves off",
+            hint="quantize with the config you calibrated with, or re-run qtool calibrate",
+        )
+    missing = sorted(wanted - set(stats.smoothing))
+    if missing:
+        raise QtoolError(
+            f"{path} has no SmoothQuant channel ranges for tensor '{missing[0]}'",
+            hint="re-run qtool calibrate with this config",
+        )
+
+
+def calibrate(
+    ws: Workspace,
+    data_dir: Path | str,
+    options: CalibrationOptions,
+    progress: ProgressFactory | None,
+    request: ShardRequest | None = None,
+) -> CalibrationStats:
+    """The ``calibrate`` command: passes, then one float pass (or shards on an engine's workers).
+
+    ``request`` describes the run for workers, when ``options`` asks for them.
+    """
+    if options.workers is not None or options.scheduler is not None:
+        assert request is not None  # built by the caller whenever workers are asked for
+        if smoothing_nodes(ws.plan(), ws.prepared):
+            raise QtoolError(
+                "smoothquant needs the channel ranges of the whole data set before calibrating: "
+                "calibrate without --workers/--scheduler",
+                hint="or turn smoothquant off for distributed calibration",
+            )
+        if options.shard is not None:
+            raise QtoolError("--shard and --workers/--scheduler: choose one (the workers split the samples themselves)")
+        samples = sample_count(ws, data_dir, options)
+        trusted = ws.config.observer_references() | ({options.observer} if options.observer else set())
+        return calibrate_on_workers(request, samples, frozenset(trusted), progress, calibrate_shard)
+    if options.shard is not None and smoothing_nodes(ws.plan(), ws.prepared):
+        raise QtoolError(
+            "smoothquant needs the channel ranges of the whole data set before calibrating: calibrate without --shard",
+            hint="or turn smoothquant off for sharded calibration",
+        )
+    run_passes(ws, BEFORE_CALIBRATION, PassInputs(data_dir, options))
+    return observe(ws, data_dir, options, progress)
+
+
+def calibrate_shard(request: ShardRequest, report: Callable[[int], None]) -> dict[str, Any]:
+    """Runs on a worker: the statistics of one shard, as :meth:`CalibrationStats.to_dict`."""
+    config = load_config(request.config).with_target(request.target)
+    ws = open_workspace(Path(request.model), config, input_shapes=request.input_shapes)
+    with sample_directory(request.data, "data") as directory:  # a URL: read into a local copy
+        assert directory is not None  # a request always names its data
+        stats = calibrate(ws, directory, request.options, lambda description, total: report)
+    return stats.to_dict()

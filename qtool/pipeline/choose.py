@@ -1,0 +1,82 @@
+"""The measured placement choice: the accuracy settings resolved once, then candidates built, scored and timed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import onnx
+
+from qtool.calibration.outputs import FloatOutputs
+from qtool.config import AccuracySettings, QConfig
+from qtool.errors import QtoolError
+from qtool.options import EvaluationOptions, SearchOptions
+from qtool.pipeline.build import Builder
+from qtool.pipeline.data import spread_dataset
+from qtool.progress import ProgressFactory
+from qtool.quantization.plan_types import QuantPlan
+from qtool.quantization.selection import PlacementChoice, measure_placements
+from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
+
+RANK_SAMPLES = 4  # samples of the sensitivity search's one per-layer pass (spread over the data)
+
+
+def check_search(search: SearchOptions) -> None:
+    """Refuse search settings that cannot mean anything (the config's are checked by its schema)."""
+    if (search.max_float_nodes is not None and search.max_float_nodes < 1) or (
+        search.samples is not None and search.samples < 1
+    ):
+        raise QtoolError("--max-float-nodes and the number of search samples must be >= 1")
+    if search.search_seconds is not None and not 0 < search.search_seconds <= MAX_SEARCH_SECONDS:
+        raise QtoolError(f"--search-seconds must be a number of seconds above 0 (at most {MAX_SEARCH_SECONDS})")
+    if search.latency_runs is not None and not 0 <= search.latency_runs <= MAX_LATENCY_RUNS:
+        raise QtoolError(f"--latency-runs must be an integer from 0 to {MAX_LATENCY_RUNS}")
+
+
+def accuracy_settings(given: AccuracySettings, search: SearchOptions) -> AccuracySettings:
+    """The config's ``accuracy:`` section with the options given on the command line (or in code) over it."""
+    return AccuracySettings(
+        target_sqnr_db=given.target_sqnr_db if search.target_sqnr_db is None else search.target_sqnr_db,
+        max_float_nodes=given.max_float_nodes if search.max_float_nodes is None else search.max_float_nodes,
+        samples=given.samples if search.samples is None else search.samples,
+        search_seconds=given.search_seconds if search.search_seconds is None else search.search_seconds,
+        latency_runs=given.latency_runs if search.latency_runs is None else search.latency_runs,
+    )
+
+
+def choose(
+    builder: Builder,
+    data_dir: Path | str,
+    search: SearchOptions,
+    evaluation: EvaluationOptions,
+    progress: ProgressFactory | None,
+    known: FloatOutputs | None,
+) -> tuple[QConfig, PlacementChoice | None]:
+    """The config to write and what the choice measured (None: no target, the config's rules decide).
+
+    The candidates stay in the builder, so the one kept is not rewritten again.
+    """
+    ws = builder.ws
+    accuracy = accuracy_settings(ws.config.accuracy, search)
+    if accuracy.target_sqnr_db is None:
+        return ws.config, None
+    config = replace(ws.config, accuracy=accuracy)
+
+    def build(cfg: QConfig) -> tuple[QuantPlan, onnx.ModelProto]:
+        built = builder.build(cfg, keep=True)
+        return built.plan, built.model
+
+    skip = evaluation.skip_nonfinite
+    return measure_placements(
+        ws.path,
+        ws.prepared,
+        config,
+        build,
+        spread_dataset(ws, data_dir, accuracy.samples, skip_nonfinite=skip),
+        spread_dataset(ws, data_dir, min(RANK_SAMPLES, accuracy.samples), skip_nonfinite=skip),
+        weights=ws.weights,
+        threads=evaluation.threads,
+        elements=builder.elements,
+        progress=progress,
+        known=known,
+    )

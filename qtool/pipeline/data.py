@@ -1,0 +1,69 @@
+"""The datasets a run reads, built from the options and the config, and the float passes that feed taps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qtool.calibration.dataset import Dataset, model_inputs
+from qtool.calibration.remote import is_url, sample_files
+from qtool.calibration.statistics import BatchTap, collect_statistics
+from qtool.errors import QtoolError
+from qtool.options import CalibrationOptions
+from qtool.pipeline.workspace import Workspace
+from qtool.quantization.algorithms.node_inputs import NodeInputCollector
+from qtool.system.stages import stage
+
+
+def calibration_dataset(
+    ws: Workspace, data_dir: Path | str, options: CalibrationOptions, *, sharded: bool = True
+) -> Dataset:
+    """The calibration samples as calibrate reads them (limit, shard, preprocessing, NaN handling)."""
+    config = ws.config
+    return Dataset(
+        data_dir,
+        model_inputs(ws.model),
+        limit=options.limit or config.calibration.limit,
+        shard=options.shard if sharded else None,
+        preprocess=config.preprocess,
+        skip_nonfinite=options.skip_nonfinite,
+    )
+
+
+def spread_dataset(ws: Workspace, data_dir: Path | str, count: int, *, skip_nonfinite: bool = False) -> Dataset:
+    """``count`` samples spread evenly over ``data_dir``."""
+    return Dataset(
+        data_dir, model_inputs(ws.model), spread=count, preprocess=ws.config.preprocess, skip_nonfinite=skip_nonfinite
+    )
+
+
+def full_dataset(ws: Workspace, data_dir: Path | str) -> Dataset:
+    """Every sample of ``data_dir``, preprocessed as the config says."""
+    return Dataset(data_dir, model_inputs(ws.model), preprocess=ws.config.preprocess)
+
+
+def sample_count(ws: Workspace, data_dir: Path | str, options: CalibrationOptions) -> int:
+    """How many samples calibration reads (a URL's are counted by listing it, without reading them)."""
+    if not is_url(data_dir):
+        return len(calibration_dataset(ws, data_dir, options))
+    samples = len({relative.split("/")[0] for _, relative in sample_files(str(data_dir))})
+    if samples == 0:
+        raise QtoolError(f"data directory {data_dir} holds no samples")
+    limit = options.limit or ws.config.calibration.limit
+    return min(samples, limit) if limit else samples
+
+
+def tapped_pass(ws: Workspace, data_dir: Path | str, options: CalibrationOptions, tap: BatchTap, what: str) -> None:
+    """A float pass over the calibration samples (unsharded) that only feeds ``tap``."""
+    dataset = calibration_dataset(ws, data_dir, options, sharded=False)
+    if isinstance(tap, NodeInputCollector):
+        tap.expect(len(dataset))
+    with stage(f"{what} (float pass)"):
+        collect_statistics(
+            ws.prepared,
+            [],
+            dataset,
+            observer=ws.config.calibration.observer,
+            batch_size=options.batch_size or ws.config.calibration.batch_size,
+            weights=ws.weights,
+            taps=[tap],
+        )

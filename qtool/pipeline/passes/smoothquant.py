@@ -1,0 +1,40 @@
+"""SmoothQuant: activation outliers of the plan's SmoothQuant nodes moved into their weights."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from qtool.errors import QtoolError
+from qtool.pipeline.data import tapped_pass
+from qtool.pipeline.passes.base import PassInputs, PassResult
+from qtool.pipeline.workspace import Workspace
+from qtool.quantization.algorithms.graph_transforms import ChannelMaxima, apply_smoothing, smoothing_nodes
+from qtool.system.stages import stage
+
+log = logging.getLogger(__name__)
+
+
+class SmoothQuant:
+    """Smooth with known channel maxima (a statistics file's), or measure them in a float pass."""
+
+    name = "smoothquant"
+
+    def apply(self, workspace: Workspace, inputs: PassInputs) -> PassResult:
+        """The smoothed model, the groups it smoothed and the maxima it used."""
+        plan = workspace.plan()
+        nodes = smoothing_nodes(plan, workspace.prepared)
+        if not nodes:
+            return PassResult(workspace.prepared, workspace.transforms)
+        known = inputs.smoothing
+        if known is None:
+            if inputs.data_dir is None:
+                raise QtoolError("smoothquant needs calibration samples or the channel ranges of a statistics file")
+            tap = ChannelMaxima(sorted(set(nodes.values())))
+            tapped_pass(workspace, inputs.data_dir, inputs.options, tap, "SmoothQuant channel ranges")
+            known = tap.maxima
+        with stage("SmoothQuant"):
+            model, report = apply_smoothing(workspace.prepared, workspace.weights, plan, known)
+        for tensor, reason in report.skipped:
+            log.info("SmoothQuant left %s as it is: %s", tensor, reason)
+        return PassResult(model, replace(workspace.transforms, smoothed=report.groups, smoothing=known))

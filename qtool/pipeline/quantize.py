@@ -1,0 +1,239 @@
+"""The ``quantize`` pipeline: passes -> statistics -> placement choice -> build -> write -> compare."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from qtool._version import __version__
+from qtool.calibration.outputs import FloatOutputs
+from qtool.calibration.statistics import CalibrationStats
+from qtool.errors import QtoolError
+from qtool.evaluation.compare import compare
+from qtool.evaluation.metrics import LatencyComparison, LatencyStats, paired_ratio
+from qtool.graph.input_shapes import restore_input_dims
+from qtool.graph.model_io import same_file, save_model
+from qtool.graph.session import create_session
+from qtool.options import QUANTIZE_EVALUATION, CalibrationOptions, EvaluationOptions, OutputOptions, SearchOptions
+from qtool.pipeline.build import Builder, Built, input_collector, weight_algorithms
+from qtool.pipeline.calibrate import check_transforms, observe, read_statistics, without_data
+from qtool.pipeline.choose import choose
+from qtool.pipeline.passes import Awq, Equalize, PassInputs, SmoothQuant, run_passes
+from qtool.pipeline.workspace import Workspace
+from qtool.progress import ProgressFactory
+from qtool.quantization.algorithms.node_inputs import NodeInputCollector
+from qtool.quantization.kernels import predict_kernels
+from qtool.quantization.rewrite import check_quantized_model
+from qtool.quantization.selection import PlacementChoice
+from qtool.results import ComparisonResult, ModelFile, QuantizeResult
+from qtool.system.stages import stage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QuantizeRequest:
+    """What one ``quantize`` run reads besides the workspace."""
+
+    output_path: Path
+    stats_path: Path | str | None
+    data_dir: Path | str | None
+    calibration: CalibrationOptions
+    search: SearchOptions | None
+    evaluation: EvaluationOptions | None
+    eval_dir: Path | str | None
+    output: OutputOptions
+    config_source: Path | str | Mapping[str, Any] | None = None  # as given: the comparison reads it again
+    input_shapes: Mapping[str, Sequence[int]] | None = None
+
+    @property
+    def search_dir(self) -> Path | str | None:
+        """The samples the placement choice and the weight algorithms read (None: no search)."""
+        return (self.search.data_dir or self.data_dir) if self.search is not None else None
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """The statistics a run quantizes with, and what their float pass kept for later stages."""
+
+    stats: CalibrationStats
+    outputs: FloatOutputs | None  # float outputs of the calibration samples (placement choice, comparison)
+    collector: NodeInputCollector | None  # the weight algorithms' inputs, when a node asks for them
+    calibrated: bool  # the collector was fed by the calibration pass
+
+
+def check_outputs(model_path: Path, output_path: Path) -> None:
+    """Refuse an output path before any work: it must be a new ``.onnx`` file, never the input."""
+    if output_path.suffix.lower() != ".onnx":
+        raise QtoolError(f"output path {output_path} must end in .onnx")
+    if same_file(model_path, output_path):
+        raise QtoolError(
+            f"output {output_path} is the input model; qtool never overwrites its input", hint="choose another -o path"
+        )
+
+
+def statistics(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory | None) -> Statistics:
+    """Run the passes and get the statistics: from ``--stats``, by calibrating on ``--data``, or none needed."""
+    calibration = request.calibration
+    if request.stats_path is not None:
+        # a module:Class observer in the file is imported only if the user named it too
+        trusted = ws.config.observer_references() | ({calibration.observer} if calibration.observer else set())
+        stats = read_statistics(ws, request.stats_path, frozenset(trusted))
+        run_passes(ws, (Equalize(),), PassInputs(None, calibration))
+        check_transforms(stats, ws, request.stats_path)
+        search_data = request.search.data_dir if request.search is not None else None
+        run_passes(ws, (SmoothQuant(),), PassInputs(None, calibration, stats.smoothing))
+        run_passes(ws, (Awq(),), PassInputs(search_data, calibration))
+        return Statistics(stats, None, input_collector(ws), calibrated=False)
+    if request.data_dir is None:
+        return Statistics(without_data(ws), None, None, calibrated=False)
+    run_passes(ws, (Equalize(), SmoothQuant(), Awq()), PassInputs(request.data_dir, calibration))
+    collector = input_collector(ws)
+    outputs = FloatOutputs()  # computed anyway: they serve the placement choice and the comparison
+    stats = observe(ws, request.data_dir, calibration, progress, outputs, collector)
+    return Statistics(stats, outputs, collector, calibrated=True)
+
+
+def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory | None) -> QuantizeResult:
+    """Quantize the workspace's model and write it; compare it with the float model when asked."""
+    data = statistics(ws, request, progress)
+    search_dir = request.search_dir
+    algorithms, note = weight_algorithms(ws, data.collector, data.calibrated, search_dir, request.calibration)
+    builder = Builder(ws, data.stats, algorithms)
+    config, choice = ws.config, None
+    if ws.config.target != "cpu" and request.search is not None and search_dir is not None:
+        log.info("target %s: placement by its rules (CPU timing says nothing about it)", ws.config.target)
+    elif request.search is not None and search_dir is not None:
+        with stage("placement choice (accuracy, search, latency)"):
+            evaluation = request.evaluation or QUANTIZE_EVALUATION
+            config, choice = choose(builder, search_dir, request.search, evaluation, progress, data.outputs)
+    with stage("insert Q/DQ"):
+        built = builder.build(config)
+        builder.forget()
+    _credit_passes(ws, built)
+    result = _write(ws, built, request.output_path, request.output, data.stats, choice)
+    result.notes += [note] if note else []
+    result.notes += preparation_notes(ws)
+    if request.evaluation is not None and (request.eval_dir is not None or request.data_dir is not None):
+        result.comparison = compared(result, ws, request, progress, data.outputs)
+    return result
+
+
+def _credit_passes(ws: Workspace, built: Built) -> None:
+    """Name the passes that changed each node among its algorithms (and why AWQ left some alone)."""
+    report, done = built.report, ws.transforms
+    for pair in done.equalized:
+        for node in pair.split(" -> "):
+            report.algorithms.setdefault(node, []).insert(0, "equalization")
+    for group in done.smoothed:
+        for node in group.nodes:
+            report.algorithms.setdefault(node, []).insert(0, "smoothquant")
+    for group in done.awq:
+        for node in group.nodes:
+            report.algorithms.setdefault(node, []).insert(0, "awq")
+    for node, why in done.awq_notes.items():
+        report.algorithm_notes.setdefault(node, why)
+
+
+def _write(
+    ws: Workspace,
+    built: Built,
+    output_path: Path,
+    output: OutputOptions,
+    stats: CalibrationStats,
+    choice: PlacementChoice | None,
+) -> QuantizeResult:
+    """Check the quantized model, load it in onnxruntime, write it atomically and describe it."""
+    quantized, plan = built.model, built.plan
+    ws.weights.retain(quantized)  # the float weights the output replaced: freed before it is checked and written
+    quantized.producer_name = "qtool"
+    quantized.producer_version = __version__
+    restore_input_dims(quantized, ws.original_inputs)
+    check_note = check_quantized_model(quantized, ws.prepared)
+    with stage("load the result in onnxruntime"):
+        create_session(quantized, "the quantized model", weights=ws.weights)  # onnxruntime loads it: write it
+    with stage(f"write {output_path}"):
+        written = save_model(quantized, output_path, ws.weights, external=output.external_data)
+    result = QuantizeResult(
+        source=ws.source,
+        output=ModelFile.of(output_path),
+        prepare=ws.report,
+        rewrite=built.report,
+        skipped=list(plan.skipped),
+        placements=dict(sorted(Counter(node.placement for node in plan.nodes).items())),
+        kernels=dict(sorted(Counter(k.kernel for k in predict_kernels(ws.prepared, plan).values()).items())),
+        calibration_samples=stats.samples,
+        fallback=choice.search if choice else None,
+        placement_choice=choice,
+        data_files=[str(p) for p in written[1:]],
+    )
+    result.notes += [check_note] if check_note else []
+    return result
+
+
+def preparation_notes(ws: Workspace) -> list[str]:
+    """What preparing the model changed that the user should know."""
+    notes = []
+    if ws.report.initializers_removed_from_inputs:
+        notes.append(
+            f"{ws.report.initializers_removed_from_inputs} initializers were listed as graph inputs; "
+            "they are treated as constants and no longer inputs"
+        )
+    if ws.report.shape_inference_error:
+        notes.append(f"shape inference failed and was skipped: {ws.report.shape_inference_error}")
+    return notes
+
+
+def compared(
+    result: QuantizeResult,
+    ws: Workspace,
+    request: QuantizeRequest,
+    progress: ProgressFactory | None,
+    kept: FloatOutputs | None,
+) -> ComparisonResult:
+    """The written model compared with the float one; a timed placement choice's latency is reused."""
+    assert request.evaluation is not None  # the caller compares only when asked
+    evaluation, choice = request.evaluation, result.placement_choice
+    timed = choice is not None and choice.chosen in choice.times and evaluation.runs > 0
+    if request.eval_dir is None:
+        log.warning(
+            "the comparison scores the model on the samples it was calibrated on (%s): not held out, "
+            "so optimistic; give --eval DIR for held-out samples",
+            request.data_dir,
+        )
+    scored = request.eval_dir if request.eval_dir is not None else request.data_dir
+    assert scored is not None  # the caller compares only with samples
+    comparison = compare(
+        ws.path,
+        request.output_path,
+        scored,
+        options=replace(evaluation, runs=0) if timed else evaluation,
+        config_path=request.config_source,
+        progress=progress,
+        reference_outputs=kept if request.eval_dir is None else None,
+        input_shapes=request.input_shapes,
+    )
+    comparison = replace(comparison, calibration_data=request.eval_dir is None)
+    if not timed:
+        return comparison
+    assert choice is not None  # checked in timed
+    # The choice already timed this very model against fp32, interleaved: that is the latency to report.
+    ratio, interval = paired_ratio(choice.times["fp32"], choice.times[choice.chosen])
+    latency = LatencyComparison(
+        "CPUExecutionProvider",
+        choice.threads,
+        LatencyStats.from_seconds(choice.times["fp32"]),
+        LatencyStats.from_seconds(choice.times[choice.chosen]),
+        ratio=ratio,
+        ratio_interval=interval,
+    )
+    reproducibility = {
+        **comparison.reproducibility,
+        "threads": {"intra_op": choice.threads, "onnxruntime_default": False},
+        "providers_measured": [latency.provider],
+    }
+    return replace(comparison, latency=[latency], reproducibility=reproducibility)

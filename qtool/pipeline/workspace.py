@@ -1,0 +1,147 @@
+"""The workspace: one model being quantized, and everything every stage reads about it, built once.
+
+A :class:`Workspace` owns the model as read, the prepared (and transformed) model, its detached
+weights, the validated config and the plans. Stages ask it for a plan instead of building one:
+a plan is built once per distinct (model revision, config, tensor sizes) and reused, and a pass
+that rewrites the model starts a new revision.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from qtool.calibration.statistics import CalibrationStats
+from qtool.config import QConfig
+from qtool.errors import QtoolError
+from qtool.graph.input_shapes import fix_input_shapes
+from qtool.graph.model_io import load_model
+from qtool.graph.opsets import choose_opset, runtime_qdq_limit
+from qtool.graph.prepare import PrepareReport, default_opset, prepare_model, refuse_quantized
+from qtool.graph.session import check_runtime_support
+from qtool.graph.weights import Weights
+from qtool.quantization.algorithms.smoothing import SmoothedGroup
+from qtool.quantization.plan import build_plan
+from qtool.quantization.plan_types import QuantPlan
+from qtool.quantization.roles import static_elements
+from qtool.results import ModelFile
+from qtool.system.stages import stage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Transforms:
+    """What the pre-calibration passes did to the prepared model (reported, and checked against statistics)."""
+
+    equalized: tuple[str, ...] = ()  # "first -> second" Conv pairs equalization rescaled
+    smoothed: tuple[SmoothedGroup, ...] = ()  # what SmoothQuant did
+    smoothing: dict[str, np.ndarray] = field(default_factory=dict)  # the channel maxima it smoothed with
+    awq: tuple[SmoothedGroup, ...] = ()  # what AWQ did
+    awq_notes: dict[str, str] = field(default_factory=dict)  # node -> why AWQ did not scale it
+
+
+class Workspace:
+    """One model being quantized: the prepared model, its weights, the config and the plans (memoized)."""
+
+    def __init__(
+        self,
+        source: ModelFile,
+        model: onnx.ModelProto,
+        prepared: onnx.ModelProto,
+        report: PrepareReport,
+        weights: Weights,
+        config: QConfig,
+        original_inputs: tuple[onnx.ValueInfoProto, ...],
+    ) -> None:
+        self.source = source  # the input model as read: its digest ties statistics to it
+        self.model = model  # as read (inputs fixed by --input-shapes): what the samples must feed
+        self.prepared = prepared  # prepared, then rewritten by the passes: what gets quantized
+        self.report = report
+        self.weights = weights  # the values of the prepared model's large initializers
+        self.config = config
+        self.original_inputs = original_inputs  # the inputs as read, before --input-shapes
+        self.transforms = Transforms()
+        self.plans_built = 0  # how many plans were built (each distinct one once)
+        self._revision = 0
+        self._plans: dict[tuple[int, str, tuple[tuple[str, int], ...] | None], QuantPlan] = {}
+
+    @property
+    def path(self) -> Path:
+        return Path(self.source.path)
+
+    def plan(self, config: QConfig | None = None, elements: Mapping[str, int] | None = None) -> QuantPlan:
+        """The plan of ``config`` (the workspace's by default) for the model as it is now.
+
+        ``elements`` (per-sample tensor sizes) let ``placement: auto`` decide; without them every
+        auto node is planned integer, so calibration observes all it may need.
+        """
+        config = config if config is not None else self.config
+        sizes = tuple(sorted(elements.items())) if elements is not None else None
+        key = (self._revision, repr(config), sizes)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = build_plan(self.prepared, config, dict(elements) if elements is not None else None)
+            self._plans[key] = plan
+            self.plans_built += 1
+        return plan
+
+    def sizes(self, stats: CalibrationStats | None = None) -> dict[str, int]:
+        """Per-sample element counts: the static shapes, then what calibration saw."""
+        return {**static_elements(self.prepared), **(stats.elements if stats is not None else {})}
+
+    def transformed(self, model: onnx.ModelProto, transforms: Transforms) -> None:
+        """Take a pass's rewritten model (a new revision: plans are built anew) and what it did."""
+        if model is not self.prepared:
+            self.prepared = model
+            self._revision += 1
+        self.transforms = transforms
+
+
+def open_workspace(
+    model_path: Path,
+    config: QConfig,
+    opset: int | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> Workspace:
+    """Load, check and prepare ``model_path`` for ``config`` (at ``opset``, or the one it needs)."""
+    weights = Weights()
+    with stage(f"load {model_path}"):
+        model = load_model(model_path, weights)
+    refuse_quantized(model, str(model_path))
+    original_inputs = tuple(_copied(value) for value in model.graph.input)
+    if input_shapes:
+        fix_input_shapes(model, input_shapes, str(model_path))
+    limit = runtime_qdq_limit(*config.quantized_dtypes())
+    target = choose_opset(default_opset(model), config.opset_requirement(), limit, opset, source=str(model_path))
+    check_runtime_support(model, str(model_path), target)
+    with stage("prepare the graph"):
+        prepared, report = prepare_model(model, weights, target_opset=target, source=str(model_path))
+    _check_node_patterns(config, [n.name for n in prepared.graph.node], model_path)
+    return Workspace(ModelFile.of(model_path), model, prepared, report, weights, config, original_inputs)
+
+
+def _check_node_patterns(config: QConfig, node_names: list[str], model_path: Path) -> None:
+    """A ``re:`` pattern that matches nothing is a warning (written for a family); an exact name, an error."""
+    unmatched = config.unmatched_node_patterns(node_names)
+    for pattern in (p for p in unmatched if p.startswith("re:")):
+        log.warning("%s: pattern '%s' matches no node of %s", config.source, pattern, model_path)
+    exact = [p for p in unmatched if not p.startswith("re:")]
+    if exact:
+        close = difflib.get_close_matches(exact[0], node_names, n=3)
+        raise QtoolError(
+            f"{config.source}: node name '{exact[0]}' matches no node of {model_path}",
+            hint=f"closest node names: {', '.join(close)}" if close else f"run qtool inspect {model_path}",
+        )
+
+
+def _copied(value: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    copy = onnx.ValueInfoProto()
+    copy.CopyFrom(value)
+    return copy

@@ -1,0 +1,75 @@
+"""The plan's records: what each node, weight and activation becomes (built by :mod:`qtool.quantization.plan`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from qtool.config import NodeScheme, TensorScheme
+
+# x86 CPUs without VNNI (AVX2; AVX-512 before Cascade Lake; AMD before Zen 4) multiply 8-bit activations
+# by int8 weights with VPMADDUBSW, which adds two products in int16 and saturates: 255 x 127 x 2
+# overflows. onnxruntime runs such kernels for integer-placed nodes with these activation dtypes.
+U8S8_ACTIVATIONS = ("uint8", "int8")
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """A constant weight input: its initializer and where its scales lie.
+
+    ``axis`` None means one scale for the tensor; with ``block_size`` None it is
+    one scale per slice along ``axis`` (per channel), otherwise one per block of
+    ``block_size`` elements along ``axis``.
+    """
+
+    name: str
+    axis: int | None
+    block_size: int | None = None
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """How one node is quantized."""
+
+    name: str
+    op_type: str
+    scheme: NodeScheme
+    activations: tuple[str, ...]  # float inputs quantized per tensor
+    weight: WeightPlan | None
+    bias: str | None  # 1-D initializer quantized to int32 (needs activations[0] and weight)
+    output: str | None  # tensor quantized after the node (after a folded Relu)
+    placement: str = "integer"  # "integer" (Q/DQ), "dynamic" (input quantized at run time), "storage"
+    # (restored to float at load), "weight_only" or "lookup" (a Gather: the rows read are dequantized)
+    reason: str = ""  # why this placement
+    macs: int | None = None  # multiply-accumulates per sample (integer nodes, when sizes are known)
+
+    @property
+    def quantized_inputs(self) -> bool:
+        """Whether the node's inputs are quantized (integer kernels, or quantized at run time)."""
+        return self.placement == "dynamic" or (self.placement == "integer" and bool(self.activations))
+
+    @property
+    def reduced_weight_range(self) -> bool:
+        """Whether the int8 weight is stored in [-64, 63] (``weight.saturation``; see :func:`guard_saturation`)."""
+        return (
+            self.quantized_inputs
+            and self.scheme.weight.dtype == "int8"
+            and self.scheme.activation.dtype in U8S8_ACTIVATIONS
+            and (
+                self.scheme.weight.saturation == "reduce_range"
+                or (self.scheme.weight.saturation == "uint8" and self.scheme.activation.dtype == "int8")
+            )
+        )
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """Every quantization decision for one model."""
+
+    nodes: tuple[NodePlan, ...]
+    activations: dict[str, TensorScheme]  # tensor -> scheme, in first-use order
+    skipped: tuple[tuple[str, str], ...] = field(default=())  # (node, reason) left in float
+    target: str = "cpu"  # the config's target (see qtool.config.for_target)
+
+    @property
+    def uses_per_channel(self) -> bool:
+        return any(n.weight is not None and n.weight.axis is not None for n in self.nodes)

@@ -1,0 +1,99 @@
+"""The shape of the package, as the pipeline issue set it: checked so that it stays that way."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "qtool"
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The qtool modules ``path`` imports, lazy imports included (``from pkg import submodule`` names the submodule)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("qtool"):
+            subs = {f"{node.module}.{a.name}" for a in node.names} & set(modules)
+            compiled = {a.name for a in node.names if a.name.startswith("_counting")}
+            found.update(subs if len(subs) + len(compiled) == len(node.names) else {node.module, *subs})
+    return found & set(modules)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                return [*stack[stack.index(target) :], target]
+            if target not in state and (found := visit(target)):
+                return found
+        stack.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module)):
+            return found
+    return None
+
+
+def test_no_qtool_module_imports_itself_back_through_others():
+    modules = _modules()
+    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    assert _cycle(graph) is None
+
+
+def test_plans_are_built_only_by_the_workspace():
+    callers = {
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if "build_plan(" in path.read_text() and path.name != "plan.py"
+    }
+    assert callers == {"pipeline/workspace.py"}
+
+
+def test_evaluation_never_imports_reports():
+    modules = _modules()
+    for name, path in modules.items():
+        if name.startswith("qtool.evaluation"):
+            assert not {m for m in _imports(path, modules) if m.startswith("qtool.reports")}, name
+
+
+def _functions(path: Path) -> list[tuple[str, int]]:
+    tree = ast.parse(path.read_text())
+    return [
+        (node.name, (node.end_lineno or node.lineno) - node.lineno + 1)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+
+
+def test_the_api_is_signatures_over_the_pipeline():
+    api = PACKAGE / "api.py"
+    assert len(api.read_text().splitlines()) <= 250
+    assert [name for name, lines in _functions(api) if lines > 40] == []
+
+
+def test_pipeline_functions_stay_short():
+    long = [
+        f"{path.relative_to(PACKAGE)}:{name} ({lines} lines)"
+        for path in (PACKAGE / "pipeline").rglob("*.py")
+        for name, lines in _functions(path)
+        if lines > 60
+    ]
+    assert long == []
