@@ -14,7 +14,7 @@ from qtool.evaluation.output_kinds import OutputKind
 from qtool.graph.model_io import files_sha256, model_files
 from qtool.graph.prepare import PrepareReport
 from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exported
-from qtool.quantization.rewrite import RewriteReport
+from qtool.quantization.rewrite_report import RewriteReport
 from qtool.quantization.search import FallbackResult
 from qtool.quantization.selection import PlacementChoice
 from qtool.quantization.tune.loop import Trial

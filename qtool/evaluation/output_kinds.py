@@ -28,6 +28,8 @@ from typing import Literal
 import numpy as np
 import onnx
 
+from qtool.graph.index import GraphView
+
 Kind = Literal["class_scores", "boxes", "values"]
 
 # Head ops with fewer outputs than this are taken for regression, not logits. Regression heads are
@@ -71,12 +73,12 @@ class OutputKind:
 def output_sources(model: onnx.ModelProto) -> dict[str, OutputSource]:
     """The op behind each output of the main graph, looking through :data:`PASS_THROUGH_OPS` and a constant bias."""
     graph = model.graph
-    producers = {out: node for node in graph.node for out in node.output if out}
+    view = GraphView(model)
     constants = {init.name for init in graph.initializer}
     constants |= {out for node in graph.node if node.op_type == "Constant" for out in node.output}
     sources = {}
     for output in graph.output:
-        node = producers.get(output.name)
+        node = view.producer(output.name)
         for _ in range(len(graph.node)):  # bounded: a graph is acyclic
             if node is None:
                 break
@@ -86,7 +88,7 @@ def output_sources(model: onnx.ModelProto) -> dict[str, OutputSource]:
                 upstream = next((i for i in node.input if i not in constants), node.input[0])
             else:
                 break
-            node = producers.get(upstream)
+            node = view.producer(upstream)
         sources[output.name] = OutputSource(output.name, node.op_type if node is not None else None)
     return sources
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto
 
+from qtool.graph.index import GraphView
+
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 # Ops a quantizer folds into the producer before them (or into the following QuantizeLinear).
 FOLDABLE_OPS = ("BatchNormalization", "Relu", "Clip", "Add", "Sub", "Mul", "Div", "Identity", "Dropout")
@@ -66,20 +68,12 @@ class Pairing:
     unpaired: int  # reference float tensors computed from the inputs that no candidate tensor holds
 
 
-class _Graph:
-    """Producers, consumers and the tensors computed from the graph inputs."""
+class _Graph(GraphView):
+    """The graph view, and the tensors computed from the graph inputs."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        self.nodes = list(model.graph.node)
-        self.producer = {o: n for n in self.nodes for o in n.output if o}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in self.nodes:
-            for i in dict.fromkeys(n.input):
-                if i:
-                    self.consumers.setdefault(i, []).append(n)
-        self.inputs = {i.name for i in model.graph.input}
-        self.outputs = {o.name for o in model.graph.output}
-        self.dynamic = set(self.inputs)
+        super().__init__(model)
+        self.dynamic = set(self.graph_inputs)
         for n in self.nodes:
             if any(i in self.dynamic for i in n.input):
                 self.dynamic.update(o for o in n.output if o)
@@ -87,7 +81,7 @@ class _Graph:
     def float_source(self, tensor: str) -> str:
         """The tensor that ``tensor`` is a quantized-and-dequantized copy of (itself if none)."""
         for _ in range(16):
-            node = self.producer.get(tensor)
+            node = self.producer(tensor)
             if node is None or node.op_type not in QDQ_OPS:
                 return tensor
             tensor = node.input[0]
@@ -146,7 +140,9 @@ def pair_tensors(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> Pair
     floats = float_tensors(reference)
     wanted = set(floats)
     ref_by_name = {n.name: n for n in ref.nodes if n.name}
-    carries = {name: name for name in cand.inputs if name in ref.inputs}  # candidate float tensor -> reference
+    carries = {
+        name: name for name in cand.graph_inputs if name in ref.graph_inputs
+    }  # candidate float tensor -> reference
     pairs: dict[str, Pair] = {}
     for node in cand.nodes:
         if node.op_type in QDQ_OPS or not any(i in cand.dynamic for i in node.input):
@@ -161,12 +157,12 @@ def pair_tensors(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> Pair
                 continue
             end, folded = _follow_folded(match.output[index], node, output, ref, cand, carries)
             measured, uncertain = output, ""
-            if output in ref.producer and output != end and output in wanted:
+            if output in ref.producers and output != end and output in wanted:
                 uncertain = f"named like {output} but computes {end}"
             copies = cand.dequantized_copies(output)
-            if cand.is_quantized(output) or any(op in CLAMPS for op in folded) or end in ref.outputs:
+            if cand.is_quantized(output) or any(op in CLAMPS for op in folded) or end in ref.graph_outputs:
                 if copies:
-                    measured = next((c for c in copies if c in cand.outputs), copies[0])
+                    measured = next((c for c in copies if c in cand.graph_outputs), copies[0])
                 elif any(op in CLAMPS for op in folded):
                     uncertain = f"{'+'.join(folded)} folded away with no QuantizeLinear to clamp it"
             carries[output] = end
@@ -185,7 +181,7 @@ def pair_tensors(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> Pair
                 fed[name] = carries[source]
     order = {t: i for i, t in enumerate(floats)}
     ordered = sorted(pairs.values(), key=lambda p: order[p.reference])
-    return Pairing(ordered, fed, sources, set(ref.inputs), len(wanted) - len(pairs))
+    return Pairing(ordered, fed, sources, set(ref.graph_inputs), len(wanted) - len(pairs))
 
 
 def _carried_inputs(node: onnx.NodeProto, cand: _Graph, carries: dict[str, str]) -> list[str | None]:
@@ -209,7 +205,7 @@ def _reference_node(
         return match.op_type == op and all(i in match.input for i in known)
 
     for output in node.output:
-        match = ref.producer.get(output)
+        match = ref.producer(output)
         if match is not None and agrees(match):
             return match, "name"
     match = ref_by_name.get(node.name)
@@ -234,7 +230,7 @@ def _follow_folded(
     computed_next = {c.op_type for c in cand.reads(output)}
     while True:
         consumers = ref.consumers.get(tensor, [])
-        if len(consumers) != 1 or tensor in ref.outputs:
+        if len(consumers) != 1 or tensor in ref.graph_outputs:
             break
         nxt = consumers[0]
         if nxt.op_type not in FOLDABLE_OPS or nxt.op_type in computed_next or len(nxt.output) < 1:
@@ -264,7 +260,8 @@ def _pair_by_name(
     if output not in wanted or output in pairs:
         return
     carries[output] = output
-    producer = ref.producer[output]
+    producer = ref.producer(output)
+    assert producer is not None  # a wanted tensor has a producer
     # The name is all there is. It is contradicted only when the node reads known reference tensors
     # that the same-named reference node does not (a node of another type that computes the same value,
     # like the scaling Mul after MatMulInteger, reads nothing known).

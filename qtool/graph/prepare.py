@@ -15,6 +15,8 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from qtool.errors import QtoolError
+from qtool.graph.index import GraphView, all_nodes, subgraph_reads
+from qtool.graph.names import fresh_name
 from qtool.graph.weight_layout import einsums_as_matmuls, fold_weight_layout_ops
 from qtool.graph.weights import Weights
 
@@ -75,25 +77,6 @@ def refuse_quantized(model: onnx.ModelProto, source: str) -> None:
             f"{source} is already quantized (its producer is qtool)",
             hint="give qtool the float model it came from",
         )
-
-
-def node_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The bodies of one If/Loop/Scan (or any node with graph attributes)."""
-    return [sub for attr in node.attribute for sub in ([attr.g] if attr.HasField("g") else attr.graphs)]
-
-
-def all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """The nodes of ``graph`` and of every subgraph in it."""
-    return [*graph.node, *(inner for node in graph.node for sub in node_subgraphs(node) for inner in all_nodes(sub))]
-
-
-def subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    """Names read inside ``node``'s bodies, at any depth: the outer-scope values it uses implicitly.
-
-    Names local to the bodies are included too; ONNX forbids a body to reuse an outer name, so
-    such a name never stands for an outer tensor.
-    """
-    return {name for sub in node_subgraphs(node) for inner in all_nodes(sub) for name in inner.input if name}
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -199,13 +182,7 @@ def _name_unnamed_nodes(graph: onnx.GraphProto) -> None:
     """Give every node a unique name, so configs, plans and reports can refer to it."""
     taken: set[str] = set()
     for index, node in enumerate(graph.node):
-        name = node.name or f"{node.op_type}_{index}"
-        base, k = name, 1
-        while name in taken:
-            k += 1
-            name = f"{base}_{k}"
-        node.name = name
-        taken.add(name)
+        node.name = fresh_name(node.name or f"{node.op_type}_{index}", taken)
 
 
 def _convert_opset(model: onnx.ModelProto, current: int, target: int, source: str) -> onnx.ModelProto:
@@ -236,35 +213,26 @@ def _converter_reason(error: Exception) -> str:
     return line.split("failed: ", 1)[-1]
 
 
-def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    result: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            result.setdefault(name, []).append(node)
-    return result
-
-
 def _fold_batchnorms(graph: onnx.GraphProto, weights: Weights) -> list[str]:
     """Fold inference-mode BatchNormalization into a Conv whose only consumer it is."""
     inits = {init.name: init for init in graph.initializer}
-    consumers = _consumers(graph)
-    outputs = {o.name for o in graph.output} | _subgraph_inputs(graph)  # names folding must not change
-    producer = {out: node for node in graph.node for out in node.output}
+    view = GraphView(graph)
+    outputs = view.graph_outputs | _subgraph_inputs(graph)  # names folding must not change
     folded: list[str] = []
     removed: set[int] = set()
     for index, bn in enumerate(graph.node):
         if bn.op_type != "BatchNormalization" or len(bn.output) != 1 or len(bn.input) != 5:
             continue
-        conv = producer.get(bn.input[0])
+        conv = view.producer(bn.input[0])
         if conv is None or conv.op_type != "Conv" or conv.output[0] in outputs:
             continue
-        if len(consumers.get(conv.output[0], [])) != 1 or not all(n in inits for n in bn.input[1:]):
+        if len(view.input_readers(conv.output[0])) != 1 or not all(n in inits for n in bn.input[1:]):
             continue
         if len(conv.input) < 2 or conv.input[1] not in inits:
             continue
         if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits:
             continue
-        if len(consumers.get(conv.input[1], [])) != 1 or conv.input[1] in outputs:
+        if len(view.input_readers(conv.input[1])) != 1 or conv.input[1] in outputs:
             continue  # the weight is shared with another node: folding would change that node too
         attrs = {a.name: helper.get_attribute_value(a) for a in bn.attribute}
         if attrs.get("training_mode", 0) or attrs.get("spatial", 1) == 0:
@@ -283,7 +251,7 @@ def _fold_batchnorms(graph: onnx.GraphProto, weights: Weights) -> list[str]:
         new_weight = (weight.astype(np.float64) * factor.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
         new_bias = ((bias - mean) * factor + beta).astype(weight.dtype)
         weights.replace(inits[conv.input[1]], new_weight)
-        if has_bias and len(consumers.get(conv.input[2], [])) == 1 and conv.input[2] not in outputs:
+        if has_bias and len(view.input_readers(conv.input[2])) == 1 and conv.input[2] not in outputs:
             weights.replace(inits[conv.input[2]], new_bias)
         else:
             bias_name = _unique_name(f"{conv.name or conv.output[0]}/folded_bias", graph)
@@ -349,12 +317,7 @@ def _subgraph_inputs(graph: onnx.GraphProto) -> set[str]:
 
 
 def _unique_name(base: str, graph: onnx.GraphProto) -> str:
-    taken = {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    return name
+    return fresh_name(base, {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output})
 
 
 def _infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qtool.graph.names import fresh_name
 from qtool.graph.weights import Weights, is_detached, mark_detached
 
 _LAYOUT_OPS = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
@@ -119,7 +120,7 @@ def einsums_as_matmuls(graph: onnx.GraphProto, weights: Weights, fixed: set[str]
         if plan is None or readers.get(plan.weight, 0) != 1 or plan.weight in keep_names:
             nodes.append(node)
             continue
-        nodes.extend(plan.build(node, graph, weights, inits[plan.weight], lambda base: _fresh(base, taken)))
+        nodes.extend(plan.build(node, graph, weights, inits[plan.weight], lambda base: fresh_name(base, taken)))
         rewritten.append(node.name)
     if rewritten:
         del graph.node[:]
@@ -254,12 +255,3 @@ def _names_in(graph: onnx.GraphProto) -> set[str]:
         names.update(node.output)
         names.add(node.name)
     return names
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name

@@ -24,7 +24,8 @@ from qtool.quantization.algorithms.empirical_bias import measure_shifts, measure
 from qtool.quantization.algorithms.node_inputs import NodeInput, NodeInputCollector, node_input
 from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
 from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.rewrite import RewriteReport, insert_qdq
+from qtool.quantization.rewrite import insert_qdq
+from qtool.quantization.rewrite_report import RewriteReport
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from qtool.calibration.statistics import CalibrationStats
 from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare
 from qtool.evaluation.metrics import LatencyComparison, LatencyStats, paired_ratio
+from qtool.graph.checks import check_quantized_model
 from qtool.graph.input_shapes import restore_input_dims
 from qtool.graph.model_io import same_file, save_model
 from qtool.graph.session import create_session
@@ -27,7 +28,6 @@ from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory
 from qtool.quantization.algorithms.node_inputs import NodeInputCollector
 from qtool.quantization.kernels import predict_kernels
-from qtool.quantization.rewrite import check_quantized_model
 from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult, ModelFile, QuantizeResult
 from qtool.system.stages import stage

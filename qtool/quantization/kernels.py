@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from qtool.graph.index import GraphView
 from qtool.quantization.plan_types import NodePlan, QuantPlan
 
 
@@ -67,10 +68,8 @@ def predict_kernels(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, Kernel
     """One prediction per planned node of the prepared ``model``."""
     nodes = {n.name: n for n in model.graph.node}
     constants = {i.name for i in model.graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for name in n.input:
-            consumers.setdefault(name, []).append(n)
+    view = GraphView(model)
+    consumers = {name: view.input_readers(name) for name in view.readers}
     # graph outputs still written by the float node itself (a quantized one is written by its DequantizeLinear)
     final_outputs = {o.name for o in model.graph.output} - set(plan.activations)
     ranks = {
@@ -78,7 +77,7 @@ def predict_kernels(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, Kernel
         for v in [*model.graph.input, *model.graph.value_info]
         if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")
     }
-    producers = {o: n for n in model.graph.node for o in n.output}
+    producers = {name: view.nodes[index] for name, index in view.producers.items()}
     shapes = {i.name: list(i.dims) for i in model.graph.initializer}
     for value in model.graph.value_info:  # 1-D shape tensors computed at run time (Shape -> Concat)
         dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []

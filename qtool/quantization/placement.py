@@ -5,8 +5,9 @@ from __future__ import annotations
 import onnx
 
 from qtool.config import NodeScheme
+from qtool.graph.index import GraphView
 from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.roles import GraphIndex, Roles, is_depthwise, node_macs
+from qtool.quantization.roles import Roles, is_depthwise, node_macs
 
 # A node runs as an integer kernel under placement "auto" only when it does at least this many
 # multiply-accumulates per sample: below it, onnxruntime spends more on Quantize/DequantizeLinear and
@@ -23,7 +24,7 @@ AUTO_MIN_INTENSITY = 48
 
 
 def node_placement(
-    node: onnx.NodeProto, roles: Roles, scheme: NodeScheme, g: GraphIndex, elements: dict[str, int] | None
+    node: onnx.NodeProto, roles: Roles, scheme: NodeScheme, g: GraphView, elements: dict[str, int] | None
 ) -> tuple[str, str]:
     """("integer" | "storage" | "float", why) for one node."""
     if scheme.placement == "integer":
@@ -51,7 +52,7 @@ def node_placement(
 _TRANSPARENT = {"MaxPool", "Relu", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"}
 
 
-def isolated_integer_nodes(plan: QuantPlan, g: GraphIndex, elements: dict[str, int]) -> dict[str, str]:
+def isolated_integer_nodes(plan: QuantPlan, g: GraphView, elements: dict[str, int]) -> dict[str, str]:
     """Auto-placed integer nodes whose work per value crossing a float/integer boundary is too low.
 
     Demoting a node turns its neighbours' shared tensors into boundaries, so this repeats until

@@ -17,12 +17,12 @@ from onnx import TensorProto, helper
 
 from qtool.config import NodeScheme, QConfig, TensorScheme, for_target
 from qtool.errors import QtoolError
-from qtool.graph.prepare import all_nodes, node_subgraphs
+from qtool.graph.index import GraphView, all_nodes, node_subgraphs
 from qtool.quantization.matmul_nbits import check_layout
 from qtool.quantization.placement import isolated_integer_nodes, node_placement
 from qtool.quantization.plan_types import NodePlan, QuantPlan, WeightPlan
 from qtool.quantization.qparams import quant_type
-from qtool.quantization.roles import HANDLERS, LOOKUP_OPS, GraphIndex, WeightRoles, node_macs, output_to_quantize
+from qtool.quantization.roles import HANDLERS, LOOKUP_OPS, WeightRoles, node_macs, output_to_quantize
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,9 @@ def runs_weight_only(spec: TensorScheme) -> bool:
     return spec.fp16 or spec.per_block
 
 
-def build_plan(model: onnx.ModelProto, config: QConfig, elements: dict[str, int] | None = None) -> QuantPlan:
+def build_plan(
+    model: onnx.ModelProto, config: QConfig, elements: dict[str, int] | None = None, view: GraphView | None = None
+) -> QuantPlan:
     """Decide, node by node, what to quantize (see :class:`QuantPlan`).
 
     ``model`` should be the prepared model (see :func:`qtool.graph.prepare.prepare_model`)
@@ -62,15 +64,16 @@ def build_plan(model: onnx.ModelProto, config: QConfig, elements: dict[str, int]
     tensors, from calibration or static shapes) lets ``placement: auto`` choose
     between integer kernels and storage-only compression; without it every
     auto node is planned as integer, so calibration observes everything it may need.
+    ``view`` is the model's :class:`GraphView`, when the caller holds one.
     """
-    g = GraphIndex(model)
+    g = view if view is not None else GraphView(model)
     plan = _plan_nodes(model, config, g, elements, {})
     demoted = isolated_integer_nodes(plan, g, elements) if elements is not None else {}
     return _plan_nodes(model, config, g, elements, demoted) if demoted else plan
 
 
 def _plan_nodes(
-    model: onnx.ModelProto, config: QConfig, g: GraphIndex, elements: dict[str, int] | None, demoted: dict[str, str]
+    model: onnx.ModelProto, config: QConfig, g: GraphView, elements: dict[str, int] | None, demoted: dict[str, str]
 ) -> QuantPlan:
     nodes: list[NodePlan] = []
     activations: dict[str, TensorScheme] = {}
@@ -178,7 +181,7 @@ def _plan_nodes(
 
 def _quantize_residual_inputs(
     model: onnx.ModelProto,
-    g: GraphIndex,
+    g: GraphView,
     nodes: list[NodePlan],
     activations: dict[str, TensorScheme],
     scheme: TensorScheme,
@@ -200,7 +203,7 @@ def _quantize_residual_inputs(
             activations.setdefault(name, scheme)
 
 
-def _nbits_fallback(node: onnx.NodeProto, weight: WeightPlan, scheme: NodeScheme, g: GraphIndex) -> str | None:
+def _nbits_fallback(node: onnx.NodeProto, weight: WeightPlan, scheme: NodeScheme, g: GraphView) -> str | None:
     """Why ``weight.format: matmul_nbits`` falls back to QDQ for ``node`` (None: it is written as MatMulNBits).
 
     Raises:
@@ -228,14 +231,13 @@ def _nbits_fallback(node: onnx.NodeProto, weight: WeightPlan, scheme: NodeScheme
     return None
 
 
-def final_weighted_nodes(model: onnx.ModelProto, g: GraphIndex) -> set[str]:
+def final_weighted_nodes(model: onnx.ModelProto, g: GraphView) -> set[str]:
     """Nodes with a constant weight that reach a graph output through no other such node (final projections)."""
-    producers = {out: node for node in model.graph.node for out in node.output}
     final: set[str] = set()
     seen: set[str] = set()
     stack = [o.name for o in model.graph.output]
     while stack:
-        node = producers.get(stack.pop())
+        node = g.producer(stack.pop())
         if node is None or node.name in seen:
             continue
         seen.add(node.name)
@@ -296,7 +298,7 @@ def passthrough_ops(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _weight_plan(roles: WeightRoles, scheme: NodeScheme, g: GraphIndex, node: str) -> WeightPlan:
+def _weight_plan(roles: WeightRoles, scheme: NodeScheme, g: GraphView, node: str) -> WeightPlan:
     """Where the weight's scales lie, from the scheme's granularity and the op's natural axes."""
     spec = scheme.weight
     if spec.fp16 or spec.granularity == "per_tensor":

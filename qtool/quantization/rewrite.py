@@ -15,31 +15,26 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 import onnx.numpy_helper
 from onnx import helper
 
-from qtool.config import TensorScheme
 from qtool.errors import QtoolError
-from qtool.graph.prepare import subgraph_reads
-from qtool.graph.weights import Weights, checkable
+from qtool.graph.index import GraphView, subgraph_reads
+from qtool.graph.weights import Weights
 from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
 from qtool.quantization.matmul_nbits import DOMAIN as CONTRIB_DOMAIN
 from qtool.quantization.plan import passthrough_ops
 from qtool.quantization.plan_types import NodePlan, QuantPlan
 from qtool.quantization.qparams import (
     QParams,
-    compute_qparams,
-    mse_weight_range,
-    quant_type,
-    quantize,
     quantize_bias,
-    weight_range,
 )
+from qtool.quantization.rewrite_report import RewriteReport
 from qtool.quantization.stored_forms import Names, StoredForms
+from qtool.quantization.weight_codes import WeightCodes
 from qtool.quantization.weight_copies import (
     FP16,
     GATHERED,
@@ -48,59 +43,10 @@ from qtool.quantization.weight_copies import (
     RESTORED,
     CopyKey,
     WeightUse,
-    copy_key,
     weight_uses,
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RewriteReport:
-    """What :func:`insert_qdq` changed."""
-
-    quantized_nodes: list[str] = field(default_factory=list)
-    quantized_weights: list[str] = field(default_factory=list)
-    quantized_biases: list[str] = field(default_factory=list)
-    quantized_activations: list[str] = field(default_factory=list)
-    passthrough: dict[str, int] = field(default_factory=dict)  # op type -> nodes left untouched (no quantization)
-    # weight -> quantized copies stored, for weights whose readers asked for different schemes (int4 and int8)
-    weight_copies: dict[str, int] = field(default_factory=dict)
-    algorithms: dict[str, list[str]] = field(default_factory=dict)  # node -> weight algorithms applied to it
-    algorithm_notes: dict[str, str] = field(default_factory=dict)  # node -> why an algorithm it asked for was not
-
-
-def weight_qparams(
-    weight: np.ndarray,
-    scheme: TensorScheme,
-    axis: int | None,
-    what: str,
-    block_size: int | None = None,
-    *,
-    reduce_range: bool = False,
-) -> QParams:
-    """Scale / zero point of a weight from its own values (symmetric weights use the narrow range).
-
-    8-bit weights use their min/max; 4- and 2-bit weights the MSE-optimal clipping range.
-    ``reduce_range`` halves the integer range (see :meth:`QuantType.reduced_range`).
-    """
-    qtype = quant_type(scheme.dtype)
-    if reduce_range:
-        qtype = qtype.reduced_range()
-    if qtype.bits <= 4:
-        lo, hi = mse_weight_range(weight, qtype, symmetric=scheme.symmetric, axis=axis, block_size=block_size)
-    else:
-        lo, hi = weight_range(weight, axis, block_size)
-    qp = compute_qparams(
-        lo,
-        hi,
-        qtype,
-        symmetric=scheme.symmetric,
-        narrow_range=scheme.symmetric,
-        axis=axis,
-        what=what,
-    )
-    return QParams(qp.scale, qp.zero_point, qp.qtype, axis, block_size, qp.narrow)
 
 
 _INT32_MAX = float(np.iinfo(np.int32).max)
@@ -123,8 +69,6 @@ class _Rewriter:
         self.algorithms = algorithms
         self.bias_shifts = bias_shifts
         self.correct_biases = correct_biases
-        self.codes: dict[tuple[str, CopyKey], np.ndarray] = {}  # the integers of each copy
-        self.qparams: dict[tuple[str, CopyKey], QParams] = {}  # and their qparams
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
         self.graph = self.model.graph
@@ -144,12 +88,10 @@ class _Rewriter:
         self.restored: dict[tuple[str, CopyKey, str], str] = {}  # (weight, copy, form) -> the float tensor
         self.replacements: dict[str, list[onnx.NodeProto]] = {}  # node -> the nodes that compute it instead
         self.report = RewriteReport()
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for node in self.graph.node:
-            # An If/Loop/Scan reads what its bodies use from the outer scope: such a weight is not
-            # exclusive to its quantized readers, so it keeps its float initializer under its name.
-            for name in dict.fromkeys([*node.input, *sorted(subgraph_reads(node))]):
-                self.consumers.setdefault(name, []).append(node)
+        self.weight_codes = WeightCodes(plan, self.uses, store, self.inits, act_qparams, algorithms, self.report)
+        # An If/Loop/Scan reads what its bodies use from the outer scope: such a weight is not
+        # exclusive to its quantized readers, so it keeps its float initializer under its name.
+        self.consumers = GraphView(self.model).consumers
 
     def _rename_input(self, node: onnx.NodeProto, old: str, new: str) -> None:
         for i, name in enumerate(node.input):
@@ -191,75 +133,14 @@ class _Rewriter:
         target.append(self.forms.dq_node(tensor, quantized, scale, zero, output, None))
         self.report.quantized_activations.append(tensor)
 
-    def _bias_scale_floor(self, weight: str, copy: CopyKey) -> np.ndarray | None:
-        """Smallest weight scale per channel that keeps every int32 bias using this copy from saturating."""
-        floor = None
-        for node in self.plan.nodes:
-            if node.bias is None or not node.activations or node.name not in self.uses:
-                continue
-            if (self.uses[node.name].weight, self.uses[node.name].copy) != (weight, copy):
-                continue
-            bias = np.abs(self.store.value(self.inits[node.bias]).astype(np.float64))
-            input_scale = float(self.act_qparams[node.activations[0]].scale)
-            need = bias / (input_scale * _INT32_MAX * 0.5)  # keep half the int32 range as headroom
-            floor = need if floor is None else np.maximum(floor, need)
-        if floor is not None and copy[0] is None:
-            floor = np.asarray(floor.max())
-        return floor
-
     def _stored_copy(self, use: WeightUse, values: np.ndarray) -> tuple[str, QParams | None]:
         """The integers ``use`` reads (with their qparams), quantized and stored on first use."""
         if (use.weight, use.copy) in self.copies:
             return self.copies[(use.weight, use.copy)]
-        qp, codes = self._quantized_copy(use, values)
+        qp, codes = self.weight_codes.of(use, values)
         self.copies[(use.weight, use.copy)] = (self.forms.integers(use.weight, codes, qp), qp)
         self.report.quantized_weights.append(use.weight)
         return self.copies[(use.weight, use.copy)]
-
-    def _quantized_copy(self, use: WeightUse, values: np.ndarray) -> tuple[QParams, np.ndarray]:
-        """The qparams and integers of ``use``'s copy, computed on first use (not stored in the graph)."""
-        if (use.weight, use.copy) in self.codes:
-            return self.qparams[(use.weight, use.copy)], self.codes[(use.weight, use.copy)]
-        # the reader whose scheme this copy is (an integer kernel's, when one reads the weight)
-        owner = next(p for p in self.plan.nodes if p.weight and p.weight.name == use.weight and copy_key(p) == use.copy)
-        assert owner.weight is not None  # found by its weight
-        qp = weight_qparams(
-            values,
-            owner.scheme.weight,
-            owner.weight.axis,
-            f"weight {use.weight}",
-            owner.weight.block_size,
-            reduce_range=owner.reduced_weight_range,
-        )
-        floor = self._bias_scale_floor(use.weight, use.copy)
-        if floor is not None and np.any(qp.scale < floor):
-            raised = np.maximum(qp.scale, floor).astype(np.float32)
-            qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
-        codes = self._round(use, values, qp)
-        self.codes[(use.weight, use.copy)] = codes
-        self.qparams[(use.weight, use.copy)] = qp
-        return qp, codes
-
-    def _readers(self, use: WeightUse) -> list[NodePlan]:
-        """The plan nodes that read ``use``'s copy of its weight."""
-        return [
-            p
-            for p in self.plan.nodes
-            if p.name in self.uses and (self.uses[p.name].weight, self.uses[p.name].copy) == (use.weight, use.copy)
-        ]
-
-    def _round(self, use: WeightUse, values: np.ndarray, qp: QParams) -> np.ndarray:
-        """The copy's integers: nearest rounding, or what the readers' rounding algorithm chose."""
-        if self.algorithms is None:
-            return quantize(values, qp)
-        readers = self._readers(use)
-        rounded = self.algorithms.round(use.weight, values, qp, readers)
-        for reader in readers:
-            if rounded.method != "nearest":
-                self.report.algorithms.setdefault(reader.name, []).append(rounded.method)
-            elif rounded.reason and reader.scheme.algorithms.rounding != "nearest":
-                self.report.algorithm_notes[reader.name] = f"{reader.scheme.algorithms.rounding}: {rounded.reason}"
-        return rounded.codes if rounded.codes is not None else quantize(values, qp)
 
     def _restore(self, use: WeightUse) -> str:
         """Write the float tensor ``use`` reads: its copy (stored on first use) and the nodes that restore it."""
@@ -289,7 +170,7 @@ class _Rewriter:
             else:
                 # A symmetric weight needs no zero point, except where onnxruntime fuses it into an integer kernel
                 # (its QGemm fusion wants one) and for TensorRT, whose parser is not checked without one
-                keep = any(p.quantized_inputs for p in self._readers(use)) or self.plan.target == "tensorrt"
+                keep = any(p.quantized_inputs for p in self.weight_codes.readers(use)) or self.plan.target == "tensorrt"
                 self.forms.dequantized(weight, stored, qp, output, zero_point=keep)
         self.replaced.add(weight)
         return output
@@ -299,7 +180,7 @@ class _Rewriter:
         use = self.uses[node.name]
         if use.form == NBITS:  # the MatMul becomes a MatMulNBits holding the packed weight itself
             values = self.store.value(self.inits[use.weight])
-            qp, codes = self._quantized_copy(use, values)
+            qp, codes = self.weight_codes.of(use, values)
             onnx_node = self.nodes[node.name]
             trans_b = self.gemm_trans_b(node)
             self.replacements[node.name] = self.forms.matmul_nbits(onnx_node, codes, qp, node.scheme.weight, trans_b)
@@ -349,7 +230,7 @@ class _Rewriter:
         else:
             use = self.uses[node.name]
             values = self.store.value(self.inits[node.weight.name])
-            shift = self.algorithms.bias_shift(node, values, self.codes[(use.weight, use.copy)], weight_qp)
+            shift = self.algorithms.bias_shift(node, values, self.weight_codes.codes[(use.weight, use.copy)], weight_qp)
             alpha = next((a.f for a in self.nodes[node.name].attribute if a.name == "alpha"), 1.0)
             shift = None if shift is None else (shift * alpha).astype(np.float32)  # in output units
         if shift is None and self.correct_biases and not measured:  # (measured skips: the caller's)
@@ -506,35 +387,3 @@ def insert_qdq(
         )
     store = weights if weights is not None else Weights()
     return _Rewriter(model, plan, act_qparams, store, algorithms, bias_shifts, correct_biases).run()
-
-
-def _full_check_error(model: onnx.ModelProto) -> str | None:
-    try:
-        onnx.checker.check_model(checkable(model), full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        return str(e).strip().splitlines()[0]
-    return None
-
-
-def check_quantized_model(model: onnx.ModelProto, source: onnx.ModelProto) -> str | None:
-    """Run onnx's full checker on the quantized model.
-
-    If the float ``source`` model already fails the full check (a wrongly declared
-    output shape, say), the quantized model only has to pass the basic check, and
-    the source's problem is returned as a note. Any other failure is a qtool bug.
-    """
-    error = _full_check_error(model)
-    if error is None:
-        return None
-    source_error = _full_check_error(source)
-    if source_error is None:
-        raise RuntimeError(f"qtool produced a model that fails onnx.checker: {error}")
-    try:
-        onnx.checker.check_model(checkable(source))
-    except onnx.checker.ValidationError as e:  # the input itself is invalid: the user's to fix, not a qtool bug
-        raise QtoolError(f"the input model fails onnx's checker: {str(e).strip().splitlines()[0]}") from e
-    try:
-        onnx.checker.check_model(checkable(model))
-    except onnx.checker.ValidationError as e:
-        raise RuntimeError(f"qtool produced a model that fails onnx.checker: {e}") from e
-    return f"the input model fails onnx's full check ({source_error}); the output passed the basic check"

@@ -1,7 +1,7 @@
 """What each quantizable op reads as activation, weight and bias, and how much work it does.
 
-A plain op-type -> handler dict (:data:`HANDLERS`) decides the roles; :class:`GraphIndex` holds the
-lookups they need (initializers, types, shapes, consumers).
+A plain op-type -> handler dict (:data:`HANDLERS`) decides the roles; :class:`~qtool.graph.index.GraphView`
+holds the lookups they need (constants, types, shapes, consumers).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
-from qtool.graph.prepare import subgraph_reads
+from qtool.graph.index import GraphView
 
 # Ops whose output may be folded into the quantized node's output: onnxruntime
 # removes a Relu that feeds a QuantizeLinear with zero point at the type's minimum.
@@ -38,47 +38,13 @@ class Roles:
     bias: str | None
 
 
-class GraphIndex:
-    """Lookup tables over a graph that the handlers need."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        graph = model.graph
-        self.inputs = {i.name for i in graph.input}
-        # An initializer that is also a graph input can be overridden at run time: not a constant.
-        self.initializers = {i.name: i for i in graph.initializer if i.name not in self.inputs}
-        self.graph_outputs = {o.name for o in graph.output}
-        self.elem_types: dict[str, int] = {}
-        for value in [*graph.input, *graph.value_info, *graph.output]:
-            if value.type.HasField("tensor_type"):
-                self.elem_types[value.name] = value.type.tensor_type.elem_type
-        for init in graph.initializer:
-            self.elem_types[init.name] = init.data_type
-        self.shapes: dict[str, list[int | str]] = {}
-        for value in [*graph.input, *graph.value_info, *graph.output]:
-            if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
-                self.shapes[value.name] = [d.dim_value or d.dim_param for d in value.type.tensor_type.shape.dim]
-        self.nodes = list(graph.node)
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for node in graph.node:
-            # an If/Loop/Scan also reads, implicitly, every outer tensor its bodies use
-            for name in dict.fromkeys([*node.input, *sorted(subgraph_reads(node))]):
-                if name:
-                    self.consumers.setdefault(name, []).append(node)
-
-    def is_float(self, name: str) -> bool:
-        return self.elem_types.get(name) == TensorProto.FLOAT
-
-    def rank(self, name: str) -> int:
-        return len(self.initializers[name].dims)
-
-
 def fed_at_run_time(what: str, name: str) -> str:
     """Why a node whose weight is a graph input stays float."""
     return f"{what} {name} is a graph input, not a constant: weights fed at run time are not quantized, node left float"
 
 
-def _conv_roles(node: onnx.NodeProto, g: GraphIndex) -> Roles | str:
-    if node.input[1] in g.inputs:
+def _conv_roles(node: onnx.NodeProto, g: GraphView) -> Roles | str:
+    if node.input[1] in g.graph_inputs:
         return fed_at_run_time("the weight", node.input[1])
     if node.input[1] not in g.initializers:
         return "the weight is not a constant initializer"
@@ -86,8 +52,8 @@ def _conv_roles(node: onnx.NodeProto, g: GraphIndex) -> Roles | str:
     return Roles((node.input[0],), WeightRoles(node.input[1], 0, 1), bias)
 
 
-def _conv_transpose_roles(node: onnx.NodeProto, g: GraphIndex) -> Roles | str:
-    if node.input[1] in g.inputs:
+def _conv_transpose_roles(node: onnx.NodeProto, g: GraphView) -> Roles | str:
+    if node.input[1] in g.graph_inputs:
         return fed_at_run_time("the weight", node.input[1])
     if node.input[1] not in g.initializers:
         return "the weight is not a constant initializer"
@@ -98,9 +64,9 @@ def _conv_transpose_roles(node: onnx.NodeProto, g: GraphIndex) -> Roles | str:
     return Roles((node.input[0],), WeightRoles(node.input[1], 1, 0), bias if node_group(node) == 1 else None)
 
 
-def _gemm_roles(node: onnx.NodeProto, g: GraphIndex) -> Roles | str:
+def _gemm_roles(node: onnx.NodeProto, g: GraphView) -> Roles | str:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if node.input[1] in g.inputs:
+    if node.input[1] in g.graph_inputs:
         return fed_at_run_time("input B", node.input[1])
     if node.input[1] not in g.initializers:
         return "input B is not a constant initializer"
@@ -114,7 +80,7 @@ def _gemm_roles(node: onnx.NodeProto, g: GraphIndex) -> Roles | str:
     return Roles((node.input[0],), WeightRoles(node.input[1], axis, reduction), bias)
 
 
-def _matmul_roles(node: onnx.NodeProto, g: GraphIndex) -> Roles | str:
+def _matmul_roles(node: onnx.NodeProto, g: GraphView) -> Roles | str:
     a, b = node.input[0], node.input[1]
     if b in g.initializers:
         rank = g.rank(b)
@@ -125,17 +91,17 @@ def _matmul_roles(node: onnx.NodeProto, g: GraphIndex) -> Roles | str:
         return Roles((a,), WeightRoles(b, rank - 1 if rank == 2 else None, rank - 2 if rank >= 2 else 0), None)
     if a in g.initializers:
         return Roles((b,), WeightRoles(a, None, g.rank(a) - 1), None)
-    if b in g.inputs:
+    if b in g.graph_inputs:
         # MatMul(x, w) with w fed by the caller is a layer whose weights live outside the model, not a
         # product of two activations: its calibration range says nothing about the weights used later.
         return fed_at_run_time("input B", b)
     return Roles((a, b), None, None)
 
 
-def _gather_roles(node: onnx.NodeProto, g: GraphIndex) -> Roles | str:
+def _gather_roles(node: onnx.NodeProto, g: GraphView) -> Roles | str:
     """An embedding lookup: rows of a constant table [rows, width, ...] picked by run-time indices."""
     table = node.input[0]
-    if table in g.inputs:
+    if table in g.graph_inputs:
         return fed_at_run_time("the table", table)
     if table not in g.initializers:
         return "not a lookup in a constant table"
@@ -147,7 +113,7 @@ def _gather_roles(node: onnx.NodeProto, g: GraphIndex) -> Roles | str:
     return Roles((), WeightRoles(table, 0, 1 if rank == 2 else None), None)
 
 
-HANDLERS: dict[str, Callable[[onnx.NodeProto, GraphIndex], Roles | str]] = {
+HANDLERS: dict[str, Callable[[onnx.NodeProto, GraphView], Roles | str]] = {
     "Conv": _conv_roles,
     "ConvTranspose": _conv_transpose_roles,
     "Gemm": _gemm_roles,
@@ -159,12 +125,12 @@ HANDLERS: dict[str, Callable[[onnx.NodeProto, GraphIndex], Roles | str]] = {
 LOOKUP_OPS = frozenset({"Gather"})
 
 
-def _sole_consumer(tensor: str, g: GraphIndex) -> onnx.NodeProto | None:
+def _sole_consumer(tensor: str, g: GraphView) -> onnx.NodeProto | None:
     users = g.consumers.get(tensor, [])
     return users[0] if tensor not in g.graph_outputs and len(users) == 1 else None
 
 
-def output_to_quantize(node: onnx.NodeProto, g: GraphIndex) -> str | None:
+def output_to_quantize(node: onnx.NodeProto, g: GraphView) -> str | None:
     """The tensor to quantize after ``node``: past a bias Add (MatMul) and a Relu it alone feeds.
 
     Quantizing after the bias keeps the MatMul's raw output in float (onnxruntime
@@ -185,7 +151,7 @@ def output_to_quantize(node: onnx.NodeProto, g: GraphIndex) -> str | None:
     return out
 
 
-def node_macs(node: onnx.NodeProto, roles: Roles, g: GraphIndex, elements: dict[str, int]) -> int | None:
+def node_macs(node: onnx.NodeProto, roles: Roles, g: GraphView, elements: dict[str, int]) -> int | None:
     """Multiply-accumulates per sample, from the output's element count and the reduction length."""
     if node.op_type == "ConvTranspose":
         # Every input value is multiplied by the C_out / group x kH x kW weights of its channel.
@@ -223,7 +189,7 @@ def node_group(node: onnx.NodeProto) -> int:
     return next((a.i for a in node.attribute if a.name == "group"), 1)
 
 
-def is_depthwise(node: onnx.NodeProto, roles: Roles, g: GraphIndex) -> bool:
+def is_depthwise(node: onnx.NodeProto, roles: Roles, g: GraphView) -> bool:
     """A Conv with one input channel per group (int8 kernels gain nothing there)."""
     if node.op_type != "Conv" or roles.weight is None:
         return False

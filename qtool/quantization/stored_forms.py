@@ -12,7 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qtool.config import TensorScheme
 from qtool.errors import QtoolError
-from qtool.graph.prepare import all_nodes
+from qtool.graph.index import all_nodes
+from qtool.graph.names import fresh_name
 from qtool.quantization.matmul_nbits import make_matmul_nbits, pack_codes
 from qtool.quantization.qparams import QParams, quant_type, to_tensor_proto
 
@@ -28,12 +29,7 @@ class Names:
             self.taken.add(node.name)
 
     def new(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
+        return fresh_name(base, self.taken)
 
 
 class StoredForms:

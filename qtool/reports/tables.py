@@ -12,7 +12,7 @@ from rich.table import Table
 from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.layers import LayerError, largest_drop, layer_drop, layer_op
 from qtool.quantization.inspection import Inspection
-from qtool.quantization.rewrite import RewriteReport
+from qtool.quantization.rewrite_report import RewriteReport
 from qtool.quantization.search import FallbackResult
 from qtool.quantization.selection import PlacementChoice
 from qtool.reports.ci import improved

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from qtool.calibration.statistics import with_exposed_outputs
+from qtool.graph.index import GraphView
 from qtool.graph.session import create_session, run_session
 from qtool.graph.weights import Weights
 from qtool.quantization.algorithms.bias_correction import mean_output
@@ -46,11 +47,11 @@ class MeasuredLayer:
 
 def float_source(model: onnx.ModelProto, tensor: str) -> str:
     """The float tensor behind ``tensor``: through a DequantizeLinear and the QuantizeLinear before it."""
-    producers = {out: node for node in model.graph.node for out in node.output}
-    node = producers.get(tensor)
+    view = GraphView(model)
+    node = view.producer(tensor)
     if node is None or node.op_type != "DequantizeLinear":
         return tensor
-    quantizer = producers.get(node.input[0])
+    quantizer = view.producer(node.input[0])
     if quantizer is None or quantizer.op_type != "QuantizeLinear":
         return tensor
     return quantizer.input[0]

@@ -21,9 +21,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qtool.graph.prepare import all_nodes
+from qtool.graph.index import GraphView, all_nodes
+from qtool.graph.names import fresh_name
 from qtool.graph.weights import Weights
-from qtool.quantization.algorithms.equalization_pairs import GraphIndex, Layer, candidates, channels_problem, layer
+from qtool.quantization.algorithms.equalization_pairs import Layer, candidates, channels_problem, layer
 
 MAX_SCALE = 1e4  # one sweep's scale stays within [1 / MAX_SCALE, MAX_SCALE]
 _SHIFT_SAFE = {"Relu", "MaxPool", "Identity"}  # relu(y) - c == relu(y - c) once y >= c >= 0; max and identity commute
@@ -102,7 +103,7 @@ def equalize(
     Returns:
         The equalized model and the report.
     """
-    graph = GraphIndex(model)
+    graph = GraphView(model)
     selected = nodes if callable(nodes) else nodes.__contains__
     values = _Values()
     pairs, skipped = _pairs(graph, store, selected, clip_pairs, values)
@@ -122,7 +123,7 @@ def equalize(
 
 
 def _pairs(
-    graph: GraphIndex, store: Weights, selected: Callable[[str], bool], clip_pairs: bool, values: _Values
+    graph: GraphView, store: Weights, selected: Callable[[str], bool], clip_pairs: bool, values: _Values
 ) -> tuple[list[_Pair], list[EqualizationSkip]]:
     """The pairs to equalize, with their canonical values loaded into ``values``, and the skipped ones."""
     pairs, skipped = [], []
@@ -152,7 +153,7 @@ def _pair_problem(first: Layer | str, second: Layer | str, selected: Callable[[s
     return f"{unselected[0]} is not selected" if unselected else ""
 
 
-def _load(found: Layer, graph: GraphIndex, store: Weights, values: _Values) -> None:
+def _load(found: Layer, graph: GraphView, store: Weights, values: _Values) -> None:
     if found.index in values.weights:
         return
     weight = np.array(store.value(graph.initializers[found.weight]), dtype=np.float64)
@@ -278,7 +279,7 @@ def _rewrite(model: onnx.ModelProto, store: Weights, layers: dict[int, Layer], v
             bias_node.input[found.bias_slot] = graph.initializer[position[found.bias]].name
             continue
         dtype = helper.tensor_dtype_to_np_dtype(graph.initializer[position[found.weight]].data_type)
-        name = _fresh(f"{found.name}/bias", taken)
+        name = fresh_name(f"{found.name}/bias", taken)
         graph.initializer.append(numpy_helper.from_array(values.biases[index].astype(dtype), name))
         while len(bias_node.input) <= found.bias_slot:
             bias_node.input.append("")
@@ -290,7 +291,7 @@ def _replace(graph: onnx.GraphProto, store: Weights, position: int, values: np.n
     """Give the initializer at ``position`` a new name and ``values`` (detached ones go into ``store``)."""
     tensor = graph.initializer[position]
     dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    tensor.name = _fresh(f"{tensor.name}/equalized", taken)
+    tensor.name = fresh_name(f"{tensor.name}/equalized", taken)
     store.replace(tensor, np.ascontiguousarray(values.astype(dtype)))
 
 
@@ -301,12 +302,3 @@ def _names(graph: onnx.GraphProto) -> set[str]:
         | {value.name for value in (*graph.input, *graph.output, *graph.value_info)}
         | {name for node in nodes for name in (*node.input, *node.output)}
     )
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name

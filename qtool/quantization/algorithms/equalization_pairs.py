@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from qtool.graph.prepare import subgraph_reads
+from qtool.graph.index import GraphView
 
 LAYER_OPS = frozenset({"Conv", "Gemm", "MatMul"})
 MAX_PATH = 3  # ops between two layers that are looked through
@@ -60,50 +60,16 @@ class Candidate:
     reason: str
 
 
-class GraphIndex:
-    """Who reads what in a model's top-level graph, and its constants."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        graph = model.graph
-        self.nodes = list(graph.node)
-        self.initializers = {tensor.name: tensor for tensor in graph.initializer}
-        self.graph_inputs = {value.name for value in graph.input}
-        self.graph_outputs = {value.name for value in graph.output}
-        self.readers: dict[str, list[tuple[int, int]]] = {}  # tensor -> (node index, input slot); slot -1: a body
-        for index, node in enumerate(self.nodes):
-            for slot, name in enumerate(node.input):
-                if name:
-                    self.readers.setdefault(name, []).append((index, slot))
-            for name in sorted(subgraph_reads(node)):
-                self.readers.setdefault(name, []).append((index, -1))
-
-    def label(self, index: int) -> str:
-        node = self.nodes[index]
-        return node.name or node.output[0]
-
-    def constant_problem(self, name: str) -> str:
-        """Why ``name`` may not be rescaled ("" when it may): not an own float initializer."""
-        if name not in self.initializers or name in self.graph_inputs:
-            return f"'{name}' is not a constant initializer"
-        if self.initializers[name].data_type not in _FLOAT_TYPES:
-            return f"'{name}' is not float"
-        others = len(self.readers.get(name, [])) - 1
-        if others > 0 or name in self.graph_outputs:
-            return f"'{name}' is shared with {others} other reader(s)" if others > 0 else f"'{name}' is a graph output"
-        return ""
-
-    def scalar(self, name: str) -> float | None:
-        """The value of a one-element initializer, else None."""
-        tensor = self.initializers.get(name)
-        if tensor is None or name in self.graph_inputs:
-            return None
-        values = numpy_helper.to_array(tensor) if tensor.data_location != TensorProto.EXTERNAL else None
-        return float(values.reshape(-1)[0]) if values is not None and values.size == 1 else None
-
-    def sole_reader(self, tensor: str) -> tuple[int, int] | None:
-        """The one (node, slot) reading ``tensor``, if exactly one does and it is no graph output."""
-        readers = self.readers.get(tensor, [])
-        return readers[0] if len(readers) == 1 and tensor not in self.graph_outputs else None
+def constant_problem(graph: GraphView, name: str) -> str:
+    """Why ``name`` may not be rescaled ("" when it may): not a float constant that only its layer reads."""
+    if name not in graph.initializers:
+        return f"'{name}' is not a constant initializer"
+    if graph.initializers[name].data_type not in _FLOAT_TYPES:
+        return f"'{name}' is not float"
+    others = len(graph.readers.get(name, [])) - 1
+    if others > 0 or name in graph.graph_outputs:
+        return f"'{name}' is shared with {others} other reader(s)" if others > 0 else f"'{name}' is a graph output"
+    return ""
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
@@ -113,7 +79,7 @@ def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
     return default
 
 
-def layer(index: int, graph: GraphIndex) -> Layer | str:
+def layer(index: int, graph: GraphView) -> Layer | str:
     """The :class:`Layer` node ``index`` is, or why it cannot be rescaled."""
     node = graph.nodes[index]
     name, output = graph.label(index), node.output[0]
@@ -149,15 +115,15 @@ def layer(index: int, graph: GraphIndex) -> Layer | str:
     return f"{name}: {node.op_type} is not a Conv, Gemm or MatMul"
 
 
-def _checked(graph: GraphIndex, found: Layer) -> Layer | str:
+def _checked(graph: GraphView, found: Layer) -> Layer | str:
     for constant in (found.weight, found.bias):
-        problem = graph.constant_problem(constant) if constant else ""
+        problem = constant_problem(graph, constant) if constant else ""
         if problem:
             return f"{found.name}: {problem}"
     return found
 
 
-def _step_problem(node: onnx.NodeProto, family: str, graph: GraphIndex, clip_pairs: bool) -> str:
+def _step_problem(node: onnx.NodeProto, family: str, graph: GraphView, clip_pairs: bool) -> str:
     """Why a per-channel scale does not pass through ``node`` unchanged ("" when it does)."""
     if node.op_type in _HOMOGENEOUS:
         return ""
@@ -180,7 +146,7 @@ def _step_problem(node: onnx.NodeProto, family: str, graph: GraphIndex, clip_pai
     return f"{node.op_type} does not commute with a per-channel scale"
 
 
-def _clip_bounds(node: onnx.NodeProto, graph: GraphIndex) -> tuple[float | None, float | None] | None:
+def _clip_bounds(node: onnx.NodeProto, graph: GraphView) -> tuple[float | None, float | None] | None:
     """(min, max) of a Clip, each None when absent; None when a bound is not a constant."""
     bounds: list[float | None] = []
     for slot, attr in ((1, "min"), (2, "max")):
@@ -195,7 +161,7 @@ def _clip_bounds(node: onnx.NodeProto, graph: GraphIndex) -> tuple[float | None,
     return bounds[0], bounds[1]
 
 
-def candidates(graph: GraphIndex, clip_pairs: bool) -> list[Candidate]:
+def candidates(graph: GraphView, clip_pairs: bool) -> list[Candidate]:
     """Every layer that reaches another layer through single-reader ops, in node order."""
     found = []
     for index, node in enumerate(graph.nodes):
@@ -210,7 +176,7 @@ def candidates(graph: GraphIndex, clip_pairs: bool) -> list[Candidate]:
     return found
 
 
-def _walk(tensor: str, family: str, graph: GraphIndex, clip_pairs: bool) -> tuple[int, tuple[str, ...], str] | None:
+def _walk(tensor: str, family: str, graph: GraphView, clip_pairs: bool) -> tuple[int, tuple[str, ...], str] | None:
     """The layer ``tensor`` reaches through single-reader ops: (its index, the ops between, why not)."""
     ops: list[str] = []
     problem = ""

@@ -18,10 +18,11 @@ from onnx import helper
 from qtool.config import TensorScheme
 from qtool.graph.weights import Weights
 from qtool.quantization.algorithms.awq import channel_scales
-from qtool.quantization.algorithms.smoothing import SmoothingReport, channel_absmax, smooth
+from qtool.quantization.algorithms.smoothing import SmoothingReport, smooth
+from qtool.quantization.algorithms.smoothing_scales import channel_absmax
 from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.qparams import dequantize, quantize
-from qtool.quantization.rewrite import weight_qparams
+from qtool.quantization.weight_codes import weight_qparams
 
 
 @dataclass

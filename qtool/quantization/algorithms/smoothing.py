@@ -21,7 +21,6 @@ the input model, its protos and the values already in the weight store untouched
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -29,21 +28,21 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qtool.errors import QtoolError
-from qtool.graph.prepare import subgraph_reads
+from qtool.graph.index import GraphView, subgraph_reads
+from qtool.graph.names import fresh_name
 from qtool.graph.weights import Weights, is_detached, mark_detached
-from qtool.quantization.roles import GraphIndex
+from qtool.quantization.algorithms.smoothing_scales import (
+    DEFAULT_MIN_OUTLIER_RATIO,
+    absmax_along,
+    along,
+    check_alpha,
+    outlier_ratio,
+    smoothing_scales,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ALPHA = 0.5
-# max/median of the channel abs maxima. At ratio r the typical channel uses about 1/r of the uint8
-# grid, i.e. loses log2(r) bits: below 5 (2.3 bits lost, about 50 levels left) per-tensor
-# quantization is already fair, and smoothing would trade weight precision, and often an extra Mul
-# at run time, for little. The LLM outliers SmoothQuant targets are 20-100x the median.
-DEFAULT_MIN_OUTLIER_RATIO = 5.0
-SCALE_MIN, SCALE_MAX = 1e-5, 1e5
-
 _SHAPE_READERS = {"Shape", "Size"}  # read only the shape, which smoothing keeps
 _ONNX_DOMAINS = ("", "ai.onnx")
 
@@ -81,55 +80,6 @@ class SmoothingReport:
     @property
     def inserted(self) -> tuple[SmoothedGroup, ...]:
         return tuple(g for g in self.groups if not g.folded_into)
-
-
-def channel_absmax(batch: np.ndarray) -> np.ndarray:
-    """Per-channel (last axis) abs max of one batch, float32; merge batches with ``np.maximum``."""
-    values = np.asarray(batch)
-    if values.ndim == 0:
-        raise QtoolError("an activation batch is a scalar", hint="pass the tensor's values, channels last")
-    if values.size == 0:
-        return np.zeros(values.shape[-1], np.float32)
-    return np.abs(values.reshape(-1, values.shape[-1])).max(axis=0).astype(np.float32)
-
-
-def outlier_ratio(act_absmax: np.ndarray) -> float:
-    """``max(a) / median(a)`` over the finite channels; inf when most channels are zero, 0 when all are."""
-    a = np.asarray(act_absmax, np.float64).reshape(-1)
-    a = a[np.isfinite(a)]
-    if a.size == 0 or a.max() <= 0:
-        return 0.0
-    median = float(np.median(a))
-    return math.inf if median <= 0 else float(a.max() / median)
-
-
-def smoothing_scales(act_absmax: np.ndarray, weight_absmax: np.ndarray, alpha: float) -> np.ndarray:
-    """``s = a^alpha / w^(1 - alpha)`` per channel, float32.
-
-    A channel with a zero or non-finite ``a`` or ``w`` gets 1; the rest are clamped to
-    [:data:`SCALE_MIN`, :data:`SCALE_MAX`] so that neither side can overflow or underflow.
-
-    Args:
-        act_absmax: the activation's abs max per input channel [K].
-        weight_absmax: the weight's abs max per input channel (row of ``W [K, N]``) [K].
-        alpha: migration strength in [0, 1]: 0 leaves the activation as it is (up to the weight's
-            row range), 1 moves all of its range into the weight.
-
-    Raises:
-        QtoolError: an alpha outside [0, 1] or shapes that differ.
-    """
-    _check_alpha(alpha, "smoothing_scales")
-    a = np.asarray(act_absmax, np.float64)
-    w = np.asarray(weight_absmax, np.float64)
-    if a.shape != w.shape or a.ndim != 1:
-        raise QtoolError(
-            f"activation abs max of shape {a.shape} does not match weight abs max of shape {w.shape}",
-            hint="both must hold one value per input channel of the weight",
-        )
-    with np.errstate(all="ignore"):
-        s = a**alpha / w ** (1.0 - alpha)
-    valid = np.isfinite(a) & np.isfinite(w) & (a > 0) & (w > 0) & np.isfinite(s) & (s > 0)
-    return np.clip(np.where(valid, s, 1.0), SCALE_MIN, SCALE_MAX).astype(np.float32)
 
 
 def smooth(
@@ -170,11 +120,6 @@ def smooth(
     return _Smoother(smoothed, store, scales).run(act_absmax, selected, alpha_of, min_outlier_ratio)
 
 
-def _check_alpha(alpha: float, where: str) -> None:
-    if not 0.0 <= alpha <= 1.0:
-        raise QtoolError(f"{where}: SmoothQuant alpha {alpha} is outside [0, 1]", hint="use a value such as 0.5")
-
-
 def _name(node: onnx.NodeProto) -> str:
     return node.name or node.output[0]
 
@@ -206,12 +151,10 @@ class _Smoother:
         self.model, self.store = model, store
         self.fixed = fixed  # scales chosen elsewhere (AWQ), applied as they are
         self.graph = model.graph
-        self.g = GraphIndex(model)
-        self.producer = {out: i for i, node in enumerate(self.g.nodes) for out in node.output if out}
-        self.readers: dict[str, list[int]] = {}  # tensor -> indices of the nodes reading it, bodies included
-        for i, node in enumerate(self.g.nodes):
-            for name in _reads(node):
-                self.readers.setdefault(name, []).append(i)
+        self.g = GraphView(model)
+        self.producer = self.g.producers
+        # tensor -> indices of the nodes reading it (each once), bodies included
+        self.readers = {name: list(dict.fromkeys(i for i, _ in found)) for name, found in self.g.readers.items()}
         graph = self.graph
         self.taken = {
             *(v.name for v in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]),
@@ -302,8 +245,8 @@ class _Smoother:
             if not ratio >= min_ratio:
                 return f"outlier ratio max/median {ratio:.2f} is below {min_ratio:g}: no outliers to move"
             alpha = float(alpha_of(names[0]))
-            _check_alpha(alpha, f"node '{names[0]}'")
-            w = np.max([_absmax_along(v, r.axis) for r, v in zip(readers, weights, strict=True)], axis=0)
+            check_alpha(alpha, f"node '{names[0]}'")
+            w = np.max([absmax_along(v, r.axis) for r, v in zip(readers, weights, strict=True)], axis=0)
             s = smoothing_scales(a, w, alpha)
         if np.all(s == 1.0):
             return "every channel's scale is 1"
@@ -313,7 +256,7 @@ class _Smoother:
             node = self.g.nodes[reader.index]
             key = (node.input[reader.position], reader.axis)
             if key not in copies:
-                scaled = weight.astype(np.float64) * _along(s, reader.axis, weight.ndim)
+                scaled = weight.astype(np.float64) * along(s, reader.axis, weight.ndim)
                 copies[key] = self._write(key[0], scaled.astype(weight.dtype))
             self._rewire(node, reader.position, copies[key])
         chain = self._fold(tensor, s, {r.index for r in readers})
@@ -337,7 +280,7 @@ class _Smoother:
                 value = value.reshape(1)
             if value.shape[edit.axis] != s.size:
                 value = np.repeat(value, s.size, axis=edit.axis)
-            divided = (value.astype(np.float64) / _along(s, edit.axis, value.ndim)).astype(value.dtype)
+            divided = (value.astype(np.float64) / along(s, edit.axis, value.ndim)).astype(value.dtype)
             self._rewire(node, edit.position, self._write(node.input[edit.position], divided))
             if _name(node) not in chain:
                 chain.append(_name(node))
@@ -476,27 +419,9 @@ class _Smoother:
         node.input[position] = name
 
     def _fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
+        return fresh_name(base, self.taken)
 
 
 def _reads(node: onnx.NodeProto) -> list[str]:
     """The tensors ``node`` reads, its bodies' outer-scope reads included."""
     return [name for name in dict.fromkeys([*node.input, *sorted(subgraph_reads(node))]) if name]
-
-
-def _absmax_along(weight: np.ndarray, axis: int) -> np.ndarray:
-    """Abs max over every axis but ``axis``."""
-    others = tuple(i for i in range(weight.ndim) if i != axis % weight.ndim)
-    return np.abs(weight.astype(np.float64)).max(axis=others)
-
-
-def _along(s: np.ndarray, axis: int, ndim: int) -> np.ndarray:
-    """``s`` shaped to broadcast along ``axis`` of a rank-``ndim`` array."""
-    shape = [1] * ndim
-    shape[axis] = s.size
-    return np.asarray(s, np.float64).reshape(shape)

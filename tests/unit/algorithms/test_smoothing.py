@@ -10,13 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 from qtool.errors import QtoolError
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights, is_detached
-from qtool.quantization.algorithms.smoothing import (
-    SmoothingReport,
-    channel_absmax,
-    outlier_ratio,
-    smooth,
-    smoothing_scales,
-)
+from qtool.quantization.algorithms.smoothing import SmoothingReport, smooth
+from qtool.quantization.algorithms.smoothing_scales import channel_absmax, outlier_ratio, smoothing_scales
 from qtool.quantization.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize, weight_range
 from tests.conftest import calib_dir, sample
 

@@ -1,0 +1,20 @@
+"""What the Q/DQ rewrite changed, node by node (read by the reports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RewriteReport:
+    """What :func:`insert_qdq` changed."""
+
+    quantized_nodes: list[str] = field(default_factory=list)
+    quantized_weights: list[str] = field(default_factory=list)
+    quantized_biases: list[str] = field(default_factory=list)
+    quantized_activations: list[str] = field(default_factory=list)
+    passthrough: dict[str, int] = field(default_factory=dict)  # op type -> nodes left untouched (no quantization)
+    # weight -> quantized copies stored, for weights whose readers asked for different schemes (int4 and int8)
+    weight_copies: dict[str, int] = field(default_factory=dict)
+    algorithms: dict[str, list[str]] = field(default_factory=dict)  # node -> weight algorithms applied to it
+    algorithm_notes: dict[str, str] = field(default_factory=dict)  # node -> why an algorithm it asked for was not

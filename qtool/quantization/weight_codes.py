@@ -1,0 +1,133 @@
+"""The integers of each stored weight copy and their qparams, computed once per copy.
+
+A copy's grid comes from the reader whose scheme it is (an integer kernel's, when one reads the
+weight), widened where an int32 bias read with it would saturate; its integers are rounded to
+nearest or by the readers' rounding algorithm (GPTQ, AdaRound), which the report credits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from qtool.config import TensorScheme
+from qtool.graph.weights import Weights
+from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
+from qtool.quantization.plan_types import NodePlan, QuantPlan
+from qtool.quantization.qparams import QParams, compute_qparams, mse_weight_range, quant_type, quantize, weight_range
+from qtool.quantization.rewrite_report import RewriteReport
+from qtool.quantization.weight_copies import CopyKey, WeightUse, copy_key
+
+_INT32_MAX = float(np.iinfo(np.int32).max)
+
+
+def weight_qparams(
+    weight: np.ndarray,
+    scheme: TensorScheme,
+    axis: int | None,
+    what: str,
+    block_size: int | None = None,
+    *,
+    reduce_range: bool = False,
+) -> QParams:
+    """Scale / zero point of a weight from its own values (symmetric weights use the narrow range).
+
+    8-bit weights use their min/max; 4- and 2-bit weights the MSE-optimal clipping range.
+    ``reduce_range`` halves the integer range (see :meth:`QuantType.reduced_range`).
+    """
+    qtype = quant_type(scheme.dtype)
+    if reduce_range:
+        qtype = qtype.reduced_range()
+    if qtype.bits <= 4:
+        lo, hi = mse_weight_range(weight, qtype, symmetric=scheme.symmetric, axis=axis, block_size=block_size)
+    else:
+        lo, hi = weight_range(weight, axis, block_size)
+    qp = compute_qparams(
+        lo,
+        hi,
+        qtype,
+        symmetric=scheme.symmetric,
+        narrow_range=scheme.symmetric,
+        axis=axis,
+        what=what,
+    )
+    return QParams(qp.scale, qp.zero_point, qp.qtype, axis, block_size, qp.narrow)
+
+
+class WeightCodes:
+    """Qparams and integers by (weight, copy), for one rewrite."""
+
+    def __init__(
+        self,
+        plan: QuantPlan,
+        uses: dict[str, WeightUse],
+        store: Weights,
+        inits: dict[str, onnx.TensorProto],
+        act_qparams: dict[str, QParams],
+        algorithms: WeightAlgorithms | None,
+        report: RewriteReport,
+    ) -> None:
+        self.plan, self.uses, self.store, self.inits = plan, uses, store, inits
+        self.act_qparams, self.algorithms, self.report = act_qparams, algorithms, report
+        self.codes: dict[tuple[str, CopyKey], np.ndarray] = {}  # the integers of each copy
+        self.qparams: dict[tuple[str, CopyKey], QParams] = {}  # and their qparams
+
+    def of(self, use: WeightUse, values: np.ndarray) -> tuple[QParams, np.ndarray]:
+        """The qparams and integers of ``use``'s copy, computed on first use (not stored in the graph)."""
+        key = (use.weight, use.copy)
+        if key in self.codes:
+            return self.qparams[key], self.codes[key]
+        owner = next(p for p in self.plan.nodes if p.weight and p.weight.name == use.weight and copy_key(p) == use.copy)
+        assert owner.weight is not None  # found by its weight
+        qp = weight_qparams(
+            values,
+            owner.scheme.weight,
+            owner.weight.axis,
+            f"weight {use.weight}",
+            owner.weight.block_size,
+            reduce_range=owner.reduced_weight_range,
+        )
+        floor = self._bias_scale_floor(use.weight, use.copy)
+        if floor is not None and np.any(qp.scale < floor):
+            raised = np.maximum(qp.scale, floor).astype(np.float32)
+            qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
+        self.codes[key] = self._round(use, values, qp)
+        self.qparams[key] = qp
+        return qp, self.codes[key]
+
+    def readers(self, use: WeightUse) -> list[NodePlan]:
+        """The plan nodes that read ``use``'s copy of its weight."""
+        return [
+            p
+            for p in self.plan.nodes
+            if p.name in self.uses and (self.uses[p.name].weight, self.uses[p.name].copy) == (use.weight, use.copy)
+        ]
+
+    def _bias_scale_floor(self, weight: str, copy: CopyKey) -> np.ndarray | None:
+        """Smallest weight scale per channel that keeps every int32 bias using this copy from saturating."""
+        floor = None
+        for node in self.plan.nodes:
+            if node.bias is None or not node.activations or node.name not in self.uses:
+                continue
+            if (self.uses[node.name].weight, self.uses[node.name].copy) != (weight, copy):
+                continue
+            bias = np.abs(self.store.value(self.inits[node.bias]).astype(np.float64))
+            input_scale = float(self.act_qparams[node.activations[0]].scale)
+            need = bias / (input_scale * _INT32_MAX * 0.5)  # keep half the int32 range as headroom
+            floor = need if floor is None else np.maximum(floor, need)
+        if floor is not None and copy[0] is None:
+            floor = np.asarray(floor.max())
+        return floor
+
+    def _round(self, use: WeightUse, values: np.ndarray, qp: QParams) -> np.ndarray:
+        """The copy's integers: nearest rounding, or what the readers' rounding algorithm chose."""
+        if self.algorithms is None:
+            return quantize(values, qp)
+        readers = self.readers(use)
+        rounded = self.algorithms.round(use.weight, values, qp, readers)
+        for reader in readers:
+            if rounded.method != "nearest":
+                self.report.algorithms.setdefault(reader.name, []).append(rounded.method)
+            elif rounded.reason and reader.scheme.algorithms.rounding != "nearest":
+                self.report.algorithm_notes[reader.name] = f"{reader.scheme.algorithms.rounding}: {rounded.reason}"
+        return rounded.codes if rounded.codes is not None else quantize(values, qp)

@@ -1,0 +1,88 @@
+"""The pre-calibration passes read the plan: only the nodes it marks are rewritten, and each says what it did."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from qtool.config import load_config
+from qtool.options import DEFAULT_CALIBRATION
+from qtool.pipeline.passes import Awq, Equalize, PassInputs, SmoothQuant, run_passes
+from qtool.pipeline.passes.awq import NO_DATA
+from qtool.pipeline.workspace import open_workspace
+from tests.conftest import calib_dir, run_model, sample
+
+INTEGER = {"global": {"placement": "integer"}}
+
+
+def test_equalization_rescales_only_the_conv_pairs_whose_nodes_the_plan_marks():
+    marked = {
+        **INTEGER,
+        "node_name": {n: {"algorithms": {"equalization": True}} for n in ("block0/conv", "block1/conv")},
+    }
+    ws = open_workspace(sample("cnn"), load_config(marked))
+    before = ws.prepared
+    run_passes(ws, (Equalize(),), PassInputs(None, DEFAULT_CALIBRATION))
+    assert ws.transforms.equalized == ("block0/conv -> block1/conv",)
+    assert ws.prepared is not before
+
+
+def test_equalization_leaves_the_model_alone_when_no_node_asks_for_it():
+    ws = open_workspace(sample("cnn"), load_config(INTEGER))
+    before = ws.prepared
+    run_passes(ws, (Equalize(),), PassInputs(None, DEFAULT_CALIBRATION))
+    assert ws.prepared is before and ws.transforms.equalized == () and ws.plans_built == 1
+
+
+def test_smoothquant_measures_the_channel_ranges_of_the_planned_inputs_and_keeps_the_outputs():
+    config = load_config({**INTEGER, "global": {"placement": "integer", "algorithms": {"smoothquant": True}}})
+    ws = open_workspace(sample("mlp"), config)
+    run_passes(ws, (SmoothQuant(),), PassInputs(calib_dir("mlp"), DEFAULT_CALIBRATION))
+    inputs = {n.input[0] for n in ws.model.graph.node if n.op_type == "MatMul"}
+    assert set(ws.transforms.smoothing) == inputs  # one channel range per MatMul input, from the float pass
+    dims = {i.name: list(i.dims) for i in ws.model.graph.initializer}
+    for node in (n for n in ws.model.graph.node if n.op_type == "MatMul"):
+        assert ws.transforms.smoothing[node.input[0]].shape == (dims[node.input[1]][0],)  # K channels
+    smoothed = ws.weights.embedded(ws.prepared)
+    feed_file = sorted(calib_dir("mlp").iterdir())[0]
+    x = np.load(feed_file)
+    name = ws.model.graph.input[0].name
+    x = x if x.ndim == 2 else x[None]
+    original = run_model(sample("mlp").read_bytes(), {name: x})[0]
+    assert np.allclose(run_model(smoothed.SerializeToString(), {name: x})[0], original, rtol=1e-4, atol=1e-4)
+
+
+def test_awq_without_samples_scales_nothing_and_says_why_per_node():
+    config = load_config(
+        {
+            "global": {
+                "weight": {"dtype": "int4", "granularity": "per_block"},
+                "weight_only": True,
+                "algorithms": {"awq": True},
+            }
+        }
+    )
+    ws = open_workspace(sample("mlp"), config)
+    before = ws.prepared
+    run_passes(ws, (Awq(),), PassInputs(None, DEFAULT_CALIBRATION))
+    assert ws.prepared is before
+    readers = [n.name for n in ws.plan().nodes if n.op_type == "MatMul" and n.placement == "weight_only"]
+    assert readers and all(ws.transforms.awq_notes[name] == NO_DATA for name in readers)
+
+
+def test_awq_with_samples_moves_scales_into_the_weights():
+    config = load_config(
+        {
+            "global": {
+                "weight": {"dtype": "int4", "granularity": "per_block"},
+                "weight_only": True,
+                "algorithms": {"awq": True},
+            }
+        }
+    )
+    ws = open_workspace(sample("mlp"), config)
+    readers = [n.name for n in ws.plan().nodes if n.op_type == "MatMul"]
+    run_passes(ws, (Awq(),), PassInputs(calib_dir("mlp"), DEFAULT_CALIBRATION))
+    scaled = {node for group in ws.transforms.awq for node in group.nodes}
+    assert scaled and scaled <= set(readers)
+    assert isinstance(ws.prepared, onnx.ModelProto)
