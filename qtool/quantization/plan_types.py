@@ -69,7 +69,3 @@ class QuantPlan:
     activations: dict[str, TensorScheme]  # tensor -> scheme, in first-use order
     skipped: tuple[tuple[str, str], ...] = field(default=())  # (node, reason) left in float
     target: str = "cpu"  # the config's target (see qtool.config.for_target)
-
-    @property
-    def uses_per_channel(self) -> bool:
-        return any(n.weight is not None and n.weight.axis is not None for n in self.nodes)

@@ -49,9 +49,6 @@ from qtool.quantization.weight_copies import (
 log = logging.getLogger(__name__)
 
 
-_INT32_MAX = float(np.iinfo(np.int32).max)
-
-
 class _Rewriter:
     """One rewrite of one model; see the module docstring for the naming rules."""
 

@@ -102,10 +102,6 @@ class InputStats:
     mean_sum: np.ndarray  # float64 [groups, K]
     mean_count: int
 
-    @property
-    def groups(self) -> int:
-        return int(self.mean_sum.shape[0])
-
     def hessian(self) -> np.ndarray:
         """``E[x_patch x_patch^T]`` per group, [groups, K, K] (zeros when nothing was seen)."""
         return self.hessian_sum / max(self.hessian_count, 1)
@@ -127,30 +123,6 @@ class InputStats:
             self.mean_sum + other.mean_sum,
             self.mean_count + other.mean_count,
         )
-
-    def to_arrays(self) -> dict[str, np.ndarray]:
-        return {
-            "hessian_sum": self.hessian_sum,
-            "hessian_count": np.asarray(self.hessian_count, np.int64),
-            "mean_sum": self.mean_sum,
-            "mean_count": np.asarray(self.mean_count, np.int64),
-        }
-
-    @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> InputStats:
-        try:
-            hessian = np.asarray(arrays["hessian_sum"], np.float64)
-            mean = np.asarray(arrays["mean_sum"], np.float64)
-            hessian_count, mean_count = int(arrays["hessian_count"]), int(arrays["mean_count"])
-        except KeyError as e:
-            raise QtoolError(f"input statistics lack the array {e}", hint="the file was not written by qtool") from e
-        groups, k = mean.shape if mean.ndim == 2 else (-1, -1)
-        if hessian.shape != (groups, k, k):
-            raise QtoolError(
-                f"input statistics have a Hessian of shape {hessian.shape} for a mean of shape {mean.shape}",
-                hint="the file was not written by qtool or is damaged",
-            )
-        return cls(hessian, hessian_count, mean, mean_count)
 
 
 def sample_positions(total: int, max_positions: int, seed: int | np.random.Generator) -> np.ndarray:

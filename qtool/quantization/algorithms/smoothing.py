@@ -104,7 +104,7 @@ def smooth(
             of one tensor uses the alpha of its first reader in graph order.
         min_outlier_ratio: smooth only tensors whose :func:`outlier_ratio` reaches this.
         scales: per tensor, the scales ``s`` (and the alpha that chose them) to apply as they are,
-            instead of SmoothQuant's (AWQ chooses its own: :mod:`qtool.quantization.algorithms.awq`);
+            instead of SmoothQuant's (AWQ chooses its own: :func:`.graph_transforms.choose_awq_scales`);
             tensors without an entry are left alone.
 
     Returns:
