@@ -196,28 +196,41 @@ def with_exposed_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx
     return exposed
 
 
+@dataclass(frozen=True)
+class Observing:
+    """Which observer watches each tensor: ``observer`` with ``options``, unless ``per_tensor`` names another."""
+
+    observer: str
+    options: dict[str, Any] = field(default_factory=dict)
+    per_tensor: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FloatPass:
+    """How the float model runs over the samples."""
+
+    batch_size: int = 1  # samples per inference when the batch dimension is dynamic
+    threads: int | None = None  # onnxruntime's intra-op threads and the observing threads (None: every core)
+    weights: Weights | None = None  # the values of the model's detached initializers
+
+
 def collect_statistics(
     prepared: onnx.ModelProto,
     tensors: Iterable[str],
     dataset: Dataset,
+    observing: Observing,
+    run: FloatPass = FloatPass(),
     *,
-    observer: str,
-    options: dict[str, Any] | None = None,
-    per_tensor: dict[str, tuple[str, dict[str, Any]]] | None = None,
-    batch_size: int = 1,
     on_progress: ProgressCallback | None = None,
-    weights: Weights | None = None,
     outputs: FloatOutputs | None = None,
     taps: Sequence[BatchTap] = (),
-    threads: int | None = None,
 ) -> tuple[dict[str, Observer], int, dict[str, int]]:
     """Run ``prepared`` over ``dataset`` and observe each tensor in ``tensors``.
 
     Only one batch of activations is alive at a time, whatever the dataset size. The observers of
     a batch run on all cores (see :class:`_BatchObserver`). With ``outputs``, the graph outputs of
     each sample run alone (batch size 1) are kept there. Each of ``taps`` sees every batch of the
-    tensors it names. ``threads`` caps onnxruntime's intra-op threads and the observing threads
-    (None: every core).
+    tensors it names.
 
     Returns:
         The observers by tensor name, the number of samples seen, and each tensor's
@@ -227,17 +240,17 @@ def collect_statistics(
     tapped = list(dict.fromkeys(name for tap in taps for name in tap.tensors))
     if not names and not tapped:  # weight-only quantization: nothing to observe, and no reason to run the model
         return {}, len(dataset), {}
-    default = (observer, options or {})
-    specs = {name: (per_tensor or {}).get(name, default) for name in names}
+    default = (observing.observer, observing.options)
+    specs = {name: observing.per_tensor.get(name, default) for name in names}
     observers = {name: create_observer(spec[0], None, spec[1]) for name, spec in specs.items()}
-    observe = _BatchObserver([observers[name] for name in names], threads)
+    observe = _BatchObserver([observers[name] for name in names], run.threads)
     try:
         session = create_session(
             with_exposed_outputs(prepared, [*names, *tapped]),
             "the prepared float model",
-            threads=threads,
+            threads=run.threads,
             level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            weights=weights,
+            weights=run.weights,
             # onnxruntime's idle workers would otherwise busy-wait through the observing between runs
             spinning=observe.threads == 1,
         )
@@ -245,16 +258,16 @@ def collect_statistics(
         elements: dict[str, int] = {}
         graph_outputs = [o.name for o in prepared.graph.output] if outputs is not None else []
         fetched = list(dict.fromkeys([*names, *tapped, *graph_outputs]))
-        for paths, feed in dataset.batches(batch_size):
+        for paths, feed in dataset.batches(run.batch_size):
             count = len(paths)
-            run = run_session(session, fetched, feed, f"the float model on {_samples(paths)}")
-            by_name = dict(zip(fetched, run, strict=True))
+            fetched_values = run_session(session, fetched, feed, f"the float model on {_samples(paths)}")
+            by_name = dict(zip(fetched, fetched_values, strict=True))
             if outputs is not None and count == 1:
                 outputs.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
             values = [np.asarray(by_name[name]) for name in names]
             for tap in taps:
                 tap.observe({name: np.asarray(by_name[name]) for name in tap.tensors}, count, feed)
-            del run, by_name
+            del fetched_values, by_name
             observe(values)
             for name, value in zip(names, values, strict=True):
                 elements.setdefault(name, int(value.size) // count)

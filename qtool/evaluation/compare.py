@@ -22,7 +22,7 @@ from qtool.errors import QtoolError
 from qtool.evaluation.baseline import Snapshot, against_baseline, read_baseline, regression_gates
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
 from qtool.evaluation.layers import layer_errors
-from qtool.evaluation.metrics import TASKS, LatencyComparison, measure_latency, output_metrics
+from qtool.evaluation.metrics import TASKS, LatencyComparison, LatencyRun, measure_latency, output_metrics
 from qtool.evaluation.output_kinds import output_sources
 from qtool.evaluation.providers import session_providers, unavailable_reason
 from qtool.graph.input_shapes import fix_input_shapes
@@ -228,12 +228,8 @@ def _latency_per_provider(
                 sessions[0],
                 sessions[1],
                 feed,
-                runs=runs,
-                warmup=warmup,
-                threads=threads,
-                provider=provider,
+                LatencyRun(runs, warmup, threads, provider, (setup[0], setup[1])),
                 on_progress=factory(f"latency {provider.removesuffix('ExecutionProvider')}", runs),
-                setup_ms=(setup[0], setup[1]),
             )
         )
     return measured, skipped

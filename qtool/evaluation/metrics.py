@@ -15,7 +15,7 @@ from qtool.errors import QtoolError
 from qtool.evaluation.intervals import median_interval
 from qtool.evaluation.output_kinds import OutputKind, OutputSource, decide_kind, task_note
 from qtool.evaluation.providers import GPU_PROVIDERS
-from qtool.evaluation.timing import time_interleaved
+from qtool.evaluation.timing import Rounds, time_interleaved
 from qtool.graph.session import run_session
 
 
@@ -325,44 +325,46 @@ def paired_ratio(
 LATENCY_BLOCK_SECONDS = 0.005  # each timed sample: back-to-back runs lasting about this long, averaged
 
 
+@dataclass(frozen=True)
+class LatencyRun:
+    """How one latency comparison runs and what it reports beside the times."""
+
+    runs: int  # timed rounds
+    warmup: int  # untimed runs of each model first
+    threads: int | None  # the sessions' intra-op threads (reported)
+    provider: str = "CPUExecutionProvider"
+    setup_ms: tuple[float, float] | None = None  # session creation and first run of each model (reported)
+
+
 def measure_latency(
     reference: ort.InferenceSession,
     candidate: ort.InferenceSession,
     feed: Feed,
-    *,
-    runs: int,
-    warmup: int,
-    threads: int | None,
-    provider: str = "CPUExecutionProvider",
+    run: LatencyRun,
     on_progress: Callable[[int], None] | None = None,
-    setup_ms: tuple[float, float] | None = None,
 ) -> LatencyComparison:
-    """Time both sessions on ``feed``: warm-up runs, then ``runs`` timed rounds interleaved.
+    """Time both sessions on ``feed``: warm-up runs, then ``run.runs`` timed rounds interleaved.
 
     Interleaving (see :func:`qtool.evaluation.timing.time_interleaved`) makes machine noise
     (frequency changes, other processes) hit both models alike. On a GPU provider the inputs and
     outputs are bound on the device, so the time is the model's, not the host copies'.
     """
-    device = "cuda" if provider in GPU_PROVIDERS else None
+    device = "cuda" if run.provider in GPU_PROVIDERS else None
     times, bound = time_interleaved(
         {"the reference model": reference, "the candidate model": candidate},
         feed,
-        rounds=runs,
-        seconds=math.inf,
-        min_rounds=runs,
-        warmup=warmup,
+        Rounds(run.runs, minimum=run.runs, warmup=run.warmup, block_seconds=LATENCY_BLOCK_SECONDS),
         on_round=on_progress,
         device=device,
-        block_seconds=LATENCY_BLOCK_SECONDS,
     )
     ref_times, cand_times = times["the reference model"], times["the candidate model"]
     ratio, interval = paired_ratio(ref_times, cand_times)
     return LatencyComparison(
-        provider,
-        threads,
+        run.provider,
+        run.threads,
         LatencyStats.from_seconds(ref_times),
         LatencyStats.from_seconds(cand_times),
-        setup_ms,
+        run.setup_ms,
         bound,
         ratio=ratio,
         ratio_interval=interval,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import onnxruntime as ort
 
@@ -35,42 +37,49 @@ def device_runner(session: ort.InferenceSession, feed: Feed, device: str) -> Cal
     return run
 
 
+@dataclass(frozen=True)
+class Rounds:
+    """How long interleaved timing runs: at most ``count`` rounds, fewer once ``seconds`` have passed."""
+
+    count: int
+    seconds: float = math.inf  # after this long, stop once ``minimum`` rounds are done
+    minimum: int = 3
+    warmup: int = 1  # untimed runs of each session first
+    block_seconds: float = 0.0  # each sample: back-to-back runs lasting about this long, averaged
+
+
 def time_interleaved(
     sessions: Mapping[str, ort.InferenceSession],
     feed: Feed,
+    rounds: Rounds,
     *,
-    rounds: int,
-    seconds: float,
-    min_rounds: int = 3,
-    warmup: int = 1,
     on_round: Callable[[int], None] | None = None,
     device: str | None = None,
-    block_seconds: float = 0.0,
 ) -> tuple[dict[str, list[float]], bool]:
     """Seconds per run of each session, one number per round, and whether the runs were device-bound.
 
     Each round runs every session once, in an order that rotates from round to round, so
     machine noise (frequency changes, other processes) hits every model alike. Timing stops
-    after ``rounds`` rounds, or once ``seconds`` have passed and ``min_rounds`` are done.
+    after ``rounds.count`` rounds, or once ``rounds.seconds`` have passed and ``rounds.minimum`` are done.
     ``device``: bind inputs and outputs there (see :func:`device_runner`) when every session can.
-    ``block_seconds``: a round runs each session back to back enough times to last about this long
-    (the slowest model's warm-up run sets the count, see :func:`runs_per_block`) and records the
+    ``rounds.block_seconds``: a round runs each session back to back enough times to last about this
+    long (the slowest model's warm-up run sets the count, see :func:`runs_per_block`) and records the
     mean: a thread's wake-up or a cache miss in one short run no longer decides the sample.
     """
     names = list(sessions)
     for name in names:
-        for _ in range(warmup):
+        for _ in range(rounds.warmup):
             run_session(sessions[name], None, feed, name)
     bound = {name: device_runner(sessions[name], feed, device) for name in names} if device else {}
     runners: dict[str, Callable[[], object]] = {}
     for name in names:
         runner = bound.get(name)
         runners[name] = runner if runner is not None and all(bound.values()) else _plain(sessions[name], feed)
-    repeat = runs_per_block(runners, block_seconds)
+    repeat = runs_per_block(runners, rounds.block_seconds)
     times: dict[str, list[float]] = {name: [] for name in names}
     started = time.perf_counter()
-    for done in range(rounds):
-        if done >= min_rounds and time.perf_counter() - started > seconds:
+    for done in range(rounds.count):
+        if done >= rounds.minimum and time.perf_counter() - started > rounds.seconds:
             break
         shift = done % len(names)
         for name in names[shift:] + names[:shift]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from qtool.calibration.feeds import sample_directory
 from qtool.calibration.outputs import FloatOutputs
-from qtool.calibration.statistics import CalibrationStats, collect_statistics
+from qtool.calibration.statistics import CalibrationStats, FloatPass, Observing, collect_statistics
 from qtool.config import load_config, split_observer
 from qtool.distributed.calibration import ShardRequest, calibrate_on_workers
 from qtool.errors import QtoolError
@@ -50,23 +50,20 @@ def observe(
         inputs.expect(len(dataset))
     advance = (progress or noop_progress)("calibrating", len(dataset))
     with stage("calibrate (float pass)"):
+        per_tensor = {
+            tensor: split_observer(scheme.observer)
+            for tensor, scheme in plan.activations.items()
+            if scheme.observer is not None
+        }
         observers, seen, elements = collect_statistics(
             ws.prepared,
             plan.activations,
             dataset,
-            observer=name,
-            options=observer_options,
-            per_tensor={
-                tensor: split_observer(scheme.observer)
-                for tensor, scheme in plan.activations.items()
-                if scheme.observer is not None
-            },
-            batch_size=options.batch_size or config.calibration.batch_size,
+            Observing(name, observer_options, per_tensor),
+            FloatPass(options.batch_size or config.calibration.batch_size, options.threads, ws.weights),
             on_progress=advance,
-            weights=ws.weights,
             outputs=outputs,
             taps=[inputs] if inputs is not None else [],
-            threads=options.threads,
         )
     if seen == 0:
         skipped = f" ({len(dataset.skipped)} skipped for holding NaN or Inf)" if dataset.skipped else ""

@@ -15,7 +15,7 @@ from qtool.pipeline.build import Builder
 from qtool.pipeline.data import spread_dataset
 from qtool.progress import ProgressFactory
 from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.selection import PlacementChoice, measure_placements
+from qtool.quantization.selection import FloatModel, PlacementChoice, Samples, measure_placements
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
 
 RANK_SAMPLES = 4  # samples of the sensitivity search's one per-layer pass (spread over the data)
@@ -67,16 +67,10 @@ def choose(
         return built.plan, built.model
 
     skip = evaluation.skip_nonfinite
-    return measure_placements(
-        ws.path,
-        ws.prepared,
-        config,
-        build,
+    samples = Samples(
         spread_dataset(ws, data_dir, accuracy.samples, skip_nonfinite=skip),
         spread_dataset(ws, data_dir, min(RANK_SAMPLES, accuracy.samples), skip_nonfinite=skip),
-        weights=ws.weights,
-        threads=evaluation.threads,
-        elements=builder.elements,
-        progress=progress,
-        known=known,
+        known,
     )
+    float_model = FloatModel(ws.path, ws.prepared, ws.weights, builder.elements)
+    return measure_placements(float_model, config, build, samples, threads=evaluation.threads, progress=progress)

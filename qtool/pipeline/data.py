@@ -6,7 +6,7 @@ from pathlib import Path
 
 from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.remote import is_url, sample_files
-from qtool.calibration.statistics import BatchTap, collect_statistics
+from qtool.calibration.statistics import BatchTap, FloatPass, Observing, collect_statistics
 from qtool.errors import QtoolError
 from qtool.options import CalibrationOptions
 from qtool.pipeline.workspace import Workspace
@@ -58,12 +58,6 @@ def tapped_pass(ws: Workspace, data_dir: Path | str, options: CalibrationOptions
     if isinstance(tap, NodeInputCollector):
         tap.expect(len(dataset))
     with stage(f"{what} (float pass)"):
-        collect_statistics(
-            ws.prepared,
-            [],
-            dataset,
-            observer=ws.config.calibration.observer,
-            batch_size=options.batch_size or ws.config.calibration.batch_size,
-            weights=ws.weights,
-            taps=[tap],
-        )
+        batch_size = options.batch_size or ws.config.calibration.batch_size
+        run = FloatPass(batch_size, weights=ws.weights)
+        collect_statistics(ws.prepared, [], dataset, Observing(ws.config.calibration.observer), run, taps=[tap])

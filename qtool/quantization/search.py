@@ -82,9 +82,6 @@ def search_fallback(
     scorer: OutputScorer,
     rank_dataset: Dataset,
     *,
-    target_sqnr_db: float,
-    max_nodes: int,
-    seconds: float = math.inf,
     elements: dict[str, int] | None = None,
     progress: ProgressFactory | None = None,
     initial: tuple[onnx.ModelProto, set[str], float] | None = None,
@@ -94,12 +91,10 @@ def search_fallback(
     Args:
         reference: the prepared float model (tensor names match the quantized one).
         config: the configuration to start from; the result adds the chosen nodes to ``sensitive_nodes``.
+            Its ``accuracy`` section sets the target SQNR, the node budget and the time budget.
         quantize: builds the quantized model for a config, and the names of the nodes it may move.
         scorer: scores a model's outputs on the search samples (its threads and weights serve the pass too).
         rank_dataset: the samples of the per-layer pass that ranks the nodes.
-        target_sqnr_db: stop once the worst output's SQNR reaches this.
-        max_nodes: at most this many nodes are kept in float.
-        seconds: no new node is tried after this long.
         elements: per-sample element counts of tensors (bounds the per-layer pass's memory).
         progress: receives progress updates.
         initial: ``config``'s model, the nodes it may move and its score, when already measured.
@@ -109,6 +104,9 @@ def search_fallback(
         (None when no node may move: then nothing is measured).
     """
     started = time.perf_counter()
+    settings = config.accuracy
+    assert settings.target_sqnr_db is not None  # the search runs only toward a target
+    target_sqnr_db, max_nodes, seconds = settings.target_sqnr_db, settings.max_float_nodes, settings.search_seconds
     if initial is None:
         model, movable = quantize(config)
         sqnr = scorer.score(model).worst_db if movable else -math.inf

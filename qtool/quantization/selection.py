@@ -38,7 +38,7 @@ from qtool.calibration.outputs import FloatOutputs
 from qtool.config import QConfig
 from qtool.evaluation.intervals import median_interval
 from qtool.evaluation.scoring import OutputScorer
-from qtool.evaluation.timing import time_interleaved
+from qtool.evaluation.timing import Rounds, time_interleaved
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
 from qtool.progress import ProgressFactory, noop_progress
@@ -125,40 +125,51 @@ def _meets(sqnr: float, target: float) -> bool:
     return not math.isnan(sqnr) and sqnr >= target
 
 
+@dataclass(frozen=True)
+class FloatModel:
+    """The float model the candidates are measured against."""
+
+    path: Path  # the file, timed as fp32 as ``compare`` times it
+    prepared: onnx.ModelProto  # the prepared model the candidates were built from
+    weights: Weights  # the detached values the models use
+    elements: dict[str, int]  # per-sample element counts of tensors
+
+
+@dataclass(frozen=True)
+class Samples:
+    """The samples the choice reads."""
+
+    scored: Dataset  # every candidate is scored on these
+    ranked: Dataset  # the search's per-layer pass
+    known: FloatOutputs | None = None  # float outputs calibration kept (see :mod:`qtool.calibration.outputs`)
+
+
 def measure_placements(
-    model_path: Path,
-    reference: onnx.ModelProto,
+    float_model: FloatModel,
     config: QConfig,
     build: Build,
-    dataset: Dataset,
-    rank_dataset: Dataset,
+    samples: Samples,
     *,
-    weights: Weights,
     threads: int | None,
-    elements: dict[str, int],
     progress: ProgressFactory | None = None,
-    known: FloatOutputs | None = None,
 ) -> tuple[QConfig, PlacementChoice]:
     """Measure the candidate placements of ``config`` and return the config of the one to keep.
 
     Args:
-        model_path: the float model file (timed as fp32, as ``compare`` times it).
-        reference: the prepared float model.
+        float_model: the float model, its weights and tensor sizes.
         config: the configuration; its ``accuracy:`` section sets the target and the budgets.
         build: plans and rewrites the model for a config.
-        dataset: the samples every candidate is scored on.
-        rank_dataset: the samples of the search's per-layer pass.
-        weights: the detached values the models use.
+        samples: what the candidates are scored on and the search ranks nodes on.
         threads: onnxruntime intra-op threads for timing (None: 1, the most stable measure).
-        elements: per-sample element counts of tensors.
         progress: receives progress updates.
-        known: float outputs calibration kept (see :mod:`qtool.calibration.outputs`).
     """
+    model_path, reference, weights = float_model.path, float_model.prepared, float_model.weights
+    elements, dataset = float_model.elements, samples.scored
     settings = config.accuracy
     target = settings.target_sqnr_db if settings.target_sqnr_db is not None else -math.inf
     factory = progress or noop_progress
     scorer = OutputScorer(
-        reference, dataset, weights=weights, on_sample=factory("float outputs", len(dataset)), known=known
+        reference, dataset, weights=weights, on_sample=factory("float outputs", len(dataset)), known=samples.known
     )
     configs = {
         "auto": config,
@@ -215,10 +226,7 @@ def measure_placements(
                 config,
                 movable,
                 scorer,
-                rank_dataset,
-                target_sqnr_db=target,
-                max_nodes=settings.max_float_nodes,
-                seconds=settings.search_seconds,
+                samples.ranked,
                 elements=elements,
                 progress=progress,
                 initial=(auto_model, _movable(auto_plan), scores["auto"]),
@@ -294,14 +302,8 @@ def _time_candidates(
     for name, (_, model) in plans.items():
         # Timed as written: weights embedded, so onnxruntime folds and prepacks them as it will at load.
         sessions[name] = create_session(weights.embedded(model), f"the '{name}' placement", threads=threads)
-    times, _ = time_interleaved(
-        sessions,
-        feed,
-        rounds=rounds,
-        seconds=TIMING_SECONDS,
-        min_rounds=min(MIN_ROUNDS, rounds),
-        on_round=factory("timing", rounds),
-    )
+    plan = Rounds(rounds, seconds=TIMING_SECONDS, minimum=min(MIN_ROUNDS, rounds))
+    times, _ = time_interleaved(sessions, feed, plan, on_round=factory("timing", rounds))
     choice.times = times
     choice.fp32_ms = statistics.median(times["fp32"]) * 1e3
     choice.candidates = [replace(c, latency_ms=statistics.median(times[c.name]) * 1e3) for c in choice.candidates]

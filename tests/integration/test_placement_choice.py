@@ -33,7 +33,7 @@ def _sqnr(reference: np.ndarray, candidate: np.ndarray) -> float:
 def _timing(medians: dict[str, float]):
     """A stand-in for time_interleaved returning fixed times (seconds) by candidate name, 9 rounds."""
 
-    def fake(sessions, feed, **kwargs):
+    def fake(sessions, feed, rounds, **kwargs):
         return {name: [medians[name]] * 9 for name in sessions}, False
 
     return fake

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 
 from qtool.config import TensorScheme
 from qtool.errors import QtoolError
-from qtool.quantization.algorithms.gptq import gptq_round, round_nearest, weight_rows
+from qtool.quantization.algorithms.gptq import RowGrid, gptq_round, round_nearest, weight_rows
 from qtool.quantization.matmul_nbits import (
     DOMAIN,
     NBitsWeight,
@@ -150,7 +150,7 @@ def test_gptq_codes_pack_and_run_in_onnxruntime():
         offset = 8 if qp.qtype.signed else 0
         scales, zero = qp.scale.astype(np.float32), qp.zero_point.astype(np.int64) + offset
         rows = weight_rows(w, "MatMul")  # [N, K]
-        result = gptq_round(rows, hessian, scales.T, zero.T, 0, 15, block_size=block)
+        result = gptq_round(rows, hessian, RowGrid(scales.T, zero.T, 0, 15, block_size=block))
         codes = result.codes.T  # back to [K, N]
         scale_k, zero_k = (np.repeat(v, block, axis=0)[:k] for v in (scales, zero))
         nearest_codes = round_nearest(w, scale_k, zero_k, 0, 15)

@@ -28,13 +28,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.quantization.algorithms.gptq import _per_column, round_nearest
+from qtool.quantization.algorithms.gptq import RowGrid, round_nearest
 
 log = logging.getLogger(__name__)
 
@@ -65,22 +65,38 @@ class AdaRoundResult:
         return "adaround" if self.improved_rows else "initial"
 
 
+@dataclass(frozen=True)
+class AdaRoundSchedule:
+    """Adam's steps and step size, and the regulariser's weight and exponent over the steps."""
+
+    iterations: int = 200  # Adam steps per tile of rows; the warm-up and annealing span them
+    lr: float = 0.5  # Adam's learning rate on ``V``
+    # the rounding regulariser's weight ``lambda`` per weight, against a reconstruction loss in units of
+    # each row's squared grid step times its mean input power (nearest rounding on white inputs: ~1/12)
+    reg_weight: float = 1.0
+    beta: tuple[float, float] = (20.0, 2.0)  # the regulariser's exponent at the end of the warm-up, at the last step
+    warmup: float = 0.2  # the fraction of the steps without the regulariser
+
+    def beta_at(self, step: int, planned: int) -> float | None:
+        """The exponent at ``step`` (0-based) of ``planned`` steps, or ``None`` during the warm-up."""
+        warm = int(self.warmup * planned)
+        if step < warm:
+            return None
+        progress = (step - warm) / max(planned - warm, 1)
+        return self.beta[0] + (self.beta[1] - self.beta[0]) * min(progress, 1.0)
+
+
+DEFAULT_SCHEDULE = AdaRoundSchedule()
+
+
 def adaround(
     weight_rows: np.ndarray,
     hessian: np.ndarray,
-    scale: np.ndarray | float,
-    zero_point: np.ndarray | int,
-    qmin: int,
-    qmax: int,
+    grid: RowGrid,
     *,
-    block_size: int | None = None,
     init: Literal["nearest"] | np.ndarray = "nearest",
-    iterations: int = 200,
     work: float | None = None,
-    lr: float = 0.5,
-    reg_weight: float = 1.0,
-    beta: tuple[float, float] = (20.0, 2.0),
-    warmup: float = 0.2,
+    schedule: AdaRoundSchedule = DEFAULT_SCHEDULE,
 ) -> AdaRoundResult:
     """Integer codes for ``weight_rows`` that minimise the output error on inputs with ``hessian``.
 
@@ -95,28 +111,17 @@ def adaround(
     Args:
         weight_rows: the float weight as [rows, K] (see :func:`~.gptq.weight_rows`).
         hessian: ``E[x x^T]`` as [K, K], or [groups, K, K] for grouped Conv (rows split evenly).
-        scale: float32 scale: a scalar, per row [rows], per element [rows, K] or, with
-            ``block_size``, per block of K [rows, ceil(K / block_size)].
-        zero_point: the zero point, shaped like ``scale``.
-        qmin: the smallest code (``QParams.qmin``, which honours a narrow range).
-        qmax: the largest code.
-        block_size: the block length along K of a per-block scale.
+        grid: the scale, zero point and code range to round onto.
         init: where to start: ``"nearest"`` (each ``h`` at its weight's fractional position on
             the grid, as in the paper) or int codes [rows, K] on this grid, e.g.
             ``GptqResult.codes``, to refine; each weight then chooses between its code and the
             neighbour towards the float weight.
-        iterations: Adam steps per tile of rows; the warm-up and annealing span them.
         work: a budget of multiply-adds for the whole call (``None``: none), counted as
             ``rows * K^2`` per step. When the planned steps do not fit, the schedule (warm-up
             and annealing) is shortened to what does, so every ``h`` is still decided, and
             ``stopped == "budget"``. Unlike a wall-clock limit, the result does not depend on
             the machine or its load.
-        lr: Adam's learning rate on ``V``.
-        reg_weight: the rounding regulariser's weight ``lambda`` per weight, against a
-            reconstruction loss in units of each row's squared grid step times its mean input
-            power (nearest rounding on white inputs costs about 1/12 per weight).
-        beta: the regulariser's exponent at the end of the warm-up and at the last step.
-        warmup: the fraction of the steps without the regulariser.
+        schedule: Adam's steps, learning rate and the regulariser (see :class:`AdaRoundSchedule`).
 
     Returns:
         The codes, on the same grid as nearest rounding with this scale and zero point, with
@@ -136,8 +141,8 @@ def adaround(
     if isinstance(init, str) and init != "nearest":
         raise QtoolError(f"unknown AdaRound init '{init}'", hint="pass 'nearest' or int codes [rows, K]")
     shape = (groups, rows // groups, k)
-    scale_full = _per_column(np.asarray(scale, np.float32), rows, k, block_size)
-    zero_full = _per_column(np.asarray(zero_point, np.int64), rows, k, block_size)
+    scale_full, zero_full = grid.per_element(rows, k)
+    qmin, qmax = grid.qmin, grid.qmax
     layer = _Layer(w.reshape(shape), h, scale_full.reshape(shape), zero_full.reshape(shape), qmin, qmax)
 
     nearest = round_nearest(w, scale_full, zero_full, qmin, qmax).reshape(shape)
@@ -152,8 +157,9 @@ def adaround(
         start = np.where(better[..., None], given, nearest)
         start_loss = np.where(better, given_loss, nearest_loss)
 
+    iterations = schedule.iterations
     planned = iterations if work is None else min(iterations, math.floor(max(work, 0.0) / max(rows * k * k, 1)))
-    schedule = _Schedule(planned, lr, reg_weight, beta, warmup)
+    schedule = replace(schedule, iterations=planned)
     codes, loss = start.copy(), start_loss.copy()
     reasons: set[StopReason] = set()
     ran = 0
@@ -186,25 +192,6 @@ def adaround(
 
 
 @dataclass(frozen=True)
-class _Schedule:
-    """Adam's step size and the regulariser's weight and exponent over the steps."""
-
-    iterations: int
-    lr: float
-    reg_weight: float
-    beta: tuple[float, float]
-    warmup: float
-
-    def beta_at(self, step: int, planned: int) -> float | None:
-        """The exponent at ``step`` (0-based) of ``planned`` steps, or ``None`` during the warm-up."""
-        warm = int(self.warmup * planned)
-        if step < warm:
-            return None
-        progress = (step - warm) / max(planned - warm, 1)
-        return self.beta[0] + (self.beta[1] - self.beta[0]) * min(progress, 1.0)
-
-
-@dataclass(frozen=True)
 class _Layer:
     """A weight, its Hessian and grid as [groups, rows, K], [groups, K, K] and [groups, rows, K]."""
 
@@ -223,7 +210,9 @@ class _Layer:
         error = ((codes - self.zero).astype(np.float32) * self.scale).astype(np.float64) - self.w
         return np.sum((error @ self.h) * error, axis=-1)
 
-    def learn(self, start: np.ndarray, from_codes: bool, schedule: _Schedule) -> tuple[np.ndarray, int, StopReason]:
+    def learn(
+        self, start: np.ndarray, from_codes: bool, schedule: AdaRoundSchedule
+    ) -> tuple[np.ndarray, int, StopReason]:
         """Adam on ``V``; the hard-rounded codes, the steps run and why they stopped."""
         w, s, h = self.w, self.scale, self.h.astype(np.float32)
         lo = (self.qmin - self.zero).astype(np.float32)

@@ -87,17 +87,29 @@ def round_nearest(
     return steps.astype(np.int64) + zero
 
 
+@dataclass(frozen=True)
+class RowGrid:
+    """The integer grid of weight rows [rows, K] that GPTQ and AdaRound round onto."""
+
+    scale: np.ndarray | float  # float32: a scalar, per row [rows], per element [rows, K], or per block of K
+    zero_point: np.ndarray | int  # shaped like ``scale``
+    qmin: int  # the smallest code (``QParams.qmin``, which honours a narrow range)
+    qmax: int  # the largest code
+    block_size: int | None = None  # the block length along K of a per-block scale [rows, ceil(K / block_size)]
+
+    def per_element(self, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Scale and zero point as [rows, K]."""
+        scale = _per_column(np.asarray(self.scale, np.float32), rows, k, self.block_size)
+        return scale, _per_column(np.asarray(self.zero_point, np.int64), rows, k, self.block_size)
+
+
 def gptq_round(
     weight_rows: np.ndarray,
     hessian: np.ndarray,
-    scale: np.ndarray | float,
-    zero_point: np.ndarray | int,
-    qmin: int,
-    qmax: int,
+    grid: RowGrid,
     *,
     damp: float = 0.01,
     block: int = 128,
-    block_size: int | None = None,
     factors: HessianFactors | None = None,
 ) -> GptqResult:
     """Integer codes for ``weight_rows`` that minimise the output error on inputs with ``hessian``.
@@ -105,14 +117,9 @@ def gptq_round(
     Args:
         weight_rows: the float weight as [rows, K] (see :func:`weight_rows`).
         hessian: ``E[x x^T]`` as [K, K], or [groups, K, K] for grouped Conv (rows split evenly).
-        scale: float32 scale: a scalar, per row [rows], per element [rows, K] or, with
-            ``block_size``, per block of K [rows, ceil(K / block_size)].
-        zero_point: the zero point, shaped like ``scale``.
-        qmin: the smallest code (``QParams.qmin``, which honours a narrow range).
-        qmax: the largest code.
+        grid: the scale, zero point and code range to round onto.
         damp: added to H's diagonal as a fraction of its mean, for a stable inverse.
         block: columns updated together (speed only; the result does not depend on it).
-        block_size: the block length along K of a per-block scale.
         factors: :func:`hessian_factors` of ``hessian``, when the caller keeps them for several grids.
 
     Returns:
@@ -128,8 +135,8 @@ def gptq_round(
             f"a Hessian of shape {np.shape(hessian)} does not fit a weight of {rows} rows x {k} columns",
             hint="the input statistics were collected for another node",
         )
-    scale_full = _per_column(np.asarray(scale, np.float32), rows, k, block_size)
-    zero_full = _per_column(np.asarray(zero_point, np.int64), rows, k, block_size)
+    scale_full, zero_full = grid.per_element(rows, k)
+    qmin, qmax = grid.qmin, grid.qmax
     codes = round_nearest(w, scale_full, zero_full, qmin, qmax)
     upper, damps, dead = factors.upper, factors.damps, factors.dead
     ok = ~np.isnan(damps)

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qtool.quantization.algorithms.adaround import adaround
+from qtool.quantization.algorithms.adaround import AdaRoundSchedule, adaround
 from qtool.quantization.algorithms.bias_correction import bias_correction
 from qtool.quantization.algorithms.gptq import (
     HessianFactors,
+    RowGrid,
     gptq_round,
     hessian_factors,
     qparams_rows,
@@ -29,7 +30,7 @@ from qtool.quantization.qparams import QParams, dequantize
 
 log = logging.getLogger(__name__)
 
-ADAROUND_ITERATIONS = 200  # per weight
+ADAROUND = AdaRoundSchedule(iterations=200)  # steps per weight
 ADAROUND_WORK = 4e10  # multiply-adds per weight (about 5 s on 2 cores): the schedule is shortened to fit,
 # deterministically (a wall-clock limit would make the output depend on the machine's load)
 ADAROUND_MAX_K = 1024  # longer reductions keep GPTQ's codes (a K=4608 layer needs minutes)
@@ -77,20 +78,11 @@ class WeightAlgorithms:
             hessian = np.mean([self.inputs.stats[n].hessian() for n in names], axis=0)
             if names not in self.factors:
                 self.factors[names] = hessian_factors(hessian)
-            result = gptq_round(rows, hessian, scale, zero, qp.qmin, qp.qtype.qmax, factors=self.factors[names])
+            grid = RowGrid(scale, zero, qp.qmin, qp.qtype.qmax)
+            result = gptq_round(rows, hessian, grid, factors=self.factors[names])
             chosen = result.codes
             if method == "adaround":  # row by row, never worse than GPTQ's codes
-                chosen = adaround(
-                    rows,
-                    hessian,
-                    scale,
-                    zero,
-                    qp.qmin,
-                    qp.qtype.qmax,
-                    init=result.codes,
-                    iterations=ADAROUND_ITERATIONS,
-                    work=ADAROUND_WORK,
-                ).codes
+                chosen = adaround(rows, hessian, grid, init=result.codes, work=ADAROUND_WORK, schedule=ADAROUND).codes
             codes = rows_to_weight(chosen, values.shape, layout.kind, trans_b=layout.trans_b)
             self.cache[key] = codes.astype(qp.qtype.numpy_dtype)
             if result.nearest_groups:

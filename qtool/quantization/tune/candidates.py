@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from qtool.evaluation.metrics import measure_latency
+from qtool.evaluation.metrics import LatencyRun, measure_latency
 from qtool.evaluation.scoring import OutputScorer
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
@@ -98,9 +98,8 @@ class Candidates:
         ratio, interval = None, None
         if self._float is not None:
             _, feed = self.evaluation.samples[0]
-            latency = measure_latency(
-                self._float, session, feed, runs=self.latency_runs, warmup=2, threads=self.threads
-            )
+            run = LatencyRun(self.latency_runs, warmup=2, threads=self.threads)
+            latency = measure_latency(self._float, session, feed, run)
             ratio, interval = latency.ratio, latency.ratio_interval
         note = ""
         meets = self.goal.accuracy_met(sqnr, metric)

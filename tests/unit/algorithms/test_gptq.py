@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qtool.errors import QtoolError
-from qtool.quantization.algorithms.gptq import gptq_round, qparams_rows, rows_to_weight, weight_rows
+from qtool.quantization.algorithms.gptq import RowGrid, gptq_round, qparams_rows, rows_to_weight, weight_rows
 from qtool.quantization.qparams import QUANT_TYPES, QParams, compute_qparams, dequantize, quantize, weight_range
 
 INT4, UINT8 = QUANT_TYPES["int4"], QUANT_TYPES["uint8"]
@@ -32,7 +32,7 @@ def test_identity_hessian_gives_exactly_nearest_rounding():
     rows = weight_rows(weight, "Conv")
     for qtype, symmetric in ((INT4, True), (UINT8, False)):
         qp = _per_row(rows, qtype, symmetric)
-        result = gptq_round(rows, np.eye(rows.shape[1]), qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax)
+        result = gptq_round(rows, np.eye(rows.shape[1]), RowGrid(qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax))
         np.testing.assert_array_equal(result.codes, quantize(rows, qp))
         assert result.method == "gptq" and result.dead_columns == 0
 
@@ -42,7 +42,7 @@ def test_correlated_inputs_halve_the_output_error_at_int4():
     rows = rng.normal(size=(32, 64)).astype(np.float32)
     x = _correlated_inputs(64, 2048, seed=2)
     qp = _per_row(rows)
-    result = gptq_round(rows, x @ x.T / x.shape[1], qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax, block=16)
+    result = gptq_round(rows, x @ x.T / x.shape[1], RowGrid(qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax), block=16)
     assert result.codes.min() >= qp.qmin and result.codes.max() <= qp.qtype.qmax
     nearest = _output_error(quantize(rows, qp), rows, qp, x)
     assert _output_error(result.codes, rows, qp, x) * 2 <= nearest
@@ -52,8 +52,8 @@ def test_block_does_not_change_the_result():
     rows = np.random.default_rng(3).normal(size=(4, 40)).astype(np.float32)
     x = _correlated_inputs(40, 500, seed=4)
     qp = _per_row(rows)
-    a = gptq_round(rows, x @ x.T, qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax, block=7).codes
-    b = gptq_round(rows, x @ x.T, qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax, block=128).codes
+    a = gptq_round(rows, x @ x.T, RowGrid(qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax), block=7).codes
+    b = gptq_round(rows, x @ x.T, RowGrid(qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax), block=128).codes
     np.testing.assert_array_equal(a, b)
 
 
@@ -62,7 +62,7 @@ def test_a_dead_input_column_is_rounded_to_nearest():
     x = _correlated_inputs(32, 1024, seed=6)
     x[5] = 0.0
     qp = _per_row(rows)
-    result = gptq_round(rows, x @ x.T, qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax)
+    result = gptq_round(rows, x @ x.T, RowGrid(qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax))
     nearest = quantize(rows, qp)
     np.testing.assert_array_equal(result.codes[:, 5], nearest[:, 5])
     assert result.dead_columns == 16
@@ -76,12 +76,12 @@ def test_per_block_scales_stay_on_their_grid():
     qp = dataclasses.replace(compute_qparams(lo, hi, INT4, symmetric=True, narrow_range=True, axis=0), block_size=16)
     rows = weight_rows(weight, "MatMul")
     scale, zero = qp.scale.T, qp.zero_point.T  # [N, K / 16]
-    identity = gptq_round(rows, np.eye(64), scale, zero, qp.qmin, qp.qtype.qmax, block_size=16)
+    identity = gptq_round(rows, np.eye(64), RowGrid(scale, zero, qp.qmin, qp.qtype.qmax, block_size=16))
     np.testing.assert_array_equal(rows_to_weight(identity.codes, weight.shape, "MatMul"), quantize(weight, qp))
     full_scale, full_zero = qparams_rows(qp, weight, "MatMul")
     x = _correlated_inputs(64, 1024, seed=8)
-    blocked = gptq_round(rows, x @ x.T, scale, zero, qp.qmin, qp.qtype.qmax, block_size=16)
-    expanded = gptq_round(rows, x @ x.T, full_scale, full_zero, qp.qmin, qp.qtype.qmax)
+    blocked = gptq_round(rows, x @ x.T, RowGrid(scale, zero, qp.qmin, qp.qtype.qmax, block_size=16))
+    expanded = gptq_round(rows, x @ x.T, RowGrid(full_scale, full_zero, qp.qmin, qp.qtype.qmax))
     np.testing.assert_array_equal(blocked.codes, expanded.codes)
     codes = rows_to_weight(blocked.codes, weight.shape, "MatMul")
     error = float(np.sum(((dequantize(codes, qp) - weight).T.astype(np.float64) @ x) ** 2))
@@ -95,21 +95,23 @@ def test_grouped_conv_uses_each_groups_own_hessian():
     qp = _per_row(rows)
     xs = [_correlated_inputs(12, 512, seed=10 + g) for g in range(2)]
     hessian = np.stack([x @ x.T for x in xs])
-    result = gptq_round(rows, hessian, qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax)
+    result = gptq_round(rows, hessian, RowGrid(qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax))
     for g, x in enumerate(xs):
         part = slice(4 * g, 4 * g + 4)
-        alone = gptq_round(rows[part], x @ x.T, qp.scale[part], qp.zero_point[part], qp.qmin, qp.qtype.qmax)
+        alone = gptq_round(rows[part], x @ x.T, RowGrid(qp.scale[part], qp.zero_point[part], qp.qmin, qp.qtype.qmax))
         np.testing.assert_array_equal(result.codes[part], alone.codes)
-    depthwise = gptq_round(rows, np.stack([np.eye(12)] * 8), qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax)
+    depthwise = gptq_round(rows, np.stack([np.eye(12)] * 8), RowGrid(qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax))
     np.testing.assert_array_equal(depthwise.codes, quantize(rows, qp))
 
 
 def test_cholesky_failure_retries_with_more_damping_then_falls_back_to_nearest():
     rows = np.array([[0.3, -0.7], [0.55, 0.1]], np.float32)
     qp = _per_row(rows)
-    retried = gptq_round(rows, np.array([[1.0, 5.0], [5.0, 1.0]]), qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax)
+    retried = gptq_round(
+        rows, np.array([[1.0, 5.0], [5.0, 1.0]]), RowGrid(qp.scale, qp.zero_point, qp.qmin, qp.qtype.qmax)
+    )
     assert retried.method == "gptq" and retried.damp == pytest.approx(10.0)
-    hopeless = gptq_round(rows, np.array([[1.0, 20.0], [20.0, 1.0]]), qp.scale, qp.zero_point, qp.qmin, 7)
+    hopeless = gptq_round(rows, np.array([[1.0, 20.0], [20.0, 1.0]]), RowGrid(qp.scale, qp.zero_point, qp.qmin, 7))
     assert hopeless.method == "nearest" and hopeless.nearest_groups == 1
     np.testing.assert_array_equal(hopeless.codes, quantize(rows, qp))
 
@@ -129,4 +131,4 @@ def test_weight_layouts_round_trip():
 
 def test_a_hessian_of_the_wrong_size_is_refused():
     with pytest.raises(QtoolError, match="another node"):
-        gptq_round(np.zeros((4, 3), np.float32), np.eye(4), 1.0, 0, -8, 7)
+        gptq_round(np.zeros((4, 3), np.float32), np.eye(4), RowGrid(1.0, 0, -8, 7))
