@@ -18,7 +18,7 @@ import yaml
 
 from qtool.errors import QtoolError
 from qtool.located_yaml import LocatedYaml
-from qtool.schemas.config import compiled_pattern, validate_document
+from qtool.schemas.config import ConfigDocument, NodeSettings, compiled_pattern, validate_document
 from qtool.system.files import CONFIG_MAX_BYTES, read_text
 
 
@@ -29,13 +29,15 @@ class TensorScheme:
     dtype: str
     granularity: str
     symmetric: bool
+    # The rest applies to one role only; None where it does not apply. The values come from the
+    # config (configs/default.yaml and the user's file): see qtool.schemas.config for each key.
     block_size: int | None = None  # per_block only
     axis: int | None = None  # overrides the op's natural channel / block axis
     observer: str | dict[str, Any] | None = None  # activations: overrides calibration.observer
-    saturation: str = "uint8"  # weights: uint8 | reduce_range | ignore (see qtool.quantization.plan.guard_saturation)
-    final_layer_int8: bool = True  # weights: a weight-only final projection keeps int8 when 4/2-bit is asked
-    format: str = "qdq"  # weights: qdq (DequantizeLinear) | matmul_nbits (onnxruntime's MatMulNBits, MatMul only)
-    accuracy_level: int = 0  # weights, matmul_nbits: the op's compute precision (0 float, 4 int8 activations)
+    saturation: str | None = None  # weights: uint8 | reduce_range | ignore (see quantization.plan.guard_saturation)
+    final_layer_int8: bool | None = None  # weights: a weight-only final projection keeps int8 when 4/2-bit is asked
+    format: str | None = None  # weights: qdq (DequantizeLinear) | matmul_nbits (onnxruntime's MatMulNBits, MatMul only)
+    accuracy_level: int | None = None  # weights, matmul_nbits: the op's compute precision (0 float, 4 int8 activations)
 
     @property
     def per_channel(self) -> bool:
@@ -61,12 +63,12 @@ class TensorScheme:
 class Algorithms:
     """The accuracy algorithms a node gets (see :mod:`qtool.quantization.algorithms`)."""
 
-    rounding: str = "nearest"  # nearest | gptq | adaround: how weights are rounded onto their grid
-    bias_correction: bool = False  # cancel the mean output shift the rounded weight causes
-    equalization: bool = False  # cross-layer equalization of Conv chains, before calibration
-    smoothquant: bool = False  # move activation outliers into MatMul/Gemm weights, before calibration
-    smoothquant_alpha: float = 0.5  # SmoothQuant's migration strength
-    awq: bool = False  # scale weight-only MatMul/Gemm input channels by their activations, before quantizing
+    rounding: str  # nearest | gptq | adaround: how weights are rounded onto their grid
+    bias_correction: bool  # cancel the mean output shift the rounded weight causes
+    equalization: bool  # cross-layer equalization of Conv chains, before calibration
+    smoothquant: bool  # move activation outliers into MatMul/Gemm weights, before calibration
+    smoothquant_alpha: float  # SmoothQuant's migration strength
+    awq: bool  # scale weight-only MatMul/Gemm input channels by their activations, before quantizing
 
     @property
     def need_inputs(self) -> bool:
@@ -86,11 +88,11 @@ class NodeScheme:
 
     weight: TensorScheme
     activation: TensorScheme
-    weight_only: bool = False
-    rule: str = "global"
-    placement: str = "auto"  # integer kernels, storage-only compression, or decided per node
-    algorithms: Algorithms = Algorithms()
-    mode: str = "static"  # "dynamic": integer MatMul/Gemm quantize their inputs at run time
+    weight_only: bool
+    rule: str  # global, op_type:<type>, node_name:<pattern>, ... (see QConfig.resolve)
+    placement: str  # integer kernels, storage-only compression, or decided per node
+    algorithms: Algorithms
+    mode: str  # "dynamic": integer MatMul/Gemm quantize their inputs at run time
 
 
 @dataclass(frozen=True)
@@ -120,14 +122,15 @@ class QConfig:
 
     version: int
     global_scheme: NodeScheme
-    op_type: dict[str, dict[str, Any] | None]
-    node_name: dict[str, dict[str, Any] | None]
+    op_type: dict[str, NodeSettings | None]
+    node_name: dict[str, NodeSettings | None]
     exclude: tuple[str, ...]
     calibration: CalibrationSettings
     accuracy: AccuracySettings
     preprocess: dict[str, Any] | None
     source: str
-    raw: dict[str, Any] = field(repr=False)
+    document: ConfigDocument = field(repr=False)  # the validated, merged document: what the fields above come from
+    raw: dict[str, Any] = field(repr=False)  # the same document as written (YAML values): for --config-out and keys
     target: str = "cpu"  # cpu | cuda | tensorrt: whose rules the schemes follow (see :func:`for_target`)
     sensitive_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: activations kept float
     auto_placement: str | None = None  # "integer" | "storage" | "dynamic": what every placement "auto" node becomes
@@ -141,7 +144,7 @@ class QConfig:
         for pattern in self.exclude:
             if _name_matches(pattern, node_name):
                 return None, f"exclude:{pattern}"
-        matches: list[tuple[str, dict[str, Any] | None]] = [("global", self.raw["global"])]
+        matches: list[tuple[str, NodeSettings | None]] = [("global", self.global_settings)]
         if op_type in self.op_type:
             matches.append((f"op_type:{op_type}", self.op_type[op_type]))
         for pattern, entry in self.node_name.items():
@@ -153,17 +156,8 @@ class QConfig:
         merged: dict[str, Any] = {}
         for _, layer in matches:
             if layer is not None:
-                merged = _deep_merge(merged, layer)
-        scheme = NodeScheme(
-            weight=TensorScheme(**merged["weight"]),
-            activation=TensorScheme(**merged["activation"]),
-            weight_only=bool(merged.get("weight_only", False)),
-            placement=str(merged.get("placement", "auto")),
-            algorithms=Algorithms(**merged.get("algorithms", {})),
-            mode=str(merged.get("mode", "static")),
-            rule=rule,
-        )
-        scheme = for_target(scheme, self.target)
+                merged = _deep_merge(merged, layer.model_dump(exclude_unset=True))
+        scheme = for_target(_node_scheme(merged, rule), self.target)
         if node_name in self.sensitive_nodes and not scheme.weight_only:
             # Float activations, weights still stored quantized: the accuracy of float, most of the size gain.
             return replace(scheme, placement="storage", rule="sensitivity"), "sensitivity"
@@ -176,13 +170,20 @@ class QConfig:
             return replace(scheme, placement=self.auto_placement, rule=f"choice:{self.auto_placement}"), rule
         return scheme, rule
 
+    @property
+    def global_settings(self) -> NodeSettings:
+        """The ``global:`` section, complete (merged over the default)."""
+        assert self.document.global_ is not None  # the default document has one
+        return self.document.global_
+
     def with_target(self, target: str | None) -> QConfig:
         """The config for ``target`` instead (None: as configured); see :func:`for_target`."""
         if target is None or target == self.target:
             return self
         if target not in TARGETS:
             raise QtoolError(f"unknown target '{target}'", hint=f"choose one of: {', '.join(TARGETS)}")
-        changed = replace(self, target=target, raw={**self.raw, "target": target})
+        document = self.document.model_copy(update={"target": target})
+        changed = replace(self, target=target, document=document, raw={**self.raw, "target": target})
         _check_target(changed)
         return changed
 
@@ -225,15 +226,46 @@ class QConfig:
 
     def _tensor_settings(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Each rule's weight and activation settings, completed by ``global``."""
-        entries = [self.raw["global"], *self.op_type.values(), *self.node_name.values()]
-        return [
-            (
-                {**self.raw["global"]["weight"], **(entry.get("weight") or {})},
-                {**self.raw["global"]["activation"], **(entry.get("activation") or {})},
+        base = self.global_settings.model_dump()
+        entries = [self.global_settings, *self.op_type.values(), *self.node_name.values()]
+        settings = []
+        for entry in entries:
+            if entry is None:
+                continue
+            given = entry.model_dump(exclude_unset=True)
+            settings.append(
+                (
+                    {**base["weight"], **(given.get("weight") or {})},
+                    {**base["activation"], **(given.get("activation") or {})},
+                )
             )
-            for entry in entries
-            if isinstance(entry, dict)
-        ]
+        return settings
+
+    def with_rules(
+        self,
+        *,
+        global_: Mapping[str, Any] | None = None,
+        op_type: Mapping[str, NodeSettings | None] | None = None,
+        node_name: Mapping[str, NodeSettings | None] | None = None,
+        exclude: tuple[str, ...] | None = None,
+    ) -> QConfig:
+        """The config with rules replaced, built as objects (no YAML round trip).
+
+        ``global_`` is laid over the current global settings (only the keys it gives change).
+        """
+        update: dict[str, Any] = {}
+        if global_ is not None:
+            merged = _deep_merge(self.global_settings.model_dump(exclude_unset=True), dict(global_))
+            update["global_"] = NodeSettings.model_validate(merged)
+        if op_type is not None:
+            update["op_type"] = dict(op_type)
+        if node_name is not None:
+            update["node_name"] = dict(node_name)
+        if exclude is not None:
+            update["exclude"] = list(exclude)
+        document = self.document.model_copy(update=update)
+        built = _from_document(document, self.raw, self.source)
+        return replace(built, sensitive_nodes=self.sensitive_nodes, auto_placement=self.auto_placement)
 
     def unmatched_node_patterns(self, node_names: list[str]) -> list[str]:
         """``node_name`` and ``exclude`` entries that match no node of the model."""
@@ -308,14 +340,14 @@ def load_config(path: Path | str | Mapping[str, Any] | None = None) -> QConfig:
             raise QtoolError(f"the config mapping holds a value YAML cannot hold: {e}") from None
         doc = LocatedYaml("<config mapping>", text)
         _check_document(doc)
-        user = {k: v for k, v in doc.value.items() if v is not None}
+        user = _without_default_nulls({k: v for k, v in doc.value.items() if v is not None})
         return _build(_deep_merge(merged, user), "<config mapping>")
     if path is not None:
         path = Path(path)
         text = read_text(path, "config file", CONFIG_MAX_BYTES)
         doc = LocatedYaml(str(path), text)
         _check_document(doc)
-        user = {k: v for k, v in doc.value.items() if v is not None}
+        user = _without_default_nulls({k: v for k, v in doc.value.items() if v is not None})
         merged = _deep_merge(merged, user)
         source = str(path)
     return _build(merged, source)
@@ -352,51 +384,87 @@ def _check_target(config: QConfig) -> None:
     """Refuse settings the config's target cannot run, naming the rule."""
     if config.target != "tensorrt":
         return
-    rules = [("global", config.raw["global"])]
+    rules: list[tuple[str, NodeSettings | None]] = [("global", config.global_settings)]
     rules += [(f"op_type:{k}", v) for k, v in config.op_type.items()]
     rules += [(f"node_name:{k}", v) for k, v in config.node_name.items()]
     for rule, entry in rules:
-        if not isinstance(entry, dict):
+        if entry is None:
             continue
-        if entry.get("mode") == "dynamic":
+        if entry.mode == "dynamic":
             raise QtoolError(
                 f"{config.source}: rule {rule} asks for mode: dynamic, which TensorRT does not run",
                 hint="remove it (TensorRT quantizes activations statically) or use --target cpu",
             )
-        if isinstance(entry.get("weight"), dict) and entry["weight"].get("format") == "matmul_nbits":
+        if entry.weight is not None and entry.weight.format == "matmul_nbits":
             raise QtoolError(
                 f"{config.source}: rule {rule} writes onnxruntime's MatMulNBits, which TensorRT does not run",
                 hint="use weight.format: qdq for TensorRT",
             )
 
 
-def _build(raw: dict[str, Any], source: str) -> QConfig:
-    g = raw["global"]
-    cal = raw["calibration"]
-    acc = raw["accuracy"]
+def _node_scheme(settings: dict[str, Any], rule: str) -> NodeScheme:
+    """A node's scheme from its complete settings (global, then every rule that matches, laid over it)."""
+    return NodeScheme(
+        weight=TensorScheme(**settings["weight"]),
+        activation=TensorScheme(**settings["activation"]),
+        weight_only=settings["weight_only"],
+        placement=settings["placement"],
+        algorithms=Algorithms(**settings["algorithms"]),
+        mode=settings["mode"],
+        rule=rule,
+    )
+
+
+def _from_document(document: ConfigDocument, raw: dict[str, Any], source: str) -> QConfig:
+    """The config a complete, validated document describes."""
+    assert document.global_ is not None and document.calibration is not None and document.accuracy is not None
+    cal, acc = document.calibration, document.accuracy
+    assert cal.observer is not None and cal.batch_size is not None  # complete: merged over the default
+    assert acc.max_float_nodes is not None and acc.samples is not None and acc.search_seconds is not None
+    assert acc.latency_runs is not None and document.version is not None
+    observer, observer_options = split_observer(cal.observer)
     config = QConfig(
-        version=raw["version"],
-        global_scheme=NodeScheme(weight=TensorScheme(**g["weight"]), activation=TensorScheme(**g["activation"])),
-        op_type=dict(raw.get("op_type") or {}),
-        node_name=dict(raw.get("node_name") or {}),
-        exclude=tuple(raw.get("exclude") or ()),
-        preprocess=raw.get("preprocess"),
-        calibration=CalibrationSettings(
-            observer=split_observer(cal["observer"])[0],
-            batch_size=cal["batch_size"],
-            limit=cal["limit"],
-            observer_options=split_observer(cal["observer"])[1],
-        ),
+        version=document.version,
+        global_scheme=_node_scheme(document.global_.model_dump(), "global"),
+        op_type=dict(document.op_type or {}),
+        node_name=dict(document.node_name or {}),
+        exclude=tuple(document.exclude or ()),
+        preprocess=document.preprocess.model_dump(exclude_unset=True) if document.preprocess is not None else None,
+        calibration=CalibrationSettings(observer, cal.batch_size, cal.limit, observer_options),
         accuracy=AccuracySettings(
-            target_sqnr_db=None if acc["target_sqnr_db"] is None else float(acc["target_sqnr_db"]),
-            max_float_nodes=acc["max_float_nodes"],
-            samples=acc["samples"],
-            search_seconds=float(acc["search_seconds"]),
-            latency_runs=acc["latency_runs"],
+            target_sqnr_db=acc.target_sqnr_db,
+            max_float_nodes=acc.max_float_nodes,
+            samples=acc.samples,
+            search_seconds=float(acc.search_seconds),
+            latency_runs=acc.latency_runs,
         ),
         source=source,
+        document=document,
         raw=raw,
-        target=str(raw.get("target", "cpu")),
+        target=document.target or "cpu",
     )
     _check_target(config)
     return config
+
+
+def _build(raw: dict[str, Any], source: str) -> QConfig:
+    """Validate the merged document (values as the schema types them) and build the config from it."""
+    return _from_document(ConfigDocument.model_validate(raw), raw, source)
+
+
+def _without_default_nulls(document: dict[str, Any]) -> dict[str, Any]:
+    """A user's ``document`` without the nulls that mean "the default" (``weight.block_size``): merged, they keep it."""
+
+    def clean(settings: Any) -> Any:
+        if isinstance(settings, dict) and isinstance(settings.get("weight"), dict):
+            weight = {k: v for k, v in settings["weight"].items() if not (k == "block_size" and v is None)}
+            return {**settings, "weight": weight}
+        return settings
+
+    cleaned = dict(document)
+    if "global" in document:
+        cleaned["global"] = clean(document["global"])
+    for section in ("op_type", "node_name"):
+        if isinstance(document.get(section), dict):
+            cleaned[section] = {k: clean(v) for k, v in document[section].items()}
+    return cleaned

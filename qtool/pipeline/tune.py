@@ -102,9 +102,15 @@ class Tuning:
         return [n.name for n in self.tuned]
 
     def build(self, allocation: Mapping[str, Option | str]) -> onnx.ModelProto:
-        """The model of an allocation (node -> option), as its config document describes it."""
-        document = allocation_document(self.ws.config.raw, self.op_types, allocation)
-        return self.builder.build(load_config(document)).model
+        """The model of an allocation (node -> option): every tuned op type float, each node its option's rule."""
+        rules = {}
+        for node in sorted(allocation):
+            option = allocation[node]
+            settings = (OPTIONS[option] if isinstance(option, str) else option).settings
+            if settings is not None:
+                rules[node] = settings
+        op_type = dict.fromkeys(sorted(self.op_types))
+        return self.builder.build(self.ws.config.with_rules(op_type=op_type, node_name=rules, exclude=())).model
 
 
 def tune(request: TuneRequest, config: QConfig, progress: ProgressFactory | None) -> TuneResult:
@@ -135,16 +141,12 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
     """The workspace at the widest option's opset, calibrated once (with the GPTQ inputs when the space has GPTQ)."""
     space = for_objective(options_for(config.target), _timed(request.options))
     # Candidates are built at the opset the widest option needs (int2 weights: 25), so each one loads.
-    opset = max(load_config({**config.raw, "global": o.entry}).opset_requirement()[0] for o in space if o.entry)
+    opset = max(config.with_rules(global_=o.entry).opset_requirement()[0] for o in space if o.entry)
     ws = open_workspace(request.model_path, config, opset, request.input_shapes)
     # GPTQ options need each node's calibration inputs: gathered in the same float pass (within the
     # collector's memory budget; nodes past it are rounded to nearest, as quantize would)
-    global_with_gptq = {
-        **config.raw["global"],
-        "algorithms": {**config.raw["global"]["algorithms"], **GPTQ["algorithms"]},
-    }
     wants_inputs = len(without_algorithms(space)) < len(space)
-    collector = input_collector(ws, load_config({**config.raw, "global": global_with_gptq})) if wants_inputs else None
+    collector = input_collector(ws, config.with_rules(global_=GPTQ)) if wants_inputs else None
     stats = observe(ws, request.data_dir, request.calibration, progress, inputs=collector)
     algorithms = WeightAlgorithms(collector.result) if collector is not None else None
     if algorithms is None:
@@ -230,7 +232,7 @@ def _cache_dir(options: TuneOptions) -> Path | None:
 
 def _block_axes(tuning: Tuning) -> dict[str, int | None]:
     """Each weighted node's per-block axis (the reduction axis), as the plan of per-block weights has it."""
-    blocked = load_config({**tuning.ws.config.raw, "global": W4.entry})
+    blocked = tuning.ws.config.with_rules(global_=W4.entry)
     return {n.name: n.weight.axis for n in tuning.ws.plan(blocked).nodes if n.weight is not None}
 
 

@@ -254,7 +254,7 @@ def _keeps_final_int8(scheme: NodeScheme) -> bool:
     """Whether a weight-only final projection asked for 4 or 2 bits keeps int8 instead."""
     spec = scheme.weight
     explicit = scheme.rule.startswith("node_name:")  # a rule for this very node is taken at its word
-    return spec.final_layer_int8 and not spec.fp16 and quant_type(spec.dtype).bits < 8 and not explicit
+    return bool(spec.final_layer_int8) and not spec.fp16 and quant_type(spec.dtype).bits < 8 and not explicit
 
 
 def _dynamic_reason(node: onnx.NodeProto, weight: WeightPlan | None) -> str | None:
@@ -322,4 +322,4 @@ def _weight_plan(roles: WeightRoles, scheme: NodeScheme, g: GraphView, node: str
             hint=f"set axis between {-rank} and {rank - 1} (rule {scheme.rule})",
         )
     axis %= rank
-    return WeightPlan(roles.name, axis, (spec.block_size or 32) if spec.per_block else None)
+    return WeightPlan(roles.name, axis, spec.block_size if spec.per_block else None)

@@ -328,6 +328,7 @@ class StoredForms:
             codes, scale, zero = codes.T, scale.T, zero.T
         zero = zero + offset
         centred = bool(np.all(zero == 1 << (bits - 1)))
+        assert spec.accuracy_level is not None  # a weight scheme carries the config's accuracy_level
         packed = pack_codes(
             codes + offset, scale, None if centred else zero, bits, qp.block_size, accuracy_level=spec.accuracy_level
         )

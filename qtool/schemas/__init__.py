@@ -42,4 +42,8 @@ def json_schema(name: str) -> dict[str, Any]:
     if name not in models:
         raise QtoolError(f"unknown schema '{name}'", hint=f"choose one of: {', '.join(SCHEMA_NAMES)}")
     schema = models[name].model_json_schema(by_alias=True)
+    if name == "config":
+        from qtool.schemas.config import schema_with_defaults
+
+        schema = schema_with_defaults(schema)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": f"qtool:{name}", **schema}

@@ -11,10 +11,12 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from functools import lru_cache
+from importlib import resources
 from typing import Annotated, Any, ClassVar, Literal
 
 import onnx.defs
 import re2
+import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from qtool.errors import QtoolError
@@ -110,15 +112,41 @@ ObserverSpec = Annotated[
 class WeightSettings(_Strict):
     """How a node's constant weight is stored."""
 
-    dtype: WeightDtype | None = None
-    granularity: Granularity | None = None
-    symmetric: bool | None = None
-    block_size: Annotated[int, Field(ge=2, le=MAX_BLOCK_SIZE)] | None = None
-    axis: int | None = None
-    saturation: Literal["uint8", "reduce_range", "ignore"] | None = None
-    final_layer_int8: bool | None = None
-    format: Literal["qdq", "matmul_nbits"] | None = None
-    accuracy_level: Annotated[int, Field(ge=0, le=4)] | None = None
+    dtype: WeightDtype | None = Field(
+        None, description="int8 | uint8 | int4 | uint4 | int2 | uint2 | fp16 (cast to float16)"
+    )
+    granularity: Granularity | None = Field(None, description="per_tensor | per_channel | per_block")
+    symmetric: bool | None = Field(None, description="zero point 0 (centre for unsigned), narrow range [-qmax, qmax]")
+    block_size: Annotated[int, Field(ge=2, le=MAX_BLOCK_SIZE)] | None = Field(
+        None, description="per_block only: weights per scale along the reduction axis (null: the default)"
+    )
+    axis: int | None = Field(
+        None,
+        description="null: the op's natural axis (per_channel: output channels; per_block: the reduction axis, e.g. K"
+        " of a MatMul weight [K, N])",
+    )
+    saturation: Literal["uint8", "reduce_range", "ignore"] | None = Field(
+        None,
+        description="integer-placed nodes with 8-bit activations: x86 CPUs without VNNI saturate int16 sums of uint8 "
+        "x int8 products. uint8: store int8 weights as uint8 (exact kernels on every CPU, same levels); "
+        "reduce_range: int8 in [-64, 63] (fastest, one bit less); ignore: full-range int8, for VNNI / ARM"
+        " deployments only",
+    )
+    final_layer_int8: bool | None = Field(
+        None,
+        description="weight-only 4/2-bit weights: the final projection (the last weighted node before an output) "
+        "keeps int8; a node_name rule wins",
+    )
+    format: Literal["qdq", "matmul_nbits"] | None = Field(
+        None,
+        description="qdq: DequantizeLinear (any runtime); matmul_nbits: MatMul weights written as onnxruntime's "
+        "com.microsoft MatMulNBits (per_block along K, 2/4/8 bits, block a power of two >= 16)",
+    )
+    accuracy_level: Annotated[int, Field(ge=0, le=4)] | None = Field(
+        None,
+        description="matmul_nbits only: 0 float compute; 4 quantizes the activations to int8 per block inside the "
+        "kernel (faster on CPUs, a little less accurate)",
+    )
 
     nullable: ClassVar[frozenset[str]] = frozenset({"block_size", "axis"})
 
@@ -126,10 +154,12 @@ class WeightSettings(_Strict):
 class ActivationSettings(_Strict):
     """How a node's float inputs (and the output it feeds an integer consumer) are quantized."""
 
-    dtype: ActivationDtype | None = None
-    granularity: Literal["per_tensor"] | None = None
-    symmetric: bool | None = None
-    observer: ObserverSpec | None = None
+    dtype: ActivationDtype | None = Field(None, description="uint8 | int8 | uint16 | int16")
+    granularity: Literal["per_tensor"] | None = Field(None, description="activations are always per_tensor")
+    symmetric: bool | None = Field(None, description="zero point 0 (int8) or the centre (uint8)")
+    observer: ObserverSpec | None = Field(
+        None, description="null: calibration.observer; or a name / {name: ..., <option>: ...}"
+    )
 
     nullable: ClassVar[frozenset[str]] = frozenset({"observer"})
 
@@ -137,12 +167,28 @@ class ActivationSettings(_Strict):
 class AlgorithmSettings(_Strict):
     """Accuracy algorithms applied to the nodes a rule matches (see docs/algorithms.md)."""
 
-    rounding: Literal["nearest", "gptq", "adaround"] | None = None
-    bias_correction: bool | None = None
-    equalization: bool | None = None
-    smoothquant: bool | None = None
-    smoothquant_alpha: Annotated[float, Field(gt=0, le=1)] | None = None
-    awq: bool | None = None
+    rounding: Literal["nearest", "gptq", "adaround"] | None = Field(
+        None,
+        description="nearest | gptq | adaround: how weights are rounded onto their grid (gptq and adaround minimise "
+        "the output error on the calibration inputs)",
+    )
+    bias_correction: bool | None = Field(
+        None, description="fold the mean output error of the rounded weight into the bias"
+    )
+    equalization: bool | None = Field(
+        None, description="cross-layer equalization of Conv -> Conv chains before calibration"
+    )
+    smoothquant: bool | None = Field(
+        None, description="move MatMul/Gemm activation outliers into the weights before calibration"
+    )
+    smoothquant_alpha: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        None, description="SmoothQuant's migration strength, above 0 and at most 1"
+    )
+    awq: bool | None = Field(
+        None,
+        description="AWQ for weight-only MatMul/Gemm (4/2-bit, float activations): scale input channels by their "
+        "calibration activations, searched per input tensor",
+    )
 
     @field_validator("smoothquant_alpha", mode="before")
     @classmethod
@@ -155,20 +201,34 @@ class AlgorithmSettings(_Strict):
 class NodeSettings(_Strict):
     """Settings of the nodes one rule matches; ``null`` in its place keeps them in float."""
 
-    weight: WeightSettings | None = None
-    activation: ActivationSettings | None = None
-    weight_only: bool | None = None
-    placement: Literal["auto", "integer", "storage"] | None = None
-    mode: Literal["static", "dynamic"] | None = None
-    algorithms: AlgorithmSettings | None = None
+    weight: WeightSettings | None = Field(None, description="how the node's constant weight is stored")
+    activation: ActivationSettings | None = Field(
+        None, description="how the node's float inputs (and the output it feeds an integer consumer) are quantized"
+    )
+    weight_only: bool | None = Field(None, description="true: quantize weights only, keep activations float")
+    placement: Literal["auto", "integer", "storage"] | None = Field(
+        None,
+        description="integer: Q/DQ so onnxruntime runs integer kernels; storage: weights stored quantized, restored "
+        "to float at load; auto: integer where a node does enough work per value to gain from it",
+    )
+    mode: Literal["static", "dynamic"] | None = Field(
+        None,
+        description="static: activations quantized with calibrated ranges (Q/DQ); dynamic: integer MatMul/Gemm "
+        "quantize their inputs at run time (no calibration for them; convolutions stay static)",
+    )
+    algorithms: AlgorithmSettings | None = Field(
+        None, description="accuracy algorithms (see docs/algorithms.md); they need calibration data"
+    )
 
 
 class CalibrationSection(_Strict):
     """How ``qtool calibrate`` observes activations."""
 
-    observer: ObserverSpec | None = None
-    batch_size: Positive | None = None
-    limit: Positive | None = None
+    observer: ObserverSpec | None = Field(
+        None, description="see `qtool observers`; or {name: percentile, percentile: 99.9}"
+    )
+    batch_size: Positive | None = Field(None, description="samples per inference when the batch dimension is dynamic")
+    limit: Positive | None = Field(None, description="use only the first N samples (null: all)")
 
     nullable: ClassVar[frozenset[str]] = frozenset({"limit"})
 
@@ -176,11 +236,18 @@ class CalibrationSection(_Strict):
 class AccuracySection(_Strict):
     """The sensitivity search run by ``quantize --data``."""
 
-    target_sqnr_db: float | None = None
-    max_float_nodes: Positive | None = None
-    samples: Positive | None = None
-    search_seconds: PositiveSeconds | None = None
-    latency_runs: NonNegative | None = None
+    target_sqnr_db: float | None = Field(
+        None,
+        description="the worst output's SQNR the measured placement choice aims for; null: no search and no choice "
+        "(placement by the rules)",
+    )
+    max_float_nodes: Positive | None = Field(None, description="at most this many nodes get float activations")
+    samples: Positive | None = Field(None, description="samples scored per candidate, spread evenly over the data")
+    search_seconds: PositiveSeconds | None = Field(None, description="the search stops trying nodes after this long")
+    latency_runs: NonNegative | None = Field(
+        None,
+        description="timing rounds per candidate (0: no timing, the auto candidate with the search's nodes is kept)",
+    )
 
     nullable: ClassVar[frozenset[str]] = frozenset({"target_sqnr_db"})
 
@@ -195,14 +262,16 @@ class AccuracySection(_Strict):
 class PreprocessSection(_Strict):
     """How image samples become a model input."""
 
-    resize: Size | None = None
-    center_crop: Size | None = None
-    scale: float | None = None
-    mean: list[float] | None = None
-    std: list[float] | None = None
-    channel_order: Literal["RGB", "BGR"] | None = None
-    layout: Literal["NCHW", "NHWC"] | None = None
-    dtype: Literal["float32", "float16", "uint8", "int8"] | None = None
+    resize: Size | None = Field(None, description="image samples: resize to this side or [height, width]")
+    center_crop: Size | None = Field(None, description="image samples: crop the centre to this side or [height, width]")
+    scale: float | None = Field(None, description="multiply pixel values by this (e.g. 1/255)")
+    mean: list[float] | None = Field(None, description="subtract per channel (1 or 3 values)")
+    std: list[float] | None = Field(None, description="divide per channel (1 or 3 non-zero values)")
+    channel_order: Literal["RGB", "BGR"] | None = Field(None, description="RGB | BGR")
+    layout: Literal["NCHW", "NHWC"] | None = Field(None, description="NCHW | NHWC")
+    dtype: Literal["float32", "float16", "uint8", "int8"] | None = Field(
+        None, description="float32 | float16 | uint8 | int8: the input's element type"
+    )
 
     @field_validator("resize", "center_crop", mode="before")
     @classmethod
@@ -244,15 +313,35 @@ class PreprocessSection(_Strict):
 class ConfigDocument(_Strict):
     """A QConfigDict file (every key optional; merged over the built-in default)."""
 
-    version: Literal[1] | None = None
-    target: Literal["cpu", "cuda", "tensorrt"] | None = None
-    global_: NodeSettings | None = Field(default=None, alias="global")
-    op_type: dict[str, NodeSettings | None] | None = None
-    node_name: dict[str, NodeSettings | None] | None = None
-    exclude: list[str] | None = None
-    calibration: CalibrationSection | None = None
-    accuracy: AccuracySection | None = None
-    preprocess: PreprocessSection | None = None
+    version: Literal[1] | None = Field(None, description="the config format's version (1)")
+    target: Literal["cpu", "cuda", "tensorrt"] | None = Field(
+        None,
+        description="where the model will run; its rules decide what quantize writes (CLI: --target). cpu: "
+        "onnxruntime's CPU kernels; cuda: weights stored quantized (placement auto becomes storage); "
+        "tensorrt: symmetric int8 everywhere TensorRT fuses it, Q/DQ on both inputs of every weighted op "
+        "and residual Add",
+    )
+    global_: NodeSettings | None = Field(
+        default=None, alias="global", description="applies to every quantizable node (Conv, Gemm, MatMul, Gather)"
+    )
+    op_type: dict[str, NodeSettings | None] | None = Field(
+        None, description="overrides by ONNX op type; null keeps every node of that type in float"
+    )
+    node_name: dict[str, NodeSettings | None] | None = Field(
+        None,
+        description="overrides by node name (exact, or re:<RE2 pattern>); they win over op_type; null keeps the node "
+        "in float",
+    )
+    exclude: list[str] | None = Field(
+        None, description="node names (exact or re:<pattern>) kept in float, whatever the rules say"
+    )
+    calibration: CalibrationSection | None = Field(None, description="how qtool calibrate observes activations")
+    accuracy: AccuracySection | None = Field(
+        None,
+        description="how quantize --data chooses what runs as integer kernels (the measured placement choice and "
+        "sensitivity search)",
+    )
+    preprocess: PreprocessSection | None = Field(None, description="how image samples become the model input")
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
     # a section set to null is dropped before the merge: the default applies
@@ -410,3 +499,29 @@ def compiled_pattern(pattern: str) -> Any:
     except re2.error as e:
         reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
         raise ValueError(reason) from None
+
+
+def schema_with_defaults(schema: dict[str, Any]) -> dict[str, Any]:
+    """The config's JSON Schema with each key's default from the built-in ``configs/default.yaml``.
+
+    Every key of a user's file is optional (it is merged over that file), so the models' own
+    default is null; the schema states the value a key takes when it is left out instead. Rules
+    under ``op_type`` and ``node_name`` take ``global``'s values for the keys they leave out.
+    """
+    text = resources.files("qtool").joinpath("configs/default.yaml").read_text(encoding="utf-8")
+    default = yaml.safe_load(text)
+    defs = schema.get("$defs", {})
+    sections = {
+        "NodeSettings": default["global"],
+        "WeightSettings": default["global"]["weight"],
+        "ActivationSettings": default["global"]["activation"],
+        "AlgorithmSettings": default["global"]["algorithms"],
+        "CalibrationSection": default["calibration"],
+        "AccuracySection": default["accuracy"],
+    }
+    for name, values in [*sections.items(), ("", default)]:
+        properties = defs.get(name, {}).get("properties", {}) if name else schema.get("properties", {})
+        for key, prop in properties.items():
+            if key in values and not isinstance(values[key], dict):
+                prop["default"] = values[key]
+    return schema

@@ -6,6 +6,7 @@ import pytest
 
 from qtool.config import load_config
 from qtool.errors import QtoolError
+from qtool.schemas.config import NodeSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,3 +135,54 @@ def test_a_node_name_rule_beats_an_op_type_null(tmp_path):
 def test_sections_of_the_wrong_type_are_config_errors(tmp_path, text):
     with pytest.raises(QtoolError, match="expected a mapping"):
         load_config(write(tmp_path, text))
+
+
+def test_every_key_of_the_default_config_is_described_and_defaulted_in_the_schema():
+    import yaml
+
+    from qtool.schemas import json_schema
+
+    schema = json_schema("config")
+    defs = schema["$defs"]
+    default = yaml.safe_load((Path(__file__).parents[2] / "configs" / "default.yaml").read_text())
+    where = {
+        "": (schema["properties"], default),
+        "NodeSettings": (defs["NodeSettings"]["properties"], default["global"]),
+        "WeightSettings": (defs["WeightSettings"]["properties"], default["global"]["weight"]),
+        "ActivationSettings": (defs["ActivationSettings"]["properties"], default["global"]["activation"]),
+        "AlgorithmSettings": (defs["AlgorithmSettings"]["properties"], default["global"]["algorithms"]),
+        "CalibrationSection": (defs["CalibrationSection"]["properties"], default["calibration"]),
+        "AccuracySection": (defs["AccuracySection"]["properties"], default["accuracy"]),
+    }
+    for name, (properties, values) in where.items():
+        assert set(values) <= set(properties), name  # the default file has no key the schema lacks
+        for key, prop in properties.items():
+            assert prop.get("description"), f"{name}.{key} has no description"
+            if key in values and not isinstance(values[key], dict):
+                assert prop["default"] == values[key], f"{name}.{key}"
+    assert set(defs["NodeSettings"]["properties"]) == set(default["global"])  # every setting has a default
+
+
+def test_the_validated_document_is_what_runs():
+    config = load_config({"global": {"algorithms": {"smoothquant_alpha": 1}}, "accuracy": {"search_seconds": 5}})
+    assert config.global_scheme.algorithms.smoothquant_alpha == 1.0 and isinstance(
+        config.global_scheme.algorithms.smoothquant_alpha, float
+    )
+    assert config.accuracy.search_seconds == 5.0
+    assert config.global_scheme.algorithms.rounding == "nearest"  # from the default file
+
+
+def test_a_null_block_size_means_the_default_block_size():
+    config = load_config({"global": {"weight": {"granularity": "per_block", "block_size": None}}})
+    assert config.global_scheme.weight.block_size == 32
+
+
+def test_candidate_configs_are_built_as_objects_and_resolve_like_a_loaded_file():
+    base = load_config()
+    built = base.with_rules(
+        op_type={"Conv": None}, node_name={"a": NodeSettings.model_validate({"weight": {"dtype": "int4"}})}
+    )
+    loaded = load_config({"op_type": {"Conv": None}, "node_name": {"a": {"weight": {"dtype": "int4"}}}})
+    for name, op in (("a", "Conv"), ("b", "Conv"), ("c", "MatMul")):
+        assert built.resolve(name, op) == loaded.resolve(name, op)
+    assert base.with_rules(global_={"weight": {"dtype": "int4"}}).global_scheme.weight.dtype == "int4"

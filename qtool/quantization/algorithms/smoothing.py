@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qtool.errors import QtoolError
 from qtool.graph.index import GraphView, subgraph_reads
 from qtool.graph.names import fresh_name
 from qtool.graph.weights import Weights, is_detached, mark_detached
@@ -42,7 +43,6 @@ from qtool.quantization.algorithms.smoothing_scales import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ALPHA = 0.5
 _SHAPE_READERS = {"Shape", "Size"}  # read only the shape, which smoothing keeps
 _ONNX_DOMAINS = ("", "ai.onnx")
 
@@ -88,7 +88,7 @@ def smooth(
     act_absmax: dict[str, np.ndarray],
     nodes: Callable[[str], bool] | Collection[str],
     *,
-    alpha: float | Callable[[str], float] = DEFAULT_ALPHA,
+    alpha: float | Callable[[str], float] | None = None,
     min_outlier_ratio: float = DEFAULT_MIN_OUTLIER_RATIO,
     scales: dict[str, tuple[np.ndarray, float]] | None = None,
 ) -> tuple[onnx.ModelProto, SmoothingReport]:
@@ -100,8 +100,9 @@ def smooth(
         act_absmax: per activation tensor (a reader's input A), its per-channel abs max along the
             reduction axis over the calibration data (see :func:`channel_absmax`).
         nodes: the node names that may be smoothed, or a predicate on them.
-        alpha: migration strength in [0, 1], or a function of the node name; a group of readers
-            of one tensor uses the alpha of its first reader in graph order.
+        alpha: migration strength in [0, 1] (the config's ``smoothquant_alpha``), or a function of the
+            node name; a group of readers of one tensor uses the alpha of its first reader in graph order.
+            Needed unless ``scales`` are given.
         min_outlier_ratio: smooth only tensors whose :func:`outlier_ratio` reaches this.
         scales: per tensor, the scales ``s`` (and the alpha that chose them) to apply as they are,
             instead of SmoothQuant's (AWQ chooses its own: :func:`.graph_transforms.choose_awq_scales`);
@@ -111,10 +112,13 @@ def smooth(
         The smoothed model and a report of the groups smoothed and the tensors skipped.
 
     Raises:
-        QtoolError: an alpha outside [0, 1].
+        QtoolError: an alpha outside [0, 1], or none without ``scales``.
     """
+    if alpha is None and scales is None:
+        raise QtoolError("smooth() needs an alpha (SmoothQuant's migration strength) or the scales to apply")
     selected = nodes if callable(nodes) else frozenset(nodes).__contains__
-    alpha_of = alpha if callable(alpha) else (lambda _name: alpha)
+    fixed_alpha = 0.0 if alpha is None else alpha  # with scales given, alpha is never read
+    alpha_of = fixed_alpha if callable(fixed_alpha) else (lambda _name: fixed_alpha)
     smoothed = onnx.ModelProto()
     smoothed.CopyFrom(model)
     return _Smoother(smoothed, store, scales).run(act_absmax, selected, alpha_of, min_outlier_ratio)

@@ -22,6 +22,7 @@ from qtool.graph.weights import Weights
 from qtool.quantization.tune.loop import Trial
 from qtool.quantization.tune.metric import MetricFunction, score_metric
 from qtool.quantization.tune.sensitivity import sqnr_db
+from qtool.quantization.tune.space import BLOCK_SIZE
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def node_costs(
         channels = shape[axis] if axis is not None and shape else 1
         block_axis = block_axes.get(node)
         reduction = shape[block_axis] if block_axis is not None and shape else elements
-        blocks = elements // max(reduction, 1) * -(-reduction // 32)
+        blocks = elements // max(reduction, 1) * -(-reduction // BLOCK_SIZE)
         stored = {
             "float": 4.0 * elements,
             "fp16": 2.0 * elements,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from qtool.schemas.config import NodeSettings
+
 FP16_NSR = 1e-7  # noise-to-signal power of fp16 weights (11-bit mantissa): far below any target
 INT16_GAIN = 2.0**-16  # int16 activations: 256x finer steps than 8 bits, so 65536x less noise power
 
@@ -23,11 +25,30 @@ class Option:
     entry: dict[str, Any] | None
     integer: bool = False  # runs integer kernels (quantized activations): faster where the node does enough work
 
+    @property
+    def settings(self) -> NodeSettings | None:
+        """``entry`` validated by the config's schema (what a candidate config is built from)."""
+        return _validated(self.name, self.entry)
+
+
+_SETTINGS: dict[str, NodeSettings] = {}
+
+
+def _validated(name: str, entry: dict[str, Any] | None) -> NodeSettings | None:
+    if entry is None:
+        return None
+    if name not in _SETTINGS:
+        _SETTINGS[name] = NodeSettings.model_validate(entry)
+    return _SETTINGS[name]
+
+
+BLOCK_SIZE = 32  # the per-block options' scale per 32 weights along the reduction axis (their byte cost counts it)
+
 
 def _weights(dtype: str, granularity: str, **extra: Any) -> dict[str, Any]:
     weight: dict[str, Any] = {"dtype": dtype, "granularity": granularity, "final_layer_int8": False}
     if granularity == "per_block":
-        weight["block_size"] = 32
+        weight["block_size"] = BLOCK_SIZE
     return {"weight": weight, **extra}
 
 

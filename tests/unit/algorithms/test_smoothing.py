@@ -73,7 +73,7 @@ def _outlier_gamma(rng: np.random.Generator) -> np.ndarray:
 def _smooth_and_compare(model, feed, nodes=None, store=None, **kwargs) -> tuple[onnx.ModelProto, SmoothingReport]:
     store = store or Weights()
     names = nodes if nodes is not None else frozenset(n.name for n in model.graph.node)
-    smoothed, report = smooth(model, store, _absmax(model, feed, store), names, **kwargs)
+    smoothed, report = smooth(model, store, _absmax(model, feed, store), names, **{"alpha": 0.5, **kwargs})
     onnx.checker.check_model(store.embedded(smoothed))
     for want, got in zip(_run(model, feed, store), _run(smoothed, feed, store), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -220,7 +220,7 @@ def test_outliers_moved_into_the_weights_raise_the_quantized_sqnr():
     x = _outlier_input(rng, (1024, 64), factor=100.0)
     w = rng.normal(size=(64, 32)).astype(np.float32)
     model = _matmul([1024, 64], w)
-    smoothed, report = smooth(model, Weights(), {"x": channel_absmax(x)}, {"mm"})
+    smoothed, report = smooth(model, Weights(), {"x": channel_absmax(x)}, {"mm"}, alpha=0.5)
     assert report.groups[0].folded_into == ""
     inits = {i.name: numpy_helper.to_array(i) for i in smoothed.graph.initializer}
     mul, mm = smoothed.graph.node
@@ -245,10 +245,10 @@ def test_a_tensor_without_outliers_is_skipped_and_the_model_unchanged():
     rng = np.random.default_rng(8)
     model = _matmul([64, K], rng.normal(size=(K, 4)))
     stats = {"x": channel_absmax(rng.normal(size=(64, K)))}
-    smoothed, report = smooth(model, Weights(), stats, {"mm"})
+    smoothed, report = smooth(model, Weights(), stats, {"mm"}, alpha=0.5)
     assert report.groups == () and report.skipped[0][0] == "x" and "outlier ratio" in report.skipped[0][1]
     assert smoothed.SerializeToString() == model.SerializeToString()
-    _, forced = smooth(model, Weights(), stats, {"mm"}, min_outlier_ratio=0.0)
+    _, forced = smooth(model, Weights(), stats, {"mm"}, alpha=0.5, min_outlier_ratio=0.0)
     assert len(forced.groups) == 1
 
 
@@ -270,7 +270,7 @@ def test_unsmoothable_readers_and_missing_statistics_are_reported():
         helper.make_node("MatMul", ["x", "w"], ["y3"], name="no_stats"),
     ]
     model = _model(nodes, {"a": [K, 4], "x": [4, K], "b": [K, 4]}, ["y1", "y2", "y3"], {"w": rng.normal(size=(K, 4))})
-    _, report = smooth(model, Weights(), {"a": np.ones(K)}, {"gemm_ta", "two_activations"} | {"no_stats"})
+    _, report = smooth(model, Weights(), {"a": np.ones(K)}, {"gemm_ta", "two_activations"} | {"no_stats"}, alpha=0.5)
     reasons = dict(report.skipped)
     assert "transA=1" in reasons["a"]
     assert report.skipped[1] == ("x", "node 'two_activations': input B is not a constant initializer")
