@@ -35,7 +35,7 @@ def schema(
     name: Annotated[
         str,
         typer.Argument(
-            help="config, stats, calibrate-report, quantize-report, compare-report or tune-report.",
+            help="config, stats, calibrate-report, quantize-report, compare-report, inspect-report or tune-report.",
             show_default=False,
             metavar="NAME",
         ),

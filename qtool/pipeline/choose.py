@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 
 from qtool.calibration.outputs import FloatOutputs
-from qtool.config import AccuracySettings, QConfig
+from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.options import EvaluationOptions, SearchOptions
 from qtool.pipeline.build import Builder
@@ -17,6 +17,7 @@ from qtool.progress import ProgressFactory
 from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.selection import FloatModel, PlacementChoice, Samples, measure_placements
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
+from qtool.schemes import AccuracySettings
 
 RANK_SAMPLES = 4  # samples of the sensitivity search's one per-layer pass (spread over the data)
 

@@ -6,12 +6,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from qtool.config import TensorScheme
 from qtool.errors import QtoolError
 from qtool.observers import Observer
 from qtool.observers.base import check_range
 from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.qparams import QParams, compute_qparams, quant_type
+from qtool.schemes import TensorScheme
 
 
 def activation_qparams(rmin: np.ndarray, rmax: np.ndarray, scheme: TensorScheme, what: str) -> QParams:

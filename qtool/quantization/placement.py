@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import onnx
 
-from qtool.config import NodeScheme
 from qtool.graph.index import GraphView
 from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.roles import Roles, is_depthwise, node_macs
+from qtool.schemes import NodeScheme
 
 # A node runs as an integer kernel under placement "auto" only when it does at least this many
 # multiply-accumulates per sample: below it, onnxruntime spends more on Quantize/DequantizeLinear and

@@ -15,7 +15,7 @@ from dataclasses import replace
 import onnx
 from onnx import TensorProto, helper
 
-from qtool.config import NodeScheme, QConfig, TensorScheme, for_target
+from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.graph.index import GraphView, all_nodes, node_subgraphs
 from qtool.quantization.matmul_nbits import check_layout
@@ -23,6 +23,7 @@ from qtool.quantization.placement import isolated_integer_nodes, node_placement
 from qtool.quantization.plan_types import NodePlan, QuantPlan, WeightPlan
 from qtool.quantization.qparams import quant_type
 from qtool.quantization.roles import HANDLERS, LOOKUP_OPS, WeightRoles, node_macs, output_to_quantize
+from qtool.schemes import NodeScheme, TensorScheme, for_target
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qtool.config import NodeScheme, TensorScheme
+from qtool.schemes import NodeScheme, TensorScheme
 
 # x86 CPUs without VNNI (AVX2; AVX-512 before Cascade Lake; AMD before Zen 4) multiply 8-bit activations
 # by int8 weights with VPMADDUBSW, which adds two products in int16 and saturates: 255 x 127 x 2

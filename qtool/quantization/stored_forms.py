@@ -10,12 +10,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qtool.config import TensorScheme
 from qtool.errors import QtoolError
 from qtool.graph.index import all_nodes
 from qtool.graph.names import fresh_name
 from qtool.quantization.matmul_nbits import make_matmul_nbits, pack_codes
 from qtool.quantization.qparams import QParams, quant_type, to_tensor_proto
+from qtool.schemes import TensorScheme
 
 
 class Names:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from qtool.config import TensorScheme
 from qtool.graph.weights import Weights
 from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
 from qtool.quantization.plan_types import NodePlan, QuantPlan
 from qtool.quantization.qparams import QParams, compute_qparams, mse_weight_range, quant_type, quantize, weight_range
 from qtool.quantization.rewrite_report import RewriteReport
 from qtool.quantization.weight_copies import CopyKey, WeightUse, copy_key
+from qtool.schemes import TensorScheme
 
 _INT32_MAX = float(np.iinfo(np.int32).max)
 

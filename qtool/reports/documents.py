@@ -17,7 +17,16 @@ from qtool.quantization.inspection import Inspection
 from qtool.quantization.search import FallbackResult
 from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult, QuantizeResult
-from qtool.schemas.reports import CalibrateReport, CompareReport, QuantizeReport
+from qtool.schemas.reports import (
+    CalibrateReport,
+    CompareReport,
+    InspectedModel,
+    InspectedNode,
+    InspectReport,
+    InspectTotals,
+    KeptFloat,
+    QuantizeReport,
+)
 from qtool.system.doctor import Doctor
 
 SCHEMA_VERSION = 1  # inspect / quantize / calibrate documents
@@ -296,40 +305,41 @@ def to_json(document: dict[str, Any]) -> str:
 
 
 def inspection_to_dict(result: Inspection) -> dict[str, Any]:
-    """The ``qtool inspect --json`` document."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "qtool_version": __version__,
-        "model": {"path": result.model_path, "bytes": result.model_bytes},
-        "nodes": [
-            {
-                "name": r.name,
-                "op_type": r.op_type,
-                "rule": r.rule,
-                "weight": r.weight,
-                "activation": r.activation,
-                "weight_elements": r.weight_elements,
-                "float_bytes": r.float_bytes,
-                "quantized_bytes": r.quantized_bytes,
-                "placement": r.placement,
-                "placement_reason": r.reason,
-                "predicted_kernel": r.kernel,
-                "integer_kernel": not r.kernel.startswith("float"),
-                "kernel_reason": r.kernel_reason,
-                "algorithms": list(r.algorithms),
-            }
+    """The ``qtool inspect --json`` document (schema: :class:`qtool.schemas.reports.InspectReport`)."""
+    report = InspectReport(
+        schema_version=SCHEMA_VERSION,
+        qtool_version=__version__,
+        model=InspectedModel(path=result.model_path, bytes=result.model_bytes),
+        nodes=[
+            InspectedNode(
+                name=r.name,
+                op_type=r.op_type,
+                rule=r.rule,
+                weight=r.weight,
+                activation=r.activation,
+                weight_elements=r.weight_elements,
+                float_bytes=r.float_bytes,
+                quantized_bytes=r.quantized_bytes,
+                placement=r.placement,
+                placement_reason=r.reason,
+                predicted_kernel=r.kernel,
+                integer_kernel=not r.kernel.startswith("float"),
+                kernel_reason=r.kernel_reason,
+                algorithms=list(r.algorithms),
+            )
             for r in result.rows
         ],
-        "kept_float": [{"node": n, "op_type": op, "reason": why} for n, op, why in result.kept_float],
-        "passthrough_ops": result.passthrough,
-        "totals": {
-            "weight_elements": sum(r.weight_elements for r in result.rows),
-            "float_bytes": sum(r.float_bytes for r in result.rows),
-            "quantized_bytes": sum(r.quantized_bytes for r in result.rows),
-            "predicted_model_bytes": result.predicted_bytes,
-            "predicted_compression_ratio": result.predicted_ratio,
-        },
-    }
+        kept_float=[KeptFloat(node=n, op_type=op, reason=why) for n, op, why in result.kept_float],
+        passthrough_ops=result.passthrough,
+        totals=InspectTotals(
+            weight_elements=sum(r.weight_elements for r in result.rows),
+            float_bytes=sum(r.float_bytes for r in result.rows),
+            quantized_bytes=sum(r.quantized_bytes for r in result.rows),
+            predicted_model_bytes=result.predicted_bytes,
+            predicted_compression_ratio=result.predicted_ratio,
+        ),
+    )
+    return report.model_dump()
 
 
 def doctor_to_dict(result: Doctor) -> dict[str, Any]:

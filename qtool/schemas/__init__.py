@@ -15,7 +15,7 @@ from qtool.errors import QtoolError
 
 def _models() -> dict[str, type[BaseModel]]:
     from qtool.schemas.config import ConfigDocument
-    from qtool.schemas.reports import CalibrateReport, CompareReport, QuantizeReport
+    from qtool.schemas.reports import CalibrateReport, CompareReport, InspectReport, QuantizeReport
     from qtool.schemas.stats import StatsFile
     from qtool.schemas.tune import TuneReport
 
@@ -25,11 +25,20 @@ def _models() -> dict[str, type[BaseModel]]:
         "calibrate-report": CalibrateReport,
         "quantize-report": QuantizeReport,
         "compare-report": CompareReport,
+        "inspect-report": InspectReport,
         "tune-report": TuneReport,
     }
 
 
-SCHEMA_NAMES = ("config", "stats", "calibrate-report", "quantize-report", "compare-report", "tune-report")
+SCHEMA_NAMES = (
+    "config",
+    "stats",
+    "calibrate-report",
+    "quantize-report",
+    "compare-report",
+    "inspect-report",
+    "tune-report",
+)
 
 
 def json_schema(name: str) -> dict[str, Any]:

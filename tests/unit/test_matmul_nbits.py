@@ -6,7 +6,6 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from qtool.config import TensorScheme
 from qtool.errors import QtoolError
 from qtool.quantization.algorithms.gptq import RowGrid, gptq_round, round_nearest, weight_rows
 from qtool.quantization.matmul_nbits import (
@@ -17,6 +16,7 @@ from qtool.quantization.matmul_nbits import (
     pack_codes,
 )
 from qtool.quantization.weight_codes import weight_qparams
+from qtool.schemes import TensorScheme
 
 ROWS = 5  # rows of A
 

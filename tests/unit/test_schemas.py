@@ -84,6 +84,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "--json",
             out / "compare.json",
         ],
+        "inspect": ["inspect", cnn, "--data", calib_dir("cnn"), "--json", out / "inspect.json"],
         "tune": [
             "tune",
             sample("mlp"),
@@ -114,6 +115,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ("calibrate", "calibrate-report"),
         ("quantize", "quantize-report"),
         ("compare", "compare-report"),
+        ("inspect", "inspect-report"),
         ("tune", "tune-report"),
     ],
 )

@@ -15,7 +15,6 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from qtool.config import TensorScheme
 from qtool.graph.weights import Weights
 from qtool.quantization.algorithms.awq import channel_scales
 from qtool.quantization.algorithms.smoothing import SmoothingReport, smooth
@@ -23,6 +22,7 @@ from qtool.quantization.algorithms.smoothing_scales import channel_absmax
 from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.qparams import dequantize, quantize
 from qtool.quantization.weight_codes import weight_qparams
+from qtool.schemes import TensorScheme
 
 
 @dataclass

@@ -3,9 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qtool.config import TensorScheme
 from qtool.quantization.algorithms.awq import MEAN_FLOOR, channel_scales
 from qtool.quantization.algorithms.graph_transforms import AwqReader, InputMoments, choose_awq_scales
+from qtool.schemes import TensorScheme
 
 
 def _layer(seed: int, outliers: int, k: int = 256, n: int = 64, tokens: int = 256):

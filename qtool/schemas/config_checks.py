@@ -1,0 +1,212 @@
+"""Checking a QConfigDict against its models: errors in qtool's words, at the YAML line of the key or value.
+
+:func:`validate_document` validates a parsed document; an explicit ``null`` where none is
+allowed is marked first so that the error points at it; :func:`located_error` turns pydantic's
+first error into a QtoolError at the YAML position; rule names and patterns are checked too.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+import onnx.defs
+import re2
+from pydantic import BaseModel, ValidationError
+
+from qtool.errors import QtoolError
+from qtool.schemas.config import (
+    ACTIVATION_DTYPES,
+    CONFIG_VERSION,
+    GRANULARITIES,
+    MAX_BLOCK_SIZE,
+    SATURATION_GUARDS,
+    WEIGHT_DTYPES,
+    ConfigDocument,
+)
+
+_ONNX_OPS = sorted({schema.name for schema in onnx.defs.get_all_schemas()})
+
+
+class _Null:
+    """Stands in for an explicit ``null`` where none is allowed, so that validation reports it there."""
+
+    def __repr__(self) -> str:
+        return "None"
+
+
+NULL = _Null()
+
+
+def _mark_nulls(value: Any, model: type[BaseModel] | None) -> Any:
+    """``value`` with every forbidden explicit null replaced by :data:`NULL`."""
+    if model is None or not isinstance(value, dict):
+        return value
+    fields = {(f.alias or name): f for name, f in model.model_fields.items()}
+    nullable: frozenset[str] = getattr(model, "nullable", frozenset())
+    marked: dict[str, Any] = {}
+    for key, item in value.items():
+        field = fields.get(key)
+        if field is None:
+            marked[key] = item
+        elif item is None:
+            marked[key] = None if key in nullable else NULL
+        elif isinstance(item, dict) and key in ("op_type", "node_name"):
+            rule = _model_of(field.annotation)
+            marked[key] = {name: _mark_nulls(entry, rule) for name, entry in item.items()}
+        else:
+            marked[key] = _mark_nulls(item, _model_of(field.annotation))
+    return marked
+
+
+def validate_document(value: Any, error: Callable[..., QtoolError]) -> ConfigDocument:
+    """Validate a parsed YAML document; ``error(path, message, hint=..., at_key=...)`` locates failures."""
+    if not isinstance(value, dict):
+        raise error((), f"expected a mapping, got {type(value).__name__}")
+    if "global" in value and value["global"] is None:
+        raise error(("global",), "global cannot be null", hint="use op_type or exclude to keep nodes in float")
+    try:
+        document = ConfigDocument.model_validate(_mark_nulls(value, ConfigDocument))
+    except ValidationError as e:
+        raise located_error(e, error) from None
+    _check_names(value, error)
+    return document
+
+
+def _check_names(value: dict[str, Any], error: Callable[..., QtoolError]) -> None:
+    """Rule keys and exclude entries: valid RE2 patterns, and op types ONNX knows."""
+
+    def check_pattern(pattern: str, path: tuple[str, ...], *, at_key: bool) -> None:
+        if pattern.startswith("re:"):
+            try:
+                compiled_pattern(pattern[3:])
+            except (ValueError, OverflowError, RecursionError) as e:
+                raise error(
+                    path,
+                    f"invalid regular expression: {e}",
+                    hint="patterns use RE2 syntax (Python's, without backreferences and lookaround)",
+                    at_key=at_key,
+                ) from e
+
+    for section in ("op_type", "node_name"):
+        for key in value.get(section) or {}:
+            check_pattern(key, (section, key), at_key=True)
+    for index, pattern in enumerate(value.get("exclude") or []):
+        check_pattern(pattern, ("exclude", str(index)), at_key=False)
+    for op_type in value.get("op_type") or {}:
+        if not onnx.defs.has(op_type):
+            close = difflib.get_close_matches(op_type, _ONNX_OPS, n=3)
+            raise error(
+                ("op_type", op_type),
+                f"unknown ONNX op type '{op_type}'",
+                hint=f"did you mean {', '.join(close)}?" if close else "op types are case-sensitive",
+                at_key=True,
+            )
+
+
+# What a failed check says, by the field it concerns (pydantic's own words otherwise).
+_FIELD_MESSAGES = {
+    "block_size": f"expected an integer from 2 to {MAX_BLOCK_SIZE}",
+    "axis": "expected an integer axis or null",
+    "batch_size": "expected a positive integer",
+    "limit": "expected a positive integer",
+    "max_float_nodes": "expected a positive integer",
+    "samples": "expected a positive integer",
+    "search_seconds": "expected a number of seconds above 0 (at most 86400)",
+    "latency_runs": "expected an integer from 0 to 10000 (0: no timing)",
+    "smoothquant_alpha": "expected a migration strength above 0 and at most 1",
+    "exclude": "expected a list of node names",
+}
+ROUNDINGS = ("nearest", "gptq", "adaround")
+_CHOICES = {
+    "rounding": ("unknown rounding", ROUNDINGS),
+    "granularity": ("unknown granularity", GRANULARITIES),
+    "saturation": ("unknown saturation guard", SATURATION_GUARDS),
+}
+
+
+def located_error(e: ValidationError, error: Callable[..., QtoolError]) -> QtoolError:
+    """The first validation error as a QtoolError at its YAML position, in qtool's words."""
+    first = e.errors()[0]
+    loc = tuple(str(p) for p in first["loc"])
+    path = tuple("global" if p == "global_" else p for p in loc)
+    kind, value = first["type"], first.get("input")
+    if value is NULL:
+        value = None
+    field = path[-1] if path else ""
+    parent = path[-2] if len(path) > 1 else ""
+    shown = f"{value!r:.60}"
+    if kind == "extra_forbidden":
+        return error(path, f"unknown key '{field}'", hint=_allowed_hint(path), at_key=True)
+    if kind == "value_error":
+        return error(path, str(first["msg"]).removeprefix("Value error, "))
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        if parent in ("op_type", "node_name") or field in ("op_type", "node_name"):
+            return error(path, f"expected a mapping of names to settings, got {type(value).__name__}")
+        return error(path, f"expected a mapping, got {type(value).__name__}")
+    if kind in ("bool_type", "bool_parsing"):
+        return error(path, f"expected true or false, got {shown}")
+    if kind == "literal_error":
+        if field == "version":
+            return error(path, f"unsupported config version {shown}", hint=f"this qtool reads version {CONFIG_VERSION}")
+        if field == "dtype" and parent in ("weight", "activation"):
+            choices: tuple[str, ...] = WEIGHT_DTYPES if parent == "weight" else ACTIVATION_DTYPES
+            return error(path, f"unsupported {parent} dtype {shown}", hint=f"choose one of: {', '.join(choices)}")
+        if field == "granularity" and parent == "activation":
+            return error(path, "activations can only be quantized per_tensor")
+        if field in _CHOICES:
+            words, choices = _CHOICES[field]
+            return error(path, f"{words} {shown}", hint=f"choose one of: {', '.join(choices)}")
+        expected = str(first.get("ctx", {}).get("expected", "")).replace("'", "").replace(" or ", ", ")
+        return error(path, f"expected one of {expected}, got {shown}")
+    for name in (field, parent):
+        if name in _FIELD_MESSAGES:
+            return error(path[: path.index(name) + 1], f"{_FIELD_MESSAGES[name]}, got {shown}")
+    return error(path, f"{first['msg']}, got {shown}")
+
+
+def _allowed_hint(path: tuple[str, ...]) -> str:
+    """The keys allowed where an unknown one was found."""
+    model: Any = ConfigDocument
+    for part in path[:-1]:
+        fields = {(f.alias or name): f for name, f in model.model_fields.items()}
+        if part in fields:
+            model = _model_of(fields[part].annotation)
+        # a rule's name under op_type / node_name keeps the same model
+        if model is None:
+            return "see docs/configuration.md"
+    keys = sorted((f.alias or name) for name, f in model.model_fields.items())
+    return f"allowed keys: {', '.join(keys)}"
+
+
+def _model_of(annotation: Any) -> Any:
+    """The pydantic model inside ``X | None`` or ``dict[str, X | None]``."""
+    stack = [annotation]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            return item
+        stack.extend(getattr(item, "__args__", ()))
+    return None
+
+
+@lru_cache(maxsize=512)
+def compiled_pattern(pattern: str) -> Any:
+    """A ``re:`` pattern compiled by RE2: matching takes time linear in the name, whatever the pattern.
+
+    Python's ``re`` backtracks: ``(a+)+$`` against a long node name runs for minutes. RE2 has the
+    same syntax but for backreferences and lookaround, which a node-name rule does not need.
+
+    Raises:
+        ValueError: not a pattern RE2 accepts (the message is RE2's).
+    """
+    options = re2.Options()
+    options.log_errors = False  # RE2 would print parse errors to stderr; the caller reports them
+    options.max_mem = 8 << 20
+    try:
+        return re2.compile(pattern, options=options)
+    except re2.error as e:
+        reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise ValueError(reason) from None

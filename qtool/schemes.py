@@ -1,0 +1,131 @@
+"""The resolved quantization settings of a node, and how a target changes them.
+
+Records, built by :meth:`qtool.config.QConfig.resolve` from the config's validated document:
+each value comes from the config (configs/default.yaml under the user's file), none is defaulted here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TensorScheme:
+    """How one tensor role (weight or activation) is quantized."""
+
+    dtype: str
+    granularity: str
+    symmetric: bool
+    # The rest applies to one role only; None where it does not apply. The values come from the
+    # config (configs/default.yaml and the user's file): see qtool.schemas.config for each key.
+    block_size: int | None = None  # per_block only
+    axis: int | None = None  # overrides the op's natural channel / block axis
+    observer: str | dict[str, Any] | None = None  # activations: overrides calibration.observer
+    saturation: str | None = None  # weights: uint8 | reduce_range | ignore (see quantization.plan.guard_saturation)
+    final_layer_int8: bool | None = None  # weights: a weight-only final projection keeps int8 when 4/2-bit is asked
+    format: str | None = None  # weights: qdq (DequantizeLinear) | matmul_nbits (onnxruntime's MatMulNBits, MatMul only)
+    accuracy_level: int | None = None  # weights, matmul_nbits: the op's compute precision (0 float, 4 int8 activations)
+
+    @property
+    def per_channel(self) -> bool:
+        return self.granularity == "per_channel"
+
+    @property
+    def per_block(self) -> bool:
+        return self.granularity == "per_block"
+
+    @property
+    def fp16(self) -> bool:
+        return self.dtype == "fp16"
+
+    def describe(self) -> str:
+        """Short text such as ``int4 per_block(32) sym``."""
+        if self.fp16:
+            return "fp16"
+        granularity = f"per_block({self.block_size})" if self.per_block else self.granularity
+        return f"{self.dtype} {granularity} {'sym' if self.symmetric else 'asym'}"
+
+
+@dataclass(frozen=True)
+class Algorithms:
+    """The accuracy algorithms a node gets (see :mod:`qtool.quantization.algorithms`)."""
+
+    rounding: str  # nearest | gptq | adaround: how weights are rounded onto their grid
+    bias_correction: bool  # cancel the mean output shift the rounded weight causes
+    equalization: bool  # cross-layer equalization of Conv chains, before calibration
+    smoothquant: bool  # move activation outliers into MatMul/Gemm weights, before calibration
+    smoothquant_alpha: float  # SmoothQuant's migration strength
+    awq: bool  # scale weight-only MatMul/Gemm input channels by their activations, before quantizing
+
+    @property
+    def need_inputs(self) -> bool:
+        """Whether the node's calibration inputs (Hessian, mean patch) are needed."""
+        return self.rounding != "nearest" or self.bias_correction
+
+    def names(self) -> list[str]:
+        """The algorithms turned on, as short names (``gptq``, ``bias_correction``...)."""
+        names = [self.rounding] if self.rounding != "nearest" else []
+        names += [name for name in ("bias_correction", "equalization", "smoothquant", "awq") if getattr(self, name)]
+        return names
+
+
+@dataclass(frozen=True)
+class NodeScheme:
+    """The resolved quantization settings of one node, and the rule that decided them."""
+
+    weight: TensorScheme
+    activation: TensorScheme
+    weight_only: bool
+    rule: str  # global, op_type:<type>, node_name:<pattern>, ... (see QConfig.resolve)
+    placement: str  # integer kernels, storage-only compression, or decided per node
+    algorithms: Algorithms
+    mode: str  # "dynamic": integer MatMul/Gemm quantize their inputs at run time
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """How ``calibrate`` walks the dataset."""
+
+    observer: str
+    batch_size: int
+    limit: int | None
+    observer_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AccuracySettings:
+    """The sensitivity search ``quantize`` runs when it has samples (see :mod:`qtool.quantization.search`)."""
+
+    target_sqnr_db: float | None  # None: no search
+    max_float_nodes: int
+    samples: int  # spread evenly over the data set
+    search_seconds: float  # the search stops trying nodes after this long
+    latency_runs: int  # interleaved timing rounds per candidate placement (0: placement by the MAC model)
+
+
+TARGETS = ("cpu", "cuda", "tensorrt")
+
+
+def for_target(scheme: NodeScheme, target: str) -> NodeScheme:
+    """``scheme`` as ``target`` runs it.
+
+    * ``cpu``: as configured.
+    * ``cuda``: onnxruntime's CUDA provider has no integer kernels for Q/DQ models (it dequantizes and
+      runs float), so ``placement: auto`` stores weights quantized and restores them at load.
+    * ``tensorrt``: TensorRT runs int8 only with symmetric int8 on both inputs of a layer, so
+      activations become int8 with zero point 0, int8 weights symmetric (full range: GPUs do not
+      saturate like VNNI-less CPUs), and every auto or storage node an integer one (a weight
+      restored to float only costs time there). Weight-only nodes stay weight-only.
+    """
+    if target == "cuda" and scheme.placement == "auto" and not scheme.weight_only:
+        return replace(scheme, placement="storage", rule=scheme.rule)
+    if target != "tensorrt":
+        return scheme
+    activation = replace(scheme.activation, dtype="int8", symmetric=True)
+    weight = scheme.weight
+    if not weight.fp16:
+        signed = {"uint8": "int8", "uint4": "int4", "uint2": "int2"}.get(weight.dtype, weight.dtype)
+        weight = replace(weight, dtype=signed, symmetric=True, saturation="ignore")
+    placement = scheme.placement if scheme.weight_only else "integer"
+    return replace(scheme, activation=activation, weight=weight, placement=placement)
