@@ -1,4 +1,4 @@
-"""The JSON documents of every command, each checked against its schema model before it is written."""
+"""The JSON documents of every command, each built as its schema model (qtool.schemas), which is the one definition."""
 
 from __future__ import annotations
 
@@ -6,27 +6,16 @@ import json
 import math
 from typing import Any
 
-from pydantic import BaseModel
-
 from qtool._version import __version__
 from qtool.calibration.statistics import CalibrationStats
 from qtool.evaluation.baseline import BaselineComparison
-from qtool.evaluation.layers import largest_drop
-from qtool.evaluation.metrics import ErrorMetrics, LatencyStats
+from qtool.evaluation.layers import LayerError, largest_drop
+from qtool.evaluation.metrics import ErrorMetrics, LatencyComparison, LatencyStats
 from qtool.quantization.inspection import Inspection
 from qtool.quantization.search import FallbackResult
 from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult, QuantizeResult
-from qtool.schemas.reports import (
-    CalibrateReport,
-    CompareReport,
-    InspectedModel,
-    InspectedNode,
-    InspectReport,
-    InspectTotals,
-    KeptFloat,
-    QuantizeReport,
-)
+from qtool.schemas import reports as doc
 from qtool.system.doctor import Doctor
 
 SCHEMA_VERSION = 1  # inspect / quantize / calibrate documents
@@ -39,264 +28,253 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _metrics_dict(m: ErrorMetrics) -> dict[str, Any]:
-    return {
-        "name": m.name,
-        "mse": m.mse,
-        "sqnr_db": _finite(m.sqnr_db),
-        "cosine": m.cosine,
-        "max_abs_error": m.max_abs_error,
-        "elements": m.elements,
-    }
+def _metrics(m: ErrorMetrics) -> doc.Metrics:
+    return doc.Metrics(
+        name=m.name,
+        mse=m.mse,
+        sqnr_db=_finite(m.sqnr_db),
+        cosine=m.cosine,
+        max_abs_error=m.max_abs_error,
+        elements=m.elements,
+    )
 
 
-def _latency_dict(stats: LatencyStats) -> dict[str, Any]:
-    return {
-        "median_ms": stats.median_ms,
-        "p90_ms": stats.p90_ms,
-        "p99_ms": stats.p99_ms,
-        "mean_ms": stats.mean_ms,
-        "runs": stats.runs,
-    }
+def _latency_stats(stats: LatencyStats) -> doc.LatencyStats:
+    return doc.LatencyStats(
+        median_ms=stats.median_ms, p90_ms=stats.p90_ms, p99_ms=stats.p99_ms, mean_ms=stats.mean_ms, runs=stats.runs
+    )
 
 
-def _baseline_dict(baseline: BaselineComparison) -> dict[str, Any]:
+def _baseline(baseline: BaselineComparison) -> doc.Baseline:
     def number(value: float | None) -> float | None:
         return None if value is None else _finite(value)
 
-    return {
-        "path": baseline.path,
-        "same_reference": baseline.same_reference,
-        "same_data": baseline.same_data,
-        "regressed": baseline.regressed,
-        "changes": [
-            {
-                "metric": c.metric,
-                "baseline": number(c.baseline),
-                "current": number(c.current),
-                "change": number(c.change),
-                "better": c.better,
-                "regressed": c.regressed,
-                "note": c.note,
-            }
+    return doc.Baseline(
+        path=baseline.path,
+        same_reference=baseline.same_reference,
+        same_data=baseline.same_data,
+        regressed=baseline.regressed,
+        changes=[
+            doc.BaselineChange(
+                metric=c.metric,
+                baseline=number(c.baseline),
+                current=number(c.current),
+                change=number(c.change),
+                better=c.better,
+                regressed=c.regressed,
+                note=c.note,
+            )
             for c in baseline.changes
         ],
-    }
+    )
+
+
+def _accuracy(result: ComparisonResult) -> doc.Accuracy:
+    return doc.Accuracy(
+        overall=_metrics(result.overall),
+        outputs=[_metrics(m) for m in result.outputs],
+        task=result.task_note,
+        output_kinds=[doc.OutputKind(output=k.name, kind=k.kind, reason=k.reason) for k in result.output_kinds],
+        classification=[doc.Agreement(output=a.name, top1=a.top1, top5=a.top5, rows=a.rows) for a in result.agreement],
+        boxes=[doc.BoxIoU(output=b.name, mean_iou=b.mean_iou, boxes=b.boxes) for b in result.boxes],
+    )
+
+
+def _per_layer(layers: list[LayerError]) -> doc.PerLayer:
+    drop = largest_drop(layers)
+    return doc.PerLayer(
+        largest_drop=None
+        if drop is None
+        else doc.LargestDrop(node=drop.node, tensor=drop.tensor, drop_db=drop.drop_db),
+        layers=[
+            doc.Layer(
+                tensor=r.tensor,
+                node=r.node,
+                op_type=r.op_type,
+                sqnr_db=_finite(r.sqnr_db),
+                mse=r.mse,
+                cosine=r.cosine,
+                input_sqnr_db=r.input_sqnr_db,
+                drop_db=None if r.uncertain else r.drop_db,
+                candidate_tensor=r.candidate_tensor or r.tensor,
+                paired_by=r.paired_by,
+                folded=list(r.folded),
+                uncertain=r.uncertain or None,
+            )
+            for r in layers
+        ],
+    )
+
+
+def _latency(lat: LatencyComparison) -> doc.Latency:
+    return doc.Latency(
+        provider=lat.provider,
+        threads=lat.threads,
+        reference=_latency_stats(lat.reference),
+        candidate=_latency_stats(lat.candidate),
+        speedup=lat.speedup,
+        speedup_interval=list(lat.speedup_interval) if lat.speedup_interval else None,
+        latency_ratio=lat.latency_ratio,
+        latency_ratio_interval=list(lat.ratio_interval) if lat.ratio_interval else None,
+        setup_ms=list(lat.setup_ms) if lat.setup_ms else None,
+        io_binding=lat.io_binding,
+        candidate_sqnr_db=lat.candidate_sqnr_db,
+    )
+
+
+def _gates(result: ComparisonResult) -> doc.Gates:
+    return doc.Gates(
+        passed=result.gates_passed,
+        results=[
+            doc.GateResult(
+                gate=g.gate.label,
+                metric=g.gate.metric,
+                direction=g.gate.direction,
+                threshold=g.gate.threshold,
+                measured=None if g.measured is None else _finite(g.measured),
+                passed=g.passed,
+                note=g.note,
+            )
+            for g in result.gates
+        ],
+    )
+
+
+def _comparison(result: ComparisonResult) -> doc.CompareReport:
+    return doc.CompareReport(
+        schema_version=COMPARE_SCHEMA_VERSION,
+        qtool_version=__version__,
+        models=doc.Models(
+            reference=doc.ModelRef(path=result.reference.path, sha256=result.reference.sha256),
+            candidate=doc.ModelRef(path=result.candidate.path, sha256=result.candidate.sha256),
+        ),
+        data=doc.Data(dir=result.data_dir, samples=result.samples, calibration_data=result.calibration_data),
+        size=doc.Size(
+            reference_bytes=result.reference.size_bytes,
+            candidate_bytes=result.candidate.size_bytes,
+            compression_ratio=result.compression_ratio,
+        ),
+        accuracy=_accuracy(result),
+        per_layer=None if result.layers is None else _per_layer(result.layers),
+        latency=[_latency(lat) for lat in result.latency],
+        skipped_providers=[doc.SkippedProvider(provider=p, reason=why) for p, why in result.skipped_providers],
+        gates=_gates(result),
+        baseline=_baseline(result.baseline) if result.baseline else None,
+        reproducibility={
+            "reference_sha256": result.reference.sha256,
+            "candidate_sha256": result.candidate.sha256,
+            **result.reproducibility,
+        },
+    )
 
 
 def comparison_to_dict(result: ComparisonResult) -> dict[str, Any]:
     """The ``qtool compare --json`` document (schema: :class:`qtool.schemas.reports.CompareReport`)."""
-    drop = largest_drop(result.layers or [])
-    return _conforming(
-        CompareReport,
-        {
-            "schema_version": COMPARE_SCHEMA_VERSION,
-            "qtool_version": __version__,
-            "models": {
-                "reference": {"path": result.reference.path, "sha256": result.reference.sha256},
-                "candidate": {"path": result.candidate.path, "sha256": result.candidate.sha256},
-            },
-            "data": {
-                "dir": result.data_dir,
-                "samples": result.samples,
-                "calibration_data": result.calibration_data,
-            },
-            "size": {
-                "reference_bytes": result.reference.size_bytes,
-                "candidate_bytes": result.candidate.size_bytes,
-                "compression_ratio": result.compression_ratio,
-            },
-            "accuracy": {
-                "overall": _metrics_dict(result.overall),
-                "outputs": [_metrics_dict(m) for m in result.outputs],
-                "task": result.task_note,
-                "output_kinds": [{"output": k.name, "kind": k.kind, "reason": k.reason} for k in result.output_kinds],
-                "classification": [
-                    {"output": a.name, "top1": a.top1, "top5": a.top5, "rows": a.rows} for a in result.agreement
-                ],
-                "boxes": [{"output": b.name, "mean_iou": b.mean_iou, "boxes": b.boxes} for b in result.boxes],
-            },
-            "per_layer": None
-            if result.layers is None
-            else {
-                "largest_drop": None
-                if drop is None
-                else {"node": drop.node, "tensor": drop.tensor, "drop_db": drop.drop_db},
-                "layers": [
-                    {
-                        "tensor": r.tensor,
-                        "node": r.node,
-                        "op_type": r.op_type,
-                        "sqnr_db": _finite(r.sqnr_db),
-                        "mse": r.mse,
-                        "cosine": r.cosine,
-                        "input_sqnr_db": r.input_sqnr_db,
-                        "drop_db": None if r.uncertain else r.drop_db,
-                        "candidate_tensor": r.candidate_tensor or r.tensor,
-                        "paired_by": r.paired_by,
-                        "folded": list(r.folded),
-                        "uncertain": r.uncertain or None,
-                    }
-                    for r in result.layers
-                ],
-            },
-            "latency": [
-                {
-                    "provider": lat.provider,
-                    "threads": lat.threads,
-                    "reference": _latency_dict(lat.reference),
-                    "candidate": _latency_dict(lat.candidate),
-                    "speedup": lat.speedup,
-                    "speedup_interval": list(lat.speedup_interval) if lat.speedup_interval else None,
-                    "latency_ratio": lat.latency_ratio,
-                    "latency_ratio_interval": list(lat.ratio_interval) if lat.ratio_interval else None,
-                    "setup_ms": list(lat.setup_ms) if lat.setup_ms else None,
-                    "io_binding": lat.io_binding,
-                    "candidate_sqnr_db": lat.candidate_sqnr_db,
-                }
-                for lat in result.latency
-            ],
-            "skipped_providers": [{"provider": p, "reason": why} for p, why in result.skipped_providers],
-            "gates": {
-                "passed": result.gates_passed,
-                "results": [
-                    {
-                        "gate": g.gate.label,
-                        "metric": g.gate.metric,
-                        "direction": g.gate.direction,
-                        "threshold": g.gate.threshold,
-                        "measured": None if g.measured is None else _finite(g.measured),
-                        "passed": g.passed,
-                        "note": g.note,
-                    }
-                    for g in result.gates
-                ],
-            },
-            "baseline": _baseline_dict(result.baseline) if result.baseline else None,
-            "reproducibility": {
-                "reference_sha256": result.reference.sha256,
-                "candidate_sha256": result.candidate.sha256,
-                **result.reproducibility,
-            },
-        },
-    )
+    return _comparison(result).model_dump()
 
 
 def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
     """The ``qtool quantize --json`` document (schema: :class:`qtool.schemas.reports.QuantizeReport`)."""
-    return _conforming(
-        QuantizeReport,
-        {
-            "schema_version": SCHEMA_VERSION,
-            "qtool_version": __version__,
-            "input": {"path": result.source.path, "bytes": result.source.size_bytes, "sha256": result.source.sha256},
-            "output": {
-                "path": result.output.path,
-                "bytes": result.output.size_bytes,  # the model file and its external data files
-                "sha256": result.output.sha256,
-                "data_files": result.data_files,
-            },
-            "compression_ratio": result.compression_ratio,
-            "calibration_samples": result.calibration_samples,
-            "quantized": {
-                "nodes": result.rewrite.quantized_nodes,
-                "weights": result.rewrite.quantized_weights,
-                "biases": result.rewrite.quantized_biases,
-                "activations": result.rewrite.quantized_activations,
-            },
-            "skipped": [{"node": node, "reason": reason} for node, reason in result.skipped],
-            "passthrough_ops": result.rewrite.passthrough,
-            "algorithms": {
-                "applied": result.rewrite.algorithms,
-                "not_applied": result.rewrite.algorithm_notes,
-            },
-            "placements": result.placements,
-            "predicted_kernels": result.kernels,
-            "prepare": {
-                "constants_to_initializers": result.prepare.constants_to_initializers,
-                "folded_batchnorms": result.prepare.folded_batchnorms,
-                "folded_shapes": result.prepare.folded_shapes,
-                "folded_weight_layouts": result.prepare.folded_weight_layouts,
-                "einsums_as_matmuls": result.prepare.einsums_as_matmuls,
-                "removed_initializers": result.prepare.removed_initializers,
-                "opset_before": result.prepare.opset_before,
-                "opset_after": result.prepare.opset_after,
-                "shape_inference_error": result.prepare.shape_inference_error,
-            },
-            "sensitivity": _fallback_dict(result.fallback) if result.fallback else None,
-            "placement_choice": _choice_dict(result.placement_choice) if result.placement_choice else None,
-            "notes": result.notes,
-            "comparison": comparison_to_dict(result.comparison) if result.comparison else None,
-        },
+    rewrite, prepare = result.rewrite, result.prepare
+    report = doc.QuantizeReport(
+        schema_version=SCHEMA_VERSION,
+        qtool_version=__version__,
+        input=doc.InputModel(path=result.source.path, bytes=result.source.size_bytes, sha256=result.source.sha256),
+        output=doc.OutputModel(
+            path=result.output.path,
+            bytes=result.output.size_bytes,  # the model file and its external data files
+            sha256=result.output.sha256,
+            data_files=result.data_files,
+        ),
+        compression_ratio=result.compression_ratio,
+        calibration_samples=result.calibration_samples,
+        quantized=doc.Quantized(
+            nodes=rewrite.quantized_nodes,
+            weights=rewrite.quantized_weights,
+            biases=rewrite.quantized_biases,
+            activations=rewrite.quantized_activations,
+        ),
+        skipped=[doc.Skipped(node=node, reason=reason) for node, reason in result.skipped],
+        passthrough_ops=rewrite.passthrough,
+        algorithms=doc.AlgorithmsReport(applied=rewrite.algorithms, not_applied=rewrite.algorithm_notes),
+        placements=result.placements,
+        predicted_kernels=result.kernels,
+        prepare=doc.Prepare(
+            constants_to_initializers=prepare.constants_to_initializers,
+            folded_batchnorms=prepare.folded_batchnorms,
+            folded_shapes=prepare.folded_shapes,
+            folded_weight_layouts=prepare.folded_weight_layouts,
+            einsums_as_matmuls=prepare.einsums_as_matmuls,
+            removed_initializers=prepare.removed_initializers,
+            opset_before=prepare.opset_before,
+            opset_after=prepare.opset_after,
+            shape_inference_error=prepare.shape_inference_error,
+        ),
+        sensitivity=_fallback(result.fallback) if result.fallback else None,
+        placement_choice=_choice(result.placement_choice) if result.placement_choice else None,
+        notes=result.notes,
+        comparison=_comparison(result.comparison) if result.comparison else None,
+    )
+    return report.model_dump()
+
+
+def _fallback(f: FallbackResult) -> doc.Sensitivity:
+    return doc.Sensitivity(
+        target_sqnr_db=f.target_sqnr_db,
+        max_float_nodes=f.max_nodes,
+        samples=f.samples,
+        initial_sqnr_db=_finite(f.initial_sqnr_db),
+        final_sqnr_db=_finite(f.final_sqnr_db),
+        reached=f.reached,
+        float_activation_nodes=f.float_nodes,
+        steps=[
+            doc.SearchStep(node=s.node, op_type=s.op_type, drop_db=s.drop_db, sqnr_db=_finite(s.sqnr_db), kept=s.kept)
+            for s in f.steps
+        ],
+        ranked_on_samples=f.ranked_on,
+        stopped=f.stopped,
     )
 
 
-def _fallback_dict(f: FallbackResult) -> dict[str, Any]:
-    return {
-        "target_sqnr_db": f.target_sqnr_db,
-        "max_float_nodes": f.max_nodes,
-        "samples": f.samples,
-        "initial_sqnr_db": _finite(f.initial_sqnr_db),
-        "final_sqnr_db": _finite(f.final_sqnr_db),
-        "reached": f.reached,
-        "float_activation_nodes": f.float_nodes,
-        "steps": [
-            {"node": s.node, "op_type": s.op_type, "drop_db": s.drop_db, "sqnr_db": _finite(s.sqnr_db), "kept": s.kept}
-            for s in f.steps
-        ],
-        "ranked_on_samples": f.ranked_on,
-        "stopped": f.stopped,
-    }
-
-
-def _choice_dict(c: PlacementChoice) -> dict[str, Any]:
-    return {
-        "target_sqnr_db": c.target_sqnr_db,
-        "samples": c.samples,
-        "threads": c.threads,
-        "fp32_ms": c.fp32_ms,
-        "timing_note": c.timing_note,
-        "chosen": c.chosen,
-        "reason": c.reason,
-        "expects_speedup": c.expects_speedup,
-        "search_note": c.search_note,
-        "candidates": [
-            {
-                "name": k.name,
-                "same_as": list(k.same_as),
-                "integer_nodes": k.integer_nodes,
-                "storage_nodes": k.storage_nodes,
-                "sqnr_db": _finite(k.sqnr_db),
-                "meets_target": k.meets_target,
-                "latency_ms": k.latency_ms,
-                "speedup": c.speedup(k),
-                "chosen": k.name == c.chosen,
-            }
+def _choice(c: PlacementChoice) -> doc.PlacementChoiceReport:
+    return doc.PlacementChoiceReport(
+        target_sqnr_db=c.target_sqnr_db,
+        samples=c.samples,
+        threads=c.threads,
+        fp32_ms=c.fp32_ms,
+        timing_note=c.timing_note,
+        chosen=c.chosen,
+        reason=c.reason,
+        expects_speedup=c.expects_speedup,
+        search_note=c.search_note,
+        candidates=[
+            doc.PlacementCandidate(
+                name=k.name,
+                same_as=list(k.same_as),
+                integer_nodes=k.integer_nodes,
+                storage_nodes=k.storage_nodes,
+                sqnr_db=_finite(k.sqnr_db),
+                meets_target=k.meets_target,
+                latency_ms=k.latency_ms,
+                speedup=c.speedup(k),
+                chosen=k.name == c.chosen,
+            )
             for k in c.candidates
         ],
-    }
+    )
 
 
 def stats_summary_dict(stats: CalibrationStats, path: str) -> dict[str, Any]:
     """The ``qtool calibrate --json`` summary (schema: :class:`qtool.schemas.reports.CalibrateReport`)."""
-    return _conforming(
-        CalibrateReport,
-        {
-            "schema_version": SCHEMA_VERSION,
-            "qtool_version": __version__,
-            "stats_path": path,
-            "observer": stats.observer,
-            "samples": stats.samples,
-            "tensors": len(stats.tensors),
-            "model_sha256": stats.model_sha256,
-        },
-    )
-
-
-def _conforming(model: type[BaseModel], document: dict[str, Any]) -> dict[str, Any]:
-    """``document`` after its schema model has checked it: a report never drifts from its schema."""
-    model.model_validate(document)
-    return document
+    return doc.CalibrateReport(
+        schema_version=SCHEMA_VERSION,
+        qtool_version=__version__,
+        stats_path=path,
+        observer=stats.observer,
+        samples=stats.samples,
+        tensors=len(stats.tensors),
+        model_sha256=stats.model_sha256,
+    ).model_dump()
 
 
 def to_json(document: dict[str, Any]) -> str:
@@ -306,12 +284,12 @@ def to_json(document: dict[str, Any]) -> str:
 
 def inspection_to_dict(result: Inspection) -> dict[str, Any]:
     """The ``qtool inspect --json`` document (schema: :class:`qtool.schemas.reports.InspectReport`)."""
-    report = InspectReport(
+    report = doc.InspectReport(
         schema_version=SCHEMA_VERSION,
         qtool_version=__version__,
-        model=InspectedModel(path=result.model_path, bytes=result.model_bytes),
+        model=doc.InspectedModel(path=result.model_path, bytes=result.model_bytes),
         nodes=[
-            InspectedNode(
+            doc.InspectedNode(
                 name=r.name,
                 op_type=r.op_type,
                 rule=r.rule,
@@ -329,9 +307,9 @@ def inspection_to_dict(result: Inspection) -> dict[str, Any]:
             )
             for r in result.rows
         ],
-        kept_float=[KeptFloat(node=n, op_type=op, reason=why) for n, op, why in result.kept_float],
+        kept_float=[doc.KeptFloat(node=n, op_type=op, reason=why) for n, op, why in result.kept_float],
         passthrough_ops=result.passthrough,
-        totals=InspectTotals(
+        totals=doc.InspectTotals(
             weight_elements=sum(r.weight_elements for r in result.rows),
             float_bytes=sum(r.float_bytes for r in result.rows),
             quantized_bytes=sum(r.quantized_bytes for r in result.rows),

@@ -14,7 +14,7 @@ from qtool._version import __version__
 from qtool.graph.model_io import atomic_writer
 from qtool.quantization.tune.loop import Trial, pareto
 from qtool.results import TuneResult
-from qtool.schemas.tune import TuneReport
+from qtool.schemas import tune as doc
 
 TUNE_SCHEMA_VERSION = 3  # 2: sensitivity.cached and sensitivity.cache_file; 3: sensitivity.samples
 
@@ -81,56 +81,56 @@ def render_tune(console: Console, result: TuneResult) -> None:
     console.print(f"wrote {result.output.path} and {result.config_out}", highlight=False)
 
 
-def _trial_dict(t: Trial, chosen: bool, front: bool) -> dict[str, Any]:
-    return {
-        "size_bytes": t.size_bytes,
-        "compression_ratio": t.compression,
-        "sqnr_db": _finite(t.sqnr_db),
-        "metric": t.metric,
-        "latency_ratio": t.latency_ratio,
-        "latency_ratio_interval": list(t.latency_interval) if t.latency_interval else None,
-        "predicted_sqnr_db": _finite(t.predicted_db),
-        "meets": t.meets,
-        "note": t.note,
-        "chosen": chosen,
-        "pareto": front,
-        "precisions": t.counts(),
-        "allocation": dict(sorted(t.allocation.items())),
-    }
+def _trial(t: Trial, chosen: bool, front: bool) -> doc.TuneTrial:
+    return doc.TuneTrial(
+        size_bytes=t.size_bytes,
+        compression_ratio=t.compression,
+        sqnr_db=_finite(t.sqnr_db),
+        metric=t.metric,
+        latency_ratio=t.latency_ratio,
+        latency_ratio_interval=list(t.latency_interval) if t.latency_interval else None,
+        predicted_sqnr_db=_finite(t.predicted_db),
+        meets=t.meets,
+        note=t.note,
+        chosen=chosen,
+        pareto=front,
+        precisions=t.counts(),
+        allocation=dict(sorted(t.allocation.items())),
+    )
 
 
 def tune_to_dict(result: TuneResult) -> dict[str, Any]:
-    """The ``qtool tune --json`` document."""
+    """The ``qtool tune --json`` document (schema: :class:`qtool.schemas.tune.TuneReport`)."""
     front = {id(t) for t in pareto(result.trials)}
     s = result.sensitivity
-    document = {
-        "schema_version": TUNE_SCHEMA_VERSION,
-        "qtool_version": __version__,
-        "model": {"path": result.source.path, "sha256": result.source.sha256, "bytes": result.source.size_bytes},
-        "output": {"path": result.output.path, "sha256": result.output.sha256, "bytes": result.output.size_bytes},
-        "config_out": result.config_out,
-        "goal": result.goal,
-        "objective": result.objective,
-        "met": result.met,
-        "out_of_time": result.out_of_time,
-        "seconds": result.seconds,
-        "sensitivity": {
-            "nodes": result.nodes,
-            "builds": s.builds,
-            "seconds": s.seconds,
-            "complete": s.complete,
-            "cached": s.cached,
-            "cache_file": s.cache_file,
-            "samples": list(s.samples),
-            "noise_to_signal": {node: {o: _finite(v) for o, v in row.items()} for node, row in sorted(s.nsr.items())},
-            "measured": {node: options for node, options in sorted(s.measured.items())},
-        },
-        "written": _trial_dict(result.written, True, False),
-        "trials": [_trial_dict(t, t is result.chosen, id(t) in front) for t in result.trials],
-        "notes": list(result.notes),
-    }
-    TuneReport.model_validate(document)  # a report never drifts from its schema
-    return document
+    source, output = result.source, result.output
+    report = doc.TuneReport(
+        schema_version=TUNE_SCHEMA_VERSION,
+        qtool_version=__version__,
+        model=doc.TunedFile(path=source.path, sha256=source.sha256, bytes=source.size_bytes),
+        output=doc.TunedFile(path=output.path, sha256=output.sha256, bytes=output.size_bytes),
+        config_out=result.config_out,
+        goal=result.goal,
+        objective=result.objective,
+        met=result.met,
+        out_of_time=result.out_of_time,
+        seconds=result.seconds,
+        sensitivity=doc.TuneSensitivity(
+            nodes=result.nodes,
+            builds=s.builds,
+            seconds=s.seconds,
+            complete=s.complete,
+            cached=s.cached,
+            cache_file=s.cache_file,
+            samples=list(s.samples),
+            noise_to_signal={node: {o: _finite(v) for o, v in row.items()} for node, row in sorted(s.nsr.items())},
+            measured={node: options for node, options in sorted(s.measured.items())},
+        ),
+        written=_trial(result.written, True, False),
+        trials=[_trial(t, t is result.chosen, id(t) in front) for t in result.trials],
+        notes=list(result.notes),
+    )
+    return report.model_dump()
 
 
 def plot_trials(result: TuneResult, path: Path | str) -> None:

@@ -1,7 +1,7 @@
 """The JSON reports of ``calibrate``, ``quantize`` and ``compare --json``, as pydantic models.
 
-:mod:`qtool.reports.documents` builds each document and passes it through its model before writing, so a
-report cannot drift from its schema; ``qtool schema quantize-report`` prints the schema.
+:mod:`qtool.reports.documents` builds each document as its model, the one definition of its shape, and
+writes the model's dump; ``qtool schema quantize-report`` prints the schema.
 """
 
 from __future__ import annotations
@@ -228,8 +228,8 @@ class CompareReport(_Report):
     latency: list[Latency]
     skipped_providers: list[SkippedProvider]
     gates: Gates
-    reproducibility: dict[str, Any] = Field(description="digests, versions, CPU and settings behind the numbers")
     baseline: Baseline | None = Field(None, description="the change against compare --baseline REPORT.json")
+    reproducibility: dict[str, Any] = Field(description="digests, versions, CPU and settings behind the numbers")
 
 
 class InputModel(_Report):
