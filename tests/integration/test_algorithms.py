@@ -280,3 +280,23 @@ def test_the_cli_names_the_algorithms_in_inspect_and_in_the_quantize_json(tmp_pa
     document = json.loads(done.stdout)
     assert document["algorithms"]["applied"]["block1/conv"] == ["gptq", "bias_correction"]
     assert "head/gemm" in document["algorithms"]["not_applied"]
+
+
+def test_bias_correction_with_no_measurable_layer_in_a_candidate_does_not_crash(tmp_path):
+    """The encoder's dynamic candidate asks for bias correction where no layer can be measured (it crashed)."""
+    out = tmp_path / "enc.onnx"
+    search = qtool.SearchOptions(latency_runs=0)
+    config = Path(__file__).parents[2] / "configs" / "accurate.yaml"
+    result = qtool.quantize(
+        sample("encoder"), out, config_path=config, data_dir=calib_dir("encoder"), search=search, evaluation=None
+    )
+    assert result.placement_choice is not None and "dynamic" in {c.name for c in result.placement_choice.candidates}
+    assert onnx.load(str(out)).graph.node
+
+
+def test_measuring_bias_shifts_of_no_layer_measures_nothing():
+    from qtool.graph.weights import Weights
+    from qtool.quantization.algorithms.empirical_bias import measure_shifts
+
+    model = onnx.load(str(sample("mlp")))
+    assert measure_shifts(model, Weights(), [], [{"input": np.zeros((1, 64), np.float32)}]) == ({}, {})

@@ -64,6 +64,8 @@ def measure_shifts(
 
     Layers seen at fewer than ``MIN_POSITIONS`` output positions per channel are left out (with the reason).
     """
+    if not layers:  # onnxruntime reads an empty output list as "every output"
+        return {}, {}
     wanted = list(dict.fromkeys(t for layer in layers for t in (layer.source, layer.output)))
     exposed = with_exposed_outputs(quantized, wanted)
     session = create_session(exposed, "the quantized model (bias correction)", weights=store)
