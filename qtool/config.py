@@ -22,10 +22,10 @@ from qtool.schemas.config import ConfigDocument, NodeSettings
 from qtool.schemas.config_checks import compiled_pattern, validate_document
 from qtool.schemes import (
     TARGETS,
-    AccuracySettings,
     Algorithms,
     CalibrationSettings,
     NodeScheme,
+    SearchSettings,
     TensorScheme,
     for_target,
 )
@@ -42,7 +42,7 @@ class QConfig:
     node_name: dict[str, NodeSettings | None]
     exclude: tuple[str, ...]
     calibration: CalibrationSettings
-    accuracy: AccuracySettings
+    accuracy: SearchSettings
     preprocess: dict[str, Any] | None
     source: str
     document: ConfigDocument = field(repr=False)  # the validated, merged document: what the fields above come from
@@ -320,7 +320,7 @@ def _from_document(document: ConfigDocument, raw: dict[str, Any], source: str) -
         exclude=tuple(document.exclude or ()),
         preprocess=document.preprocess.model_dump(exclude_unset=True) if document.preprocess is not None else None,
         calibration=CalibrationSettings(observer, cal.batch_size, cal.limit, observer_options),
-        accuracy=AccuracySettings(
+        accuracy=SearchSettings(
             target_sqnr_db=acc.target_sqnr_db,
             max_float_nodes=acc.max_float_nodes,
             samples=acc.samples,

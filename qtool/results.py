@@ -15,7 +15,7 @@ from qtool.graph.model_io import files_sha256, model_files
 from qtool.graph.prepare import PrepareReport
 from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exported
 from qtool.quantization.rewrite_report import RewriteReport
-from qtool.quantization.search import FallbackResult
+from qtool.quantization.search import SearchResult
 from qtool.quantization.selection import PlacementChoice
 from qtool.quantization.tune.loop import Trial
 from qtool.quantization.tune.sensitivity import Sensitivity
@@ -106,7 +106,7 @@ class QuantizeResult:
     notes: list[str] = field(default_factory=list)
     placements: dict[str, int] = field(default_factory=dict)  # integer / storage / weight_only -> nodes
     kernels: dict[str, int] = field(default_factory=dict)  # kernel onnxruntime (CPU) is predicted to run -> nodes
-    fallback: FallbackResult | None = None  # the sensitivity search, when a target SQNR was given
+    search: SearchResult | None = None  # the sensitivity search, when a target SQNR was given
     placement_choice: PlacementChoice | None = None  # the measured choice of placement, with data
     data_files: list[str] = field(default_factory=list)  # external data written beside the output
 

@@ -94,7 +94,7 @@ class CalibrationSettings:
 
 
 @dataclass(frozen=True)
-class AccuracySettings:
+class SearchSettings:
     """The sensitivity search ``quantize`` runs when it has samples (see :mod:`qtool.quantization.search`)."""
 
     target_sqnr_db: float | None  # None: no search

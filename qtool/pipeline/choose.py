@@ -17,7 +17,7 @@ from qtool.progress import ProgressFactory
 from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.selection import FloatModel, PlacementChoice, Samples, measure_placements
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
-from qtool.schemes import AccuracySettings
+from qtool.schemes import SearchSettings
 
 RANK_SAMPLES = 4  # samples of the sensitivity search's one per-layer pass (spread over the data)
 
@@ -34,9 +34,9 @@ def check_search(search: SearchOptions) -> None:
         raise QtoolError(f"--latency-runs must be an integer from 0 to {MAX_LATENCY_RUNS}")
 
 
-def accuracy_settings(given: AccuracySettings, search: SearchOptions) -> AccuracySettings:
+def accuracy_settings(given: SearchSettings, search: SearchOptions) -> SearchSettings:
     """The config's ``accuracy:`` section with the options given on the command line (or in code) over it."""
-    return AccuracySettings(
+    return SearchSettings(
         target_sqnr_db=given.target_sqnr_db if search.target_sqnr_db is None else search.target_sqnr_db,
         max_float_nodes=given.max_float_nodes if search.max_float_nodes is None else search.max_float_nodes,
         samples=given.samples if search.samples is None else search.samples,

@@ -167,7 +167,7 @@ def _write(
         placements=dict(sorted(Counter(node.placement for node in plan.nodes).items())),
         kernels=dict(sorted(Counter(k.kernel for k in predict_kernels(ws.prepared, plan).values()).items())),
         calibration_samples=stats.samples,
-        fallback=choice.search if choice else None,
+        search=choice.search if choice else None,
         placement_choice=choice,
         data_files=[str(p) for p in written[1:]],
     )

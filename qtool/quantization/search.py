@@ -32,7 +32,7 @@ MIN_GAIN_DB = 0.1  # a node gets float activations only if the worst output gain
 
 
 @dataclass(frozen=True)
-class FallbackStep:
+class SearchStep:
     """One node the search tried in float, and what it did to the output."""
 
     node: str
@@ -43,7 +43,7 @@ class FallbackStep:
 
 
 @dataclass
-class FallbackResult:
+class SearchResult:
     """What the sensitivity search measured and which nodes it keeps in float."""
 
     target_sqnr_db: float
@@ -51,7 +51,7 @@ class FallbackResult:
     samples: int  # samples each trial is scored on
     initial_sqnr_db: float
     final_sqnr_db: float
-    steps: list[FallbackStep] = field(default_factory=list)
+    steps: list[SearchStep] = field(default_factory=list)
     ranked_on: int = 0  # samples of the one per-layer pass that ranked the nodes (0: no pass)
     stopped: str = ""  # why the search ended
 
@@ -75,7 +75,7 @@ def rank_nodes(rows: list[LayerError], movable: set[str]) -> list[LayerError]:
     return sorted(best.values(), key=lambda r: (-r.drop_with_inputs_db, r.position, r.node))
 
 
-def search_fallback(
+def sensitivity_search(
     reference: onnx.ModelProto,
     config: QConfig,
     quantize: Callable[[QConfig], tuple[onnx.ModelProto, set[str]]],
@@ -85,7 +85,7 @@ def search_fallback(
     elements: dict[str, int] | None = None,
     progress: ProgressFactory | None = None,
     initial: tuple[onnx.ModelProto, set[str], float] | None = None,
-) -> tuple[QConfig, FallbackResult | None]:
+) -> tuple[QConfig, SearchResult | None]:
     """Give float activations to the nodes with the largest SQNR drop until the outputs reach the target.
 
     Args:
@@ -114,7 +114,7 @@ def search_fallback(
         model, movable, sqnr = initial
     if not movable:  # no node the search may move: nothing to measure
         return config, None
-    result = FallbackResult(target_sqnr_db, max_nodes, len(scorer.samples), sqnr, sqnr)
+    result = SearchResult(target_sqnr_db, max_nodes, len(scorer.samples), sqnr, sqnr)
     if sqnr >= target_sqnr_db:
         result.stopped = "target reached"
         return config, result
@@ -152,7 +152,7 @@ def search_fallback(
         del trial_model
         kept = trial_sqnr >= sqnr + MIN_GAIN_DB
         result.steps.append(
-            FallbackStep(candidate.node, candidate.op_type, candidate.drop_with_inputs_db, trial_sqnr, kept)
+            SearchStep(candidate.node, candidate.op_type, candidate.drop_with_inputs_db, trial_sqnr, kept)
         )
         if kept:
             config, sqnr = trial, trial_sqnr

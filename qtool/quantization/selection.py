@@ -43,7 +43,7 @@ from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.search import FallbackResult, search_fallback
+from qtool.quantization.search import SearchResult, sensitivity_search
 
 TIE = 0.05  # a candidate must be more than 5 % faster to displace a more accurate one
 DECISIVE_CONFIDENCE = 0.9  # two-sided interval of the median ratio (one-sided 95 %); needs 5+ rounds
@@ -56,7 +56,7 @@ Build = Callable[[QConfig], tuple[QuantPlan, onnx.ModelProto]]
 
 
 @dataclass(frozen=True)
-class Candidate:
+class PlacementCandidate:
     """One placement the choice measured."""
 
     name: str  # auto | integer | storage | dynamic | search
@@ -75,20 +75,20 @@ class PlacementChoice:
     target_sqnr_db: float
     samples: list[str]  # the files scored, spread over the data
     threads: int
-    candidates: list[Candidate]
+    candidates: list[PlacementCandidate]
     chosen: str
     reason: str
     fp32_ms: float | None = None
     timing_note: str = ""
-    search: FallbackResult | None = None
+    search: SearchResult | None = None
     search_note: str = ""  # why no search ran, when it could have
     times: dict[str, list[float]] = field(default_factory=dict, repr=False)  # seconds per run, fp32 included
 
     @property
-    def chosen_candidate(self) -> Candidate:
+    def chosen_candidate(self) -> PlacementCandidate:
         return next(c for c in self.candidates if c.name == self.chosen)
 
-    def speedup(self, candidate: Candidate) -> float | None:
+    def speedup(self, candidate: PlacementCandidate) -> float | None:
         """fp32 median / the candidate's median (None when not timed)."""
         if candidate.latency_ms is None or self.fp32_ms is None or candidate.latency_ms <= 0:
             return None
@@ -221,7 +221,7 @@ def measure_placements(
                 plan, model = build(cfg)
                 return model, _movable(plan)
 
-            searched, choice.search = search_fallback(
+            searched, choice.search = sensitivity_search(
                 reference,
                 config,
                 movable,
@@ -250,9 +250,9 @@ def _candidates(
     aliases: dict[str, list[str]],
     scores: dict[str, float],
     target: float,
-) -> list[Candidate]:
+) -> list[PlacementCandidate]:
     return [
-        Candidate(
+        PlacementCandidate(
             name,
             tuple(aliases[name]),
             sum(1 for n in plan.nodes if n.placement in ("integer", "dynamic")),

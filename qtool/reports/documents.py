@@ -12,7 +12,7 @@ from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.layers import LayerError, largest_drop
 from qtool.evaluation.metrics import ErrorMetrics, LatencyComparison, LatencyStats
 from qtool.quantization.inspection import Inspection
-from qtool.quantization.search import FallbackResult
+from qtool.quantization.search import SearchResult
 from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult, QuantizeResult
 from qtool.schemas import reports as doc
@@ -210,7 +210,7 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
             opset_after=prepare.opset_after,
             shape_inference_error=prepare.shape_inference_error,
         ),
-        sensitivity=_fallback(result.fallback) if result.fallback else None,
+        sensitivity=_search(result.search) if result.search else None,
         placement_choice=_choice(result.placement_choice) if result.placement_choice else None,
         notes=result.notes,
         comparison=_comparison(result.comparison) if result.comparison else None,
@@ -218,8 +218,8 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
     return report.model_dump()
 
 
-def _fallback(f: FallbackResult) -> doc.Sensitivity:
-    return doc.Sensitivity(
+def _search(f: SearchResult) -> doc.SearchReport:
+    return doc.SearchReport(
         target_sqnr_db=f.target_sqnr_db,
         max_float_nodes=f.max_nodes,
         samples=f.samples,

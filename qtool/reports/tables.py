@@ -13,7 +13,7 @@ from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.layers import LayerError, largest_drop, layer_drop, layer_op
 from qtool.quantization.inspection import Inspection
 from qtool.quantization.rewrite_report import RewriteReport
-from qtool.quantization.search import FallbackResult
+from qtool.quantization.search import SearchResult
 from qtool.quantization.selection import PlacementChoice
 from qtool.reports.ci import improved
 from qtool.reports.terminal import for_terminal
@@ -230,7 +230,7 @@ def render_inspection(console: Console, result: Inspection) -> None:
         console.print(f"passed through untouched (not quantized by qtool): {listed}")
 
 
-def _render_fallback(console: Console, f: FallbackResult) -> None:
+def _render_search(console: Console, f: SearchResult) -> None:
     verdict = "[green]reached[/green]" if f.reached else "[yellow]not reached[/yellow]"
     ranked = f", nodes ranked by one per-layer pass on {f.ranked_on}" if f.ranked_on else ""
     console.print(
@@ -340,8 +340,8 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
     if r.passthrough:
         listed = ", ".join(f"{op} x{count}" for op, count in r.passthrough.items())
         console.print(f"passed through untouched (not quantized by qtool): {listed}", highlight=False)
-    if result.fallback is not None:
-        _render_fallback(console, result.fallback)
+    if result.search is not None:
+        _render_search(console, result.search)
     if result.placement_choice is not None:
         _render_choice(console, result.placement_choice, result.comparison)
     for note in result.notes:

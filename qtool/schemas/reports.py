@@ -302,7 +302,7 @@ class SearchStep(_Report):
     kept: bool
 
 
-class Sensitivity(_Report):
+class SearchReport(_Report):
     """The sensitivity search, when it ran."""
 
     target_sqnr_db: float
@@ -362,7 +362,7 @@ class QuantizeReport(_Report):
     placements: dict[str, int]
     predicted_kernels: dict[str, int]
     prepare: Prepare
-    sensitivity: Sensitivity | None
+    sensitivity: SearchReport | None
     placement_choice: PlacementChoiceReport | None
     notes: list[str]
     comparison: CompareReport | None

@@ -15,7 +15,7 @@ from qtool.calibration.dataset import Dataset, InputSpec
 from qtool.cli import app
 from qtool.options import EvaluationOptions, SearchOptions
 from qtool.quantization import selection
-from qtool.quantization.selection import Candidate, PlacementChoice
+from qtool.quantization.selection import PlacementCandidate, PlacementChoice
 from tests.conftest import calib_dir, eval_dir, run_model, sample
 
 # block1/conv and block2/conv with input ranges clipped at their 60th percentile: two bad layers
@@ -76,9 +76,9 @@ def test_a_search_that_misses_the_target_loses_to_storage_which_reaches_it(tmp_p
     out = tmp_path / "q.onnx"
     result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluation=None)
     choice = result.placement_choice
-    assert choice is not None and result.fallback is not None
+    assert choice is not None and result.search is not None
     scores = {c.name: c.sqnr_db for c in choice.candidates}
-    assert scores["auto"] < 30 and result.fallback.final_sqnr_db < 30, scores
+    assert scores["auto"] < 30 and result.search.final_sqnr_db < 30, scores
     assert choice.chosen == "storage" and scores["storage"] >= 30
     assert result.placements == {"storage": 4}
 
@@ -139,7 +139,7 @@ def test_candidates_that_plan_the_same_placement_are_measured_once(tmp_path):
     assert choice.candidates[0].same_as == ("integer", "storage") and choice.fp32_ms is None  # nothing to time
 
 
-def _decided(candidates: list[Candidate], fp32_ms: float | None = 1.0) -> PlacementChoice:
+def _decided(candidates: list[PlacementCandidate], fp32_ms: float | None = 1.0) -> PlacementChoice:
     times = {c.name: [c.latency_ms / 1e3] * 9 for c in candidates if c.latency_ms is not None}
     choice = PlacementChoice(30.0, ["a.npy"], 1, candidates, "auto", "", fp32_ms=fp32_ms, times=times)
     selection._decide(choice)
@@ -147,8 +147,8 @@ def _decided(candidates: list[Candidate], fp32_ms: float | None = 1.0) -> Placem
 
 
 def test_decision_rules_on_fixed_measurements():
-    def c(name: str, sqnr: float, ms: float | None, integer: int = 2) -> Candidate:
-        return Candidate(name, (), integer, 4 - integer, sqnr, sqnr >= 30, ms)
+    def c(name: str, sqnr: float, ms: float | None, integer: int = 2) -> PlacementCandidate:
+        return PlacementCandidate(name, (), integer, 4 - integer, sqnr, sqnr >= 30, ms)
 
     # the fastest accurate one; a faster but inaccurate one does not count
     assert _decided([c("auto", 33, 0.8), c("integer", 25, 0.5), c("storage", 36, 1.0, 0)]).chosen == "auto"
@@ -275,8 +275,8 @@ def test_noisy_rounds_never_let_speed_displace_accuracy():
     assert selection.decisively_faster({"integer": [0.8e-3] * 8 + [2e-3], "storage": slow}, "integer", "storage")
     assert not selection.decisively_faster({"integer": [0.5e-3] * 3, "storage": [1e-3] * 3}, "integer", "storage")
     candidates = [
-        Candidate("integer", (), 4, 0, 33.0, True, 0.9),
-        Candidate("storage", (), 0, 4, 36.0, True, 1.0),
+        PlacementCandidate("integer", (), 4, 0, 33.0, True, 0.9),
+        PlacementCandidate("storage", (), 0, 4, 36.0, True, 1.0),
     ]
     choice = PlacementChoice(
         30.0, ["a.npy"], 1, candidates, "", "", fp32_ms=1.0, times={"integer": fast, "storage": slow}

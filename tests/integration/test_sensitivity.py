@@ -44,7 +44,7 @@ def test_search_gives_the_damaged_layer_float_activations_and_recovers_accuracy(
     _, plain, searched, result = damaged
     before, after = sqnr(sample("cnn"), plain), sqnr(sample("cnn"), searched)
     assert before < 25 and after > before + 8, (before, after)
-    f = result.fallback
+    f = result.search
     assert f is not None and f.float_nodes == ["block1/conv"] and f.reached
     assert f.final_sqnr_db >= 30 > f.initial_sqnr_db
     assert all(not step.kept for step in f.steps if step.node != "block1/conv")  # tried, no gain, quantized again
@@ -80,11 +80,11 @@ def test_search_is_off_with_no_search_with_null_target_and_without_samples(damag
     off.write_text(DAMAGE + "accuracy: {target_sqnr_db: null}\n")
     out = tmp_path / "q.onnx"
     result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=off, evaluation=None)
-    assert result.fallback is None and out.read_bytes() == plain.read_bytes()
+    assert result.search is None and out.read_bytes() == plain.read_bytes()
     stats = tmp_path / "s.json"
     qtool.write_stats(qtool.calibrate(sample("cnn"), calib_dir("cnn"), config_path=config), stats)
     result = qtool.quantize(sample("cnn"), out, stats_path=stats, config_path=config, evaluation=None)
-    assert result.fallback is None and out.read_bytes() == plain.read_bytes()
+    assert result.search is None and out.read_bytes() == plain.read_bytes()
     # --stats with --search-data searches again
     result = qtool.quantize(
         sample("cnn"),
@@ -94,7 +94,7 @@ def test_search_is_off_with_no_search_with_null_target_and_without_samples(damag
         search=SearchOptions(data_dir=calib_dir("cnn")),
         evaluation=None,
     )
-    assert result.fallback is not None and result.fallback.float_nodes == ["block1/conv"]
+    assert result.search is not None and result.search.float_nodes == ["block1/conv"]
 
 
 def test_accuracy_section_is_validated(tmp_path):

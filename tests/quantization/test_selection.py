@@ -3,12 +3,13 @@ decisively faster on paired, interleaved rounds."""
 
 from __future__ import annotations
 
-from qtool.quantization.selection import Candidate, PlacementChoice, _decide, decisively_faster
+from qtool.quantization.selection import PlacementCandidate, PlacementChoice, _decide, decisively_faster
 
 
 def _choice(times: dict[str, list[float]], sqnr: dict[str, float], target: float = 30.0) -> PlacementChoice:
     candidates = [
-        Candidate(name, (), 1 if name != "storage" else 0, 0, sqnr[name], sqnr[name] >= target, 1.0) for name in sqnr
+        PlacementCandidate(name, (), 1 if name != "storage" else 0, 0, sqnr[name], sqnr[name] >= target, 1.0)
+        for name in sqnr
     ]
     return PlacementChoice(target, [], 1, candidates, "auto", "", fp32_ms=1.0, times=times)
 

@@ -51,7 +51,7 @@ class Layer:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class PairCandidate:
     """A first layer, the layer its output reaches, the ops between, and the reason to skip ("" for none)."""
 
     first: int
@@ -161,7 +161,7 @@ def _clip_bounds(node: onnx.NodeProto, graph: GraphView) -> tuple[float | None, 
     return bounds[0], bounds[1]
 
 
-def candidates(graph: GraphView, clip_pairs: bool) -> list[Candidate]:
+def candidates(graph: GraphView, clip_pairs: bool) -> list[PairCandidate]:
     """Every layer that reaches another layer through single-reader ops, in node order."""
     found = []
     for index, node in enumerate(graph.nodes):
@@ -172,7 +172,7 @@ def candidates(graph: GraphView, clip_pairs: bool) -> list[Candidate]:
         start = first.output if isinstance(first, Layer) else node.output[0]
         walked = _walk(start, family, graph, clip_pairs)
         if walked is not None:
-            found.append(Candidate(index, *walked))
+            found.append(PairCandidate(index, *walked))
     return found
 
 
