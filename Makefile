@@ -7,7 +7,7 @@ LOCK   := requirements.lock
 LATEST := .venv-latest
 QUARK  := .venv-quark
 
-.PHONY: demo install dev test test-latest lock lint bench quark-env golden samples clean
+.PHONY: demo install dev test test-fast test-latest lock lint bench quark-env golden samples clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ demo: install  ## calibrate + quantize the sample CNN, then print the comparison
 
 test: dev  ## run the whole test suite (dependencies from requirements.lock)
 	$(BIN)/python -m pytest -q
+
+test-fast: dev  ## the suite without the tests marked slow (a few seconds each; the full suite is make test)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 test-latest:  ## the suite on the newest release of every dependency, in .venv-latest (not run by CI)
 	$(PYTHON) -m venv $(LATEST)

@@ -349,6 +349,7 @@ def test_latency_interval_is_reported_and_judged(tmp_path):
     assert "99 % interval" in r.stdout
 
 
+@pytest.mark.slow
 def test_a_model_at_reference_speed_passes_a_ratio_1_gate_19_times_in_20(tmp_path):
     # The candidate is a byte copy of the reference: the same speed by construction. With the default
     # runs and tolerance, a latency gate at 1.0 must not fail on noise more than once in 20 runs.

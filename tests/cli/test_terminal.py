@@ -25,6 +25,7 @@ def _qtool(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.slow
 def test_piped_tables_keep_full_values_and_have_no_colour_or_bars(tmp_path):
     r = _qtool("inspect", sample("cnn"), "--data", calib_dir("cnn"))
     assert r.returncode == 0, r.stderr
@@ -37,6 +38,7 @@ def test_piped_tables_keep_full_values_and_have_no_colour_or_bars(tmp_path):
     assert "compression" in wrote  # one line, not wrapped at 80 columns
 
 
+@pytest.mark.slow
 def test_quiet_prints_nothing_but_writes_the_outputs(tmp_path):
     report = tmp_path / "q.json"
     r = _qtool("-q", "quantize", sample("cnn"), "--data", calib_dir("cnn"), "-o", tmp_path / "q.onnx", "--json", report)

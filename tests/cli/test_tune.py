@@ -37,6 +37,7 @@ def tune_args(name, tmp_path, *extra):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mlp", "transformer"])
 def test_tune_meets_the_target_smaller_than_int8_and_the_config_reproduces_it(name, tmp_path):
     r = invoke(*tune_args(name, tmp_path, "--target-sqnr", "30", "--json", tmp_path / "t.json"))
@@ -94,6 +95,7 @@ def labelled(reference, candidate, label):
 '''
 
 
+@pytest.mark.slow
 def test_a_user_metric_is_the_budget(tmp_path, monkeypatch):
     (tmp_path / "mytask.py").write_text(METRIC)
     monkeypatch.chdir(tmp_path)
@@ -155,6 +157,7 @@ def test_config_out_must_be_yaml_and_nothing_is_written(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_latency_objective_times_every_candidate_and_the_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "tune.png"
@@ -182,6 +185,7 @@ def test_tensorrt_target_chooses_only_integer_nodes_or_float(tmp_path):
     assert chosen["target"] == "tensorrt"
 
 
+@pytest.mark.slow
 def test_a_second_run_reuses_the_sensitivity_and_chooses_the_same_model(tmp_path, _own_tune_cache):
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir(), second.mkdir()
@@ -201,6 +205,7 @@ def test_a_second_run_reuses_the_sensitivity_and_chooses_the_same_model(tmp_path
     assert (second / "chosen.yaml").read_text() == (first / "chosen.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_other_data_or_no_cache_measure_again_and_a_damaged_file_is_ignored(tmp_path, _own_tune_cache):
     r = invoke(*tune_args("mlp", tmp_path, "--target-sqnr", "30", "--time-budget", "120"))
     assert r.exit_code == 0, r.stderr
@@ -235,6 +240,7 @@ def test_other_data_or_no_cache_measure_again_and_a_damaged_file_is_ignored(tmp_
     assert not private.exists()
 
 
+@pytest.mark.slow
 def test_nodes_are_measured_on_eval_samples_and_their_bytes_key_the_cache(tmp_path, _own_tune_cache):
     first = tmp_path / "first"
     first.mkdir()

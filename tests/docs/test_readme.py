@@ -75,6 +75,7 @@ def test_the_readme_has_a_python_example():
     assert PYTHON_BLOCKS, "the README's 'Using it from Python' block is gone"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[f"block{i}" for i in range(len(PYTHON_BLOCKS))])
 def test_python_blocks_run_on_the_sample_model(tmp_path, block):
     """Each block runs in a folder where model.onnx, calib/ and eval/ are the sample CNN's."""

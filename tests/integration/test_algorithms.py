@@ -55,6 +55,7 @@ def test_gptq_and_bias_correction_raise_all_integer_accuracy_of_the_cnn(tmp_path
     assert result.placements == {"integer": len(applied)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rounding", ["gptq", "adaround"])
 def test_learned_rounding_makes_int4_weights_of_the_cnn_much_more_accurate(tmp_path, rounding):
     nearest, _ = _quantize(tmp_path, "cnn", INT4 % "", "nearest")
@@ -64,6 +65,7 @@ def test_learned_rounding_makes_int4_weights_of_the_cnn_much_more_accurate(tmp_p
     assert all(names == [rounding] for names in result.rewrite.algorithms.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [GPTQ_BC, GPTQ_BC.replace("gptq", "adaround")], ids=["gptq", "adaround"])
 def test_the_same_inputs_give_the_same_bytes(tmp_path, config):
     first, _ = _quantize(tmp_path, "cnn", config, "first")
@@ -261,6 +263,7 @@ def test_equalization_rescues_per_tensor_weights_and_the_stats_file_records_it(t
         qtool.quantize(model, tmp_path / "x.onnx", config_path=tmp_path / "plain.yaml", stats_path=stats, search=None)
 
 
+@pytest.mark.slow
 def test_the_cli_names_the_algorithms_in_inspect_and_in_the_quantize_json(tmp_path):
     from typer.testing import CliRunner
 

@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 
+@pytest.mark.slow
 def test_bench_runs_on_the_sample_mlp(tmp_path):
     before = {p.name for p in ROOT.iterdir()}
     proc = subprocess.run(
@@ -44,6 +47,7 @@ def test_bench_runs_on_the_sample_mlp(tmp_path):
     assert "| mlp | qtool | default |" in (tmp_path / "latest.md").read_text()
 
 
+@pytest.mark.slow
 def test_observer_bench_runs_on_the_sample_cnn(tmp_path):
     proc = subprocess.run(
         [

@@ -58,6 +58,7 @@ def _slow_work(steps: int, report) -> int:
     return steps * 10
 
 
+@pytest.mark.slow
 def test_the_engine_reports_progress_while_the_workers_run():
     from qtool.distributed import EngineSpec, open_engine
 
@@ -207,6 +208,7 @@ def scheduler(tmp_path):
                 process.kill()
 
 
+@pytest.mark.slow
 def test_a_running_scheduler_gives_the_statistics_of_one_process(tmp_path, scheduler):
     from distributed import Client
 
@@ -247,6 +249,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").exists(), reason="walks /proc to find the worker processes")
 def test_ctrl_c_stops_the_workers_and_writes_nothing(tmp_path):
     data = tmp_path / "data"

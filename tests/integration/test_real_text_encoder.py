@@ -79,6 +79,7 @@ def test_float_encoder_gives_distinct_sentence_embeddings(text_encoder):
     assert embeddings.std(axis=0).mean() > 0.05
 
 
+@pytest.mark.slow
 def test_default_quantization_meets_the_encoder_targets(text_encoder, tmp_path):
     # Issue 17's bar for a BERT-style encoder: >= 16.2 dB on the sentence embedding, >= 3.5x smaller
     # (speed, not slower than fp32 at 1 thread, is measured in bench/transformers.py).

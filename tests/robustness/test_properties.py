@@ -421,6 +421,7 @@ def _check(path: Path, text: str) -> None:
         raise AssertionError(f"load_config raised {type(e).__name__}: {e}\n--- config ---\n{text}") from e
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=documents | shipped_config_variants() | values, flow=st.booleans())
 def test_any_yaml_document_loads_or_is_a_qtool_error(config_file, doc, flow):
