@@ -1,0 +1,62 @@
+"""The quantize pipeline's statistics: read from a file, observed on samples, or none needed."""
+
+from __future__ import annotations
+
+import pytest
+
+import qtool
+from qtool.config import load_config
+from qtool.errors import QtoolError
+from qtool.options import DEFAULT_CALIBRATION, DEFAULT_OUTPUT
+from qtool.pipeline.quantize import QuantizeRequest, check_outputs, statistics
+from qtool.pipeline.workspace import open_workspace
+from tests.conftest import calib_dir, sample
+
+
+def _request(tmp_path, **given) -> QuantizeRequest:
+    fields = {
+        "output_path": tmp_path / "q.onnx",
+        "stats_path": None,
+        "data_dir": None,
+        "calibration": DEFAULT_CALIBRATION,
+        "search": None,
+        "evaluation": None,
+        "eval_dir": None,
+        "output": DEFAULT_OUTPUT,
+    }
+    return QuantizeRequest(**{**fields, **given})
+
+
+def test_samples_are_observed_once_and_keep_the_float_outputs(tmp_path):
+    ws = open_workspace(sample("cnn"), load_config())
+    found = statistics(ws, _request(tmp_path, data_dir=calib_dir("cnn")), None)
+    assert found.calibrated and found.stats.samples == len(list(calib_dir("cnn").iterdir()))
+    assert found.outputs is not None and found.stats.tensors
+
+
+def test_a_statistics_file_is_read_and_the_same_ranges_come_back(tmp_path):
+    stats = qtool.calibrate(sample("cnn"), calib_dir("cnn"))
+    qtool.write_stats(stats, tmp_path / "s.json")
+    ws = open_workspace(sample("cnn"), load_config())
+    found = statistics(ws, _request(tmp_path, stats_path=tmp_path / "s.json"), None)
+    assert not found.calibrated and found.outputs is None
+    assert set(found.stats.tensors) == set(stats.tensors)
+
+
+def test_a_config_that_needs_statistics_without_any_is_refused_naming_what_needs_them(tmp_path):
+    ws = open_workspace(sample("cnn"), load_config({"global": {"placement": "integer"}}))
+    with pytest.raises(QtoolError, match="activations are quantized statically"):
+        statistics(ws, _request(tmp_path), None)
+
+
+def test_weight_only_needs_no_statistics(tmp_path):
+    ws = open_workspace(sample("mlp"), load_config({"global": {"weight_only": True}}))
+    found = statistics(ws, _request(tmp_path), None)
+    assert found.stats.samples == 0 and found.collector is None
+
+
+def test_the_output_must_be_a_new_onnx_file(tmp_path):
+    with pytest.raises(QtoolError, match=r"must end in \.onnx"):
+        check_outputs(sample("cnn"), tmp_path / "q.bin")
+    with pytest.raises(QtoolError, match="never overwrites its input"):
+        check_outputs(sample("cnn"), sample("cnn"))
