@@ -180,7 +180,7 @@ class QConfig:
         if exclude is not None:
             update["exclude"] = list(exclude)
         document = self.document.model_copy(update=update)
-        built = _from_document(document, self.raw, self.source)
+        built = _from_document(document, self.raw, self.source)  # raw: the base as written (for keys and text)
         return replace(built, sensitive_nodes=self.sensitive_nodes, auto_placement=self.auto_placement)
 
     def unmatched_node_patterns(self, node_names: list[str]) -> list[str]:

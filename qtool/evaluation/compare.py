@@ -33,6 +33,7 @@ from qtool.options import (
     EvaluationOptions,
 )
 from qtool.results import ComparisonResult, ModelFile, ProgressFactory, noop_progress
+from qtool.schemas.reports import CompareReport
 from qtool.system.environment import cpu_info, files_digest, versions
 from qtool.system.stages import stage
 
@@ -73,18 +74,54 @@ def compare(
             (see :mod:`qtool.evaluation.baseline`), read and checked before any work.
         fail_on_regression: with ``baseline``, each compared number is also a gate that a regression fails.
     """
-    runs, warmup, threads, task = options.runs, options.warmup, options.threads, options.task
-    if runs < 0 or warmup < 0:
+    earlier = _checked(options, gates or [], baseline, fail_on_regression)
+    reference_model, candidate_model = load_model(reference_path), load_model(candidate_path)
+    paths = (Path(reference_path), Path(candidate_path))
+    dataset = _dataset(reference_model, candidate_model, paths, data_dir, options, config_path, input_shapes)
+    result = _measured(reference_model, candidate_model, paths, dataset, options, progress, reference_outputs)
+    reproducibility = _reproducibility(dataset, config_path, options, result.latency)
+    result = replace(result, data_dir=str(data_dir), reproducibility=reproducibility)
+    judged = evaluate_gates(gates or [], result.measured(), result.intervals())
+    if earlier is None:
+        return replace(result, gates=judged)
+    stated = [g.tolerance for g in gates or [] if g.metric == "latency_ratio"]
+    tolerance = max(stated, default=DEFAULT_LATENCY_TOLERANCE)
+    changes = against_baseline(_snapshot(result), earlier, str(baseline), tolerance)
+    if not changes.same_reference:
+        log.warning("the baseline %s measured another reference model (its digest differs)", baseline)
+    if fail_on_regression:
+        judged += regression_gates(changes)
+    return replace(result, gates=judged, baseline=changes)
+
+
+def _checked(
+    options: EvaluationOptions, gates: list[Gate], baseline: Path | str | None, fail_on_regression: bool
+) -> CompareReport | None:
+    """Refuse settings that cannot mean anything before any work; the baseline report, read and checked."""
+    if options.runs < 0 or options.warmup < 0:
         raise QtoolError("--runs and --warmup must be >= 0")
-    if threads is not None and threads < 1:
+    if options.threads is not None and options.threads < 1:
         raise QtoolError("--threads must be >= 1")
-    if task not in TASKS:
-        raise QtoolError(f"unknown task '{task}'", hint=f"use one of: {', '.join(TASKS)}")
-    check_measurable(gates or [], runs=runs, task=task)
+    if options.task not in TASKS:
+        raise QtoolError(f"unknown task '{options.task}'", hint=f"use one of: {', '.join(TASKS)}")
+    check_measurable(gates, runs=options.runs, task=options.task)
     earlier = read_baseline(baseline) if baseline is not None else None
     if fail_on_regression and earlier is None:
         raise QtoolError("--fail-on-regression needs --baseline REPORT.json")
-    reference_model, candidate_model = load_model(reference_path), load_model(candidate_path)
+    return earlier
+
+
+def _dataset(
+    reference_model: onnx.ModelProto,
+    candidate_model: onnx.ModelProto,
+    paths: tuple[Path, Path],
+    data_dir: Path | str,
+    options: EvaluationOptions,
+    config_path: Path | str | Mapping[str, Any] | None,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+) -> Dataset:
+    """The samples both models read (their inputs must agree), at the fixed input shapes when given."""
+    reference_path, candidate_path = paths
     if input_shapes:  # the samples must have these shapes: accuracy and latency at the shape that ships
         fixed = onnx.ModelProto()
         fixed.CopyFrom(reference_model)
@@ -99,12 +136,23 @@ def compare(
             hint="compare a quantized model with the float model it came from",
         )
     preprocess = load_config(config_path).preprocess if config_path else None
-    dataset = Dataset(
-        data_dir, inputs, limit=options.limit, preprocess=preprocess, skip_nonfinite=options.skip_nonfinite
-    )
+    return Dataset(data_dir, inputs, limit=options.limit, preprocess=preprocess, skip_nonfinite=options.skip_nonfinite)
+
+
+def _measured(
+    reference_model: onnx.ModelProto,
+    candidate_model: onnx.ModelProto,
+    paths: tuple[Path, Path],
+    dataset: Dataset,
+    options: EvaluationOptions,
+    progress: ProgressFactory | None,
+    reference_outputs: FloatOutputs | None,
+) -> ComparisonResult:
+    """Accuracy (per output, per layer when asked) and latency on each provider."""
+    reference_path, candidate_path = paths
+    threads, factory = options.threads, progress or noop_progress
     reference = create_session(reference_path, str(reference_path), threads=threads)
     candidate = create_session(candidate_path, str(candidate_path), threads=threads)
-    factory = progress or noop_progress
     with stage(f"accuracy on {len(dataset)} samples"):
         accuracy = output_metrics(
             reference,
@@ -112,29 +160,20 @@ def compare(
             dataset,
             output_sources(reference_model),
             factory("accuracy", len(dataset)),
-            task=task,
+            task=options.task,
             known=reference_outputs,
         )
     layers = None
     if options.per_layer:
         with stage("per-layer error"):
-            layers = layer_errors(
-                reference_model,
-                candidate_model,
-                dataset,
-                threads=threads,
-                progress=factory,
-            )
-    chosen = list(options.providers) or ["CPUExecutionProvider"]
-    with stage(f"latency ({runs} runs per model and provider)"):
-        latency, skipped = _latency_per_provider(
-            reference_path, candidate_path, dataset, chosen, runs, warmup, threads, factory, options.trt_engine_cache
-        )
+            layers = layer_errors(reference_model, candidate_model, dataset, threads=threads, progress=factory)
+    with stage(f"latency ({options.runs} runs per model and provider)"):
+        latency, skipped = _latency_per_provider(reference_path, candidate_path, dataset, options, factory)
     latency = [_provider_accuracy(lat, reference, candidate_path, dataset, threads, options) for lat in latency]
-    result = ComparisonResult(
+    return ComparisonResult(
         ModelFile.of(reference_path),
         ModelFile.of(candidate_path),
-        str(data_dir),
+        str(dataset.directory),  # the caller names the data as it was given
         accuracy.samples,
         accuracy.outputs,
         accuracy.overall,
@@ -143,21 +182,9 @@ def compare(
         accuracy.agreement,
         accuracy.task_note,
         layers,
-        reproducibility=_reproducibility(dataset, config_path, threads, chosen, latency),
         output_kinds=accuracy.kinds,
         boxes=accuracy.boxes,
     )
-    judged = evaluate_gates(gates or [], result.measured(), result.intervals())
-    if earlier is None:
-        return replace(result, gates=judged)
-    stated = [g.tolerance for g in gates or [] if g.metric == "latency_ratio"]
-    tolerance = max(stated, default=DEFAULT_LATENCY_TOLERANCE)
-    changes = against_baseline(_snapshot(result), earlier, str(baseline), tolerance)
-    if not changes.same_reference:
-        log.warning("the baseline %s measured another reference model (its digest differs)", baseline)
-    if fail_on_regression:
-        judged += regression_gates(changes)
-    return replace(result, gates=judged, baseline=changes)
 
 
 def _snapshot(result: ComparisonResult) -> Snapshot:
@@ -181,19 +208,16 @@ def _latency_per_provider(
     reference_path: Path | str,
     candidate_path: Path | str,
     dataset: Dataset,
-    providers: list[str],
-    runs: int,
-    warmup: int,
-    threads: int | None,
+    options: EvaluationOptions,
     factory: ProgressFactory,
-    trt_engine_cache: str | None = None,
 ) -> tuple[list[LatencyComparison], list[tuple[str, str]]]:
     """Interleaved latency on each provider; providers that cannot run are skipped with the reason."""
+    runs, warmup, threads, trt_engine_cache = options.runs, options.warmup, options.threads, options.trt_engine_cache
     if not runs:
         return [], []
     _, feed = next(iter(dataset.samples()))
     measured, skipped = [], []
-    for provider in providers:
+    for provider in _requested_providers(options):
         reason = unavailable_reason(provider)
         setup: list[float] = []
         if reason is None:
@@ -254,13 +278,19 @@ def _provider_accuracy(
     return replace(latency, candidate_sqnr_db=worst)
 
 
+def _requested_providers(options: EvaluationOptions) -> list[str]:
+    """The execution providers to time on (the CPU when none is named)."""
+    return list(options.providers) or ["CPUExecutionProvider"]
+
+
 def _reproducibility(
     dataset: Dataset,
     config_path: Path | str | Mapping[str, Any] | None,
-    threads: int | None,
-    providers: list[str],
+    options: EvaluationOptions,
     latency: list[LatencyComparison],
 ) -> dict[str, Any]:
+    """What the numbers depend on: config and data digests, versions, CPU, threads and providers."""
+    threads = options.threads
     digest: str | None
     if isinstance(config_path, Mapping):  # a config given as a dict: the digest of its canonical JSON
         digest = hashlib.sha256(json.dumps(config_path, sort_keys=True, default=str).encode()).hexdigest()
@@ -272,6 +302,6 @@ def _reproducibility(
         "versions": versions(),
         "cpu": cpu_info(),
         "threads": {"intra_op": threads, "onnxruntime_default": threads is None},
-        "providers_requested": providers,
+        "providers_requested": _requested_providers(options),
         "providers_measured": [lat.provider for lat in latency],
     }

@@ -23,7 +23,7 @@ from qtool.options import QUANTIZE_EVALUATION, CalibrationOptions, EvaluationOpt
 from qtool.pipeline.build import Builder, Built, input_collector, weight_algorithms
 from qtool.pipeline.calibrate import check_transforms, observe, read_statistics, without_data
 from qtool.pipeline.choose import choose
-from qtool.pipeline.passes import Awq, Equalize, PassInputs, SmoothQuant, run_passes
+from qtool.pipeline.passes import BEFORE_QUANTIZATION, Awq, Equalize, PassInputs, SmoothQuant, run_passes
 from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory
 from qtool.quantization.algorithms.node_inputs import NodeInputCollector
@@ -91,7 +91,7 @@ def statistics(ws: Workspace, request: QuantizeRequest, progress: ProgressFactor
         return Statistics(stats, None, input_collector(ws), calibrated=False)
     if request.data_dir is None:
         return Statistics(without_data(ws), None, None, calibrated=False)
-    run_passes(ws, (Equalize(), SmoothQuant(), Awq()), PassInputs(request.data_dir, calibration))
+    run_passes(ws, BEFORE_QUANTIZATION, PassInputs(request.data_dir, calibration))
     collector = input_collector(ws)
     outputs = FloatOutputs()  # computed anyway: they serve the placement choice and the comparison
     stats = observe(ws, request.data_dir, calibration, progress, outputs, collector)

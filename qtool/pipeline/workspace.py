@@ -20,6 +20,7 @@ import onnx
 from qtool.calibration.statistics import CalibrationStats
 from qtool.config import QConfig
 from qtool.errors import QtoolError
+from qtool.graph.index import GraphView
 from qtool.graph.input_shapes import fix_input_shapes
 from qtool.graph.model_io import load_model
 from qtool.graph.opsets import choose_opset, runtime_qdq_limit
@@ -70,11 +71,19 @@ class Workspace:
         self.transforms = Transforms()
         self.plans_built = 0  # how many plans were built (each distinct one once)
         self._revision = 0
+        self._graph: GraphView | None = None  # the view of ``prepared`` at this revision
         self._plans: dict[tuple[int, str, tuple[tuple[str, int], ...] | None], QuantPlan] = {}
 
     @property
     def path(self) -> Path:
         return Path(self.source.path)
+
+    @property
+    def graph(self) -> GraphView:
+        """The one graph view of the prepared model as it is now (built once per revision)."""
+        if self._graph is None:
+            self._graph = GraphView(self.prepared)
+        return self._graph
 
     def plan(self, config: QConfig | None = None, elements: Mapping[str, int] | None = None) -> QuantPlan:
         """The plan of ``config`` (the workspace's by default) for the model as it is now.
@@ -87,7 +96,8 @@ class Workspace:
         key = (self._revision, repr(config), sizes)
         plan = self._plans.get(key)
         if plan is None:
-            plan = build_plan(self.prepared, config, dict(elements) if elements is not None else None)
+            sizes_given = dict(elements) if elements is not None else None
+            plan = build_plan(self.prepared, config, sizes_given, view=self.graph)
             self._plans[key] = plan
             self.plans_built += 1
         return plan
@@ -101,6 +111,7 @@ class Workspace:
         if model is not self.prepared:
             self.prepared = model
             self._revision += 1
+            self._graph = None
         self.transforms = transforms
 
 

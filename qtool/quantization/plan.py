@@ -22,7 +22,7 @@ from qtool.quantization.matmul_nbits import check_layout
 from qtool.quantization.placement import isolated_integer_nodes, node_placement
 from qtool.quantization.plan_types import NodePlan, QuantPlan, WeightPlan
 from qtool.quantization.qparams import quant_type
-from qtool.quantization.roles import HANDLERS, LOOKUP_OPS, WeightRoles, node_macs, output_to_quantize
+from qtool.quantization.roles import HANDLERS, LOOKUP_OPS, Roles, WeightRoles, node_macs, output_to_quantize
 from qtool.schemes import NodeScheme, TensorScheme, for_target
 
 log = logging.getLogger(__name__)
@@ -81,103 +81,131 @@ def _plan_nodes(
     skipped: list[tuple[str, str]] = []
     final = final_weighted_nodes(model, g)
     for node in model.graph.node:
-        bodies = node_subgraphs(node)
-        if bodies:
-            skipped.append((node.name, _bodies_left_float(node, bodies)))
+        eligible = _eligible(node, config, g)
+        if eligible is None:
             continue
-        handler = HANDLERS.get(node.op_type)
-        if handler is None or node.domain not in ("", "ai.onnx"):
+        if isinstance(eligible, str):
+            skipped.append((node.name, eligible))
             continue
-        name = node.name
-        scheme = config.scheme_for(name, node.op_type)
-        if scheme is None:
-            skipped.append((name, "kept in float by the config"))
-            continue
-        roles = handler(node, g) if len(node.input) >= 2 else "it has fewer than two inputs"
-        if isinstance(roles, str):
-            skipped.append((name, roles))
-            continue
-        unknown = [t for t in roles.activations if t not in g.elem_types]
-        if unknown:
-            skipped.append((name, f"the type of input {unknown[0]} is unknown (shape inference could not tell)"))
-            continue
-        not_float = [t for t in roles.activations if not g.is_float(t)]
-        if roles.weight and g.initializers[roles.weight.name].data_type != TensorProto.FLOAT:
-            not_float.append(roles.weight.name)
-        if not_float:
-            skipped.append((name, f"input {not_float[0]} is not float32"))
-            continue
-        if roles.weight and 0 in g.initializers[roles.weight.name].dims:
-            skipped.append((name, f"its weight {roles.weight.name} is empty"))
-            continue
-        float_activations = scheme.weight_only or runs_weight_only(scheme.weight)
-        weight = _weight_plan(roles.weight, scheme, g, name) if roles.weight else None
+        scheme, roles = eligible
+        weight = _weight_plan(roles.weight, scheme, g, node.name) if roles.weight else None
         if node.op_type in LOOKUP_OPS and weight is not None:
             # A lookup reads a few rows per call: the table stays quantized, the rows read are dequantized.
             why = "a table lookup: the rows it reads are dequantized after it"
-            nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "lookup", why))
+            planned: NodePlan | str = NodePlan(node.name, node.op_type, scheme, (), weight, None, None, "lookup", why)
+        elif scheme.weight_only or runs_weight_only(scheme.weight):
+            planned = _weight_only_node(node, scheme, weight, node.name in final, g)
+        else:
+            planned = _computing_node(node, roles, scheme, weight, g, elements, demoted.get(node.name))
+        if isinstance(planned, str):
+            skipped.append((node.name, planned))
             continue
-        if float_activations:
-            if weight is None:
-                skipped.append((name, "weight_only/fp16 asked for, but the node has no constant weight"))
-                continue
-            why = "fp16" if scheme.weight.fp16 else "per_block weights" if weight.block_size else "weight_only"
-            if name in final and _keeps_final_int8(scheme):
-                signed = quant_type(scheme.weight.dtype).signed
-                scheme = replace(scheme, weight=replace(scheme.weight, dtype="int8" if signed else "uint8"))
-                why += "; the final projection keeps int8 weights (weight.final_layer_int8)"
-            if scheme.weight.format == "matmul_nbits":
-                fallback = _nbits_fallback(node, weight, scheme, g)
-                if fallback:
-                    scheme = replace(scheme, weight=replace(scheme.weight, format="qdq"))
-                    why += f"; {fallback}"
-            nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "weight_only", why))
-            continue
-        placement, why = node_placement(node, roles, scheme, g, elements)
-        if name in demoted:
-            placement, why = ("storage" if weight is not None else "float"), demoted[name]
-        if placement == "float":
-            skipped.append((name, why))
-            continue
-        if placement == "storage":
-            nodes.append(NodePlan(name, node.op_type, scheme, (), weight, None, None, "storage", why))
-            continue
-        if scheme.mode == "dynamic":
-            dynamic = _dynamic_reason(node, weight)
-            if dynamic is None:
-                macs = node_macs(node, roles, g, elements) if elements is not None else None
-                why = f"mode: dynamic ({scheme.rule}); {why}"
-                # DynamicQuantizeLinear always makes uint8 activations (asymmetric, per tensor).
-                runtime = guard_saturation(
-                    replace(scheme, activation=replace(scheme.activation, dtype="uint8", symmetric=False))
-                )
-                nodes.append(NodePlan(name, node.op_type, runtime, (), weight, None, None, "dynamic", why, macs))
-                continue
-            log.info("%s: %s; quantized statically", name, dynamic)
-        output = output_to_quantize(node, g)
-        for tensor in (*roles.activations, *([output] if output else [])):
-            chosen = activations.setdefault(tensor, scheme.activation)
-            if chosen != scheme.activation:
-                log.warning(
-                    "tensor %s: node %s asks for %s, but an earlier reader already set %s (first use wins)",
-                    tensor,
-                    name,
-                    scheme.activation.describe() + f" observer={scheme.activation.observer}",
-                    chosen.describe() + f" observer={chosen.observer}",
-                )
-        # An int32 bias needs one weight scale per output channel (or one for all): not per block.
-        natural = roles.weight.channel_axis if roles.weight else None
-        bias_fits = weight is not None and weight.block_size is None and weight.axis in (None, natural)
-        bias = roles.bias if bias_fits else None
-        macs = node_macs(node, roles, g, elements) if elements is not None else None
-        integer = guard_saturation(scheme)
-        nodes.append(
-            NodePlan(name, node.op_type, integer, roles.activations, weight, bias, output, "integer", why, macs)
-        )
+        nodes.append(planned)
+        _claim_activations(activations, planned, scheme)
     if config.target == "tensorrt":
         residual = for_target(config.global_scheme, "tensorrt").activation
         _quantize_residual_inputs(model, g, nodes, activations, residual)
     return QuantPlan(tuple(nodes), activations, tuple(skipped), config.target)
+
+
+def _eligible(node: onnx.NodeProto, config: QConfig, g: GraphView) -> tuple[NodeScheme, Roles] | str | None:
+    """The node's scheme and roles, why it stays float (a string), or None for an op qtool does not quantize."""
+    bodies = node_subgraphs(node)
+    if bodies:
+        return _bodies_left_float(node, bodies)
+    handler = HANDLERS.get(node.op_type)
+    if handler is None or node.domain not in ("", "ai.onnx"):
+        return None
+    scheme = config.scheme_for(node.name, node.op_type)
+    if scheme is None:
+        return "kept in float by the config"
+    roles = handler(node, g) if len(node.input) >= 2 else "it has fewer than two inputs"
+    if isinstance(roles, str):
+        return roles
+    unknown = [t for t in roles.activations if t not in g.elem_types]
+    if unknown:
+        return f"the type of input {unknown[0]} is unknown (shape inference could not tell)"
+    not_float = [t for t in roles.activations if not g.is_float(t)]
+    if roles.weight and g.initializers[roles.weight.name].data_type != TensorProto.FLOAT:
+        not_float.append(roles.weight.name)
+    if not_float:
+        return f"input {not_float[0]} is not float32"
+    if roles.weight and 0 in g.initializers[roles.weight.name].dims:
+        return f"its weight {roles.weight.name} is empty"
+    return scheme, roles
+
+
+def _weight_only_node(
+    node: onnx.NodeProto, scheme: NodeScheme, weight: WeightPlan | None, final: bool, g: GraphView
+) -> NodePlan | str:
+    """A node with float activations and its weight stored quantized (or why it cannot be)."""
+    if weight is None:
+        return "weight_only/fp16 asked for, but the node has no constant weight"
+    why = "fp16" if scheme.weight.fp16 else "per_block weights" if weight.block_size else "weight_only"
+    if final and _keeps_final_int8(scheme):
+        signed = quant_type(scheme.weight.dtype).signed
+        scheme = replace(scheme, weight=replace(scheme.weight, dtype="int8" if signed else "uint8"))
+        why += "; the final projection keeps int8 weights (weight.final_layer_int8)"
+    if scheme.weight.format == "matmul_nbits":
+        fallback = _nbits_fallback(node, weight, scheme, g)
+        if fallback:
+            scheme = replace(scheme, weight=replace(scheme.weight, format="qdq"))
+            why += f"; {fallback}"
+    return NodePlan(node.name, node.op_type, scheme, (), weight, None, None, "weight_only", why)
+
+
+def _computing_node(
+    node: onnx.NodeProto,
+    roles: Roles,
+    scheme: NodeScheme,
+    weight: WeightPlan | None,
+    g: GraphView,
+    elements: dict[str, int] | None,
+    demoted: str | None,
+) -> NodePlan | str:
+    """An integer, dynamic or storage node, as its placement decides (or why it stays float)."""
+    name = node.name
+    placement, why = node_placement(node, roles, scheme, g, elements)
+    if demoted is not None:  # isolated_integer_nodes found too little work per boundary value
+        placement, why = ("storage" if weight is not None else "float"), demoted
+    if placement == "float":
+        return why
+    if placement == "storage":
+        return NodePlan(name, node.op_type, scheme, (), weight, None, None, "storage", why)
+    macs = node_macs(node, roles, g, elements) if elements is not None else None
+    if scheme.mode == "dynamic":
+        dynamic = _dynamic_reason(node, weight)
+        if dynamic is None:
+            why = f"mode: dynamic ({scheme.rule}); {why}"
+            # DynamicQuantizeLinear always makes uint8 activations (asymmetric, per tensor).
+            runtime = guard_saturation(
+                replace(scheme, activation=replace(scheme.activation, dtype="uint8", symmetric=False))
+            )
+            return NodePlan(name, node.op_type, runtime, (), weight, None, None, "dynamic", why, macs)
+        log.info("%s: %s; quantized statically", name, dynamic)
+    output = output_to_quantize(node, g)
+    # An int32 bias needs one weight scale per output channel (or one for all): not per block.
+    natural = roles.weight.channel_axis if roles.weight else None
+    bias_fits = weight is not None and weight.block_size is None and weight.axis in (None, natural)
+    bias = roles.bias if bias_fits else None
+    integer = guard_saturation(scheme)
+    return NodePlan(name, node.op_type, integer, roles.activations, weight, bias, output, "integer", why, macs)
+
+
+def _claim_activations(activations: dict[str, TensorScheme], node: NodePlan, scheme: NodeScheme) -> None:
+    """Record the schemes of an integer node's quantized inputs and output; the first reader of a tensor wins."""
+    if node.placement != "integer":
+        return
+    for tensor in (*node.activations, *([node.output] if node.output else [])):
+        chosen = activations.setdefault(tensor, scheme.activation)
+        if chosen != scheme.activation:
+            log.warning(
+                "tensor %s: node %s asks for %s, but an earlier reader already set %s (first use wins)",
+                tensor,
+                node.name,
+                scheme.activation.describe() + f" observer={scheme.activation.observer}",
+                chosen.describe() + f" observer={chosen.observer}",
+            )
 
 
 def _quantize_residual_inputs(

@@ -106,7 +106,7 @@ def sensitivity_search(
     started = time.perf_counter()
     settings = config.accuracy
     assert settings.target_sqnr_db is not None  # the search runs only toward a target
-    target_sqnr_db, max_nodes, seconds = settings.target_sqnr_db, settings.max_float_nodes, settings.search_seconds
+    target_sqnr_db, max_nodes = settings.target_sqnr_db, settings.max_float_nodes
     if initial is None:
         model, movable = quantize(config)
         sqnr = scorer.score(model).worst_db if movable else -math.inf
@@ -131,20 +131,28 @@ def sensitivity_search(
     del model
     ranking = rank_nodes(rows, movable)
     advance = (progress or noop_progress)("sensitivity", min(len(ranking), max_nodes + PATIENCE))
+    config, sqnr = _try_in_float(config, ranking, quantize, scorer, result, started, advance)
+    result.final_sqnr_db = sqnr
+    return config, result
+
+
+def _try_in_float(
+    config: QConfig,
+    ranking: list[LayerError],
+    quantize: Callable[[QConfig], tuple[onnx.ModelProto, set[str]]],
+    scorer: OutputScorer,
+    result: SearchResult,
+    started: float,
+    advance: Callable[[int], None],
+) -> tuple[QConfig, float]:
+    """Move the ranked nodes to float activations one at a time, keeping each that helps (steps go to ``result``)."""
+    sqnr, seconds = result.initial_sqnr_db, config.accuracy.search_seconds
     rejected_in_a_row = 0
     result.stopped = "no node left to try"
     for candidate in ranking:
-        if sqnr >= target_sqnr_db:
-            result.stopped = "target reached"
-            break
-        if len(result.float_nodes) >= max_nodes:
-            result.stopped = f"{max_nodes} nodes in float (accuracy.max_float_nodes)"
-            break
-        if rejected_in_a_row >= PATIENCE:
-            result.stopped = f"{PATIENCE} nodes in a row did not help"
-            break
-        if time.perf_counter() - started > seconds:
-            result.stopped = f"time is up ({seconds:g} s, accuracy.search_seconds)"
+        stop = _stop_reason(result, sqnr, rejected_in_a_row, time.perf_counter() - started, seconds)
+        if stop:
+            result.stopped = stop
             break
         trial = replace(config, sensitive_nodes=config.sensitive_nodes | {candidate.node})
         trial_model, _ = quantize(trial)
@@ -159,7 +167,19 @@ def sensitivity_search(
         rejected_in_a_row = 0 if kept else rejected_in_a_row + 1
         advance(1)
     else:
-        if sqnr >= target_sqnr_db:
+        if sqnr >= result.target_sqnr_db:
             result.stopped = "target reached"
-    result.final_sqnr_db = sqnr
-    return config, result
+    return config, sqnr
+
+
+def _stop_reason(result: SearchResult, sqnr: float, rejected_in_a_row: int, elapsed: float, seconds: float) -> str:
+    """Why the search stops before its next node ("" to go on)."""
+    if sqnr >= result.target_sqnr_db:
+        return "target reached"
+    if len(result.float_nodes) >= result.max_nodes:
+        return f"{result.max_nodes} nodes in float (accuracy.max_float_nodes)"
+    if rejected_in_a_row >= PATIENCE:
+        return f"{PATIENCE} nodes in a row did not help"
+    if elapsed > seconds:
+        return f"time is up ({seconds:g} s, accuracy.search_seconds)"
+    return ""

@@ -163,86 +163,124 @@ def measure_placements(
         threads: onnxruntime intra-op threads for timing (None: 1, the most stable measure).
         progress: receives progress updates.
     """
-    model_path, reference, weights = float_model.path, float_model.prepared, float_model.weights
-    elements, dataset = float_model.elements, samples.scored
     settings = config.accuracy
     target = settings.target_sqnr_db if settings.target_sqnr_db is not None else -math.inf
     factory = progress or noop_progress
+    dataset = samples.scored
     scorer = OutputScorer(
-        reference, dataset, weights=weights, on_sample=factory("float outputs", len(dataset)), known=samples.known
+        float_model.prepared,
+        dataset,
+        weights=float_model.weights,
+        on_sample=factory("float outputs", len(dataset)),
+        known=samples.known,
     )
-    configs = {
-        "auto": config,
-        "integer": replace(config, auto_placement="integer"),
-        "storage": replace(config, auto_placement="storage"),
-    }
-    plans: dict[str, tuple[QuantPlan, onnx.ModelProto]] = {}
-    aliases: dict[str, list[str]] = {}
-    seen: dict[tuple[tuple[str, str], ...], str] = {}
+    built = _Built()
+    built.add("auto", config, build)
+    integer = built.add("integer", replace(config, auto_placement="integer"), build)
+    built.add("storage", replace(config, auto_placement="storage"), build)
+    if _matmul_heavy(integer):
+        built.add("dynamic", replace(config, auto_placement="dynamic"), build)
+    built.score(scorer, factory("placements", len(built.plans)))
+    choice = PlacementChoice(target, scorer.files, threads or 1, built.candidates(target), "auto", "")
+    timed = settings.latency_runs > 0 and len(built.plans) > 1 and bool(scorer.samples)
 
-    def add(name: str, cfg: QConfig) -> QuantPlan:
-        plan, model = build(cfg)
-        first = seen.setdefault(_signature(plan), name)
-        if first != name:
-            aliases[first].append(name)
-        else:
-            plans[name], aliases[name] = (plan, model), []
-        return plan
+    def time_all() -> None:  # every candidate is timed on the first scored sample
+        _time_candidates(choice, float_model, built.plans, settings.latency_runs, scorer.samples[0][1], factory)
 
-    built = {name: add(name, cfg) for name, cfg in configs.items()}
-    if _matmul_heavy(built["integer"]):
-        configs["dynamic"] = replace(config, auto_placement="dynamic")
-        add("dynamic", configs["dynamic"])
-    advance = factory("placements", len(plans))
-    scores: dict[str, float] = {}
-    for name, (_, model) in plans.items():
-        scores[name] = scorer.score(model, f"the '{name}' placement").worst_db
-        advance(1)
-    timing_threads = threads or 1
-    choice = PlacementChoice(
-        target, scorer.files, timing_threads, _candidates(plans, aliases, scores, target), "auto", ""
-    )
-    timed = settings.latency_runs > 0 and len(plans) > 1 and bool(scorer.samples)
-    feed = scorer.samples[0][1] if timed else {}  # every candidate is timed on the first scored sample
     if timed:
-        _time_candidates(choice, model_path, plans, weights, settings.latency_runs, feed, factory)
-    storage_name = next((n for n, a in aliases.items() if n == "storage" or "storage" in a), None)
-    storage_meets = storage_name is None or _meets(scores[storage_name], target)
-    if not _meets(scores["auto"], target) and storage_meets and settings.target_sqnr_db is not None:
-        faster = _faster_than_storage(choice, storage_name)
-        if timed and choice.fp32_ms is not None and not faster:
-            # The search turns integer nodes back to float compute: its model runs between "auto" and
-            # storage-only, so it can only win if "auto" is measurably faster than storage.
-            choice.search_note = "no search: the integer kernels measured no faster than storage-only here"
-        else:
-            auto_plan, auto_model = plans["auto"]
-
-            def movable(cfg: QConfig) -> tuple[onnx.ModelProto, set[str]]:
-                plan, model = build(cfg)
-                return model, _movable(plan)
-
-            searched, choice.search = sensitivity_search(
-                reference,
-                config,
-                movable,
-                scorer,
-                samples.ranked,
-                elements=elements,
-                progress=progress,
-                initial=(auto_model, _movable(auto_plan), scores["auto"]),
-            )
-            if choice.search is not None and choice.search.float_nodes:
-                configs["search"] = searched
-                plans["search"], aliases["search"] = build(searched), []
-                scores["search"] = choice.search.final_sqnr_db
-                choice.candidates = _candidates(plans, aliases, scores, target)
-                if timed and choice.fp32_ms is not None:  # time everything again, the new candidate among them
-                    _time_candidates(
-                        choice, model_path, plans, weights, settings.latency_runs, scorer.samples[0][1], factory
-                    )
+        time_all()
+    if settings.target_sqnr_db is not None and _search_may_help(choice, built, timed):
+        added = _search(choice, built, config, build, scorer, samples, float_model, progress)
+        if added and timed and choice.fp32_ms is not None:
+            time_all()  # time everything again, the new candidate among them
     scorer.release()
     _decide(choice)
-    return configs[choice.chosen], choice
+    return built.configs[choice.chosen], choice
+
+
+@dataclass
+class _Built:
+    """The candidates built so far: each name's config, the distinct plans, and which names planned the same."""
+
+    configs: dict[str, QConfig] = field(default_factory=dict)
+    plans: dict[str, tuple[QuantPlan, onnx.ModelProto]] = field(default_factory=dict)
+    aliases: dict[str, list[str]] = field(default_factory=dict)  # first name of a plan -> the others
+    scores: dict[str, float] = field(default_factory=dict)  # by distinct plan: the worst output's SQNR
+    seen: dict[tuple[tuple[str, str], ...], str] = field(default_factory=dict)
+
+    def add(self, name: str, config: QConfig, build: Build) -> QuantPlan:
+        """Build ``config``; a plan built before under another name only records the alias."""
+        self.configs[name] = config
+        plan, model = build(config)
+        first = self.seen.setdefault(_signature(plan), name)
+        if first != name:
+            self.aliases[first].append(name)
+        else:
+            self.plans[name], self.aliases[name] = (plan, model), []
+        return plan
+
+    def score(self, scorer: OutputScorer, advance: Callable[[int], None]) -> None:
+        """Score every distinct candidate not scored yet."""
+        for name, (_, model) in self.plans.items():
+            if name not in self.scores:
+                self.scores[name] = scorer.score(model, f"the '{name}' placement").worst_db
+                advance(1)
+
+    def candidates(self, target: float) -> list[PlacementCandidate]:
+        return _candidates(self.plans, self.aliases, self.scores, target)
+
+
+def _search_may_help(choice: PlacementChoice, built: _Built, timed: bool) -> bool:
+    """Whether "auto" misses the target where storage-only reaches it, and the search can pay off.
+
+    The search turns integer nodes back to float compute: its model runs between "auto" and
+    storage-only, so it can only win if "auto" is measurably faster than storage.
+    """
+    target = choice.target_sqnr_db
+    storage_name = next((n for n, a in built.aliases.items() if n == "storage" or "storage" in a), None)
+    storage_meets = storage_name is None or _meets(built.scores[storage_name], target)
+    if _meets(built.scores["auto"], target) or not storage_meets:
+        return False
+    if timed and choice.fp32_ms is not None and not _faster_than_storage(choice, storage_name):
+        choice.search_note = "no search: the integer kernels measured no faster than storage-only here"
+        return False
+    return True
+
+
+def _search(
+    choice: PlacementChoice,
+    built: _Built,
+    config: QConfig,
+    build: Build,
+    scorer: OutputScorer,
+    samples: Samples,
+    float_model: FloatModel,
+    progress: ProgressFactory | None,
+) -> bool:
+    """Run the sensitivity search from "auto"; True when it added a "search" candidate."""
+    auto_plan, auto_model = built.plans["auto"]
+
+    def movable(cfg: QConfig) -> tuple[onnx.ModelProto, set[str]]:
+        plan, model = build(cfg)
+        return model, _movable(plan)
+
+    searched, choice.search = sensitivity_search(
+        float_model.prepared,
+        config,
+        movable,
+        scorer,
+        samples.ranked,
+        elements=float_model.elements,
+        progress=progress,
+        initial=(auto_model, _movable(auto_plan), built.scores["auto"]),
+    )
+    if choice.search is None or not choice.search.float_nodes:
+        return False
+    built.configs["search"] = searched
+    built.plans["search"], built.aliases["search"] = build(searched), []
+    built.scores["search"] = choice.search.final_sqnr_db
+    choice.candidates = built.candidates(choice.target_sqnr_db)
+    return True
 
 
 def _candidates(
@@ -285,14 +323,14 @@ def decisively_faster(times: dict[str, list[float]], fast: str, slow: str) -> bo
 
 def _time_candidates(
     choice: PlacementChoice,
-    model_path: Path,
+    float_model: FloatModel,
     plans: dict[str, tuple[QuantPlan, onnx.ModelProto]],
-    weights: Weights,
     rounds: int,
     feed: Feed,
     factory: ProgressFactory,
 ) -> None:
     """Time fp32 and every candidate interleaved (in place: latency_ms, fp32_ms, timing_note)."""
+    model_path, weights = float_model.path, float_model.weights
     size = model_path.stat().st_size + sum(weights.nbytes(model) for _, model in plans.values())
     if size * (len(plans) + 1) > TIMING_MAX_BYTES:
         choice.timing_note = "not timed: the sessions together would take more than 1 GiB"

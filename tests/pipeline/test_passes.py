@@ -13,6 +13,23 @@ from qtool.pipeline.workspace import open_workspace
 from tests.conftest import calib_dir, run_model, sample
 
 INTEGER = {"global": {"placement": "integer"}}
+AWQ_INT4 = {
+    "global": {
+        "weight": {"dtype": "int4", "granularity": "per_block"},
+        "weight_only": True,
+        "algorithms": {"awq": True},
+    }
+}
+
+
+def _same_outputs(ws, model: onnx.ModelProto) -> bool:
+    """Whether the rewritten float model computes what the original computes, on a calibration sample."""
+    x = np.load(sorted(calib_dir(ws.path.parent.name).iterdir())[0])
+    name = ws.model.graph.input[0].name
+    x = x if x.ndim == len(ws.model.graph.input[0].type.tensor_type.shape.dim) else x[None]
+    original = run_model(ws.path.read_bytes(), {name: x})[0]
+    rewritten = run_model(ws.weights.embedded(model).SerializeToString(), {name: x})[0]
+    return bool(np.allclose(rewritten, original, rtol=1e-4, atol=1e-4))
 
 
 def test_equalization_rescales_only_the_conv_pairs_whose_nodes_the_plan_marks():
@@ -43,25 +60,11 @@ def test_smoothquant_measures_the_channel_ranges_of_the_planned_inputs_and_keeps
     dims = {i.name: list(i.dims) for i in ws.model.graph.initializer}
     for node in (n for n in ws.model.graph.node if n.op_type == "MatMul"):
         assert ws.transforms.smoothing[node.input[0]].shape == (dims[node.input[1]][0],)  # K channels
-    smoothed = ws.weights.embedded(ws.prepared)
-    feed_file = sorted(calib_dir("mlp").iterdir())[0]
-    x = np.load(feed_file)
-    name = ws.model.graph.input[0].name
-    x = x if x.ndim == 2 else x[None]
-    original = run_model(sample("mlp").read_bytes(), {name: x})[0]
-    assert np.allclose(run_model(smoothed.SerializeToString(), {name: x})[0], original, rtol=1e-4, atol=1e-4)
+    assert _same_outputs(ws, ws.prepared)
 
 
 def test_awq_without_samples_scales_nothing_and_says_why_per_node():
-    config = load_config(
-        {
-            "global": {
-                "weight": {"dtype": "int4", "granularity": "per_block"},
-                "weight_only": True,
-                "algorithms": {"awq": True},
-            }
-        }
-    )
+    config = load_config(AWQ_INT4)
     ws = open_workspace(sample("mlp"), config)
     before = ws.prepared
     run_passes(ws, (Awq(),), PassInputs(None, DEFAULT_CALIBRATION))
@@ -71,18 +74,11 @@ def test_awq_without_samples_scales_nothing_and_says_why_per_node():
 
 
 def test_awq_with_samples_moves_scales_into_the_weights():
-    config = load_config(
-        {
-            "global": {
-                "weight": {"dtype": "int4", "granularity": "per_block"},
-                "weight_only": True,
-                "algorithms": {"awq": True},
-            }
-        }
-    )
+    config = load_config(AWQ_INT4)
     ws = open_workspace(sample("mlp"), config)
+    before = ws.prepared
     readers = [n.name for n in ws.plan().nodes if n.op_type == "MatMul"]
     run_passes(ws, (Awq(),), PassInputs(calib_dir("mlp"), DEFAULT_CALIBRATION))
     scaled = {node for group in ws.transforms.awq for node in group.nodes}
     assert scaled and scaled <= set(readers)
-    assert isinstance(ws.prepared, onnx.ModelProto)
+    assert ws.prepared is not before and _same_outputs(ws, ws.prepared)  # scales moved, the function kept

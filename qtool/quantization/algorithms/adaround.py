@@ -128,51 +128,14 @@ def adaround(
         no row's loss above its starting codes'.
     """
     started = time.perf_counter()
-    w = np.asarray(weight_rows, np.float32)
-    rows, k = w.shape
-    h = np.asarray(hessian, np.float64)
-    h = h[None] if h.ndim == 2 else h
-    groups = h.shape[0]
-    if h.ndim != 3 or h.shape[1:] != (k, k) or rows % groups:
-        raise QtoolError(
-            f"a Hessian of shape {np.shape(hessian)} does not fit a weight of {rows} rows x {k} columns",
-            hint="the input statistics were collected for another node",
-        )
-    if isinstance(init, str) and init != "nearest":
-        raise QtoolError(f"unknown AdaRound init '{init}'", hint="pass 'nearest' or int codes [rows, K]")
-    shape = (groups, rows // groups, k)
-    scale_full, zero_full = grid.per_element(rows, k)
-    qmin, qmax = grid.qmin, grid.qmax
-    layer = _Layer(w.reshape(shape), h, scale_full.reshape(shape), zero_full.reshape(shape), qmin, qmax)
-
-    nearest = round_nearest(w, scale_full, zero_full, qmin, qmax).reshape(shape)
-    nearest_loss = layer.loss(nearest)
-    start, start_loss = nearest, nearest_loss
-    from_codes = not isinstance(init, str)
-    if not isinstance(init, str):
-        given = _checked_init(init, rows, k, qmin, qmax).reshape(shape)
-        given_loss = layer.loss(given)
-        # A row whose given codes are worse than nearest rounding starts from nearest rounding.
-        better = given_loss <= nearest_loss
-        start = np.where(better[..., None], given, nearest)
-        start_loss = np.where(better, given_loss, nearest_loss)
-
+    rows, k = np.shape(weight_rows)
+    layer = _layer(weight_rows, hessian, grid)
+    nearest_loss, start, start_loss = _start(layer, init)
     iterations = schedule.iterations
     planned = iterations if work is None else min(iterations, math.floor(max(work, 0.0) / max(rows * k * k, 1)))
-    schedule = replace(schedule, iterations=planned)
-    codes, loss = start.copy(), start_loss.copy()
-    reasons: set[StopReason] = set()
-    ran = 0
-    for g, r in _tiles(*shape) if planned else ():
-        tile = layer.tile(g, r)
-        learned, tile_ran, tile_stopped = tile.learn(start[g, r], from_codes, schedule)
-        learned_loss = tile.loss(learned)
-        better = learned_loss < loss[g, r]
-        codes[g, r] = np.where(better[..., None], learned, codes[g, r])
-        loss[g, r] = np.where(better, learned_loss, loss[g, r])
-        ran = max(ran, tile_ran)
-        reasons.add(tile_stopped)
-
+    codes, loss, ran, reasons = _learn(
+        layer, start, start_loss, not isinstance(init, str), replace(schedule, iterations=planned)
+    )
     stopped: StopReason = (
         "budget" if planned < iterations else "converged" if reasons == {"converged"} else "iterations"
     )
@@ -189,6 +152,60 @@ def adaround(
         stopped=stopped,
         improved_rows=improved,
     )
+
+
+def _layer(weight_rows: np.ndarray, hessian: np.ndarray, grid: RowGrid) -> _Layer:
+    """The weight, Hessian and grid as groups of rows, or a clear error when they do not fit together."""
+    w = np.asarray(weight_rows, np.float32)
+    rows, k = w.shape
+    h = np.asarray(hessian, np.float64)
+    h = h[None] if h.ndim == 2 else h
+    groups = h.shape[0]
+    if h.ndim != 3 or h.shape[1:] != (k, k) or rows % groups:
+        raise QtoolError(
+            f"a Hessian of shape {np.shape(hessian)} does not fit a weight of {rows} rows x {k} columns",
+            hint="the input statistics were collected for another node",
+        )
+    shape = (groups, rows // groups, k)
+    scale_full, zero_full = grid.per_element(rows, k)
+    return _Layer(w.reshape(shape), h, scale_full.reshape(shape), zero_full.reshape(shape), grid.qmin, grid.qmax)
+
+
+def _start(layer: _Layer, init: Literal["nearest"] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nearest rounding's loss per row, and the codes (and their loss) each row starts from.
+
+    A row whose given codes are worse than nearest rounding starts from nearest rounding.
+    """
+    if isinstance(init, str) and init != "nearest":
+        raise QtoolError(f"unknown AdaRound init '{init}'", hint="pass 'nearest' or int codes [rows, K]")
+    groups, per_group, k = layer.w.shape
+    nearest = round_nearest(layer.w, layer.scale, layer.zero, layer.qmin, layer.qmax)
+    nearest_loss = layer.loss(nearest)
+    if isinstance(init, str):
+        return nearest_loss, nearest, nearest_loss
+    given = _checked_init(init, groups * per_group, k, layer.qmin, layer.qmax).reshape(layer.w.shape)
+    given_loss = layer.loss(given)
+    better = given_loss <= nearest_loss
+    return nearest_loss, np.where(better[..., None], given, nearest), np.where(better, given_loss, nearest_loss)
+
+
+def _learn(
+    layer: _Layer, start: np.ndarray, start_loss: np.ndarray, from_codes: bool, schedule: AdaRoundSchedule
+) -> tuple[np.ndarray, np.ndarray, int, set[StopReason]]:
+    """Learn each tile of rows from its starting codes; a tile's learned codes replace them only where better."""
+    codes, loss = start.copy(), start_loss.copy()
+    reasons: set[StopReason] = set()
+    ran = 0
+    for g, r in _tiles(*layer.w.shape) if schedule.iterations else ():
+        tile = layer.tile(g, r)
+        learned, tile_ran, tile_stopped = tile.learn(start[g, r], from_codes, schedule)
+        learned_loss = tile.loss(learned)
+        better = learned_loss < loss[g, r]
+        codes[g, r] = np.where(better[..., None], learned, codes[g, r])
+        loss[g, r] = np.where(better, learned_loss, loss[g, r])
+        ran = max(ran, tile_ran)
+        reasons.add(tile_stopped)
+    return codes, loss, ran, reasons
 
 
 @dataclass(frozen=True)
