@@ -57,7 +57,7 @@ def calibrate(
     """Observe every activation the quantizer needs over a dataset (a directory, URL or feeds).
 
     ``options``: observer, batch size, limit, shard, workers, NaN handling (over the config's
-    ``calibration:``); ``target``: cpu, cuda or tensorrt instead of the config's ``target:``;
+    ``calibration:``); ``target``: cpu, cpu_vnni, cuda or tensorrt instead of the config's ``target:``;
     ``input_shapes``: fixes dynamic dimensions other than batch (samples of another shape are refused).
     Returns the statistics, ready for :meth:`CalibrationStats.to_json` or :func:`quantize`.
     """
@@ -104,7 +104,7 @@ def quantize(
     ``data_dir`` toward ``search.target_sqnr_db`` or the config's ``accuracy.target_sqnr_db``.
     ``evaluation`` (None: skip) compares the result with the float model on ``eval_dir``, or on
     the calibration samples with a warning that they are not held out. ``output``: external data
-    and opset. ``target``: cpu, cuda or tensorrt (off the CPU nothing is timed). ``input_shapes``
+    and opset. ``target``: cpu, cpu_vnni, cuda or tensorrt (off the CPU nothing is timed). ``input_shapes``
     fixes dynamic dimensions for the work; the written model keeps the inputs it had.
     """
     model_path, output_path = Path(model_path), Path(output_path)

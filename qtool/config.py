@@ -47,7 +47,7 @@ class QConfig:
     source: str
     document: ConfigDocument = field(repr=False)  # the validated, merged document: what the fields above come from
     raw: dict[str, Any] = field(repr=False)  # the same document as written (YAML values): for --config-out and keys
-    target: str = "cpu"  # cpu | cuda | tensorrt: whose rules the schemes follow (see :func:`for_target`)
+    target: str = "cpu"  # cpu | cpu_vnni | cuda | tensorrt: whose rules the schemes follow (see :func:`for_target`)
     sensitive_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: activations kept float
     auto_placement: str | None = None  # "integer" | "storage" | "dynamic": what every placement "auto" node becomes
 

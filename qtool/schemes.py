@@ -104,13 +104,16 @@ class SearchSettings:
     latency_runs: int  # interleaved timing rounds per candidate placement (0: placement by the MAC model)
 
 
-TARGETS = ("cpu", "cuda", "tensorrt")
+TARGETS = ("cpu", "cpu_vnni", "cuda", "tensorrt")
+CPU_TARGETS = ("cpu", "cpu_vnni")  # onnxruntime's CPU kernels: placement by measurement, CPU kernel predictions
 
 
 def for_target(scheme: NodeScheme, target: str) -> NodeScheme:
     """``scheme`` as ``target`` runs it.
 
     * ``cpu``: as configured.
+    * ``cpu_vnni``: as configured, for CPUs whose uint8 x int8 kernels cannot saturate (x86 with VNNI, ARM):
+      ``weight.saturation: auto`` keeps full-range int8 weights unfitted (``ignore``).
     * ``cuda``: onnxruntime's CUDA provider has no integer kernels for Q/DQ models (it dequantizes and
       runs float), so ``placement: auto`` stores weights quantized and restores them at load.
     * ``tensorrt``: TensorRT runs int8 only with symmetric int8 on both inputs of a layer, so
@@ -118,6 +121,8 @@ def for_target(scheme: NodeScheme, target: str) -> NodeScheme:
       saturate like VNNI-less CPUs), and every auto or storage node an integer one (a weight
       restored to float only costs time there). Weight-only nodes stay weight-only.
     """
+    if target == "cpu_vnni" and scheme.weight.saturation == "auto":
+        return replace(scheme, weight=replace(scheme.weight, saturation="ignore"))
     if target == "cuda" and scheme.placement == "auto" and not scheme.weight_only:
         return replace(scheme, placement="storage", rule=scheme.rule)
     if target != "tensorrt":

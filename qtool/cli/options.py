@@ -27,8 +27,9 @@ TargetOption = Annotated[
     typer.Option(
         "--target",
         metavar="TARGET",
-        help="cpu, cuda or tensorrt: whose rules the model follows (overrides the config's 'target:'). "
-        "tensorrt: symmetric int8 activations, Q/DQ on both inputs of every weighted op and residual Add.",
+        help="cpu, cpu_vnni, cuda or tensorrt: whose rules the model follows (overrides the config's 'target:'). "
+        "cpu: portable x86 / ARM; cpu_vnni: x86 with VNNI or ARM only (full-range int8 weights, no saturation "
+        "guard); tensorrt: symmetric int8 activations, Q/DQ on both inputs of every weighted op and residual Add.",
     ),
 ]
 ObserverOption = Annotated[

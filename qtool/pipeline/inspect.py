@@ -14,6 +14,8 @@ from qtool.pipeline.workspace import Workspace
 from qtool.quantization.activations import activation_qparams
 from qtool.quantization.inspection import Inspection, inspect_plan
 from qtool.quantization.rewrite import insert_qdq
+from qtool.quantization.rewrite_report import RewriteReport
+from qtool.quantization.saturation import FITTED
 
 
 def inspect(ws: Workspace, data_dir: Path | str | None) -> Inspection:
@@ -36,6 +38,16 @@ def inspect(ws: Workspace, data_dir: Path | str | None) -> Inspection:
         tensor: activation_qparams(np.asarray(-1.0), np.asarray(1.0), scheme, what=tensor)
         for tensor, scheme in plan.activations.items()
     }
-    rewritten, _ = insert_qdq(ws.prepared, plan, placeholder, ws.weights)
+    rewritten, report = insert_qdq(ws.prepared, plan, placeholder, ws.weights)
     rewritten.producer_name, rewritten.producer_version = "qtool", __version__
-    return replace(result, rewritten_bytes=ws.weights.embedded_size(rewritten))
+    rows = [replace(row, weight_form=_form_text(report, row.name)) for row in result.rows]
+    return replace(result, rows=rows, rewritten_bytes=ws.weights.embedded_size(rewritten))
+
+
+def _form_text(report: RewriteReport, node: str) -> str:
+    """How the rewrite stored an integer node's 8-bit weight, with what a fit cost ("" for other nodes)."""
+    form = report.weight_forms.get(node, "")
+    fit = report.pair_fits.get(node)
+    if form == FITTED and fit is not None:
+        return f"{form}: {fit.rescaled}/{fit.columns} channels, {fit.bits_lost:.2f} bits"
+    return form

@@ -30,6 +30,7 @@ from qtool.quantization.algorithms.node_inputs import NodeInputCollector
 from qtool.quantization.kernels import predict_kernels
 from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult, ModelFile, QuantizeResult
+from qtool.schemes import CPU_TARGETS
 from qtool.system.stages import stage
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
     algorithms, note = weight_algorithms(ws, data.collector, data.calibrated, search_dir, request.calibration)
     builder = Builder(ws, data.stats, algorithms)
     config, choice = ws.config, None
-    if ws.config.target != "cpu" and request.search is not None and search_dir is not None:
+    if ws.config.target not in CPU_TARGETS and request.search is not None and search_dir is not None:
         log.info("target %s: placement by its rules (CPU timing says nothing about it)", ws.config.target)
     elif request.search is not None and search_dir is not None:
         with stage("placement choice (accuracy, search, latency)"):

@@ -38,6 +38,7 @@ import onnx
 
 from qtool.graph.index import GraphView
 from qtool.quantization.plan_types import NodePlan, QuantPlan
+from qtool.schemes import CPU_TARGETS
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def predict_kernels(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, Kernel
             ranks[name] = 2
         elif producer.op_type == "Reshape" and len(producer.input) > 1 and producer.input[1] in shapes:
             ranks[name] = int(np.prod(shapes[producer.input[1]]))
-    if plan.target != "cpu":
+    if plan.target not in CPU_TARGETS:
         return {p.name: _predict_gpu(p, plan.target) for p in plan.nodes}
     dynamic_inputs = Counter(nodes[p.name].input[0] for p in plan.nodes if p.placement == "dynamic")
     return {

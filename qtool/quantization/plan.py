@@ -23,21 +23,29 @@ from qtool.quantization.placement import isolated_integer_nodes, node_placement
 from qtool.quantization.plan_types import NodePlan, QuantPlan, WeightPlan
 from qtool.quantization.qparams import quant_type
 from qtool.quantization.roles import HANDLERS, LOOKUP_OPS, Roles, WeightRoles, node_macs, output_to_quantize
+from qtool.quantization.saturation import pair_layout
 from qtool.schemes import NodeScheme, TensorScheme, for_target
 
 log = logging.getLogger(__name__)
 
 
-def guard_saturation(scheme: NodeScheme) -> NodeScheme:
+def guard_saturation(scheme: NodeScheme, layout: str | None) -> NodeScheme:
     """The scheme an integer-placed node is quantized with, given ``weight.saturation``.
 
-    ``uint8`` (default) stores int8 weights as uint8 with the same number of levels, so onnxruntime
-    runs its exact uint8 x uint8 kernels on every CPU (measured 0.9-5.1 % slower than int8 on an AVX2-only CPU).
-    With int8 activations there is no such kernel, and the weights get the reduced range instead.
-    ``reduce_range`` keeps int8 in [-64, 63] (fastest everywhere, one bit less); ``ignore`` keeps the
-    full range, for VNNI or ARM deployments only.
+    ``auto`` (default) becomes ``fit`` where qtool knows how the node's kernel pairs its weights
+    (``layout``, see :mod:`qtool.quantization.saturation`) and the weights are symmetric int8: the
+    rewrite then keeps full-range int8 where no pair can saturate and fits the channels that could.
+    Elsewhere it falls back to ``uint8``, which stores int8 weights as uint8 with the same levels, so
+    onnxruntime runs its exact uint8 x uint8 kernels on every CPU (slower on VNNI CPUs). With int8
+    activations there is no such kernel, and the weights get the reduced range instead.
+    ``reduce_range`` keeps int8 in [-64, 63] (one bit less); ``ignore`` keeps the full range, for VNNI or
+    ARM deployments only.
     """
     weight = scheme.weight
+    if weight.saturation == "auto":
+        fits = layout is not None and weight.dtype == "int8" and weight.symmetric
+        weight = replace(weight, saturation="fit" if fits else "uint8")
+        scheme = replace(scheme, weight=weight)
     if weight.saturation == "uint8" and weight.dtype == "int8" and scheme.activation.dtype == "uint8":
         return replace(scheme, weight=replace(weight, dtype="uint8"))
     return scheme
@@ -178,18 +186,20 @@ def _computing_node(
         if dynamic is None:
             why = f"mode: dynamic ({scheme.rule}); {why}"
             # DynamicQuantizeLinear always makes uint8 activations (asymmetric, per tensor).
+            layout = pair_layout(node, roles, g)
             runtime = guard_saturation(
-                replace(scheme, activation=replace(scheme.activation, dtype="uint8", symmetric=False))
+                replace(scheme, activation=replace(scheme.activation, dtype="uint8", symmetric=False)), layout
             )
-            return NodePlan(name, node.op_type, runtime, (), weight, None, None, "dynamic", why, macs)
+            return NodePlan(name, node.op_type, runtime, (), weight, None, None, "dynamic", why, macs, layout)
         log.info("%s: %s; quantized statically", name, dynamic)
     output = output_to_quantize(node, g)
     # An int32 bias needs one weight scale per output channel (or one for all): not per block.
     natural = roles.weight.channel_axis if roles.weight else None
     bias_fits = weight is not None and weight.block_size is None and weight.axis in (None, natural)
     bias = roles.bias if bias_fits else None
-    integer = guard_saturation(scheme)
-    return NodePlan(name, node.op_type, integer, roles.activations, weight, bias, output, "integer", why, macs)
+    layout = pair_layout(node, roles, g)
+    integer = guard_saturation(scheme, layout)
+    return NodePlan(name, node.op_type, integer, roles.activations, weight, bias, output, "integer", why, macs, layout)
 
 
 def _claim_activations(activations: dict[str, TensorScheme], node: NodePlan, scheme: NodeScheme) -> None:

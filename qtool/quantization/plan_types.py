@@ -41,11 +41,23 @@ class NodePlan:
     # (restored to float at load), "weight_only" or "lookup" (a Gather: the rows read are dequantized)
     reason: str = ""  # why this placement
     macs: int | None = None  # multiply-accumulates per sample (integer nodes, when sizes are known)
+    pair_layout: str | None = None  # how the integer kernel pairs the weight (qtool.quantization.saturation)
 
     @property
     def quantized_inputs(self) -> bool:
         """Whether the node's inputs are quantized (integer kernels, or quantized at run time)."""
         return self.placement == "dynamic" or (self.placement == "integer" and bool(self.activations))
+
+    @property
+    def fits_weight_pairs(self) -> bool:
+        """Whether the int8 weight is fitted to the kernel's pair limit (``weight.saturation: auto``)."""
+        return (
+            self.quantized_inputs
+            and self.scheme.weight.saturation == "fit"
+            and self.scheme.weight.dtype == "int8"
+            and self.scheme.activation.dtype in U8S8_ACTIVATIONS
+            and self.pair_layout is not None
+        )
 
     @property
     def reduced_weight_range(self) -> bool:

@@ -33,6 +33,7 @@ from qtool.quantization.qparams import (
     quantize_bias,
 )
 from qtool.quantization.rewrite_report import RewriteReport
+from qtool.quantization.saturation import weight_form
 from qtool.quantization.stored_forms import Names, StoredForms
 from qtool.quantization.weight_codes import WeightCodes
 from qtool.quantization.weight_copies import (
@@ -284,6 +285,15 @@ class _Rewriter:
         return True
 
     # -- driver -------------------------------------------------------------
+    def _record_form(self, node: NodePlan) -> None:
+        """Note how an integer kernel's 8-bit weight is stored (see :mod:`qtool.quantization.saturation`)."""
+        spec = node.scheme.weight
+        if not node.quantized_inputs or spec.dtype not in ("int8", "uint8"):
+            return
+        fit = self.report.pair_fits.get(node.name)
+        form = weight_form(spec.saturation, spec.dtype, node.reduced_weight_range, node.pair_layout, fit)
+        self.report.weight_forms[node.name] = form
+
     def run(self) -> tuple[onnx.ModelProto, RewriteReport]:
         readers: dict[str, list[str]] = {}
         for plan_node in self.plan.nodes:
@@ -294,6 +304,7 @@ class _Rewriter:
         for plan_node in self.plan.nodes:
             if plan_node.weight is not None:
                 weight_qp = self.quantize_weight(plan_node)
+                self._record_form(plan_node)
                 shift = self._bias_shift(plan_node, weight_qp)
                 corrected = False
                 if plan_node.bias is not None and plan_node.activations and weight_qp is not None:

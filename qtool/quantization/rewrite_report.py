@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from qtool.quantization.saturation import PairFit
+
 
 @dataclass
 class RewriteReport:
@@ -18,3 +20,7 @@ class RewriteReport:
     weight_copies: dict[str, int] = field(default_factory=dict)
     algorithms: dict[str, list[str]] = field(default_factory=dict)  # node -> weight algorithms applied to it
     algorithm_notes: dict[str, str] = field(default_factory=dict)  # node -> why an algorithm it asked for was not
+    pair_fits: dict[str, PairFit] = field(default_factory=dict)  # node -> how its int8 weight was fitted to the
+    # kernel's pair limit (weight.saturation: auto)
+    weight_forms: dict[str, str] = field(default_factory=dict)  # integer node -> how its 8-bit weight is stored
+    # (qtool.quantization.saturation: "int8", "int8 fitted", "uint8" ...)

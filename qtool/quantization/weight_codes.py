@@ -15,6 +15,7 @@ from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
 from qtool.quantization.plan_types import NodePlan, QuantPlan
 from qtool.quantization.qparams import QParams, compute_qparams, mse_weight_range, quant_type, quantize, weight_range
 from qtool.quantization.rewrite_report import RewriteReport
+from qtool.quantization.saturation import fit_pairs
 from qtool.quantization.weight_copies import CopyKey, WeightUse, copy_key
 from qtool.schemes import TensorScheme
 
@@ -71,6 +72,7 @@ class WeightCodes:
         self.act_qparams, self.algorithms, self.report = act_qparams, algorithms, report
         self.codes: dict[tuple[str, CopyKey], np.ndarray] = {}  # the integers of each copy
         self.qparams: dict[tuple[str, CopyKey], QParams] = {}  # and their qparams
+        self._rounded: dict[tuple[str, CopyKey], tuple[str, str | None]] = {}  # the rounding each copy got
 
     def of(self, use: WeightUse, values: np.ndarray) -> tuple[QParams, np.ndarray]:
         """The qparams and integers of ``use``'s copy, computed on first use (not stored in the graph)."""
@@ -91,9 +93,15 @@ class WeightCodes:
         if floor is not None and np.any(qp.scale < floor):
             raised = np.maximum(qp.scale, floor).astype(np.float32)
             qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
-        self.codes[key] = self._round(use, values, qp)
-        self.qparams[key] = qp
-        return qp, self.codes[key]
+        if owner.fits_weight_pairs and owner.pair_layout is not None:
+            qp, codes, fit = fit_pairs(values, qp, owner.pair_layout, lambda grid: self._round(use, values, grid))
+            for reader in self.readers(use):
+                self.report.pair_fits[reader.name] = fit
+        else:
+            codes = self._round(use, values, qp)
+        self._credit(use)
+        self.codes[key], self.qparams[key] = codes, qp
+        return qp, codes
 
     def readers(self, use: WeightUse) -> list[NodePlan]:
         """The plan nodes that read ``use``'s copy of its weight."""
@@ -123,11 +131,15 @@ class WeightCodes:
         """The copy's integers: nearest rounding, or what the readers' rounding algorithm chose."""
         if self.algorithms is None:
             return quantize(values, qp)
-        readers = self.readers(use)
-        rounded = self.algorithms.round(use.weight, values, qp, readers)
-        for reader in readers:
-            if rounded.method != "nearest":
-                self.report.algorithms.setdefault(reader.name, []).append(rounded.method)
-            elif rounded.reason and reader.scheme.algorithms.rounding != "nearest":
-                self.report.algorithm_notes[reader.name] = f"{reader.scheme.algorithms.rounding}: {rounded.reason}"
+        rounded = self.algorithms.round(use.weight, values, qp, self.readers(use))
+        self._rounded[(use.weight, use.copy)] = (rounded.method, rounded.reason)
         return rounded.codes if rounded.codes is not None else quantize(values, qp)
+
+    def _credit(self, use: WeightUse) -> None:
+        """Record in the report the rounding the copy's readers got, or why they did not get what they asked."""
+        method, reason = self._rounded.get((use.weight, use.copy), ("nearest", None))
+        for reader in self.readers(use):
+            if method != "nearest":
+                self.report.algorithms.setdefault(reader.name, []).append(method)
+            elif reason and reader.scheme.algorithms.rounding != "nearest":
+                self.report.algorithm_notes[reader.name] = f"{reader.scheme.algorithms.rounding}: {reason}"

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from qtool.quantization.plan_types import NodePlan
 from qtool.quantization.qparams import quant_type
 
-CopyKey = tuple[int | None, int | None, str, bool, bool]
-# axis, block size, dtype, symmetric, reduced range: what the stored integers of one copy depend on
+CopyKey = tuple[int | None, int | None, str, bool, str]
+# axis, block size, dtype, symmetric, range ("full", "reduced" or "fit" for the kernel's pairs): what the
+# stored integers of one copy depend on
 
 DEQUANTIZED, RESTORED, FP16, INTEGERS, GATHERED, NBITS = (
     "dequantized",
@@ -47,7 +48,8 @@ def copy_key(node: NodePlan) -> CopyKey:
     """The stored copy ``node`` would need if it were the weight's only reader."""
     assert node.weight is not None  # the callers pass nodes with a weight
     spec = node.scheme.weight
-    return (node.weight.axis, node.weight.block_size, spec.dtype, spec.symmetric, node.reduced_weight_range)
+    span = "reduced" if node.reduced_weight_range else "fit" if node.fits_weight_pairs else "full"
+    return (node.weight.axis, node.weight.block_size, spec.dtype, spec.symmetric, span)
 
 
 def _grid(node: NodePlan) -> tuple[object, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from typing import Any
 
 from qtool._version import __version__
@@ -197,6 +198,13 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
         skipped=[doc.Skipped(node=node, reason=reason) for node, reason in result.skipped],
         passthrough_ops=rewrite.passthrough,
         algorithms=doc.AlgorithmsReport(applied=rewrite.algorithms, not_applied=rewrite.algorithm_notes),
+        weight_forms=doc.WeightForms(
+            counts=dict(Counter(rewrite.weight_forms.values()).most_common()),
+            nodes=rewrite.weight_forms,
+            fitted_bits={
+                node: round(fit.bits_lost, 3) for node, fit in rewrite.pair_fits.items() if fit.coarsest > 1.0
+            },
+        ),
         placements=result.placements,
         predicted_kernels=result.kernels,
         prepare=doc.Prepare(
@@ -304,6 +312,7 @@ def inspection_to_dict(result: Inspection) -> dict[str, Any]:
                 integer_kernel=not r.kernel.startswith("float"),
                 kernel_reason=r.kernel_reason,
                 algorithms=list(r.algorithms),
+                weight_form=r.weight_form,
             )
             for r in result.rows
         ],

@@ -184,6 +184,8 @@ def render_inspection(console: Console, result: Inspection) -> None:
     columns = ["node", "op", "rule", "weight", "activation", "runs as"]
     algorithms = any(r.algorithms for r in result.rows)
     columns += ["algorithms"] if algorithms else []
+    forms = any(r.weight_form for r in result.rows)
+    columns += ["weight form"] if forms else []
     for column in (*columns, "elements", "float B", "quantized B"):
         table.add_column(column, justify="right" if column in ("elements", "float B", "quantized B") else "left")
     for r in result.rows:
@@ -195,6 +197,7 @@ def render_inspection(console: Console, result: Inspection) -> None:
             r.activation,
             r.placement,
             *([", ".join(r.algorithms) or "-"] if algorithms else []),
+            *([r.weight_form or "-"] if forms else []),
             f"{r.weight_elements:,}",
             f"{r.float_bytes:,}",
             f"{r.quantized_bytes:,}",
@@ -300,6 +303,17 @@ def _render_algorithms(console: Console, r: RewriteReport) -> None:
         console.print(f"[yellow]not applied[/yellow] to {count} node{'s' if count > 1 else ''}: {reason}")
 
 
+def _render_weight_forms(console: Console, r: RewriteReport) -> None:
+    """How the integer kernels' 8-bit weights are stored: one line, fitted channels' cost included."""
+    counts = Counter(r.weight_forms.values())
+    if not counts:
+        return
+    parts = [f"{count} {form}" for form, count in counts.most_common()]
+    lost = [fit.bits_lost for node, fit in r.pair_fits.items() if node in r.weight_forms and fit.coarsest > 1.0]
+    fitted = f" (fitted to the AVX2 pair limit, at most {max(lost):.2f} bits coarser)" if lost else ""
+    console.print(f"integer weights: {', '.join(parts)}{fitted}", highlight=False)
+
+
 def render_quantize(console: Console, result: QuantizeResult) -> None:
     """Print what quantize did, then the comparison when there is one."""
     result = for_terminal(result)  # names from the user's files: no raw control characters or markup
@@ -319,6 +333,7 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         listed = ", ".join(f"{count} {kernel}" for kernel, count in result.kernels.items())
         console.print(f"onnxruntime (CPU) is predicted to run: {listed}", highlight=False)
     _render_algorithms(console, r)
+    _render_weight_forms(console, r)
     p = result.prepare
     done = []
     if p.folded_batchnorms:
@@ -360,7 +375,7 @@ def render_doctor(console: Console, result: Doctor) -> None:
     if result.int8_saturates:
         console.print(
             "[yellow]note[/yellow] no VNNI: onnxruntime's uint8 x int8 kernels saturate on this CPU; qtool's default "
-            "weight.saturation: uint8 keeps its integer kernels exact (see the README)"
+            "weight.saturation: auto fits the int8 weights that could saturate (see the README)"
         )
     table = Table(title="onnxruntime execution providers", title_justify="left")
     for column in ("provider", "loads", "detail"):

@@ -21,7 +21,7 @@ WEIGHT_DTYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "fp16")
 ACTIVATION_DTYPES = ("uint8", "int8", "uint16", "int16")  # what onnxruntime's QuantizeLinear executes on CPU
 GRANULARITIES = ("per_tensor", "per_channel", "per_block")
 PLACEMENTS = ("auto", "integer", "storage")
-SATURATION_GUARDS = ("uint8", "reduce_range", "ignore")
+SATURATION_GUARDS = ("auto", "uint8", "reduce_range", "ignore")
 MAX_BLOCK_SIZE = 1 << 20  # ONNX's block_size attribute is an int64; a block beyond any axis is a typo
 LAYOUTS = ("NCHW", "NHWC")
 MAX_IMAGE_SIDE = 16384  # pixels per side after resize or crop
@@ -88,10 +88,12 @@ class WeightSettings(_Strict):
         description="null: the op's natural axis (per_channel: output channels; per_block: the reduction axis, e.g. K"
         " of a MatMul weight [K, N])",
     )
-    saturation: Literal["uint8", "reduce_range", "ignore"] | None = Field(
+    saturation: Literal["auto", "uint8", "reduce_range", "ignore"] | None = Field(
         None,
         description="integer-placed nodes with 8-bit activations: x86 CPUs without VNNI saturate int16 sums of uint8 "
-        "x int8 products. uint8: store int8 weights as uint8 (exact kernels on every CPU, same levels); "
+        "x int8 products of weights adjacent along the reduction. auto: per node, full-range int8 where no pair "
+        "can saturate, the offending channels fitted to the pair limit elsewhere (int8 speed, exact everywhere); "
+        "uint8: store int8 weights as uint8 (exact kernels on every CPU, same levels, slow on VNNI CPUs); "
         "reduce_range: int8 in [-64, 63] (fastest, one bit less); ignore: full-range int8, for VNNI / ARM"
         " deployments only",
     )
@@ -277,10 +279,12 @@ class ConfigDocument(_Strict):
     """A QConfigDict file (every key optional; merged over the built-in default)."""
 
     version: Literal[1] | None = Field(None, description="the config format's version (1)")
-    target: Literal["cpu", "cuda", "tensorrt"] | None = Field(
+    target: Literal["cpu", "cpu_vnni", "cuda", "tensorrt"] | None = Field(
         None,
         description="where the model will run; its rules decide what quantize writes (CLI: --target). cpu: "
-        "onnxruntime's CPU kernels; cuda: weights stored quantized (placement auto becomes storage); "
+        "onnxruntime's CPU kernels, on any CPU; cpu_vnni: the same, deployed only to x86 CPUs with VNNI (Intel "
+        "since Cascade Lake, AMD since Zen 4) or ARM, where int8 pairs cannot saturate (weight.saturation: auto "
+        "becomes ignore); cuda: weights stored quantized (placement auto becomes storage); "
         "tensorrt: symmetric int8 everywhere TensorRT fuses it, Q/DQ on both inputs of every weighted op "
         "and residual Add",
     )

@@ -265,6 +265,20 @@ class AlgorithmsReport(_Report):
     not_applied: dict[str, str] = Field(description="node -> why an algorithm it asked for was not applied")
 
 
+class WeightForms(_Report):
+    """How the integer kernels' 8-bit weights are stored (``weight.saturation``; see docs/configuration.md)."""
+
+    counts: dict[str, int] = Field(
+        description="form -> integer nodes: 'int8' (full range, no pair can saturate), 'int8 fitted' (channels whose "
+        "adjacent weight pairs could saturate AVX2 kernels given a coarser scale), 'int8 (exact kernel)' (depthwise), "
+        "'uint8', 'int8 reduced' ([-64, 63]), 'int8 unguarded' (saturation: ignore)"
+    )
+    nodes: dict[str, str] = Field(description="integer node -> its weight's form")
+    fitted_bits: dict[str, float] = Field(
+        description="fitted node -> resolution its coarsest channel gave up, in bits (log2 of the scale factor)"
+    )
+
+
 class Skipped(_Report):
     """A node left float, and why."""
 
@@ -359,6 +373,7 @@ class QuantizeReport(_Report):
     skipped: list[Skipped]
     passthrough_ops: dict[str, int]
     algorithms: AlgorithmsReport
+    weight_forms: WeightForms
     placements: dict[str, int]
     predicted_kernels: dict[str, int]
     prepare: Prepare
@@ -404,6 +419,10 @@ class InspectedNode(_Report):
     integer_kernel: bool
     kernel_reason: str
     algorithms: list[str]
+    weight_form: str = Field(
+        description="integer nodes: how the 8-bit weight is stored against AVX2 pair saturation ('int8', 'int8 fitted: "
+        "N/M channels, B bits', 'uint8' ...; see weight.saturation), '' for other nodes"
+    )
 
 
 class KeptFloat(_Report):

@@ -140,7 +140,7 @@ def test_mixed_config_assigns_exactly_what_it_says(tmp_path):
             stored = inits[weight_dq.input[0]]
             attrs = {a.name: a.i for a in weight_dq.attribute}
             if node.op_type == "Conv":
-                assert stored.data_type == TensorProto.UINT8 and attrs == {"axis": 0}  # weight.saturation: uint8
+                assert stored.data_type == TensorProto.INT8 and attrs == {"axis": 0}  # weight.saturation: auto
                 assert producer[node.input[0]].op_type == "DequantizeLinear"  # int8 activations too
             else:
                 assert stored.data_type == TensorProto.INT4 and attrs == {"axis": 0, "block_size": 32}

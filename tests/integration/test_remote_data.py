@@ -13,7 +13,7 @@ import qtool
 from qtool.calibration.remote import is_url, sample_files
 from qtool.cli import app
 from qtool.errors import QtoolError
-from qtool.options import EvaluationOptions
+from qtool.options import EvaluationOptions, SearchOptions
 from tests.conftest import calib_dir, eval_dir, sample
 
 fsspec = pytest.importorskip("fsspec", reason="the remote extra is not installed")
@@ -46,12 +46,16 @@ def test_a_url_calibrates_and_quantizes_like_the_local_folder(memory, tmp_path):
     memory.pipe("/qtool-test/cnn/calib/README.txt", b"not a sample")  # ignored, as in a local folder
     before = {path: memory.cat(path) for path in memory.find("/qtool-test")}
     assert qtool.calibrate(sample("cnn"), url).to_json() == qtool.calibrate(sample("cnn"), calib_dir("cnn")).to_json()
+    # untimed (--latency-runs 0): the same data must give the same bytes, whatever the timing would pick
     result = runner.invoke(
-        app, ["quantize", str(sample("cnn")), "--data", url, "-o", str(tmp_path / "q.onnx"), "--json", "-"]
+        app,
+        ["quantize", str(sample("cnn")), "--data", url, "-o", str(tmp_path / "q.onnx"), "--latency-runs", "0"],
     )
     assert result.exit_code == 0, result.stderr
     local = tmp_path / "local.onnx"
-    qtool.quantize(sample("cnn"), local, data_dir=calib_dir("cnn"), evaluation=None)
+    qtool.quantize(
+        sample("cnn"), local, data_dir=calib_dir("cnn"), evaluation=None, search=SearchOptions(latency_runs=0)
+    )
     assert (tmp_path / "q.onnx").read_bytes() == local.read_bytes()
     onnx.checker.check_model(str(tmp_path / "q.onnx"))
     assert {path: memory.cat(path) for path in memory.find("/qtool-test")} == before  # nothing written there

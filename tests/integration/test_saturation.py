@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import platform
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,20 +18,22 @@ from typer.testing import CliRunner
 
 import qtool
 from qtool.cli import app
+from qtool.quantization.saturation import COLUMNS, overflowing_columns
 from qtool.system.environment import cpu_info, int8_kernels_saturate
 
 runner = CliRunner()
 
 
-def _saturating_model(tmp_path: Path) -> tuple[Path, Path, list[np.ndarray]]:
+def _saturating_model(tmp_path: Path, weight: np.ndarray | None = None) -> tuple[Path, Path, list[np.ndarray]]:
     """A MatMul whose every weight is the channel's extreme, fed activations quantized near 255 and 0.
 
     With full-range int8 weights a pair of products reaches 255 x 127 x 2 = 64770, twice what
     VPMADDUBSW's int16 sum holds.
     """
     rng = np.random.default_rng(7)
-    weight = np.where(rng.random((64, 8)) < 0.5, -1.0, 1.0).astype(np.float32)
-    weight[:, 0] = 1.0  # one column of equal signs: every pair adds up
+    if weight is None:
+        weight = np.where(rng.random((64, 8)) < 0.5, -1.0, 1.0).astype(np.float32)
+        weight[:, 0] = 1.0  # one column of equal signs: every pair adds up
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
         "g",
@@ -56,6 +63,53 @@ def _quantize(tmp_path: Path, model: Path, data: Path, guard: str) -> Path:
     out = tmp_path / f"{guard}.onnx"
     qtool.quantize(model, out, data_dir=data, config_path=config, search=None, evaluation=None)
     return out
+
+
+_AVX2_RUNNER = """
+import sys, numpy as np, onnxruntime as ort
+session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+np.save(sys.argv[3], session.run(None, {"x": np.load(sys.argv[2])[None]})[0])
+"""
+
+
+def _run_on_avx2(path: Path, x: np.ndarray) -> np.ndarray | None:
+    """The model's output from onnxruntime's AVX2 kernels: this interpreter under ``qemu-x86_64 -cpu Haswell``
+    (AVX2, no VNNI), or None without qemu."""
+    qemu = shutil.which("qemu-x86_64")
+    if qemu is None or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    version = subprocess.run([qemu, "--version"], capture_output=True, text=True).stdout.split()
+    numbers = next((v for v in version if v[:1].isdigit()), "0").split(".")
+    if tuple(int(n) for n in numbers[:2] if n.isdigit()) < (7, 2):  # AVX2 emulation came with qemu 7.2
+        return None
+    np.save(path.with_suffix(".x.npy"), x)
+    done = subprocess.run(
+        [
+            qemu,
+            "-cpu",
+            "Haswell",
+            sys.executable,
+            "-c",
+            _AVX2_RUNNER,
+            str(path),
+            str(path.with_suffix(".x.npy")),
+            str(path.with_suffix(".y.npy")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return np.load(path.with_suffix(".y.npy"))
+
+
+def _quantize_json(tmp_path: Path, model: Path, data: Path) -> str:
+    config = tmp_path / "integer.yaml"
+    config.write_text("global: {placement: integer}\n")
+    args = ["quantize", str(model), "--data", str(data), "--config", str(config), "-o", str(tmp_path / "j.onnx")]
+    result = runner.invoke(app, [*args, "--json", "-", "--no-search"])
+    assert result.exit_code == 0, result.output
+    return result.stdout
 
 
 def _kernel_error(out: Path, samples: list[np.ndarray]) -> float:
@@ -91,6 +145,9 @@ def test_guarded_weights_give_exact_integer_kernels_on_this_cpu(tmp_path, guard)
         assert np.abs(stored).max() == 63  # [-64, 63], narrow: [-63, 63]
     scale = float(numpy_helper.to_array(next(i for i in onnx.load(str(out)).graph.initializer if i.name == "y/scale")))
     assert _kernel_error(out, samples) <= 1.01 * scale  # at most one output step of rounding
+    avx2 = _run_on_avx2(out, samples[0])  # and on onnxruntime's AVX2 kernels, where int8 pairs saturate
+    if avx2 is not None:
+        assert np.abs(avx2 - _run(out, samples[0], ort.GraphOptimizationLevel.ORT_DISABLE_ALL)).max() <= 1.01 * scale
 
 
 def test_full_range_int8_weights_saturate_without_vnni(tmp_path):
@@ -105,16 +162,71 @@ def test_full_range_int8_weights_saturate_without_vnni(tmp_path):
     assert _kernel_error(out, samples) > 10 * scale  # the hazard the guard exists for
 
 
-def test_int8_activations_get_the_reduced_range_under_the_uint8_guard(tmp_path):
+def test_int8_activations_get_fitted_int8_weights_by_default(tmp_path):
     model, data, samples = _saturating_model(tmp_path)
     config = tmp_path / "c.yaml"
     config.write_text("global: {placement: integer, activation: {dtype: int8, symmetric: true}}\n")
     out = tmp_path / "q.onnx"
     qtool.quantize(model, out, data_dir=data, config_path=config, search=None, evaluation=None)
     stored, _ = _stored_weight(out)
-    assert stored.dtype == np.int8 and np.abs(stored).max() == 63  # no uint8 x int8 kernel: reduced int8
+    assert stored.dtype == np.int8 and np.abs(stored).max() == 64  # equal weights: pairs of 64 + 64 = 128
+    assert overflowing_columns(stored, COLUMNS) == 0
     scale = float(numpy_helper.to_array(next(i for i in onnx.load(str(out)).graph.initializer if i.name == "y/scale")))
     assert _kernel_error(out, samples) <= 1.01 * scale
+
+
+def test_auto_fits_the_pairs_that_can_saturate_and_keeps_int8_storage(tmp_path):
+    model, data, samples = _saturating_model(tmp_path)
+    out = _quantize(tmp_path, model, data, "auto")
+    stored, zero = _stored_weight(out)
+    assert stored.dtype == np.int8 and np.all(zero == 0)
+    assert overflowing_columns(stored, COLUMNS) == 0 and np.abs(stored).max() == 64
+    report = json.loads(_quantize_json(tmp_path, model, data))
+    config = tmp_path / "integer.yaml"
+    (row,) = qtool.inspect(model, config_path=config, data_dir=data).rows  # inspect shows the same form
+    assert row.weight_form.startswith("int8 fitted: 8/8 channels")
+    assert report["weight_forms"]["counts"] == {"int8 fitted": 1} and report["weight_forms"]["fitted_bits"]["mm"] > 0.9
+    scale = float(numpy_helper.to_array(next(i for i in onnx.load(str(out)).graph.initializer if i.name == "y/scale")))
+    assert _kernel_error(out, samples) <= 1.01 * scale
+    for x in samples:  # the same model run by onnxruntime's AVX2 kernels (emulated), where pairs saturate
+        avx2 = _run_on_avx2(out, x)
+        if avx2 is None:
+            pytest.skip("qemu-x86_64 is not installed: the AVX2 kernels cannot be run on this CPU")
+        assert np.abs(avx2 - _run(out, x, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)).max() <= 1.01 * scale
+
+
+def test_auto_keeps_full_range_int8_where_no_pair_can_saturate(tmp_path):
+    rng = np.random.default_rng(3)
+    weight = rng.normal(scale=0.002, size=(64, 8)).astype(np.float32)
+    weight[rng.integers(0, 64, 8), np.arange(8)] = 1.0  # one large weight per column, the rest below a step
+    model, data, _ = _saturating_model(tmp_path, weight)
+    out = _quantize(tmp_path, model, data, "auto")
+    stored, _ = _stored_weight(out)
+    assert stored.dtype == np.int8 and np.abs(stored).max() == 127  # the full grid
+    assert overflowing_columns(stored, COLUMNS) == 0
+
+
+def test_a_vnni_deployment_keeps_full_range_weights(tmp_path):
+    model, data, _ = _saturating_model(tmp_path)
+    out = tmp_path / "vnni.onnx"
+    config = tmp_path / "integer.yaml"
+    config.write_text("global: {placement: integer}\n")
+    result = qtool.quantize(model, out, data_dir=data, config_path=config, target="cpu_vnni", search=None)
+    stored, _ = _stored_weight(out)
+    assert stored.dtype == np.int8 and np.abs(stored).max() == 127 and overflowing_columns(stored, COLUMNS) > 0
+    assert result.rewrite.weight_forms == {"mm": "int8 unguarded"}
+
+
+def test_full_range_int8_weights_saturate_in_the_avx2_kernels(tmp_path):
+    """The hazard, shown on onnxruntime's own AVX2 kernels (emulated, so on any x86 CPU)."""
+    model, data, samples = _saturating_model(tmp_path)
+    out = _quantize(tmp_path, model, data, "ignore")
+    x = samples[0]
+    avx2 = _run_on_avx2(out, x)
+    if avx2 is None:
+        pytest.skip("qemu-x86_64 is not installed: the AVX2 kernels cannot be run on this CPU")
+    scale = float(numpy_helper.to_array(next(i for i in onnx.load(str(out)).graph.initializer if i.name == "y/scale")))
+    assert np.abs(avx2 - _run(out, x, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)).max() > 10 * scale
 
 
 def test_an_unknown_guard_is_a_config_error_naming_the_line(tmp_path):

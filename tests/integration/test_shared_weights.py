@@ -110,9 +110,17 @@ def _restored_kernels(path: Path) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize(
     ("config", "as_if_separate"),
     [
-        (None, True),  # auto: the 32x32 Convs integer, the 2x2 ones storage
+        # auto: the 32x32 Convs integer, the 2x2 ones storage; the integer kernels' int8 weights fitted where
+        # their pairs could saturate: the storage readers share that grid
+        (None, False),
+        # uint8 around 128 holds int8's levels: the storage readers compute what they would alone
+        ("global: {weight: {saturation: uint8}}\n", True),
         # explicit placements mixed with auto ones
-        ("node_name: {big0: {placement: storage}, small0: {placement: integer}}\n", True),
+        (
+            "global: {weight: {saturation: uint8}}\n"
+            "node_name: {big0: {placement: storage}, small0: {placement: integer}}\n",
+            True,
+        ),
         # the integer kernels' int8 weights in the reduced range [-64, 63]: the storage readers share that grid
         ("global: {weight: {saturation: reduce_range}}\n", False),
     ],
@@ -144,13 +152,15 @@ def test_a_kernel_shared_by_integer_and_storage_convs_is_stored_once(tmp_path, c
 
 
 def test_readers_asking_for_different_schemes_each_get_their_copy(tmp_path):
-    _, out, result = _quantize(tmp_path, "node_name: {small0: {weight: {dtype: int4}}}\n")
+    # saturation: uint8 stores the int8 copy with int8's own levels, so each reader computes what it would alone
+    config = "global: {weight: {saturation: uint8}}\nnode_name: {small0: {weight: {dtype: int4}}}\n"
+    _, out, result = _quantize(tmp_path, config)
     assert result.rewrite.weight_copies == {"w": 2}
     assert sorted(i.data_type for i in _kernel_copies(out)) == [TensorProto.UINT8, TensorProto.INT4]
     assert result.kernels == {"QLinearConv": 3, "float Conv": 3}
     assert _optimized_ops(out, tmp_path)["QLinearConv"] == 3
     # the same as when each Conv has a kernel of its own
-    _, separate, _ = _quantize(tmp_path, "node_name: {small0: {weight: {dtype: int4}}}\n", shared=False)
+    _, separate, _ = _quantize(tmp_path, config, shared=False)
     x = np.load(tmp_path / "data" / "0.npy")
     np.testing.assert_allclose(run_model(out, {"x": x})[0], run_model(separate, {"x": x})[0], atol=1e-5)
 

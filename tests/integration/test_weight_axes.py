@@ -85,10 +85,12 @@ def test_per_channel_axis_is_the_output_axis(tmp_path, case):
     shape = [1] * weight.ndim
     shape[axis] = -1
     restored = (stored - zero.reshape(shape)) * scale.reshape(shape)
-    # each output channel keeps its own relative precision, including the tiny-gain ones
-    ref_c = np.moveaxis(weight, axis, 0).reshape(6, -1)
+    # each output channel keeps its own relative precision, including the tiny-gain ones: its own scale, at most
+    # twice the full-range one (channels whose weight pairs could saturate AVX2 kernels are fitted coarser)
+    ref_c = np.abs(np.moveaxis(weight, axis, 0).reshape(6, -1)).max(axis=1)
     err_c = np.moveaxis(restored - weight, axis, 0).reshape(6, -1)
-    assert np.all(np.abs(err_c).max(axis=1) <= np.abs(ref_c).max(axis=1) / 254 * 1.0001)
+    assert np.all(scale >= ref_c / 127 * 0.9999) and np.all(scale <= ref_c / 127 * 2)
+    assert np.all(np.abs(err_c).max(axis=1) <= scale / 2 * 1.0001)
     x = np.load(data / "0.npy")[None]
     reference, quantized = run_model(model_path, {"x": x})[0], run_model(out, {"x": x})[0]
     assert np.linalg.norm(quantized - reference) <= 0.02 * np.linalg.norm(reference)
@@ -142,5 +144,5 @@ def test_weights_in_constant_nodes_are_quantized_like_initializers(tmp_path):
     assert result.prepare.constants_to_initializers == 1 and result.rewrite.quantized_weights == ["w"]
     model = onnx.load(str(out))
     assert not [n for n in model.graph.node if n.op_type == "Constant"]
-    assert {i.data_type for i in model.graph.initializer if i.name == "w/quantized"} == {TensorProto.UINT8}
+    assert {i.data_type for i in model.graph.initializer if i.name == "w/quantized"} == {TensorProto.INT8}
     assert model_path.stat().st_size / out.stat().st_size > 3.5

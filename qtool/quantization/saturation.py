@@ -1,0 +1,218 @@
+"""Which int8 weights can saturate onnxruntime's uint8 x int8 kernels, and the per-node fit that prevents it.
+
+On x86 CPUs without VNNI (AVX2; AVX-512 before Cascade Lake; AMD before Zen 4) onnxruntime's
+uint8 x int8 kernels multiply with VPMADDUBSW, which adds the products of two weights that are
+adjacent along the kernel's reduction axis (K index 2j and 2j+1, same output column) in int16 and
+saturates. The activation codes that reach it are the raw stored codes, 0..255 (int8 activations
+enter as code + 128), so a pair (w1, w2) of stored weight codes is safe whatever the input when
+255 * (max(w1, 0) + max(w2, 0)) <= 32767 and 255 * (min(w1, 0) + min(w2, 0)) >= -32768, i.e. when the
+same-signed part of every pair stays within [-128, 128] (:data:`PAIR_LIMIT`). VNNI, ARM and the
+exact uint8 x uint8 and depthwise kernels have no such pairs.
+
+The K order is the kernel's: [K, N] MatMul / Gemm weights pair along K; a Conv weight
+[M, C/group, *kernel] pairs along (kernel position, channel) with the channel minor (onnxruntime
+runs QLinearConv channels-last); a depthwise Conv (one input and one output channel per group)
+runs an exact kernel. ``weight.saturation: auto`` keeps full-range int8 where no pair can
+saturate and fits the rest (:func:`fit_pairs`): the channels whose pairs could overflow get the
+smallest coarser scale that keeps every pair within the limit, and the few pairs that rounding
+still pushes over lose one step on the code that was rounded up most. The result is int8 codes
+that compute the same on every CPU, at int8 speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from qtool.graph.index import GraphView
+from qtool.quantization.qparams import QParams
+from qtool.quantization.roles import Roles, node_group
+
+PAIR_LIMIT = 32767 // 255  # 128: the largest same-signed pair sum of int8 codes that 0..255 codes cannot overflow
+
+# How an integer kernel reads a weight along its reduction axis (see :func:`kernel_rows`).
+COLUMNS = "columns"  # [..., K, N]: MatMul B, Gemm B without transB
+ROWS = "rows"  # [N, K]: Gemm B with transB
+CONV = "conv"  # [M, C/group, *kernel]: K = (kernel position, channel), channel minor
+DEPTHWISE = "depthwise"  # one input and one output channel per group: an exact kernel, no pairs
+
+
+def pair_layout(node: onnx.NodeProto, roles: Roles, g: GraphView) -> str | None:
+    """How onnxruntime's integer kernel for ``node`` pairs its weight, or None when qtool does not know it."""
+    if roles.weight is None:
+        return None
+    weight = g.initializers.get(roles.weight.name)
+    if weight is None:
+        return None
+    dims = list(weight.dims)
+    if node.op_type == "Conv" and len(dims) >= 3:
+        group = node_group(node)
+        return DEPTHWISE if dims[1] == 1 and dims[0] == group else CONV
+    if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] == roles.weight.name and len(dims) >= 2:
+        return COLUMNS
+    if node.op_type == "Gemm" and len(dims) == 2:
+        return ROWS if roles.weight.channel_axis == 0 else COLUMNS
+    return None  # ConvTranspose, a MatMul whose constant is its first input: not analysed
+
+
+def kernel_rows(array: np.ndarray, layout: str) -> np.ndarray | None:
+    """``array`` (a weight's shape) as [columns, K] in the kernel's K order; None for a kernel without pairs."""
+    if layout == DEPTHWISE:
+        return None
+    if layout == CONV:
+        return np.moveaxis(array, 1, -1).reshape(array.shape[0], -1)
+    if layout == ROWS:
+        return array.reshape(array.shape[0], -1)
+    k = array.shape[-2]
+    return np.swapaxes(array, -1, -2).reshape(-1, k)
+
+
+def _pairs(rows: np.ndarray) -> np.ndarray:
+    """[columns, K] -> [columns, ceil(K / 2), 2] (an odd K's last code meets the kernel's zero padding)."""
+    if rows.shape[1] % 2:
+        rows = np.concatenate([rows, np.zeros((rows.shape[0], 1), rows.dtype)], axis=1)
+    return rows.reshape(rows.shape[0], -1, 2)
+
+
+def pair_extremes(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column: the largest positive and the most negative same-signed pair sum."""
+    pairs = _pairs(rows.astype(np.float64))
+    return np.maximum(pairs, 0).sum(-1).max(-1), np.minimum(pairs, 0).sum(-1).min(-1)
+
+
+def overflowing_columns(codes: np.ndarray, layout: str) -> int:
+    """How many output columns hold a pair of stored int8 codes that can saturate (0 for a kernel without pairs)."""
+    rows = kernel_rows(codes, layout)
+    if rows is None or rows.size == 0:
+        return 0
+    high, low = pair_extremes(rows)
+    return int(np.count_nonzero((high > PAIR_LIMIT) | (low < -PAIR_LIMIT)))
+
+
+@dataclass(frozen=True)
+class PairFit:
+    """What :func:`fit_pairs` did to one weight copy."""
+
+    columns: int  # output columns the kernel computes
+    overflowing: int  # columns that could saturate with the nearest codes on the full grid
+    rescaled: int  # columns given a coarser scale
+    coarsest: float  # the largest scale factor applied (1.0: none)
+    nudged: int  # codes moved one step toward zero afterwards
+
+    @property
+    def bits_lost(self) -> float:
+        """log2 of the coarsest factor: what the fit cost the worst column, in bits of resolution."""
+        return float(np.log2(self.coarsest))
+
+
+def fit_pairs(
+    values: np.ndarray, qp: QParams, layout: str, round_codes: Callable[[QParams], np.ndarray]
+) -> tuple[QParams, np.ndarray, PairFit]:
+    """The qparams and int8 codes of ``values`` (symmetric, zero point 0) with no pair above :data:`PAIR_LIMIT`.
+
+    ``round_codes`` rounds ``values`` onto a grid (nearest, or the readers' rounding algorithm).
+    Columns whose codes fit keep ``qp``; the others get the scale at which their largest pair sum
+    is exactly the limit, and a pair that rounding still lifts over it loses a step on its code
+    rounded up the most.
+    """
+    codes = round_codes(qp)
+    index = kernel_rows(np.arange(codes.size).reshape(codes.shape), layout)
+    if index is None or index.size == 0:
+        return qp, codes, PairFit(0, 0, 0, 1.0, 0)
+    overflowing = overflowing_columns(codes, layout)
+    if not overflowing:
+        return qp, codes, PairFit(index.shape[0], 0, 0, 1.0, 0)
+    real_rows = kernel_rows(values.astype(np.float64) / _per_element(qp, codes.shape), layout)
+    assert real_rows is not None  # the same layout gave rows for the index
+    high, low = pair_extremes(real_rows)
+    need = np.maximum(1.0, np.maximum(high, -low) / PAIR_LIMIT)  # per kernel column
+    factor = _per_channel_factor(need, qp, codes.ndim, layout)
+    fitted = QParams(
+        (np.asarray(qp.scale, np.float64) * factor).astype(np.float32),
+        qp.zero_point,
+        qp.qtype,
+        qp.axis,
+        qp.block_size,
+        qp.narrow,
+    )
+    codes = np.array(round_codes(fitted), copy=True)
+    real = np.broadcast_to(values.astype(np.float64) / _per_element(fitted, codes.shape), codes.shape)
+    nudged = _nudge(codes.reshape(-1), real.reshape(-1), index)
+    rescaled = int(np.count_nonzero(np.asarray(factor).reshape(-1) > 1.0))
+    return fitted, codes, PairFit(index.shape[0], overflowing, rescaled, float(np.max(factor)), nudged)
+
+
+def _per_element(qp: QParams, shape: tuple[int, ...]) -> np.ndarray:
+    """The scale of each weight element, broadcastable to ``shape`` (one per tensor or per channel)."""
+    scale = np.asarray(qp.scale, np.float64)
+    if scale.size == 1 or qp.axis is None:
+        return scale.reshape(())
+    view = [1] * len(shape)
+    view[qp.axis % len(shape)] = scale.size
+    return scale.reshape(view)
+
+
+def _per_channel_factor(need: np.ndarray, qp: QParams, rank: int, layout: str) -> np.ndarray:
+    """The kernel columns' scale factors in ``qp.scale``'s shape.
+
+    One per channel when the scales are the kernel's output columns, else the largest for every scale.
+    """
+    scale = np.asarray(qp.scale)
+    natural = rank - 1 if layout == COLUMNS else 0
+    if scale.size > 1 and qp.axis is not None and qp.axis % rank == natural and need.size == scale.size:
+        return need.reshape(scale.shape)
+    return np.full(scale.shape, need.max(), np.float64)
+
+
+def _nudge(flat: np.ndarray, real: np.ndarray, index: np.ndarray) -> int:
+    """Move codes one step at a time toward zero until no pair exceeds the limit; returns the steps taken."""
+    pairs_index = _pairs(index)
+    padded = np.concatenate([flat, [0]]).astype(np.int64)
+    padded_real = np.concatenate([real, [0.0]])
+    pad = flat.size
+    if index.shape[1] % 2:  # the padding slot reads the appended zero
+        pairs_index = pairs_index.copy()
+        pairs_index[:, -1, 1] = pad
+    steps = 0
+    for sign in (1, -1):
+        while True:
+            codes = padded[pairs_index] * sign
+            over = np.maximum(codes, 0).sum(-1) - PAIR_LIMIT
+            cols, slots = np.nonzero(over > 0)
+            if cols.size == 0:
+                break
+            pair_codes = codes[cols, slots]
+            # the code rounded up furthest (toward the sign) gives way first; only codes of that sign count
+            up = np.where(pair_codes > 0, pair_codes - padded_real[pairs_index[cols, slots]] * sign, -np.inf)
+            pick = np.argmax(up, axis=1)
+            target = pairs_index[cols, slots, pick]
+            take = np.minimum(over[cols, slots], pair_codes[np.arange(pick.size), pick])
+            padded[target] -= sign * take
+            steps += int(take.sum())
+    flat[:] = padded[:pad].astype(flat.dtype)
+    return steps
+
+
+# The stored forms of an integer kernel's 8-bit weight, as the reports name them.
+FULL = "int8"  # full range, no pair can saturate
+FITTED = "int8 fitted"  # full range but for the channels fitted to the pair limit
+EXACT_KERNEL = "int8 (exact kernel)"  # depthwise: no pairs
+AS_UINT8 = "uint8"  # stored as uint8 (exact uint8 x uint8 kernels, slower with VNNI)
+REDUCED = "int8 reduced"  # [-64, 63]
+UNGUARDED = "int8 unguarded"  # weight.saturation: ignore (VNNI / ARM deployments)
+
+
+def weight_form(saturation: str | None, dtype: str, reduced: bool, layout: str | None, fit: PairFit | None) -> str:
+    """How an integer kernel's 8-bit weight was stored, in the words the reports use."""
+    if dtype == "uint8":
+        return AS_UINT8
+    if reduced:
+        return REDUCED
+    if saturation == "fit":
+        if layout == DEPTHWISE:
+            return EXACT_KERNEL
+        return FITTED if fit is not None and fit.rescaled + fit.nudged > 0 else FULL
+    return UNGUARDED
