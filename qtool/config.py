@@ -49,6 +49,7 @@ class QConfig:
     raw: dict[str, Any] = field(repr=False)  # the same document as written (YAML values): for --config-out and keys
     target: str = "cpu"  # cpu | cpu_vnni | cuda | tensorrt: whose rules the schemes follow (see :func:`for_target`)
     sensitive_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: activations kept float
+    float_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: kept entirely float (weights too)
     auto_placement: str | None = None  # "integer" | "storage" | "dynamic": what every placement "auto" node becomes
 
     def resolve(self, node_name: str, op_type: str) -> tuple[NodeScheme | None, str]:
@@ -60,6 +61,8 @@ class QConfig:
         for pattern in self.exclude:
             if _name_matches(pattern, node_name):
                 return None, f"exclude:{pattern}"
+        if node_name in self.float_nodes:  # the search found its weights' rounding too costly as well
+            return None, "sensitivity: float"
         matches: list[tuple[str, NodeSettings | None]] = [("global", self.global_settings)]
         if op_type in self.op_type:
             matches.append((f"op_type:{op_type}", self.op_type[op_type]))
@@ -181,7 +184,12 @@ class QConfig:
             update["exclude"] = list(exclude)
         document = self.document.model_copy(update=update)
         built = _from_document(document, self.raw, self.source)  # raw: the base as written (for keys and text)
-        return replace(built, sensitive_nodes=self.sensitive_nodes, auto_placement=self.auto_placement)
+        return replace(
+            built,
+            sensitive_nodes=self.sensitive_nodes,
+            float_nodes=self.float_nodes,
+            auto_placement=self.auto_placement,
+        )
 
     def unmatched_node_patterns(self, node_names: list[str]) -> list[str]:
         """``node_name`` and ``exclude`` entries that match no node of the model."""

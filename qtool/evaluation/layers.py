@@ -58,7 +58,7 @@ def _capped(value: float) -> float:
     return min(value, SQNR_CAP_DB) if not math.isnan(value) else -SQNR_CAP_DB
 
 
-EXPOSED_BYTES = 256 << 20  # at most this many bytes of exposed tensors per sample and session
+EXPOSED_BYTES = 64 << 20  # at most this many bytes of exposed tensors per sample and session
 
 
 def layer_errors(

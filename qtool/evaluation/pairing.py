@@ -28,6 +28,7 @@ from onnx import TensorProto
 from qtool.graph.index import GraphView
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 # Ops a quantizer folds into the producer before them (or into the following QuantizeLinear).
 FOLDABLE_OPS = ("BatchNormalization", "Relu", "Clip", "Add", "Sub", "Mul", "Div", "Identity", "Dropout")
 CLAMPS = ("Relu", "Clip")
@@ -86,6 +87,20 @@ class _Graph(GraphView):
                 return tensor
             tensor = node.input[0]
         return tensor
+
+    def holds_integers(self, node: onnx.NodeProto) -> bool:
+        """Whether ``node`` reads a stored integer table and writes integers (a quantized lookup's Gather)."""
+        if node.op_type != "Gather":
+            return False
+        table = node.input[0]
+        if table in self.initializers:
+            return self.initializers[table].data_type not in FLOAT_TYPES
+        widen = self.producer(table)
+        return (
+            widen is not None
+            and widen.op_type == "Cast"
+            and any(a.name == "to" and a.i not in FLOAT_TYPES for a in widen.attribute)
+        )
 
     def dequantized_copies(self, tensor: str) -> list[str]:
         """The ends of the Q/DQ chains that start at ``tensor`` (what its consumers read instead)."""
@@ -146,6 +161,8 @@ def pair_tensors(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> Pair
     pairs: dict[str, Pair] = {}
     for node in cand.nodes:
         if node.op_type in QDQ_OPS or not any(i in cand.dynamic for i in node.input):
+            continue
+        if cand.holds_integers(node):  # its float value is the Mul that rescales the rows it read
             continue
         inputs = _carried_inputs(node, cand, carries)
         match, how = _reference_node(node, inputs, ref, ref_by_name)

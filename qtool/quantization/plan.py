@@ -126,6 +126,8 @@ def _eligible(node: onnx.NodeProto, config: QConfig, g: GraphView) -> tuple[Node
         return None
     scheme = config.scheme_for(node.name, node.op_type)
     if scheme is None:
+        if node.name in config.float_nodes:
+            return "kept in float by the sensitivity search (quantizing it cost the most accuracy)"
         return "kept in float by the config"
     roles = handler(node, g) if len(node.input) >= 2 else "it has fewer than two inputs"
     if isinstance(roles, str):

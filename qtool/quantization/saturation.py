@@ -108,15 +108,22 @@ class PairFit:
         return float(np.log2(self.coarsest))
 
 
+FACTOR_STEPS = 9  # scale factors tried per column, evenly from 1 (clip the offending pairs) to the full fit
+
+
 def fit_pairs(
     values: np.ndarray, qp: QParams, layout: str, round_codes: Callable[[QParams], np.ndarray]
 ) -> tuple[QParams, np.ndarray, PairFit]:
     """The qparams and int8 codes of ``values`` (symmetric, zero point 0) with no pair above :data:`PAIR_LIMIT`.
 
     ``round_codes`` rounds ``values`` onto a grid (nearest, or the readers' rounding algorithm).
-    Columns whose codes fit keep ``qp``; the others get the scale at which their largest pair sum
-    is exactly the limit, and a pair that rounding still lifts over it loses a step on its code
-    rounded up the most.
+    Columns whose codes fit keep ``qp``. For the others, each of :data:`FACTOR_STEPS` scale factors
+    from 1 to the one at which the column's largest pair sum is exactly the limit is tried: the
+    codes are rounded at that scale and every pair still over the limit gives way one step at a
+    time on the code rounded up the most (the step that adds the least error). Each column keeps
+    the factor with the least squared error: a coarser scale when many pairs are too large, a few
+    clipped pairs when only those are. The readers' rounding then runs at the chosen scales, and
+    the same steps bring any pair it pushes over back to the limit.
     """
     codes = round_codes(qp)
     index = kernel_rows(np.arange(codes.size).reshape(codes.shape), layout)
@@ -125,24 +132,86 @@ def fit_pairs(
     overflowing = overflowing_columns(codes, layout)
     if not overflowing:
         return qp, codes, PairFit(index.shape[0], 0, 0, 1.0, 0)
-    real_rows = kernel_rows(values.astype(np.float64) / _per_element(qp, codes.shape), layout)
-    assert real_rows is not None  # the same layout gave rows for the index
-    high, low = pair_extremes(real_rows)
-    need = np.maximum(1.0, np.maximum(high, -low) / PAIR_LIMIT)  # per kernel column
-    factor = _per_channel_factor(need, qp, codes.ndim, layout)
-    fitted = QParams(
-        (np.asarray(qp.scale, np.float64) * factor).astype(np.float32),
-        qp.zero_point,
-        qp.qtype,
-        qp.axis,
-        qp.block_size,
-        qp.narrow,
-    )
+    in_steps = np.broadcast_to(values.astype(np.float64) / _per_element(qp, codes.shape), codes.shape)
+    per_channel = _per_channel(qp, codes.ndim, layout, index.shape[0])
+    factor = _best_factors(in_steps.reshape(-1)[index], per_channel)
+    scale = np.asarray(qp.scale, np.float64)
+    scale = scale * (factor.reshape(scale.shape) if per_channel else factor.max())
+    fitted = QParams(scale.astype(np.float32), qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
     codes = np.array(round_codes(fitted), copy=True)
-    real = np.broadcast_to(values.astype(np.float64) / _per_element(fitted, codes.shape), codes.shape)
-    nudged = _nudge(codes.reshape(-1), real.reshape(-1), index)
-    rescaled = int(np.count_nonzero(np.asarray(factor).reshape(-1) > 1.0))
+    real = np.broadcast_to(values.astype(np.float64) / _per_element(fitted, codes.shape), codes.shape).reshape(-1)
+    flat = codes.reshape(-1)
+    rows = flat[index].astype(np.int64)
+    nudged = _give_way(rows, real[index])
+    flat[index] = rows.astype(flat.dtype)
+    rescaled = int(np.count_nonzero(factor > 1.0))
     return fitted, codes, PairFit(index.shape[0], overflowing, rescaled, float(np.max(factor)), nudged)
+
+
+def _per_channel(qp: QParams, rank: int, layout: str, columns: int) -> bool:
+    """Whether ``qp`` has one scale per kernel column (so each column's factor is its own)."""
+    scale = np.asarray(qp.scale)
+    natural = rank - 1 if layout == COLUMNS else 0
+    return scale.size > 1 and qp.axis is not None and qp.axis % rank == natural and scale.size == columns
+
+
+def _best_factors(real_rows: np.ndarray, per_channel: bool) -> np.ndarray:
+    """The scale factor of each kernel column (one for all without per-channel scales) with the least error.
+
+    ``real_rows`` are the weights in steps of the full-range scale, [columns, K] in the kernel's order.
+    """
+    high, low = pair_extremes(real_rows)
+    need = np.maximum(1.0, np.maximum(high, -low) / PAIR_LIMIT)
+    if not per_channel:
+        need = np.full_like(need, need.max())
+    best_error = np.full(need.shape, np.inf)
+    best = np.ones_like(need)
+    for t in np.linspace(0.0, 1.0, FACTOR_STEPS):
+        factor = 1.0 + (need - 1.0) * t
+        scaled = real_rows / factor[:, None]
+        codes = np.clip(np.rint(scaled), -127, 127).astype(np.int64)
+        _give_way(codes, scaled)
+        error = (((scaled - codes) * factor[:, None]) ** 2).sum(axis=1)
+        if not per_channel:
+            error = np.full_like(error, error.sum())
+        better = error < best_error
+        best_error[better], best[better] = error[better], factor[better]
+    return best
+
+
+def _give_way(rows: np.ndarray, real: np.ndarray) -> int:
+    """Step codes toward zero until no pair of ``rows`` ([columns, K] codes) exceeds the limit; returns the steps.
+
+    A single int8 code never exceeds the limit, so an offending pair has two codes of its sign, and
+    its excess is split between them to add the least squared error (``real``: the values in steps):
+    the code rounded up more gives more.
+    """
+    if rows.shape[1] % 2:  # an odd K's last code meets the kernel's zero padding
+        padded, padded_real = np.pad(rows, ((0, 0), (0, 1))), np.pad(real, ((0, 0), (0, 1)))
+        steps = _give_way(padded, padded_real)
+        rows[:] = padded[:, :-1]
+        return steps
+    pairs = rows.reshape(rows.shape[0], -1, 2)  # a view: the steps land in ``rows``
+    pair_real = real.reshape(pairs.shape)
+    steps = 0
+    for sign in (1, -1):
+        cols, slots = np.nonzero((pairs * sign).min(-1) > 0)  # both codes of this sign
+        if cols.size == 0:
+            continue
+        codes = pairs[cols, slots].astype(np.int64) * sign
+        excess = codes.sum(-1) - PAIR_LIMIT
+        over = excess > 0
+        cols, slots, codes, excess = cols[over], slots[over], codes[over], excess[over]
+        if cols.size == 0:
+            continue
+        up = codes - pair_real[cols, slots] * sign  # how far each code was rounded up
+        first = np.rint((excess + up[:, 0] - up[:, 1]) / 2).astype(np.int64)
+        first = np.clip(first, np.maximum(0, excess - codes[:, 1]), np.minimum(excess, codes[:, 0]))
+        codes[:, 0] -= first
+        codes[:, 1] -= excess - first
+        pairs[cols, slots] = codes * sign
+        steps += int(excess.sum())
+    return steps
 
 
 def _per_element(qp: QParams, shape: tuple[int, ...]) -> np.ndarray:
@@ -153,47 +222,6 @@ def _per_element(qp: QParams, shape: tuple[int, ...]) -> np.ndarray:
     view = [1] * len(shape)
     view[qp.axis % len(shape)] = scale.size
     return scale.reshape(view)
-
-
-def _per_channel_factor(need: np.ndarray, qp: QParams, rank: int, layout: str) -> np.ndarray:
-    """The kernel columns' scale factors in ``qp.scale``'s shape.
-
-    One per channel when the scales are the kernel's output columns, else the largest for every scale.
-    """
-    scale = np.asarray(qp.scale)
-    natural = rank - 1 if layout == COLUMNS else 0
-    if scale.size > 1 and qp.axis is not None and qp.axis % rank == natural and need.size == scale.size:
-        return need.reshape(scale.shape)
-    return np.full(scale.shape, need.max(), np.float64)
-
-
-def _nudge(flat: np.ndarray, real: np.ndarray, index: np.ndarray) -> int:
-    """Move codes one step at a time toward zero until no pair exceeds the limit; returns the steps taken."""
-    pairs_index = _pairs(index)
-    padded = np.concatenate([flat, [0]]).astype(np.int64)
-    padded_real = np.concatenate([real, [0.0]])
-    pad = flat.size
-    if index.shape[1] % 2:  # the padding slot reads the appended zero
-        pairs_index = pairs_index.copy()
-        pairs_index[:, -1, 1] = pad
-    steps = 0
-    for sign in (1, -1):
-        while True:
-            codes = padded[pairs_index] * sign
-            over = np.maximum(codes, 0).sum(-1) - PAIR_LIMIT
-            cols, slots = np.nonzero(over > 0)
-            if cols.size == 0:
-                break
-            pair_codes = codes[cols, slots]
-            # the code rounded up furthest (toward the sign) gives way first; only codes of that sign count
-            up = np.where(pair_codes > 0, pair_codes - padded_real[pairs_index[cols, slots]] * sign, -np.inf)
-            pick = np.argmax(up, axis=1)
-            target = pairs_index[cols, slots, pick]
-            take = np.minimum(over[cols, slots], pair_codes[np.arange(pick.size), pick])
-            padded[target] -= sign * take
-            steps += int(take.sum())
-    flat[:] = padded[:pad].astype(flat.dtype)
-    return steps
 
 
 # The stored forms of an integer kernel's 8-bit weight, as the reports name them.

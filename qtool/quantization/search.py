@@ -9,7 +9,9 @@ moved to float activations (its weights stay stored quantized) and scored on the
 model's outputs only (:mod:`qtool.evaluation.scoring`, float outputs computed once).
 A node whose fallback does not raise the worst output by :data:`MIN_GAIN_DB` is
 quantized again. The search stops when the target is met, the node budget is
-spent, :data:`PATIENCE` candidates in a row did not help, or its time is up.
+spent, :data:`PATIENCE` candidates in a row did not help, the target is out of reach
+(once a node has helped: the nodes left could not close the gap even if each gained as
+much as the best trial so far), or its time is up.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
 
 PATIENCE = 3  # the search stops after this many candidates in a row that did not help
+FLOAT_ACTIVATIONS = "float activations"  # a moved node computes in float on its stored quantized weight
+FLOAT = "float"  # a moved node is not quantized at all (when the weights' rounding alone misses the target)
 MIN_GAIN_DB = 0.1  # a node gets float activations only if the worst output gains at least this much
 
 
@@ -54,6 +58,8 @@ class SearchResult:
     steps: list[SearchStep] = field(default_factory=list)
     ranked_on: int = 0  # samples of the one per-layer pass that ranked the nodes (0: no pass)
     stopped: str = ""  # why the search ended
+    moves: str = FLOAT_ACTIVATIONS  # what a kept node becomes: FLOAT_ACTIVATIONS or FLOAT
+    start: str = "auto"  # the candidate placement the search started from
 
     @property
     def float_nodes(self) -> list[str]:
@@ -85,6 +91,7 @@ def sensitivity_search(
     elements: dict[str, int] | None = None,
     progress: ProgressFactory | None = None,
     initial: tuple[onnx.ModelProto, set[str], float] | None = None,
+    moves: str = FLOAT_ACTIVATIONS,
 ) -> tuple[QConfig, SearchResult | None]:
     """Give float activations to the nodes with the largest SQNR drop until the outputs reach the target.
 
@@ -98,6 +105,7 @@ def sensitivity_search(
         elements: per-sample element counts of tensors (bounds the per-layer pass's memory).
         progress: receives progress updates.
         initial: ``config``'s model, the nodes it may move and its score, when already measured.
+        moves: :data:`FLOAT_ACTIVATIONS` (the node keeps its stored weight) or :data:`FLOAT` (not quantized).
 
     Returns:
         The config with the chosen nodes in ``sensitive_nodes``, and what was measured
@@ -114,7 +122,7 @@ def sensitivity_search(
         model, movable, sqnr = initial
     if not movable:  # no node the search may move: nothing to measure
         return config, None
-    result = SearchResult(target_sqnr_db, max_nodes, len(scorer.samples), sqnr, sqnr)
+    result = SearchResult(target_sqnr_db, max_nodes, len(scorer.samples), sqnr, sqnr, moves=moves)
     if sqnr >= target_sqnr_db:
         result.stopped = "target reached"
         return config, result
@@ -147,17 +155,18 @@ def _try_in_float(
 ) -> tuple[QConfig, float]:
     """Move the ranked nodes to float activations one at a time, keeping each that helps (steps go to ``result``)."""
     sqnr, seconds = result.initial_sqnr_db, config.accuracy.search_seconds
-    rejected_in_a_row = 0
+    rejected_in_a_row, best_gain = 0, -math.inf
     result.stopped = "no node left to try"
     for candidate in ranking:
-        stop = _stop_reason(result, sqnr, rejected_in_a_row, time.perf_counter() - started, seconds)
+        stop = _stop_reason(result, sqnr, rejected_in_a_row, time.perf_counter() - started, seconds, best_gain)
         if stop:
             result.stopped = stop
             break
-        trial = replace(config, sensitive_nodes=config.sensitive_nodes | {candidate.node})
+        trial = _moved(config, candidate.node, result.moves)
         trial_model, _ = quantize(trial)
         trial_sqnr = scorer.score(trial_model).worst_db
         del trial_model
+        best_gain = max(best_gain, trial_sqnr - sqnr)
         kept = trial_sqnr >= sqnr + MIN_GAIN_DB
         result.steps.append(
             SearchStep(candidate.node, candidate.op_type, candidate.drop_with_inputs_db, trial_sqnr, kept)
@@ -172,12 +181,28 @@ def _try_in_float(
     return config, sqnr
 
 
-def _stop_reason(result: SearchResult, sqnr: float, rejected_in_a_row: int, elapsed: float, seconds: float) -> str:
+def _moved(config: QConfig, node: str, moves: str) -> QConfig:
+    """``config`` with ``node`` moved as the search moves nodes."""
+    if moves == FLOAT:
+        return replace(config, float_nodes=config.float_nodes | {node})
+    return replace(config, sensitive_nodes=config.sensitive_nodes | {node})
+
+
+def _stop_reason(
+    result: SearchResult, sqnr: float, rejected_in_a_row: int, elapsed: float, seconds: float, best_gain: float
+) -> str:
     """Why the search stops before its next node ("" to go on)."""
     if sqnr >= result.target_sqnr_db:
         return "target reached"
-    if len(result.float_nodes) >= result.max_nodes:
+    left = result.max_nodes - len(result.float_nodes)
+    if left <= 0:
         return f"{result.max_nodes} nodes in float (accuracy.max_float_nodes)"
+    # Judged once a node has helped: before, a gain of 0 may only mean another node masks it.
+    if result.float_nodes and sqnr + left * max(best_gain, 0.0) < result.target_sqnr_db:
+        return (
+            f"out of reach: the best trial gained {max(best_gain, 0.0):.2f} dB, and {left} more node"
+            f"{'s' if left > 1 else ''} at that rate would not close the {result.target_sqnr_db - sqnr:.2f} dB gap"
+        )
     if rejected_in_a_row >= PATIENCE:
         return f"{PATIENCE} nodes in a row did not help"
     if elapsed > seconds:

@@ -43,7 +43,7 @@ from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.search import SearchResult, sensitivity_search
+from qtool.quantization.search import FLOAT, FLOAT_ACTIVATIONS, SearchResult, sensitivity_search
 
 TIE = 0.05  # a candidate must be more than 5 % faster to displace a more accurate one
 DECISIVE_CONFIDENCE = 0.9  # two-sided interval of the median ratio (one-sided 95 %); needs 5+ rounds
@@ -116,9 +116,17 @@ def _signature(plan: QuantPlan) -> tuple[tuple[str, str], ...]:
     return tuple((n.name, n.placement) for n in plan.nodes)
 
 
-def _movable(plan: QuantPlan) -> set[str]:
-    """The nodes the search may move: only those placed by "auto" (an explicit placement is the user's)."""
-    return {n.name for n in plan.nodes if n.placement == "integer" and n.scheme.placement == "auto"}
+def _movable(plan: QuantPlan, moves: str = FLOAT_ACTIVATIONS) -> set[str]:
+    """The nodes the search may move: only those placed by "auto" (an explicit placement is the user's).
+
+    Float activations only change integer nodes; moving to float changes storage-only nodes too.
+    """
+    placements = ("integer",) if moves == FLOAT_ACTIVATIONS else ("integer", "storage")
+    return {
+        n.name
+        for n in plan.nodes
+        if n.placement in placements and (n.scheme.placement == "auto" or n.scheme.rule.startswith("choice:"))
+    }
 
 
 def _meets(sqnr: float, target: float) -> bool:
@@ -189,9 +197,10 @@ def measure_placements(
 
     if timed:
         time_all()
-    if settings.target_sqnr_db is not None and _search_may_help(choice, built, timed):
-        added = _search(choice, built, config, build, scorer, samples, float_model, progress)
-        if added and timed and choice.fp32_ms is not None:
+    search_plan = _search_plan(choice, built, timed) if settings.target_sqnr_db is not None else None
+    if search_plan is not None:
+        added = _search(choice, built, config, build, scorer, samples, float_model, progress, search_plan)
+        if added and timed and choice.fp32_ms is not None and _may_win(choice, "search"):
             time_all()  # time everything again, the new candidate among them
     scorer.release()
     _decide(choice)
@@ -230,21 +239,27 @@ class _Built:
         return _candidates(self.plans, self.aliases, self.scores, target)
 
 
-def _search_may_help(choice: PlacementChoice, built: _Built, timed: bool) -> bool:
-    """Whether "auto" misses the target where storage-only reaches it, and the search can pay off.
+def _search_plan(choice: PlacementChoice, built: _Built, timed: bool) -> tuple[str, str] | None:
+    """Where the sensitivity search starts and how it moves nodes, or None when it cannot pay off.
 
-    The search turns integer nodes back to float compute: its model runs between "auto" and
-    storage-only, so it can only win if "auto" is measurably faster than storage.
+    It runs when "auto" misses the target. When storage-only reaches it, the search gives float
+    activations to the integer nodes that cost the most (its model runs between "auto" and storage,
+    so only when "auto" measured faster than storage). When even storage-only misses it, the weights'
+    rounding is part of the error: the search keeps whole nodes float, starting from "auto" when that
+    measured faster than storage, else from storage.
     """
     target = choice.target_sqnr_db
     storage_name = next((n for n, a in built.aliases.items() if n == "storage" or "storage" in a), None)
+    if _meets(built.scores["auto"], target):
+        return None
     storage_meets = storage_name is None or _meets(built.scores[storage_name], target)
-    if _meets(built.scores["auto"], target) or not storage_meets:
-        return False
-    if timed and choice.fp32_ms is not None and not _faster_than_storage(choice, storage_name):
-        choice.search_note = "no search: the integer kernels measured no faster than storage-only here"
-        return False
-    return True
+    auto_faster = not timed or choice.fp32_ms is None or _faster_than_storage(choice, storage_name)
+    if storage_meets:
+        if not auto_faster:
+            choice.search_note = "no search: the integer kernels measured no faster than storage-only here"
+            return None
+        return "auto", FLOAT_ACTIVATIONS
+    return ("auto" if auto_faster or storage_name is None else storage_name), FLOAT
 
 
 def _search(
@@ -256,31 +271,46 @@ def _search(
     samples: Samples,
     float_model: FloatModel,
     progress: ProgressFactory | None,
+    plan: tuple[str, str],
 ) -> bool:
-    """Run the sensitivity search from "auto"; True when it added a "search" candidate."""
-    auto_plan, auto_model = built.plans["auto"]
+    """Run the sensitivity search from the start ``plan`` names; True when it added a "search" candidate."""
+    start, moves = plan
+    start_plan, start_model = built.plans[start]
 
     def movable(cfg: QConfig) -> tuple[onnx.ModelProto, set[str]]:
         plan, model = build(cfg)
-        return model, _movable(plan)
+        return model, _movable(plan, moves)
 
     searched, choice.search = sensitivity_search(
         float_model.prepared,
-        config,
+        built.configs[start],
         movable,
         scorer,
         samples.ranked,
         elements=float_model.elements,
         progress=progress,
-        initial=(auto_model, _movable(auto_plan), built.scores["auto"]),
+        initial=(start_model, _movable(start_plan, moves), built.scores[start]),
+        moves=moves,
     )
     if choice.search is None or not choice.search.float_nodes:
         return False
+    choice.search.start = start
     built.configs["search"] = searched
     built.plans["search"], built.aliases["search"] = build(searched), []
     built.scores["search"] = choice.search.final_sqnr_db
-    choice.candidates = built.candidates(choice.target_sqnr_db)
+    timed = {c.name: c.latency_ms for c in choice.candidates}  # kept until (unless) all are timed again
+    choice.candidates = [replace(c, latency_ms=timed.get(c.name)) for c in built.candidates(choice.target_sqnr_db)]
     return True
+
+
+def _may_win(choice: PlacementChoice, name: str) -> bool:
+    """Whether candidate ``name`` could be kept: it reaches the target, or none does and it is the most accurate."""
+    candidate = next(c for c in choice.candidates if c.name == name)
+    if candidate.meets_target:
+        return True
+    return not any(c.meets_target for c in choice.candidates) and candidate.sqnr_db >= max(
+        c.sqnr_db for c in choice.candidates
+    )
 
 
 def _candidates(
@@ -351,7 +381,8 @@ def _decide(choice: PlacementChoice) -> None:
     """Set ``chosen`` and ``reason`` from the measurements."""
     candidates = choice.candidates
     meeting = [c for c in candidates if c.meets_target]
-    timed = all(c.latency_ms is not None and c.name in choice.times for c in candidates)
+    # a candidate that could not win is not always timed (see _may_win): only the reaching ones must be
+    timed = all(c.latency_ms is not None and c.name in choice.times for c in meeting)
     target = f"{choice.target_sqnr_db:g} dB"
     if not meeting:
         best = max(candidates, key=lambda c: (c.sqnr_db, -candidates.index(c)))

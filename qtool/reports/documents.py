@@ -13,7 +13,7 @@ from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.layers import LayerError, largest_drop
 from qtool.evaluation.metrics import ErrorMetrics, LatencyComparison, LatencyStats
 from qtool.quantization.inspection import Inspection
-from qtool.quantization.search import SearchResult
+from qtool.quantization.search import FLOAT, FLOAT_ACTIVATIONS, SearchResult
 from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult, QuantizeResult
 from qtool.schemas import reports as doc
@@ -234,7 +234,9 @@ def _search(f: SearchResult) -> doc.SearchReport:
         initial_sqnr_db=_finite(f.initial_sqnr_db),
         final_sqnr_db=_finite(f.final_sqnr_db),
         reached=f.reached,
-        float_activation_nodes=f.float_nodes,
+        float_activation_nodes=f.float_nodes if f.moves == FLOAT_ACTIVATIONS else [],
+        float_nodes=f.float_nodes if f.moves == FLOAT else [],
+        start=f.start,
         steps=[
             doc.SearchStep(node=s.node, op_type=s.op_type, drop_db=s.drop_db, sqnr_db=_finite(s.sqnr_db), kept=s.kept)
             for s in f.steps

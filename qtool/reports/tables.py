@@ -237,12 +237,13 @@ def _render_search(console: Console, f: SearchResult) -> None:
     verdict = "[green]reached[/green]" if f.reached else "[yellow]not reached[/yellow]"
     ranked = f", nodes ranked by one per-layer pass on {f.ranked_on}" if f.ranked_on else ""
     console.print(
-        f"sensitivity search on {f.samples} samples{ranked}: worst output {f.initial_sqnr_db:.2f} -> "
+        f"sensitivity search from '{f.start}' ({f.moves} for the nodes that cost most) on {f.samples} samples"
+        f"{ranked}: worst output {f.initial_sqnr_db:.2f} -> "
         f"{f.final_sqnr_db:.2f} dB, target {f.target_sqnr_db:g} dB {verdict} ({f.stopped})",
         highlight=False,
     )
     for step in f.steps:
-        outcome = "float activations" if step.kept else "no gain, kept integer"
+        outcome = f.moves if step.kept else "no gain, kept quantized"
         console.print(
             f"  {step.node} ({step.op_type}, drop {step.drop_db:.1f} dB): {outcome}, output {step.sqnr_db:.2f} dB",
             highlight=False,

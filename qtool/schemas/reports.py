@@ -325,7 +325,12 @@ class SearchReport(_Report):
     initial_sqnr_db: float | None
     final_sqnr_db: float | None
     reached: bool
-    float_activation_nodes: list[str]
+    float_activation_nodes: list[str] = Field(description="nodes moved to float activations (weights still quantized)")
+    float_nodes: list[str] = Field(
+        description="nodes kept entirely float: chosen when even storage-only misses the target, so the weights' "
+        "rounding costs accuracy too"
+    )
+    start: str = Field(description="the candidate placement the search started from (auto, or storage)")
     steps: list[SearchStep]
     ranked_on_samples: int
     stopped: str

@@ -261,8 +261,9 @@ def test_the_search_runs_only_when_integer_kernels_pay_off(tmp_path, monkeypatch
     result = qtool.quantize(sample("cnn"), tmp_path / "b.onnx", data_dir=calib_dir("cnn"), config_path=config)
     choice = result.placement_choice
     assert choice is not None and choice.search is not None and choice.search_note == ""
-    assert choice.search.float_nodes  # the damaged nodes help in float: its proposal is a candidate, timed too
-    assert next(c for c in choice.candidates if c.name == "search").latency_ms == 0.6
+    assert choice.search.float_nodes  # the damaged nodes help in float: its proposal is a candidate
+    search = next(c for c in choice.candidates if c.name == "search")
+    assert not search.meets_target and search.latency_ms is None  # it cannot win: the rest is not timed again
     reaching = [c for c in choice.candidates if c.meets_target]
     assert choice.chosen == min(reaching, key=lambda c: c.latency_ms or 0).name
 
@@ -330,3 +331,26 @@ def test_nonsense_budgets_are_usage_errors_and_nothing_is_written(tmp_path, flag
         app, ["quantize", str(sample("cnn")), "--data", str(calib_dir("cnn")), "-o", str(out), *flag]
     )
     assert r.exit_code == 2 and flag[0] in r.stderr and not out.exists()
+
+
+def test_when_even_storage_misses_the_target_the_search_keeps_whole_nodes_float(tmp_path):
+    config = tmp_path / "c.yaml"
+    # block1/conv's weights on 2 bits, one scale: its rounding alone misses 30 dB, storage-only too
+    config.write_text(
+        "node_name: {block1/conv: {weight: {dtype: int2, granularity: per_tensor}}}\naccuracy: {latency_runs: 0}\n"
+    )
+    out = tmp_path / "q.onnx"
+    result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluation=None)
+    choice, search = result.placement_choice, result.search
+    assert choice is not None and search is not None
+    scores = {c.name: c.sqnr_db for c in choice.candidates}
+    assert scores["storage"] < 30 and scores["auto"] < 30, scores
+    assert search.moves == "float" and search.start == "auto" and search.float_nodes == ["block1/conv"]
+    assert choice.chosen == "search" and scores["search"] >= 30
+    model = onnx.load(str(out))
+    conv = next(n for n in model.graph.node if n.name == "block1/conv")
+    weights = {i.name: i for i in model.graph.initializer}
+    assert weights[conv.input[1]].data_type == TensorProto.FLOAT  # its float weight, not dequantized
+    assert "sensitivity search" in dict(result.skipped)["block1/conv"]
+    x = np.load(next(eval_dir("cnn").glob("*.npy")))[None]
+    assert _sqnr(run_model(sample("cnn"), {"input": x})[0], run_model(out, {"input": x})[0]) > 28

@@ -112,7 +112,12 @@ def test_weight_dequantize_matches_onnx_reference_evaluator(quantized_samples):
         axis = {a.name: a.i for a in dq.attribute}.get("axis", 1)
         shape = [1] * restored.ndim
         shape[axis] = -1
-        assert np.all(np.abs(restored - original[dq.output[0]]) <= scale.reshape(shape) / 2 + 1e-6)
+        stored = numpy_helper.to_array(inits[dq.input[0]]).astype(np.float32)
+        zero = numpy_helper.to_array(inits[dq.input[2]]).astype(np.float32).reshape(shape)
+        np.testing.assert_array_equal(restored, (stored - zero) * scale.reshape(shape))  # the spec's arithmetic
+        # rounded to nearest, but for the few codes that gave way to keep int8 pairs from saturating
+        within = np.abs(restored - original[dq.output[0]]) <= scale.reshape(shape) / 2 + 1e-6
+        assert within.mean() > 0.99, within.mean()
         checked += 1
     assert checked == 3
 

@@ -1,9 +1,10 @@
-"""The sensitivity search's ranking: the movable nodes that add error, largest drop first."""
+"""The sensitivity search's ranking (the movable nodes that add error, largest drop first) and its stop rules."""
 
 from __future__ import annotations
 
 from qtool.evaluation.layers import LayerError
-from qtool.quantization.search import rank_nodes
+from qtool.quantization.search import SearchResult, SearchStep, _stop_reason, rank_nodes
+from qtool.quantization.selection import PlacementCandidate, PlacementChoice, _may_win
 
 
 def _row(node: str, sqnr: float, source: float, position: int) -> LayerError:
@@ -20,3 +21,24 @@ def test_a_node_that_adds_no_error_is_not_ranked_and_each_node_counts_once():
     rows = [_row("a", 50.0, 50.0, 0), _row("b", 30.0, 40.0, 1), _row("b", 20.0, 40.0, 2)]
     ranked = rank_nodes(rows, movable={"a", "b"})
     assert [(r.node, r.position) for r in ranked] == [("b", 2)]  # its larger drop
+
+
+def test_the_search_stops_when_the_nodes_left_cannot_close_the_gap_once_one_helped():
+    result = SearchResult(30.0, 4, 8, 20.0, 20.5)
+    result.steps.append(SearchStep("a", "Conv", 6.0, 20.5, kept=True))  # +0.5 dB: 3 more at that rate reach 22
+    assert _stop_reason(result, 20.5, 0, 1.0, 60.0, best_gain=0.5).startswith("out of reach")
+    assert _stop_reason(result, 20.5, 0, 1.0, 60.0, best_gain=4.0) == ""  # 3 x 4 dB could close 9.5 dB
+    masked = SearchResult(30.0, 4, 8, 20.0, 20.0)
+    masked.steps.append(SearchStep("a", "Conv", 6.0, 20.0, kept=False))  # no gain yet: another node may mask it
+    assert _stop_reason(masked, 20.0, 1, 1.0, 60.0, best_gain=0.0) == ""
+
+
+def test_only_a_search_candidate_that_could_be_kept_is_timed_again():
+    def choice(search_db: float, storage_db: float) -> PlacementChoice:
+        scores = {"storage": storage_db, "search": search_db}
+        candidates = [PlacementCandidate(n, (), 1, 0, db, db >= 30.0) for n, db in scores.items()]
+        return PlacementChoice(30.0, [], 1, candidates, "storage", "")
+
+    assert _may_win(choice(31.0, 32.0), "search")  # reaches the target
+    assert not _may_win(choice(25.0, 32.0), "search")  # storage reaches it, the search does not
+    assert _may_win(choice(25.0, 20.0), "search")  # none reaches it: the most accurate is kept
