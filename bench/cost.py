@@ -11,8 +11,10 @@ quantizes in its own subprocess, ``--repeats`` times, alternating tools:
   weights, uint8 activations) with a data reader over the same files.
 
 Reported per model: the median wall time and peak RSS of each tool and their ratios (the bounds:
-3x the time, 1.5x the memory), then both models' SQNR on the evaluation files and their 1-thread
-speed-up over fp32 (median of interleaved runs in one process), and the placement qtool kept.
+3x the time, 1.5x the memory), then both models' SQNR on the evaluation files (the worst output,
+each output pooled over the files, as qtool's target reads; and all outputs together), their speed-up
+over fp32 at 1 thread and at every core (median of interleaved runs in one process), and the
+placement qtool kept.
 The script measures; it asserts nothing. Results: bench/results/cost.json and cost.md.
 
 Usage: python bench/cost.py [--models a,b] [--repeats N] [--runs N]
@@ -41,7 +43,7 @@ from bench.generated import GENERATORS, generated_model  # noqa: E402
 from bench.measure import run_worker  # noqa: E402
 from bench.real_data import MODELS as REAL_MODELS  # noqa: E402
 from bench.real_data import RegistryUnavailable, real_model  # noqa: E402
-from bench.run import accuracy, latency_medians  # noqa: E402
+from bench.run import accuracy, latency_medians, open_session  # noqa: E402
 from qtool.system.environment import cpu_info  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -67,10 +69,28 @@ print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_mb": peak_rs
 """
 
 
-def _speedups(model: Path, candidates: dict[str, Path], eval_dir: Path, runs: int) -> dict[str, float]:
-    """fp32 median / candidate median at 1 thread, interleaved."""
-    medians = latency_medians({"fp32": model, **candidates}, eval_dir, 1, runs)
+def _speedups(model: Path, candidates: dict[str, Path], eval_dir: Path, runs: int, threads: int) -> dict[str, float]:
+    """fp32 median / candidate median at ``threads`` intra-op threads, interleaved."""
+    medians = latency_medians({"fp32": model, **candidates}, eval_dir, threads, runs)
     return {key: medians["fp32"] / medians[key] for key in candidates}
+
+
+def _worst_output_sqnr(model: Path, candidate: Path, eval_dir: Path) -> float:
+    """The worst output's SQNR over the evaluation files (each output pooled over them), as qtool scores it."""
+    reference, quantized = open_session(model, 2), open_session(candidate, 2)
+    name = reference.get_inputs()[0].name
+    signal: list[float] = []
+    noise: list[float] = []
+    for path in sorted(eval_dir.glob("*.npy")):
+        feed = {name: np.load(path)[None]}
+        for index, (r, c) in enumerate(zip(reference.run(None, feed), quantized.run(None, feed), strict=True)):
+            r64, c64 = np.asarray(r, np.float64).ravel(), np.asarray(c, np.float64).ravel()
+            if index == len(signal):
+                signal.append(0.0)
+                noise.append(0.0)
+            signal[index] += float(r64 @ r64)
+            noise[index] += float((r64 - c64) @ (r64 - c64))
+    return min(10 * np.log10(s / n) if n else float("inf") for s, n in zip(signal, noise, strict=True))
 
 
 def _models(selected: list[str]) -> dict[str, tuple[Path, Path, Path]]:
@@ -125,8 +145,11 @@ def main() -> None:
             done = {tool: path for tool, path in outputs.items() if path.exists()}
             for tool, path in done.items():
                 row[tool]["sqnr_db"] = accuracy(model, path, evaluation)["sqnr_db"]  # type: ignore[index]
-            for tool, speedup in _speedups(model, done, evaluation, args.runs).items():
+                row[tool]["worst_output_db"] = _worst_output_sqnr(model, path, evaluation)  # type: ignore[index]
+            for tool, speedup in _speedups(model, done, evaluation, args.runs, 1).items():
                 row[tool]["speedup_1t"] = speedup  # type: ignore[index]
+            for tool, speedup in _speedups(model, done, evaluation, args.runs, os.cpu_count() or 1).items():
+                row[tool]["speedup_all"] = speedup  # type: ignore[index]
             report = outputs["qtool"].with_name(outputs["qtool"].name + ".json")
             if report.exists():
                 choice = json.loads(report.read_text()).get("placement_choice") or {}
@@ -146,12 +169,13 @@ def main() -> None:
     lines = [
         f"Measured {stamp} on {machine['model']} ({os.cpu_count()} cores, flags {' '.join(machine['flags'])}), "
         f"onnxruntime {ort.__version__}; medians of {args.repeats} quantizations per tool; speed-up: fp32 median / "
-        f"model median at 1 thread, {args.runs} interleaved runs. Bounds: time <= {TIME_BOUND:g}x, "
-        f"peak RSS <= {MEMORY_BOUND:g}x onnxruntime's.",
+        f"model median at 1 thread and at all {os.cpu_count()} threads, {args.runs} interleaved runs; SQNR on the "
+        f"evaluation files: the worst output (each pooled over the files), and all outputs together. "
+        f"Bounds: time <= {TIME_BOUND:g}x, peak RSS <= {MEMORY_BOUND:g}x onnxruntime's.",
         "",
-        "| model | ORT s | qtool s | time ratio | ORT MB | qtool MB | memory ratio | ORT SQNR dB | qtool SQNR dB | "
-        "ORT speed-up | qtool speed-up | qtool placement |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| model | ORT s | qtool s | time ratio | ORT MB | qtool MB | memory ratio | ORT worst dB | qtool worst dB | "
+        "ORT all dB | qtool all dB | ORT speed-up 1t / all | qtool speed-up 1t / all | qtool placement |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         q, o = row["qtool"], row["onnxruntime"]
@@ -172,16 +196,18 @@ def main() -> None:
             cell(o["peak_rss_mb"], ".0f"),
             cell(q["peak_rss_mb"], ".0f"),
             cell(memory_ratio, ".2f", MEMORY_BOUND),
+            cell(o.get("worst_output_db"), ".2f"),
+            cell(q.get("worst_output_db"), ".2f"),
             cell(o.get("sqnr_db"), ".2f"),
             cell(q.get("sqnr_db"), ".2f"),
-            cell(o.get("speedup_1t"), ".2f") + "x",
-            cell(q.get("speedup_1t"), ".2f") + "x",
+            cell(o.get("speedup_1t"), ".2f") + "x / " + cell(o.get("speedup_all"), ".2f") + "x",
+            cell(q.get("speedup_1t"), ".2f") + "x / " + cell(q.get("speedup_all"), ".2f") + "x",
             str(q.get("placement") or "-"),
         ]
         lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
         for tool in ("onnxruntime", "qtool"):
             if row[tool]["error"]:  # type: ignore[index]
-                lines.append(f"| {row['model']} | {tool} failed: {row[tool]['error']} |||||||||||")  # type: ignore[index]
+                lines.append(f"| {row['model']} | {tool} failed: {row[tool]['error']} |||||||||||||")  # type: ignore[index]
     table = "\n".join(lines) + "\n"
     (args.out / "cost.md").write_text(table)
     print(table)
