@@ -75,7 +75,12 @@ def quantize(
     ] = None,
     max_float_nodes: Annotated[
         int | None,
-        typer.Option("--max-float-nodes", metavar="N", help="At most this many nodes get float activations."),
+        typer.Option(
+            "--max-float-nodes",
+            metavar="N",
+            help="At most this many nodes moved by the search (float activations; entirely float when even "
+            "storage-only misses the target).",
+        ),
     ] = None,
     search_data: Annotated[
         str | None,

@@ -192,8 +192,9 @@ def measure_placements(
     choice = PlacementChoice(target, scorer.files, threads or 1, built.candidates(target), "auto", "")
     timed = settings.latency_runs > 0 and len(built.plans) > 1 and bool(scorer.samples)
 
-    def time_all() -> None:  # every candidate is timed on the first scored sample
-        _time_candidates(choice, float_model, built.plans, settings.latency_runs, scorer.samples[0][1], factory)
+    def time_all(names: list[str] | None = None) -> None:  # timed on the first scored sample
+        plans = built.plans if names is None else {n: built.plans[n] for n in names}
+        _time_candidates(choice, float_model, plans, settings.latency_runs, scorer.samples[0][1], factory)
 
     if timed:
         time_all()
@@ -201,7 +202,9 @@ def measure_placements(
     if search_plan is not None:
         added = _search(choice, built, config, build, scorer, samples, float_model, progress, search_plan)
         if added and timed and choice.fp32_ms is not None and _may_win(choice, "search"):
-            time_all()  # time everything again, the new candidate among them
+            # time the new candidate with fp32 and every candidate that can be kept: the decision compares
+            # those on paired rounds; the others keep their first measurement
+            time_all([c.name for c in choice.candidates if c.name == "search" or c.meets_target])
     scorer.release()
     _decide(choice)
     return built.configs[choice.chosen], choice
@@ -359,7 +362,7 @@ def _time_candidates(
     feed: Feed,
     factory: ProgressFactory,
 ) -> None:
-    """Time fp32 and every candidate interleaved (in place: latency_ms, fp32_ms, timing_note)."""
+    """Time fp32 and the candidates of ``plans`` interleaved (in place: latency_ms, fp32_ms, times, timing_note)."""
     model_path, weights = float_model.path, float_model.weights
     size = model_path.stat().st_size + sum(weights.nbytes(model) for _, model in plans.values())
     if size * (len(plans) + 1) > TIMING_MAX_BYTES:
@@ -372,9 +375,21 @@ def _time_candidates(
         sessions[name] = create_session(weights.embedded(model), f"the '{name}' placement", threads=threads)
     plan = Rounds(rounds, seconds=TIMING_SECONDS, minimum=min(MIN_ROUNDS, rounds))
     times, _ = time_interleaved(sessions, feed, plan, on_round=factory("timing", rounds))
-    choice.times = times
-    choice.fp32_ms = statistics.median(times["fp32"]) * 1e3
-    choice.candidates = [replace(c, latency_ms=statistics.median(times[c.name]) * 1e3) for c in choice.candidates]
+    retimed = choice.fp32_ms is not None and any(c.name not in times for c in choice.candidates)
+    choice.times = {**choice.times, **times}
+    if not retimed:
+        choice.fp32_ms = statistics.median(times["fp32"]) * 1e3
+    first_fp32 = choice.fp32_ms
+    assert first_fp32 is not None  # set above or by the first pass
+
+    def latency(name: str) -> float:
+        if not retimed:
+            return statistics.median(times[name]) * 1e3
+        # a later pass over some candidates: each round's ratio to fp32 (paired, so the machine's drift between
+        # the passes cancels) times the first pass's fp32, so every row's speed-up reads against the same fp32
+        return first_fp32 * statistics.median(t / f for t, f in zip(times[name], times["fp32"], strict=False) if f > 0)
+
+    choice.candidates = [replace(c, latency_ms=latency(c.name)) if c.name in times else c for c in choice.candidates]
 
 
 def _decide(choice: PlacementChoice) -> None:

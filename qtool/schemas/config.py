@@ -206,7 +206,11 @@ class AccuracySection(_Strict):
         description="the worst output's SQNR the measured placement choice aims for; null: no search and no choice "
         "(placement by the rules)",
     )
-    max_float_nodes: Positive | None = Field(None, description="at most this many nodes get float activations")
+    max_float_nodes: Positive | None = Field(
+        None,
+        description="at most this many nodes moved by the sensitivity search (float activations; entirely float "
+        "when even storage-only misses the target)",
+    )
     samples: Positive | None = Field(None, description="samples scored per candidate, spread evenly over the data")
     search_seconds: PositiveSeconds | None = Field(None, description="the search stops trying nodes after this long")
     latency_runs: NonNegative | None = Field(
