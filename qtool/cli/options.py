@@ -37,7 +37,7 @@ ObserverOption = Annotated[
     typer.Option(
         "--observer",
         metavar="NAME",
-        help="Observer for activation ranges (default: calibration.observer of the config, minmax).",
+        help="Observer for activation ranges (default: calibration.observer of the config, mse).",
     ),
 ]
 ShardOption = Annotated[

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from qtool.observers._reduce import channels_first, reduce_min_max
-from qtool.observers.base import Observer
+from qtool.observers.base import Observer, check_range
 from qtool.observers.histogram import DEFAULT_BINS, StreamingHistogram
 from qtool.observers.minmax import MinMaxObserver
 
@@ -87,6 +87,7 @@ class HistogramObserver(Observer):
         if self.histogram is None:
             raise ValueError("range() called on an observer that saw no data")
         lo, hi = self.extremes.range(bits, symmetric)
+        check_range(lo, hi, self.axis)  # a hand-edited file's extremes: one clear error, not a crash below
         if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
             return lo, hi  # compute_qparams reports the non-finite range with the tensor's name
         counts = self.histogram.counts

@@ -40,8 +40,8 @@ def plan_activation_qparams(plan: QuantPlan, observers: Mapping[str, Observer]) 
                 hint="re-run qtool calibrate with the same model and config",
             )
         bits = 8 if scheme.dtype.endswith("8") else 16
-        lo, hi = observer.range(bits, scheme.symmetric)
         try:
+            lo, hi = observer.range(bits, scheme.symmetric)  # a histogram observer checks its extremes first
             check_range(lo, hi, None)
         except ValueError as e:  # hand-edited statistics: computed ranges are always sound
             raise QtoolError(f"the statistics for tensor '{tensor}': {e}", hint="re-run qtool calibrate") from None

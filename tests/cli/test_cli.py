@@ -38,8 +38,8 @@ def test_calibrate_quantize_compare_end_to_end(tmp_path):
     assert r.exit_code == 0, r.stderr
     data = json.loads(stats.read_text())
     assert data["format"] == "qtool-calibration-stats" and data["version"] == 1
-    assert data["samples"] == 32 and data["observer"] == "minmax" and len(data["model_sha256"]) == 64
-    assert all(set(t["state"]) == {"min", "max"} for t in data["tensors"].values())
+    assert data["samples"] == 32 and data["observer"] == "mse" and len(data["model_sha256"]) == 64
+    assert all(set(t["state"]) == {"histogram", "min", "max"} for t in data["tensors"].values())
 
     r = invoke("quantize", sample("cnn"), "--stats", stats, "-o", out)
     assert r.exit_code == 0, r.stderr

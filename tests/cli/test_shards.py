@@ -50,7 +50,9 @@ def test_bad_shard_and_mismatched_merges_are_clear_errors(tmp_path):
     )
     assert r.exit_code == 2 and "different models" in r.stderr
     assert not (tmp_path / "m.json").exists()
-    invoke("calibrate", sample("mlp"), calib_dir("mlp"), "-o", tmp_path / "c.json", "--limit", "4", "--observer", "mse")
+    invoke(
+        "calibrate", sample("mlp"), calib_dir("mlp"), "-o", tmp_path / "c.json", "--limit", "4", "--observer", "minmax"
+    )
     r = runner.invoke(
         app, ["merge", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "-o", str(tmp_path / "m.json")]
     )

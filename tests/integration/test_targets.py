@@ -108,6 +108,8 @@ def test_the_tensorrt_cache_holds_each_tensors_symmetric_int8_scale(tmp_path):
         cache,
         "--tensorrt-version",
         "8.6.1",
+        "--observer",
+        "minmax",
     )
     assert r.exit_code == 0, r.output
     lines = cache.read_text().splitlines()

@@ -143,7 +143,7 @@ def test_merging_shards_with_different_channel_counts_is_refused(tmp_path, stats
     a["shard"], b["shard"] = "1/2", "2/2"
     for document, channels in ((a, 3), (b, 4)):
         for entry in document["tensors"].values():
-            entry["axis"] = 1
+            entry["observer"], entry["options"], entry["axis"] = "minmax", {}, 1
             entry["state"] = {"min": [-1.0] * channels, "max": [1.0] * channels}
     (tmp_path / "a.json").write_text(json.dumps(a))
     (tmp_path / "b.json").write_text(json.dumps(b))

@@ -27,7 +27,7 @@ def test_default_config_is_the_documented_int8_scheme():
         "per_tensor",
         False,
     )
-    assert config.calibration.observer == "minmax"
+    assert config.calibration.observer == "mse"
 
 
 def test_configs_default_yaml_is_the_packaged_default():
