@@ -295,9 +295,10 @@ def _search(
         initial=(start_model, _movable(start_plan, moves), built.scores[start]),
         moves=moves,
     )
+    if choice.search is not None:
+        choice.search.start = start
     if choice.search is None or not choice.search.float_nodes:
         return False
-    choice.search.start = start
     built.configs["search"] = searched
     built.plans["search"], built.aliases["search"] = build(searched), []
     built.scores["search"] = choice.search.final_sqnr_db
