@@ -63,8 +63,8 @@ def choose(
         return ws.config, None
     config = replace(ws.config, accuracy=accuracy)
 
-    def build(cfg: QConfig) -> tuple[QuantPlan, onnx.ModelProto]:
-        built = builder.build(cfg, keep=True)
+    def build(cfg: QConfig, keep: bool = True) -> tuple[QuantPlan, onnx.ModelProto]:
+        built = builder.build(cfg, keep=keep)
         return built.plan, built.model
 
     skip = evaluation.skip_nonfinite

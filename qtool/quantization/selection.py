@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import onnx
 
@@ -51,8 +53,13 @@ TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are 
 MIN_ROUNDS = 5
 DYNAMIC_MIN_SHARE = 0.5  # the dynamic candidate is built when weighted MatMul/Gemm do this share of the MACs
 TIMING_MAX_BYTES = 1 << 30  # the float model's bytes times the sessions timed together; past it, no timing
+SEARCH_COST_FACTOR = 2.0  # the search's time budget: this many times what the candidates cost to measure
 
-Build = Callable[[QConfig], tuple[QuantPlan, onnx.ModelProto]]
+
+class Build(Protocol):
+    """Plans and rewrites the model of a config; ``keep``: remembered, so writing it later costs nothing."""
+
+    def __call__(self, config: QConfig, /, keep: bool = True) -> tuple[QuantPlan, onnx.ModelProto]: ...
 
 
 @dataclass(frozen=True)
@@ -182,6 +189,7 @@ def measure_placements(
         on_sample=factory("float outputs", len(dataset)),
         known=samples.known,
     )
+    started = time.perf_counter()
     built = _Built()
     built.add("auto", config, build)
     integer = built.add("integer", replace(config, auto_placement="integer"), build)
@@ -200,7 +208,11 @@ def measure_placements(
         time_all()
     search_plan = _search_plan(choice, built, timed) if settings.target_sqnr_db is not None else None
     if search_plan is not None:
-        added = _search(choice, built, config, build, scorer, samples, float_model, progress, search_plan)
+        # The search may cost at most SEARCH_COST_FACTOR times what building, scoring and timing the
+        # candidates did (and never more than accuracy.search_seconds): it can only refine them.
+        budget = min(settings.search_seconds, SEARCH_COST_FACTOR * (time.perf_counter() - started))
+        bounded = replace(config, accuracy=replace(settings, search_seconds=budget))
+        added = _search(choice, built, bounded, build, scorer, samples, float_model, progress, search_plan)
         if added and timed and choice.fp32_ms is not None and _may_win(choice, "search"):
             # time the new candidate with fp32 and every candidate that can be kept: the decision compares
             # those on paired rounds; the others keep their first measurement
@@ -281,12 +293,12 @@ def _search(
     start_plan, start_model = built.plans[start]
 
     def movable(cfg: QConfig) -> tuple[onnx.ModelProto, set[str]]:
-        plan, model = build(cfg)
+        plan, model = build(cfg, keep=False)  # a trial: only the search's result may be written
         return model, _movable(plan, moves)
 
     searched, choice.search = sensitivity_search(
         float_model.prepared,
-        built.configs[start],
+        replace(built.configs[start], accuracy=config.accuracy),  # the search's budget, from the caller
         movable,
         scorer,
         samples.ranked,

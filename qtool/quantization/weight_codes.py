@@ -7,6 +7,8 @@ nearest or by the readers' rounding algorithm (GPTQ, AdaRound), which the report
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import onnx
 
@@ -15,11 +17,15 @@ from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
 from qtool.quantization.plan_types import NodePlan, QuantPlan
 from qtool.quantization.qparams import QParams, compute_qparams, mse_weight_range, quant_type, quantize, weight_range
 from qtool.quantization.rewrite_report import RewriteReport
-from qtool.quantization.saturation import fit_pairs
+from qtool.quantization.saturation import PairFit, fit_pairs
 from qtool.quantization.weight_copies import CopyKey, WeightUse, copy_key
 from qtool.schemes import TensorScheme
 
 _INT32_MAX = float(np.iinfo(np.int32).max)
+_FITS: dict[
+    tuple[object, ...], tuple[QParams, np.ndarray, PairFit]
+] = {}  # fitted copies, by content (nearest rounding)
+_FITS_KEPT = 256
 
 
 def weight_qparams(
@@ -94,7 +100,7 @@ class WeightCodes:
             raised = np.maximum(qp.scale, floor).astype(np.float32)
             qp = QParams(raised, qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
         if owner.fits_weight_pairs and owner.pair_layout is not None:
-            qp, codes, fit = fit_pairs(values, qp, owner.pair_layout, lambda grid: self._round(use, values, grid))
+            qp, codes, fit = self._fitted(use, values, qp, owner.pair_layout)
             for reader in self.readers(use):
                 self.report.pair_fits[reader.name] = fit
         else:
@@ -102,6 +108,31 @@ class WeightCodes:
         self._credit(use)
         self.codes[key], self.qparams[key] = codes, qp
         return qp, codes
+
+    def _fitted(
+        self, use: WeightUse, values: np.ndarray, qp: QParams, layout: str
+    ) -> tuple[QParams, np.ndarray, PairFit]:
+        """:func:`fit_pairs` of one copy, fitted once per process for nearest rounding.
+
+        The placement choice rewrites the model once per candidate and search trial: the same weight on the
+        same grid would be fitted again each time.
+        """
+        if self.algorithms is not None:
+            return fit_pairs(values, qp, layout, lambda grid: self._round(use, values, grid))
+        key = (
+            hashlib.blake2b(np.ascontiguousarray(values).tobytes(), digest_size=16).hexdigest(),
+            values.shape,
+            str(values.dtype),
+            np.asarray(qp.scale).tobytes(),
+            qp.axis,
+            layout,
+        )
+        if key not in _FITS:
+            if len(_FITS) >= _FITS_KEPT:
+                _FITS.pop(next(iter(_FITS)))
+            _FITS[key] = fit_pairs(values, qp, layout, lambda grid: quantize(values, grid))
+        fitted, codes, fit = _FITS[key]
+        return fitted, codes.copy(), fit
 
     def readers(self, use: WeightUse) -> list[NodePlan]:
         """The plan nodes that read ``use``'s copy of its weight."""
