@@ -119,11 +119,10 @@ def fit_pairs(
     ``round_codes`` rounds ``values`` onto a grid (nearest, or the readers' rounding algorithm).
     Columns whose codes fit keep ``qp``. For the others, each of :data:`FACTOR_STEPS` scale factors
     from 1 to the one at which the column's largest pair sum is exactly the limit is tried: the
-    codes are rounded at that scale and every pair still over the limit gives way one step at a
-    time on the code rounded up the most (the step that adds the least error). Each column keeps
-    the factor with the least squared error: a coarser scale when many pairs are too large, a few
-    clipped pairs when only those are. The readers' rounding then runs at the chosen scales, and
-    the same steps bring any pair it pushes over back to the limit.
+    codes are rounded at that scale and every pair still over the limit gives its excess back on
+    its two codes (see :func:`_give_way`). Each column keeps the factor with the least squared
+    error: a coarser scale when many pairs are too large, a few clipped pairs when only those are.
+    The readers' rounding then runs at the chosen scales (:func:`codes_within_limit`).
     """
     codes = round_codes(qp)
     index = kernel_rows(np.arange(codes.size).reshape(codes.shape), layout)
@@ -138,14 +137,25 @@ def fit_pairs(
     scale = np.asarray(qp.scale, np.float64)
     scale = scale * (factor.reshape(scale.shape) if per_channel else factor.max())
     fitted = QParams(scale.astype(np.float32), qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
-    codes = np.array(round_codes(fitted), copy=True)
-    real = np.broadcast_to(values.astype(np.float64) / _per_element(fitted, codes.shape), codes.shape).reshape(-1)
+    codes, nudged = codes_within_limit(values, fitted, layout, round_codes)
+    rescaled = int(np.count_nonzero(factor > 1.0))
+    return fitted, codes, PairFit(index.shape[0], overflowing, rescaled, float(np.max(factor)), nudged)
+
+
+def codes_within_limit(
+    values: np.ndarray, qp: QParams, layout: str, round_codes: Callable[[QParams], np.ndarray]
+) -> tuple[np.ndarray, int]:
+    """``values`` rounded onto ``qp`` by ``round_codes``, every pair then brought within the limit; and the steps."""
+    codes = np.array(round_codes(qp), copy=True)
+    index = kernel_rows(np.arange(codes.size).reshape(codes.shape), layout)
+    if index is None or index.size == 0:
+        return codes, 0
+    real = np.broadcast_to(values.astype(np.float64) / _per_element(qp, codes.shape), codes.shape).reshape(-1)
     flat = codes.reshape(-1)
     rows = flat[index].astype(np.int64)
     nudged = _give_way(rows, real[index])
     flat[index] = rows.astype(flat.dtype)
-    rescaled = int(np.count_nonzero(factor > 1.0))
-    return fitted, codes, PairFit(index.shape[0], overflowing, rescaled, float(np.max(factor)), nudged)
+    return codes, nudged
 
 
 def _per_channel(qp: QParams, rank: int, layout: str, columns: int) -> bool:
@@ -215,13 +225,9 @@ def _give_way(rows: np.ndarray, real: np.ndarray) -> int:
 
 
 def _per_element(qp: QParams, shape: tuple[int, ...]) -> np.ndarray:
-    """The scale of each weight element, broadcastable to ``shape`` (one per tensor or per channel)."""
-    scale = np.asarray(qp.scale, np.float64)
-    if scale.size == 1 or qp.axis is None:
-        return scale.reshape(())
-    view = [1] * len(shape)
-    view[qp.axis % len(shape)] = scale.size
-    return scale.reshape(view)
+    """The scale of each weight element, broadcastable to ``shape`` (as DequantizeLinear applies it)."""
+    length = shape[qp.axis] if qp.axis is not None else 0
+    return qp.expand(np.asarray(qp.scale, np.float64), len(shape), length)
 
 
 # The stored forms of an integer kernel's 8-bit weight, as the reports name them.

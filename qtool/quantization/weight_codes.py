@@ -8,6 +8,7 @@ nearest or by the readers' rounding algorithm (GPTQ, AdaRound), which the report
 from __future__ import annotations
 
 import hashlib
+from functools import partial
 
 import numpy as np
 import onnx
@@ -17,14 +18,12 @@ from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
 from qtool.quantization.plan_types import NodePlan, QuantPlan
 from qtool.quantization.qparams import QParams, compute_qparams, mse_weight_range, quant_type, quantize, weight_range
 from qtool.quantization.rewrite_report import RewriteReport
-from qtool.quantization.saturation import PairFit, fit_pairs
+from qtool.quantization.saturation import PairFit, codes_within_limit, fit_pairs
 from qtool.quantization.weight_copies import CopyKey, WeightUse, copy_key
 from qtool.schemes import TensorScheme
 
 _INT32_MAX = float(np.iinfo(np.int32).max)
-_FITS: dict[
-    tuple[object, ...], tuple[QParams, np.ndarray, PairFit]
-] = {}  # fitted copies, by content (nearest rounding)
+_FITS: dict[tuple[object, ...], tuple[QParams, PairFit]] = {}  # fitted grids by weight content (nearest rounding)
 _FITS_KEPT = 256
 
 
@@ -112,10 +111,11 @@ class WeightCodes:
     def _fitted(
         self, use: WeightUse, values: np.ndarray, qp: QParams, layout: str
     ) -> tuple[QParams, np.ndarray, PairFit]:
-        """:func:`fit_pairs` of one copy, fitted once per process for nearest rounding.
+        """:func:`fit_pairs` of one copy; for nearest rounding its grid is chosen once per process.
 
-        The placement choice rewrites the model once per candidate and search trial: the same weight on the
-        same grid would be fitted again each time.
+        The placement choice rewrites the model once per candidate and search trial: choosing the same weight's
+        grid again each time would cost most of a rewrite. Only the grid is kept (the scales and what the fit
+        did), not the codes: rounding onto it again is cheap, and a large model's codes would hold memory.
         """
         if self.algorithms is not None:
             return fit_pairs(values, qp, layout, lambda grid: self._round(use, values, grid))
@@ -127,12 +127,16 @@ class WeightCodes:
             qp.axis,
             layout,
         )
-        if key not in _FITS:
-            if len(_FITS) >= _FITS_KEPT:
-                _FITS.pop(next(iter(_FITS)))
-            _FITS[key] = fit_pairs(values, qp, layout, lambda grid: quantize(values, grid))
-        fitted, codes, fit = _FITS[key]
-        return fitted, codes.copy(), fit
+        nearest = partial(quantize, values)
+        if key in _FITS:
+            fitted, fit = _FITS[key]
+            codes, _ = codes_within_limit(values, fitted, layout, nearest)
+            return fitted, codes, fit
+        if len(_FITS) >= _FITS_KEPT:
+            _FITS.pop(next(iter(_FITS)))
+        fitted, codes, fit = fit_pairs(values, qp, layout, nearest)
+        _FITS[key] = (fitted, fit)
+        return fitted, codes, fit
 
     def readers(self, use: WeightUse) -> list[NodePlan]:
         """The plan nodes that read ``use``'s copy of its weight."""

@@ -1,0 +1,164 @@
+"""``qtool quantize --json``: what was quantized, how, the placement choice and its search, as pydantic models."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from qtool.schemas.reports.base import _Report
+from qtool.schemas.reports.compare import CompareReport
+
+
+class InputModel(_Report):
+    """The float model read."""
+
+    path: str
+    bytes: int
+    sha256: str
+
+
+class OutputModel(_Report):
+    """The quantized model written."""
+
+    path: str
+    bytes: int = Field(description="the model file and its external data files")
+    sha256: str
+    data_files: list[str]
+
+
+class Quantized(_Report):
+    """What the rewrite quantized, by name."""
+
+    nodes: list[str]
+    weights: list[str]
+    biases: list[str]
+    activations: list[str]
+
+
+class AlgorithmsReport(_Report):
+    """The weight algorithms (``algorithms:`` in the config) applied to each node, and why some were not."""
+
+    applied: dict[str, list[str]] = Field(description="node -> algorithms applied to it")
+    not_applied: dict[str, str] = Field(description="node -> why an algorithm it asked for was not applied")
+
+
+class WeightForms(_Report):
+    """How the integer kernels' 8-bit weights are stored (``weight.saturation``; see docs/configuration.md)."""
+
+    counts: dict[str, int] = Field(
+        description="form -> integer nodes: 'int8' (full range, no pair can saturate), 'int8 fitted' (channels whose "
+        "adjacent weight pairs could saturate AVX2 kernels given a coarser scale), 'int8 (exact kernel)' (depthwise), "
+        "'uint8', 'int8 reduced' ([-64, 63]), 'int8 unguarded' (saturation: ignore)"
+    )
+    nodes: dict[str, str] = Field(description="integer node -> its weight's form")
+    fitted_bits: dict[str, float] = Field(
+        description="fitted node -> resolution its coarsest channel gave up, in bits (log2 of the scale factor)"
+    )
+
+
+class Skipped(_Report):
+    """A node left float, and why."""
+
+    node: str
+    reason: str
+
+
+class Prepare(_Report):
+    """What graph preparation changed."""
+
+    constants_to_initializers: int
+    folded_batchnorms: list[str]
+    folded_shapes: list[str] = Field(
+        default_factory=list, description="Shape nodes of initializers replaced by constants"
+    )
+    folded_weight_layouts: list[str] = Field(
+        default_factory=list, description="Transpose/Reshape/Squeeze/Unsqueeze/Flatten/Identity of weights, folded"
+    )
+    einsums_as_matmuls: list[str] = Field(
+        default_factory=list, description="Einsums of an activation and a constant weight, rewritten as MatMuls"
+    )
+    removed_initializers: int = Field(0, description="initializers no node read any more, dropped")
+    opset_before: int
+    opset_after: int
+    shape_inference_error: str | None
+
+
+class SearchStep(_Report):
+    """One node the sensitivity search tried."""
+
+    node: str
+    op_type: str
+    drop_db: float
+    sqnr_db: float | None
+    kept: bool
+
+
+class SearchReport(_Report):
+    """The sensitivity search, when it ran."""
+
+    target_sqnr_db: float
+    max_float_nodes: int
+    samples: int
+    initial_sqnr_db: float | None
+    final_sqnr_db: float | None
+    reached: bool
+    float_activation_nodes: list[str] = Field(description="nodes moved to float activations (weights still quantized)")
+    float_nodes: list[str] = Field(
+        description="nodes kept entirely float: chosen when even storage-only misses the target, so the weights' "
+        "rounding costs accuracy too"
+    )
+    start: str = Field(description="the candidate placement the search started from (auto, or storage)")
+    steps: list[SearchStep]
+    ranked_on_samples: int
+    stopped: str
+
+
+class PlacementCandidate(_Report):
+    """One placement the choice measured."""
+
+    name: str
+    same_as: list[str]
+    integer_nodes: int
+    storage_nodes: int
+    sqnr_db: float | None
+    meets_target: bool
+    latency_ms: float | None
+    speedup: float | None
+    chosen: bool
+
+
+class PlacementChoiceReport(_Report):
+    """How quantize chose the placement: candidates scored on samples, then timed against fp32."""
+
+    target_sqnr_db: float
+    samples: list[str]
+    threads: int
+    fp32_ms: float | None
+    timing_note: str
+    chosen: str
+    reason: str
+    expects_speedup: bool
+    search_note: str
+    candidates: list[PlacementCandidate]
+
+
+class QuantizeReport(_Report):
+    """``qtool quantize --json``: what was quantized, how, and (with --data) how it compares."""
+
+    schema_version: int
+    qtool_version: str
+    input: InputModel
+    output: OutputModel
+    compression_ratio: float
+    calibration_samples: int
+    quantized: Quantized
+    skipped: list[Skipped]
+    passthrough_ops: dict[str, int]
+    algorithms: AlgorithmsReport
+    weight_forms: WeightForms
+    placements: dict[str, int]
+    predicted_kernels: dict[str, int]
+    prepare: Prepare
+    sensitivity: SearchReport | None
+    placement_choice: PlacementChoiceReport | None
+    notes: list[str]
+    comparison: CompareReport | None
