@@ -1,12 +1,14 @@
-"""``qtool tune --target-sqnr 30`` on the sample models and the real PP-OCR models: what it finds, how fast.
+"""``qtool tune --target-sqnr 30`` on the sample models and the real PP-OCR models: its promise, and whether it holds.
 
-Each model is tuned once through the command line (the whole command's wall time and peak memory),
-the written model is compared with the float model on the evaluation samples by ``qtool compare``
-(an independent check of the reported SQNR and size) and, for the real models, on 16 more crops of
-the same photos that tune never saw (tune measures and verifies on EVAL, so that is the unbiased
-figure), and ``qtool quantize --config CHOSEN.yaml``
-is run to check that the config reproduces the model byte for byte. The Pareto front of what was
-tried (size, SQNR) is listed per model. Writes bench/results/tune.{json,md}.
+Each model is tuned once through the command line (the whole command's wall time and peak memory).
+tune splits EVAL in two: it selects on one half and validates its choice on the other, and its
+promise is the validated figure's lower confidence bound. A third set of files that tune never
+touched then scores the written model through ``qtool compare``: the sample models' EVAL is split
+here into 16 files for tune and 16 untouched ones, the real models get 16 more crops of the same
+photos. The promise holds when the third set's figure is within 1 dB of it (or above).
+``qtool quantize --config CHOSEN.yaml`` is run to check that the config reproduces the model byte
+for byte. The Pareto front of what was tried (size, selection SQNR) is listed per model. Writes
+bench/results/tune.{json,md}.
 
 Usage: python bench/tune.py [--target DB] [--time-budget S] [--models cnn,mlp,...]
 """
@@ -37,16 +39,18 @@ REAL = ("ppocr_det", "ppocr_cls", "ppocr_rec")
 QTOOL = [sys.executable, "-m", "qtool"]
 
 
-def data_for(name: str, tmp: Path) -> tuple[Path, Path, Path, Path | None]:
-    """(model, CALIB, EVAL, unseen crops or None): EVAL is the 16 crops of earlier runs, unseen the next 16."""
+def data_for(name: str, tmp: Path) -> tuple[Path, Path, Path, Path]:
+    """(model, CALIB, EVAL for tune, a third set tune never touches): 16 files each."""
     if name in SAMPLES:
         folder = ROOT / "sample_models" / name
-        return folder / "model.onnx", folder / "calib", folder / "eval", None
-    model, calib, crops = real_model(name, n_calib=32, n_eval=32)  # the first 16 are the 16-crop set's own
+        model, calib, files = folder / "model.onnx", folder / "calib", sorted((folder / "eval").iterdir())
+    else:
+        model, calib, crops = real_model(name, n_calib=32, n_eval=32)  # the first 16 are the 16-crop set's own
+        files = sorted(crops.glob("*.npy"))
     evaluation, unseen = tmp / f"{name}-eval", tmp / f"{name}-unseen"
-    for folder, part in ((evaluation, slice(0, 16)), (unseen, slice(16, 32))):
+    for folder, part in ((evaluation, files[:16]), (unseen, files[16:32])):
         folder.mkdir()
-        for path in sorted(crops.glob("*.npy"))[part]:
+        for path in part:
             (folder / path.name).symlink_to(path)
     return model, calib, evaluation, unseen
 
@@ -87,7 +91,7 @@ def tune_one(name: str, target: float, budget: float, tmp: Path) -> dict:
         return {"model": name, "error": done.stderr.strip().splitlines()[-2:-1]}  # the last line is the peak
     doc = json.loads(report.read_text())
     compared = compare_json(model, out, evaluation, tmp / f"{name}.check.json")
-    fresh = compare_json(model, out, unseen, tmp / f"{name}.unseen.json") if unseen is not None else None
+    fresh = compare_json(model, out, unseen, tmp / f"{name}.unseen.json")
     again = tmp / f"{name}.again.onnx"
     subprocess.run(
         [*QTOOL, "-q", "quantize", str(model), "--config", str(chosen), "--data", str(calib), "-o", str(again)],
@@ -106,8 +110,25 @@ def tune_one(name: str, target: float, budget: float, tmp: Path) -> dict:
         "trials": len(doc["trials"]),
         "compression": compared["size"]["compression_ratio"],
         "sqnr_db": compared["accuracy"]["overall"]["sqnr_db"],
-        "tune_sqnr_db": doc["written"]["sqnr_db"],
-        "unseen_sqnr_db": fresh["accuracy"]["overall"]["sqnr_db"] if fresh is not None else None,
+        "selection_sqnr_db": doc["written"]["sqnr_db"],
+        "promise_db": doc["promise_db"] if doc["met"] else doc["validation"]["bound_db"],
+        "validated_bound_db": doc["validation"]["bound_db"],
+        "validated_sqnr_db": doc["validation"]["sqnr_db"],
+        "unseen_sqnr_db": fresh["accuracy"]["overall"]["sqnr_db"],
+        "holds": fresh["accuracy"]["overall"]["sqnr_db"]
+        >= (doc["promise_db"] if doc["met"] else doc["validation"]["bound_db"]) - 1.0,
+        "validations": len(doc["rounds"]),
+        "rounds": [
+            {
+                "margin_db": r["margin"],
+                "compression": doc["trials"][r["trial"]]["compression_ratio"],
+                "validated_db": r["validation"]["sqnr_db"],
+                "bound_db": r["validation"]["bound_db"],
+                "meets": r["validation"]["meets"],
+            }
+            for r in doc["rounds"]
+        ],
+        "margin_db": doc["margin"],
         "precisions": chosen_trial["precisions"],
         "reproduced": again.read_bytes() == out.read_bytes(),
         "pareto": [
@@ -145,22 +166,24 @@ def main() -> None:
         f"# qtool tune --target-sqnr {args.target:g} ({document['date']}, {cpu_info()['model']} "
         f"{platform.machine()}, onnxruntime {ort.__version__})",
         "",
-        "| model | nodes | met | compression | SQNR dB (compare) | unseen crops dB | precisions | wall s "
-        "| sensitivity s | candidates | peak MiB | reproduced |",
-        "|---|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---|",
+        "| model | nodes | met | compression | promise dB | validated dB (bound) | third set dB | holds (1 dB) "
+        "| selection dB | precisions | wall s | sensitivity s | candidates | validations | peak MiB | reproduced |",
+        "|---|---:|---|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | | {r['error']} | | | | | | | | | |")
+            lines.append(f"| {r['model']} | | {r['error']} |" + " |" * 13)
             continue
         precisions = ", ".join(f"{k} {v}" for k, v in r["precisions"].items())
-        unseen = f"{r['unseen_sqnr_db']:.2f}" if r["unseen_sqnr_db"] is not None else "—"
         lines.append(
             f"| {r['model']} | {r['nodes']} | {'yes' if r['met'] else 'no'} | {r['compression']:.2f}x | "
-            f"{r['sqnr_db']:.2f} | {unseen} | {precisions} | {r['seconds']:.0f} | {r['sensitivity_seconds']:.0f} | "
-            f"{r['trials']} | {r['peak_mib']:.0f} | {'yes' if r['reproduced'] else 'NO'} |"
+            f"{r['promise_db']:.2f} | {r['validated_sqnr_db']:.2f} ({r['validated_bound_db']:.2f}) | "
+            f"{r['unseen_sqnr_db']:.2f} | "
+            f"{'yes' if r['holds'] else 'NO'} | {r['selection_sqnr_db']:.2f} | {precisions} | {r['seconds']:.0f} | "
+            f"{r['sensitivity_seconds']:.0f} | {r['trials']} | {r['validations']} | {r['peak_mib']:.0f} | "
+            f"{'yes' if r['reproduced'] else 'NO'} |"
         )
-    lines += ["", "Pareto fronts (compression, SQNR dB):", ""]
+    lines += ["", "Pareto fronts (compression, SQNR dB on the selection samples):", ""]
     for r in rows:
         if "pareto" in r:
             front = "; ".join(f"{p['compression']:.2f}x {p['sqnr_db']:.1f} dB" for p in r["pareto"])

@@ -77,7 +77,8 @@ class TuneOptions:
     max_latency_ratio: float | None = None  # candidate / float time bound (CPU, timed interleaved)
     objective: str = "size"  # size | latency: what the chosen model minimises among those meeting the target
     time_budget: float = 600.0  # seconds; the search stops with the best result so far
-    sensitivity_samples: int = 8  # evaluation samples each node is measured on, spread over the set
+    sensitivity_samples: int = 8  # selection samples each node is measured on, spread over them
+    confidence: float = 0.9  # one-sided: the promise is the validated figure's lower bound at this confidence
     latency_runs: int = 30  # timed rounds per candidate when latency matters
     threads: int | None = None  # onnxruntime intra-op threads
     cache: bool = True  # keep and reuse the per-node sensitivity between runs (qtool.quantization.tune.cache)

@@ -17,6 +17,7 @@ from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exp
 from qtool.quantization.rewrite_report import RewriteReport
 from qtool.quantization.search import SearchResult
 from qtool.quantization.selection import PlacementChoice
+from qtool.quantization.tune.candidates import Validation, ValidationRound
 from qtool.quantization.tune.loop import Trial
 from qtool.quantization.tune.sensitivity import Sensitivity
 
@@ -124,12 +125,22 @@ class TuneResult:
     config_out: str
     objective: str
     goal: str  # e.g. "SQNR >= 30 dB" or "mytask:top1 >= 0.9"
+    target_sqnr_db: float | None  # the SQNR goal (None: a metric goal)
     nodes: int  # nodes tuned
     trials: list[Trial]
     chosen: Trial
-    written: Trial  # the written model (built by quantize from CHOSEN.yaml), measured like every candidate
-    met: bool  # the written model meets the goal (otherwise it is the most accurate tried)
+    written: Trial  # the written model (built by quantize from CHOSEN.yaml), scored on the selection samples
+    validation: Validation  # the written model on the validation samples: the promise is its bound
+    rounds: list[ValidationRound]  # each choice validated, in order (a miss raised the margin)
+    margin: float  # the selection margin the last choice was made with (goal units)
+    confidence: float  # of the bounds on the selection samples, and of the promise as a whole
+    validation_confidence: float  # of each validated choice's bound (corrected for the choices validated)
+    selection_samples: list[str]  # the EVAL files that chose (the validation files are in ``validation``)
+    met: bool  # the written model's validated bound meets the goal (otherwise it is the most accurate tried)
+    reachable: bool  # some quantized candidate met the goal on the selection samples
     out_of_time: bool  # the time budget stopped the search
+    stalled: bool  # the refinement stopped because its last verifications no longer paid
     sensitivity: Sensitivity
     seconds: float
+    time_budget: float
     notes: list[str] = field(default_factory=list)

@@ -8,8 +8,9 @@ a time, in sorted order, so memory never holds the whole dataset.
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,13 @@ def _sample_bytes(inputs: list[InputSpec]) -> int | None:
     return total + (64 << 10)
 
 
+def spread_positions(total: int, count: int) -> list[int]:
+    """``count`` positions spread evenly over ``total`` items (all of them when there are no more)."""
+    if count >= total:
+        return list(range(total))
+    return [(2 * i + 1) * total // (2 * count) for i in range(count)]
+
+
 class Dataset:
     """A directory of samples, validated against a model's inputs and read lazily.
 
@@ -172,8 +180,8 @@ class Dataset:
             self.preprocess = build_preprocess(preprocess, inputs[0].shape or (), inputs[0].dtype.name)
         total = len(items)
         items = items[:limit] if limit else items
-        if spread is not None and spread < len(items):
-            items = [items[(2 * i + 1) * len(items) // (2 * spread)] for i in range(spread)]
+        if spread is not None:
+            items = [items[i] for i in spread_positions(len(items), spread)]
         if shard is not None:
             k, n = shard
             if not 1 <= k <= n:
@@ -186,6 +194,13 @@ class Dataset:
 
     def __len__(self) -> int:
         return len(self.files)
+
+    def subset(self, positions: Sequence[int]) -> Dataset:
+        """The same reader over the samples at ``positions`` (of :attr:`files`) only."""
+        part = copy.copy(self)
+        part.files = [self.files[i] for i in positions]
+        part.skipped = []
+        return part
 
     def _read(self, path: Path) -> Feed:
         if self.format == "images":

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, TypeVar
@@ -56,9 +58,63 @@ class _RateColumn(ProgressColumn):
         return Text(f"{speed:,.1f}/s" if speed else "-/s", style="progress.data.speed")
 
 
+PLAIN_SECONDS = 10.0  # not a terminal: a progress line per task at most this often ($QTOOL_PROGRESS_SECONDS)
+
+
+class _PlainTask:
+    """One task's progress as plain lines: once it has run PLAIN_SECONDS, then as often, and when it ends."""
+
+    def __init__(self, console: Console, description: str, total: int, interval: float) -> None:
+        self.console, self.description, self.total, self.interval = console, description, total, interval
+        self.done = 0
+        self.started = self.last = time.monotonic()
+        self.printed = False
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        finished = self.total > 0 and self.done >= self.total
+        if now - self.last >= self.interval or (finished and self.printed):
+            self._line(now, finished)
+
+    def close(self) -> None:
+        """A last line for a task that printed and ended short of its total (a search that stopped early)."""
+        if self.printed and not (self.total > 0 and self.done >= self.total):
+            self._line(time.monotonic(), True)
+
+    def _line(self, now: float, finished: bool) -> None:
+        counted = f"{self.done}/{self.total}" if self.done <= self.total else str(self.done)
+        state = "done" if finished else "so far"
+        self.console.print(
+            f"progress: {self.description} {counted} {state} ({now - self.started:.0f} s)", highlight=False
+        )
+        self.last, self.printed = now, True
+        if finished:
+            self.total = self.done  # printed once
+
+
+def _plain_interval() -> float:
+    text = os.environ.get("QTOOL_PROGRESS_SECONDS", "")
+    try:
+        return max(0.0, float(text)) if text else PLAIN_SECONDS
+    except ValueError:
+        return PLAIN_SECONDS
+
+
 @contextmanager
 def progress_bars() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
-    """A progress-bar factory; the display starts with the first task, so errors before it print cleanly."""
+    """A progress factory: bars on a terminal, periodic plain lines in a log; the display starts with the first task."""
+    if not STATE["quiet"] and not err_console.is_terminal:  # a log (CI): lines, no bars
+        tasks: list[_PlainTask] = []
+
+        def plain(description: str, total: int) -> Callable[[int], None]:
+            tasks.append(_PlainTask(err_console, description, total, _plain_interval()))
+            return tasks[-1].advance
+
+        yield plain  # an error ends the run here: its message is the last line
+        for task in tasks:
+            task.close()
+        return
     columns = (
         TextColumn("{task.description:<12}"),
         BarColumn(),
@@ -66,8 +122,7 @@ def progress_bars() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
         _RateColumn(),
         TimeElapsedColumn(),
     )
-    hidden = STATE["quiet"] or not err_console.is_terminal  # bars are for people watching a terminal
-    progress = Progress(*columns, console=err_console, transient=False, disable=hidden)
+    progress = Progress(*columns, console=err_console, transient=False, disable=STATE["quiet"])
 
     def factory(description: str, total: int) -> Callable[[int], None]:
         if not progress.live.is_started:

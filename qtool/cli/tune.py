@@ -22,7 +22,10 @@ def tune(
     eval_data: Annotated[
         str,
         typer.Option(
-            "--eval", metavar="EVAL", help="Held-out samples every candidate is verified on (directory or URL)."
+            "--eval",
+            metavar="EVAL",
+            help="Held-out samples (directory or URL), split in two: the even files in sorted order select the "
+            "model, the odd ones validate the choice (the promise is judged only on those).",
         ),
     ],
     output: Annotated[Path, typer.Option("--output", "-o", metavar="OUT.onnx", help="The chosen model.")],
@@ -37,7 +40,11 @@ def tune(
     ],
     target_sqnr: Annotated[
         float | None,
-        typer.Option("--target-sqnr", metavar="DB", help="The worst output's SQNR on EVAL must reach DB."),
+        typer.Option(
+            "--target-sqnr",
+            metavar="DB",
+            help="The worst output's SQNR must reach DB on the validation samples, at --confidence.",
+        ),
     ] = None,
     metric: Annotated[
         str | None,
@@ -86,9 +93,18 @@ def tune(
         typer.Option(
             "--sensitivity-samples",
             metavar="N",
-            help="EVAL samples each node is measured on, spread over the set (all when it holds fewer).",
+            help="Selection samples each node is measured on, spread over them (all when there are fewer).",
         ),
     ] = 8,
+    confidence: Annotated[
+        float,
+        typer.Option(
+            "--confidence",
+            metavar="P",
+            help="One-sided confidence of the promise: the lower bound, from the per-sample spread, that the "
+            "figure on a new set of as many samples reaches with probability P.",
+        ),
+    ] = 0.9,
     config: ConfigOption = None,
     target: TargetOption = None,
     input_shapes: InputShapesOption = None,
@@ -120,10 +136,11 @@ def tune(
 ) -> None:
     """Find the smallest model (or the fastest) that meets an accuracy budget; write it and its config.
 
-    Every node with a weight is measured alone at each precision its target allows (int2/int4/int8
-    weights, GPTQ or nearest rounding, int8/int16/float activations, fp16, float); precisions are then
-    allocated for a noise budget and each allocation is built and verified on EVAL, moving the budget
-    until the best is found.
+    EVAL is split in two. On the selection half, every node with a weight is measured alone at each
+    precision its target allows (int2/int4/int8 weights, GPTQ or nearest rounding, int8/int16/float
+    activations, fp16, float); precisions are then allocated for a noise budget and each allocation is
+    built and verified, moving the budget until the best is found. The validation half scores the
+    choice: the promise is the lower confidence bound of that figure. Exit 1 when no model meets it.
     """
 
     def action() -> None:
@@ -153,6 +170,7 @@ def tune(
                     objective=objective,
                     time_budget=time_budget,
                     sensitivity_samples=sensitivity_samples,
+                    confidence=confidence,
                     threads=threads,
                     cache=cache,
                     cache_dir=cache_dir,
@@ -171,10 +189,9 @@ def tune(
             plot_trials(result, plot)
         if not result.met:
             from qtool.errors import CheckFailedError
+            from qtool.reports.tuning import missed_line
 
-            raise CheckFailedError(
-                f"the written model does not meet {result.goal} ({result.written.sqnr_db:.2f} dB on EVAL)"
-            )
+            raise CheckFailedError(missed_line(result))
 
     run_command(
         action,

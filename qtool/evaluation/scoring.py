@@ -10,8 +10,8 @@ read once, and each candidate only runs its outputs: no intermediate tensor is e
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,7 @@ import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset, Feed
 from qtool.calibration.outputs import FloatOutputs
+from qtool.evaluation.confidence import CONFIDENCE, SampleEnergies
 from qtool.evaluation.metrics import ErrorAccumulator, is_float
 from qtool.graph.session import create_session, run_session
 from qtool.graph.weights import Weights
@@ -32,11 +33,30 @@ class OutputScore:
     """SQNR of each float output of a candidate on the scored samples."""
 
     outputs: dict[str, float]  # output name -> SQNR in dB (+inf: exact)
+    energies: dict[str, SampleEnergies] = field(default_factory=dict)  # output name -> per-sample energies
 
     @property
     def worst_db(self) -> float:
         """The lowest SQNR among the outputs (-inf when none was measured)."""
         return min(self.outputs.values(), default=-math.inf)
+
+    def worst_bound_db(self, confidence: float = CONFIDENCE, signal_means: Mapping[str, float] | None = None) -> float:
+        """The lowest of the outputs' lower confidence bounds (see :mod:`qtool.evaluation.confidence`).
+
+        ``signal_means``: each output's mean float energy per sample over a larger set than the scored one.
+        """
+        means = signal_means or {}
+        bounds = [e.lower_bound_db(confidence, means.get(name)) for name, e in self.energies.items()]
+        return min(bounds, default=self.worst_db)
+
+
+def signal_means(scorers: Sequence[OutputScorer]) -> dict[str, float]:
+    """Each float output's mean energy per sample over the samples of all ``scorers`` together."""
+    pooled: dict[str, list[float]] = {}
+    for scorer in scorers:
+        for name, energies in scorer.signal.items():
+            pooled.setdefault(name, []).extend(energies)
+    return {name: float(np.mean(energies)) for name, energies in pooled.items() if energies}
 
 
 class OutputScorer:
@@ -60,6 +80,7 @@ class OutputScorer:
         self.files = [path.name for path, _ in self.samples]
         self.names: list[str] = []
         self._cached: list[list[np.ndarray] | None] = []
+        self.signal: dict[str, list[float]] = {}  # each float output's energy, per sample
         every = [o.name for o in reference.graph.output]
         kept = 0
         for path, feed in self.samples:
@@ -67,6 +88,8 @@ class OutputScorer:
             if not self.names:
                 self.names = [n for n, v in zip(every, values, strict=True) if is_float(v)]
             floats = [np.asarray(v) for v, name in zip(values, every, strict=True) if name in self.names]
+            for name, value in zip(self.names, floats, strict=True):
+                self.signal.setdefault(name, []).append(float(np.sum(np.square(value, dtype=np.float64))))
             size = sum(v.nbytes for v in floats)
             self._cached.append(floats if kept + size <= CACHED_BYTES else None)
             kept += size if kept + size <= CACHED_BYTES else 0
@@ -116,11 +139,21 @@ class OutputScorer:
     ) -> OutputScore:
         """Like :meth:`score`, for a session already created; ``collect`` receives each sample's outputs."""
         accumulators = {name: ErrorAccumulator() for name in self.names}
+        signal: dict[str, list[float]] = {name: [] for name in self.names}
+        noise: dict[str, list[float]] = {name: [] for name in self.names}
         for index, (path, feed) in enumerate(self.samples):
             values = run_session(session, self.names, feed, f"{what} on {path}")
             if collect is not None:
                 collect.append({name: np.asarray(v) for name, v in zip(self.names, values, strict=True)})
             for name, r, c in zip(self.names, self._reference(index), values, strict=True):
                 if np.shape(r) == np.shape(c):
-                    accumulators[name].add(r, np.asarray(c))
-        return OutputScore({name: acc.metrics(name).sqnr_db for name, acc in accumulators.items() if acc.count})
+                    one = ErrorAccumulator()
+                    one.add(r, np.asarray(c))
+                    accumulators[name].merge(one)
+                    signal[name].append(one.sum_ref_sq)
+                    noise[name].append(one.sum_err_sq)
+        measured = [name for name, acc in accumulators.items() if acc.count]
+        return OutputScore(
+            {name: accumulators[name].metrics(name).sqnr_db for name in measured},
+            {name: SampleEnergies(tuple(signal[name]), tuple(noise[name])) for name in measured},
+        )

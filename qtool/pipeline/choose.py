@@ -10,6 +10,7 @@ import onnx
 from qtool.calibration.outputs import FloatOutputs
 from qtool.config import QConfig
 from qtool.errors import QtoolError
+from qtool.evaluation.split import split_samples, spread_subset
 from qtool.options import EvaluationOptions, SearchOptions
 from qtool.pipeline.build import Builder
 from qtool.pipeline.data import spread_dataset
@@ -67,11 +68,10 @@ def choose(
         built = builder.build(cfg, keep=keep)
         return built.plan, built.model
 
-    skip = evaluation.skip_nonfinite
+    # twice the samples, interleaved: the even ones choose, the odd ones validate the choice
+    split = split_samples(spread_dataset(ws, data_dir, 2 * accuracy.samples, skip_nonfinite=evaluation.skip_nonfinite))
     samples = Samples(
-        spread_dataset(ws, data_dir, accuracy.samples, skip_nonfinite=skip),
-        spread_dataset(ws, data_dir, min(RANK_SAMPLES, accuracy.samples), skip_nonfinite=skip),
-        known,
+        split.selection, spread_subset(split.selection, min(RANK_SAMPLES, accuracy.samples)), known, split.validation
     )
     float_model = FloatModel(ws.path, ws.prepared, ws.weights, builder.elements)
     return measure_placements(float_model, config, build, samples, threads=evaluation.threads, progress=progress)

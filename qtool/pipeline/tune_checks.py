@@ -30,6 +30,8 @@ def tune_goal(options: TuneOptions) -> Goal:
         raise QtoolError("--max-latency-ratio must be above 0")
     if options.sensitivity_samples < 1 or options.latency_runs < 8:
         raise QtoolError("--sensitivity-samples must be >= 1 and --latency-runs >= 8")
+    if not 0.5 <= options.confidence < 1:
+        raise QtoolError(f"--confidence {options.confidence:g} must be at least 0.5 and below 1 (e.g. 0.9)")
     if options.target_sqnr_db is not None and not 0 < options.target_sqnr_db < 200:
         raise QtoolError(f"--target-sqnr {options.target_sqnr_db:g} dB is outside (0, 200)")
     metric = load_metric(options.metric) if options.metric is not None else None
@@ -40,6 +42,7 @@ def tune_goal(options: TuneOptions) -> Goal:
         target_metric=options.target_metric,
         lower_is_better=options.lower_is_better,
         max_latency_ratio=options.max_latency_ratio,
+        confidence=options.confidence,
     )
 
 

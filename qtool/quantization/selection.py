@@ -38,8 +38,9 @@ import onnx
 from qtool.calibration.dataset import Dataset, Feed
 from qtool.calibration.outputs import FloatOutputs
 from qtool.config import QConfig
+from qtool.evaluation.confidence import CONFIDENCE
 from qtool.evaluation.intervals import median_interval
-from qtool.evaluation.scoring import OutputScorer
+from qtool.evaluation.scoring import OutputScorer, signal_means
 from qtool.evaluation.timing import Rounds, time_interleaved
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
@@ -75,6 +76,17 @@ class PlacementCandidate:
     latency_ms: float | None = None  # median at the choice's thread count (None: not timed)
 
 
+@dataclass(frozen=True)
+class PlacementValidation:
+    """A placement scored on samples the choice never scored: the figure it promises."""
+
+    candidate: str
+    samples: list[str]
+    sqnr_db: float  # worst output, the validation samples pooled
+    bound_db: float  # its lower confidence bound (per-sample spread)
+    meets_target: bool  # the bound reaches the target
+
+
 @dataclass
 class PlacementChoice:
     """What the placement choice measured and what it kept."""
@@ -90,6 +102,13 @@ class PlacementChoice:
     search: SearchResult | None = None
     search_note: str = ""  # why no search ran, when it could have
     times: dict[str, list[float]] = field(default_factory=dict, repr=False)  # seconds per run, fp32 included
+    validations: list[PlacementValidation] = field(default_factory=list)  # the kept one's is the last
+    confidence: float = CONFIDENCE  # of the validation bounds
+
+    @property
+    def validation(self) -> PlacementValidation | None:
+        """The kept placement's validation (None: too few samples to hold any out)."""
+        return next((v for v in reversed(self.validations) if v.candidate == self.chosen), None)
 
     @property
     def chosen_candidate(self) -> PlacementCandidate:
@@ -154,9 +173,10 @@ class FloatModel:
 class Samples:
     """The samples the choice reads."""
 
-    scored: Dataset  # every candidate is scored on these
+    scored: Dataset  # every candidate is scored on these (the selection samples)
     ranked: Dataset  # the search's per-layer pass
     known: FloatOutputs | None = None  # float outputs calibration kept (see :mod:`qtool.calibration.outputs`)
+    validation: Dataset | None = None  # samples no candidate is scored on: the kept one is validated there
 
 
 def measure_placements(
@@ -219,7 +239,54 @@ def measure_placements(
             time_all([c.name for c in choice.candidates if c.name == "search" or c.meets_target])
     scorer.release()
     _decide(choice)
+    if samples.validation is not None and len(samples.validation) > 0 and settings.target_sqnr_db is not None:
+        _validate(choice, built, samples, float_model, factory, scorer)
     return built.configs[choice.chosen], choice
+
+
+def _validate(
+    choice: PlacementChoice,
+    built: _Built,
+    samples: Samples,
+    float_model: FloatModel,
+    factory: ProgressFactory,
+    scored: OutputScorer,
+) -> None:
+    """Score the kept placement on the validation samples; when its bound misses the target, try the most accurate.
+
+    The most accurate placement that reached the target on the scored samples replaces the kept one
+    only when it reaches the target on the validation samples too (robust before fast).
+    """
+    assert samples.validation is not None  # checked by the caller
+    scorer = OutputScorer(
+        float_model.prepared,
+        samples.validation,
+        weights=float_model.weights,
+        on_sample=factory("validation samples", len(samples.validation)),
+        known=samples.known,
+    )
+    target = choice.target_sqnr_db
+    signal = signal_means([scored, scorer])  # the float outputs' energy over every sample at hand
+
+    def check(name: str) -> PlacementValidation:
+        score = scorer.score(built.plans[name][1], f"the '{name}' placement")
+        bound = score.worst_bound_db(choice.confidence, signal)
+        found = PlacementValidation(name, list(scorer.files), score.worst_db, bound, _meets(bound, target))
+        choice.validations.append(found)
+        return found
+
+    kept = check(choice.chosen)
+    safer = [c for c in choice.candidates if c.meets_target and c.sqnr_db > choice.chosen_candidate.sqnr_db]
+    if not kept.meets_target and safer:
+        most_accurate = max(safer, key=lambda c: (c.sqnr_db, -choice.candidates.index(c)))
+        if check(most_accurate.name).meets_target:
+            choice.chosen = most_accurate.name
+            choice.reason = (
+                f"the most accurate placement that reaches {target:g} dB: the faster '{kept.candidate}' reached it on "
+                f"the scored samples but not on {len(kept.samples)} others ({kept.bound_db:.2f} dB, "
+                f"{choice.confidence:.0%} bound)"
+            )
+    scorer.release()
 
 
 @dataclass

@@ -257,6 +257,17 @@ def _choice(c: PlacementChoice) -> doc.PlacementChoiceReport:
         reason=c.reason,
         expects_speedup=c.expects_speedup,
         search_note=c.search_note,
+        confidence=c.confidence,
+        validations=[
+            doc.PlacementValidationReport(
+                candidate=v.candidate,
+                samples=list(v.samples),
+                sqnr_db=_finite(v.sqnr_db),
+                bound_db=_finite(v.bound_db),
+                meets_target=v.meets_target,
+            )
+            for v in c.validations
+        ],
         candidates=[
             doc.PlacementCandidate(
                 name=k.name,

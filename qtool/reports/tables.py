@@ -278,6 +278,13 @@ def _render_choice(console: Console, c: PlacementChoice, comparison: ComparisonR
             "" if speedup is None else f"{speedup:.2f}x",
         )
     console.print(table)
+    for v in c.validations:
+        verdict = "reaches" if v.meets_target else "[yellow]misses[/yellow]"
+        console.print(
+            f"validated: '{v.candidate}' {v.sqnr_db:.2f} dB ({c.confidence:.0%} bound {v.bound_db:.2f} dB) on "
+            f"{len(v.samples)} samples the choice never scored: {verdict} {c.target_sqnr_db:g} dB",
+            highlight=False,
+        )
     if c.search_note:
         console.print(f"[yellow]note[/yellow] {c.search_note}", highlight=False)
     if not c.expects_speedup:

@@ -12,11 +12,13 @@ from rich.table import Table
 
 from qtool._version import __version__
 from qtool.graph.model_io import atomic_writer
+from qtool.quantization.tune.candidates import Validation
 from qtool.quantization.tune.loop import Trial, pareto
+from qtool.quantization.tune.space import DESCRIPTIONS
 from qtool.results import TuneResult
 from qtool.schemas import tune as doc
 
-TUNE_SCHEMA_VERSION = 3  # 2: sensitivity.cached and sensitivity.cache_file; 3: sensitivity.samples
+TUNE_SCHEMA_VERSION = 4  # 2: sensitivity.cached/cache_file; 3: sensitivity.samples; 4: selection and validation
 
 
 def _counts(trial: Trial) -> str:
@@ -28,19 +30,20 @@ def _finite(value: float | None) -> float | None:
 
 
 def render_tune(console: Console, result: TuneResult) -> None:
-    """Every verified candidate, the Pareto front marked, then the choice and what to run to reproduce it."""
+    """Every verified candidate, the Pareto front marked, then the validation, the promise and the files."""
     front = {id(t) for t in pareto(result.trials)}
     table = Table(
         title=f"qtool tune {result.source.path}: {result.goal}, objective {result.objective}", title_justify="left"
     )
     metric = any(t.metric is not None for t in result.trials)
     timed = any(t.latency_ratio is not None for t in result.trials)
-    columns = ["#", "predicted dB", "size KiB", "compression", "SQNR dB"]
-    columns += ["metric"] if metric else []
+    bound = f"{result.confidence:.0%} bound"
+    columns = ["#", "predicted dB", "size KiB", "compression", "selection dB", f"{bound} dB"]
+    columns += ["metric", f"metric {bound}"] if metric else []
     columns += ["latency (99 %)"] if timed else []
-    columns += ["precisions", "verdict"]
+    columns += ["precisions (nodes)", "verdict"]
     for column in columns:
-        table.add_column(column, justify="left" if column in ("precisions", "verdict") else "right")
+        table.add_column(column, justify="left" if column in ("precisions (nodes)", "verdict") else "right")
     for index, t in enumerate(result.trials, start=1):
         verdict = ("meets" if t.meets else t.note) + (", Pareto" if id(t) in front else "")
         verdict = f"[bold]chosen[/bold], {verdict}" if t is result.chosen else verdict
@@ -50,13 +53,31 @@ def render_tune(console: Console, result: TuneResult) -> None:
             f"{t.size_bytes / 1024:.1f}",
             f"{t.compression:.2f}x",
             f"{t.sqnr_db:.2f}",
+            f"{t.bound_db:.2f}",
         ]
-        row += [f"{t.metric:.4g}" if t.metric is not None else "-"] if metric else []
+        row += [_number(t.metric), _number(t.metric_bound)] if metric else []
         if timed:
             interval = f" ({t.latency_interval[0]:.2f}-{t.latency_interval[1]:.2f})" if t.latency_interval else ""
             row += [f"{t.latency_ratio:.2f}x{interval}" if t.latency_ratio is not None else "-"]
         table.add_row(*row, _counts(t), verdict)
     console.print(table)
+    used = sorted({option for t in result.trials for option in t.allocation.values()})
+    console.print(
+        "precisions: " + "; ".join(f"{option} = {DESCRIPTIONS.get(option, option)}" for option in used),
+        highlight=False,
+    )
+    _print_measurement(console, result)
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False)
+    console.print(f"wrote {result.output.path} and {result.config_out}", highlight=False)
+
+
+def _number(value: float | None) -> str:
+    return f"{value:.4g}" if value is not None else "-"
+
+
+def _print_measurement(console: Console, result: TuneResult) -> None:
+    """The sensitivity, which samples did what, each validation round, the written model and the promise."""
     s = result.sensitivity
     if s.cached:
         source = f"read from the tune cache ({s.cache_file}), measured earlier: {s.builds} single-node builds"
@@ -67,18 +88,101 @@ def render_tune(console: Console, result: TuneResult) -> None:
             + ("" if s.complete else " (cut short by the time budget)"),
             highlight=False,
         )
-    status = "meets" if result.met else "does NOT meet"
-    written = result.written
-    scored = f", metric {written.metric:.4g}" if written.metric is not None else ""
+    validation = result.validation
     console.print(
-        f"written: {written.compression:.2f}x smaller, {written.sqnr_db:.2f} dB{scored}, {status} {result.goal}; "
-        f"{len(result.trials)} candidates verified in {result.seconds:.1f} s"
-        + (" (the time budget ran out: best so far)" if result.out_of_time else ""),
+        f"samples: EVAL split in two: {len(result.selection_samples)} select ({_files(result.selection_samples)}), "
+        f"{len(validation.samples)} validate ({_files(validation.samples)}); each node measured on "
+        f"{len(s.samples)} of the selection samples",
         highlight=False,
     )
-    for note in result.notes:
-        console.print(f"note: {note}", highlight=False)
-    console.print(f"wrote {result.output.path} and {result.config_out}", highlight=False)
+    for number, round_ in enumerate(result.rounds, start=1):
+        v = round_.validation
+        console.print(
+            f"validation {number}: candidate #{round_.trial + 1} (chosen with a margin of {round_.margin:.2f}): "
+            f"{_figures(v.sqnr_db, v.bound_db, v.metric, v.metric_bound, result.validation_confidence)}: "
+            + ("meets" if v.meets else "misses"),
+            highlight=False,
+        )
+    w, v = result.written, validation
+    status = "meets" if result.met else "does NOT meet"
+    console.print(
+        f"written: {w.compression:.2f}x smaller; on the selection samples "
+        f"{_figures(w.sqnr_db, w.bound_db, w.metric, w.metric_bound, result.confidence)}; "
+        f"validated {_figures(v.sqnr_db, v.bound_db, v.metric, v.metric_bound, result.validation_confidence)} "
+        f"on {len(v.samples)} samples it never selected on: {status} {result.goal}",
+        highlight=False,
+    )
+    how = ""
+    if result.out_of_time:
+        how = " (the time budget ran out: best so far)"
+    elif result.stalled:
+        how = " (the refinement stopped once its last candidates no longer made the model smaller)"
+    console.print(
+        f"{len(result.trials)} candidates verified in {result.seconds:.1f} s of a {result.time_budget:g} s budget"
+        + how,
+        highlight=False,
+    )
+    if result.met:
+        console.print(f"promise: {promise(result)}", highlight=False)
+
+
+def _files(names: list[str]) -> str:
+    shown = ", ".join(names[:3])
+    return shown + (f", ... {names[-1]}" if len(names) > 3 else "")
+
+
+def _figures(sqnr: float, bound: float, metric: float | None, metric_bound: float | None, confidence: float) -> str:
+    level = f"{confidence:.1%}".replace(".0%", "%")
+    if metric is not None:
+        return f"metric {metric:.4g} ({level} bound {_number(metric_bound)})"
+    return f"{sqnr:.2f} dB ({level} bound {bound:.2f} dB)"
+
+
+def promise_db(result: TuneResult) -> float | None:
+    """The SQNR the written model promises on new samples: the target it met (else the validated bound)."""
+    v = result.validation
+    if v.metric is not None:
+        return None
+    target = result.target_sqnr_db
+    return min(target, v.bound_db) if target is not None and result.met else v.bound_db
+
+
+def promise(result: TuneResult) -> str:
+    """What the written model promises on new samples: the goal it met, judged on the validated bound."""
+    v = result.validation
+    figure = f"{result.goal}" if result.met else f"SQNR >= {v.bound_db:.2f} dB"
+    if v.metric is not None and not result.met:
+        figure = f"metric {_number(v.metric_bound)}"
+    choices = max(1, round((1 - result.confidence) / max(1e-12, 1 - result.validation_confidence)))
+    each = f"{result.validation_confidence:.1%}".replace(".0%", "%")
+    bound = _figures(v.sqnr_db, v.bound_db, v.metric, v.metric_bound, result.validation_confidence)
+    return (
+        f"{figure} on a new set of {len(v.samples)} samples like EVAL's, with {result.confidence:.0%} confidence: "
+        f"validated {bound} on samples it never selected on ({each} for each of the up to {choices} choices "
+        f"validated keeps {result.confidence:.0%} for them all)"
+    )
+
+
+def missed_line(result: TuneResult) -> str:
+    """Why the run ends with exit 1, in one line: the best reachable figure and what it costs."""
+    v, written = result.validation, result.written
+    figure = _figures(v.sqnr_db, v.bound_db, v.metric, v.metric_bound, result.validation_confidence)
+    if not result.reachable and not result.out_of_time:
+        reach = f"{v.bound_db:.1f} dB" if v.metric is None else f"{_number(v.metric_bound)}"
+        return (
+            f"no quantized model reaches {result.goal}: the most accurate one tried validates at {figure}, "
+            f"{written.compression:.2f}x smaller (written); a target up to {reach} is reachable"
+        )
+    if not result.reachable:
+        return (
+            f"the time budget ran out before any model met {result.goal}: the most accurate so far validates at "
+            f"{figure}, {written.compression:.2f}x smaller (written); give a larger --time-budget"
+        )
+    return (
+        f"the written model validates at {figure} on {len(v.samples)} samples it never selected on: it does not "
+        f"meet {result.goal} after {len(result.rounds)} choices (selection margin up to {result.margin:.2f}); "
+        "give more EVAL samples or a lower target"
+    )
 
 
 def _trial(t: Trial, chosen: bool, front: bool) -> doc.TuneTrial:
@@ -86,7 +190,9 @@ def _trial(t: Trial, chosen: bool, front: bool) -> doc.TuneTrial:
         size_bytes=t.size_bytes,
         compression_ratio=t.compression,
         sqnr_db=_finite(t.sqnr_db),
+        bound_db=_finite(t.bound_db),
         metric=t.metric,
+        metric_bound=t.metric_bound,
         latency_ratio=t.latency_ratio,
         latency_ratio_interval=list(t.latency_interval) if t.latency_interval else None,
         predicted_sqnr_db=_finite(t.predicted_db),
@@ -96,6 +202,17 @@ def _trial(t: Trial, chosen: bool, front: bool) -> doc.TuneTrial:
         pareto=front,
         precisions=t.counts(),
         allocation=dict(sorted(t.allocation.items())),
+    )
+
+
+def _validation(v: Validation) -> doc.TuneValidation:
+    return doc.TuneValidation(
+        samples=list(v.samples),
+        sqnr_db=_finite(v.sqnr_db),
+        bound_db=_finite(v.bound_db),
+        metric=v.metric,
+        metric_bound=v.metric_bound,
+        meets=v.meets,
     )
 
 
@@ -113,8 +230,21 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
         goal=result.goal,
         objective=result.objective,
         met=result.met,
+        reachable=result.reachable,
+        promise=promise(result) if result.met else None,
+        promise_db=promise_db(result) if result.met else None,
+        confidence=result.confidence,
+        validation_confidence=result.validation_confidence,
+        margin=result.margin,
         out_of_time=result.out_of_time,
+        stalled=result.stalled,
         seconds=result.seconds,
+        time_budget=result.time_budget,
+        samples=doc.TuneSamples(
+            selection=list(result.selection_samples),
+            validation=list(result.validation.samples),
+            sensitivity=list(s.samples),
+        ),
         sensitivity=doc.TuneSensitivity(
             nodes=result.nodes,
             builds=s.builds,
@@ -127,6 +257,10 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
             measured={node: options for node, options in sorted(s.measured.items())},
         ),
         written=_trial(result.written, True, False),
+        validation=_validation(result.validation),
+        rounds=[
+            doc.TuneRound(trial=r.trial, margin=r.margin, validation=_validation(r.validation)) for r in result.rounds
+        ],
         trials=[_trial(t, t is result.chosen, id(t) in front) for t in result.trials],
         notes=list(result.notes),
     )

@@ -211,7 +211,9 @@ class AccuracySection(_Strict):
         description="at most this many nodes moved by the sensitivity search (float activations; entirely float "
         "when even storage-only misses the target)",
     )
-    samples: Positive | None = Field(None, description="samples scored per candidate, spread evenly over the data")
+    samples: Positive | None = Field(
+        None, description="samples scored per candidate, and as many others that validate the choice"
+    )
     search_seconds: PositiveSeconds | None = Field(None, description="the search stops trying nodes after this long")
     latency_runs: NonNegative | None = Field(
         None,

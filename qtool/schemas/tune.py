@@ -26,18 +26,20 @@ class TuneSensitivity(_Report):
     complete: bool  # false: the time budget cut the measurement short
     cached: bool  # true: read from cache_file (an earlier run's measurement), not measured in this run
     cache_file: str | None  # the tune cache file read or written; null: none (--no-cache, or not complete)
-    samples: list[str]  # the evaluation sample files each node was measured on (--sensitivity-samples of EVAL)
+    samples: list[str]  # the sample files each node was measured on (--sensitivity-samples of the selection half)
     noise_to_signal: dict[str, dict[str, float | None]]
     measured: dict[str, list[str]]  # node -> options measured (the rest derived)
 
 
 class TuneTrial(_Report):
-    """One allocation built and verified on the evaluation samples."""
+    """One allocation built and verified on the selection samples."""
 
     size_bytes: int
     compression_ratio: float
-    sqnr_db: float | None  # worst output; null: exact
-    metric: float | None
+    sqnr_db: float | None  # worst output, the selection samples pooled; null: exact
+    bound_db: float | None  # its lower confidence bound (what the target is judged on); null: exact
+    metric: float | None  # the --metric's mean on the selection samples
+    metric_bound: float | None  # its confidence bound, on the worse side
     latency_ratio: float | None
     latency_ratio_interval: list[float] | None
     predicted_sqnr_db: float | None
@@ -47,6 +49,33 @@ class TuneTrial(_Report):
     pareto: bool
     precisions: dict[str, int]  # option -> node count
     allocation: dict[str, str]  # node -> option
+
+
+class TuneValidation(_Report):
+    """A model scored on the validation samples, which no choice saw."""
+
+    samples: list[str]
+    sqnr_db: float | None
+    bound_db: float | None  # the lower confidence bound: the promise
+    metric: float | None
+    metric_bound: float | None
+    meets: bool
+
+
+class TuneRound(_Report):
+    """One choice validated: a miss raises the selection margin by its shortfall."""
+
+    trial: int  # index into trials
+    margin: float  # the margin (dB, or metric units) the choice was made with
+    validation: TuneValidation
+
+
+class TuneSamples(_Report):
+    """Which EVAL files did what: no file both selects and validates."""
+
+    selection: list[str]
+    validation: list[str]
+    sensitivity: list[str]  # the selection files each node was measured on
 
 
 class TuneReport(_Report):
@@ -59,10 +88,21 @@ class TuneReport(_Report):
     config_out: str
     goal: str
     objective: str
-    met: bool
+    met: bool  # the written model's validated bound reaches the goal
+    reachable: bool  # some quantized candidate met the goal on the selection samples
+    promise: str | None  # what the written model promises on new samples (when met)
+    promise_db: float | None  # the SQNR it promises there: the target (null: not met, or a metric goal)
+    confidence: float  # of the selection bounds, and of the promise for all validated choices together
+    validation_confidence: float  # of each validated choice's bound (confidence corrected for the choices)
+    margin: float  # the selection margin of the last choice
     out_of_time: bool
+    stalled: bool  # the refinement stopped when its candidates no longer made the model smaller
     seconds: float
+    time_budget: float
+    samples: TuneSamples
     sensitivity: TuneSensitivity
-    written: TuneTrial  # the model written to -o, built from --config-out and measured on EVAL
+    written: TuneTrial  # the model written to -o, built from --config-out, on the selection samples
+    validation: TuneValidation  # the written model on the validation samples
+    rounds: list[TuneRound]
     trials: list[TuneTrial]
     notes: list[str]

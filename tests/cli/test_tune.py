@@ -44,7 +44,15 @@ def test_tune_meets_the_target_smaller_than_int8_and_the_config_reproduces_it(na
     assert r.exit_code == 0, r.stdout + r.stderr
     doc = json.loads((tmp_path / "t.json").read_text())
     chosen = next(t for t in doc["trials"] if t["chosen"])
-    assert doc["met"] and chosen["meets"] and chosen["sqnr_db"] >= 30 and chosen["pareto"]
+    assert doc["met"] and chosen["meets"] and chosen["bound_db"] >= 30 and chosen["pareto"]
+    # the promise: the written model's bound on the validation half, which chose nothing
+    validation = doc["validation"]
+    assert validation["meets"] and validation["bound_db"] >= 30 and doc["promise_db"] == 30
+    assert doc["promise"].startswith("SQNR >= 30 dB") and f"bound {validation['bound_db']:.2f} dB" in doc["promise"]
+    samples = doc["samples"]
+    assert not set(samples["selection"]) & set(samples["validation"])
+    assert sorted(samples["selection"] + samples["validation"]) == sorted(p.name for p in eval_dir(name).iterdir())
+    assert set(samples["sensitivity"]) <= set(samples["selection"]) and validation["samples"] == samples["validation"]
     # what was written measures what its candidate measured (GPTQ codes do not depend on the other nodes)
     assert doc["written"]["sqnr_db"] == pytest.approx(chosen["sqnr_db"], abs=1e-6)
     assert doc["written"]["size_bytes"] == pytest.approx(chosen["size_bytes"], rel=0.01)
@@ -53,9 +61,14 @@ def test_tune_meets_the_target_smaller_than_int8_and_the_config_reproduces_it(na
         chosen["compression_ratio"] >= 3.5
         and chosen["precisions"].get("w4", 0) + chosen["precisions"].get("w4g", 0) >= 1
     )
-    # the written model is the chosen one: an independent comparison on the evaluation samples agrees
-    result = qtool.compare(sample(name), tmp_path / "out.onnx", eval_dir(name), options=EvaluationOptions(runs=0))
-    assert result.overall.sqnr_db >= 30 and result.compression_ratio >= 3.5
+    # the written model is the chosen one: an independent comparison on the validation samples agrees
+    validation_dir = tmp_path / "validation"
+    validation_dir.mkdir()
+    for file in samples["validation"]:
+        (validation_dir / file).symlink_to(eval_dir(name) / file)
+    result = qtool.compare(sample(name), tmp_path / "out.onnx", validation_dir, options=EvaluationOptions(runs=0))
+    assert result.overall.sqnr_db == pytest.approx(validation["sqnr_db"], abs=1e-4)  # sums in another order
+    assert result.compression_ratio >= 3.5
     # the config reproduces it byte for byte through quantize
     chosen_yaml = yaml.safe_load((tmp_path / "chosen.yaml").read_text())
     assert chosen_yaml["accuracy"]["target_sqnr_db"] is None and chosen_yaml["node_name"]
@@ -124,7 +137,11 @@ def test_labels_reach_the_metric(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.stderr
     import labelled_task
 
-    assert labelled_task.calls[: len(files)] == [i % 10 for i in range(len(files))]
+    # the selection half first, each sample with its own label (by its place in EVAL's sorted files)
+    samples = json.loads(r.stdout)["samples"]
+    position = {path.name: i for i, path in enumerate(files)}
+    assert labelled_task.calls[: len(samples["selection"])] == [position[f] % 10 for f in samples["selection"]]
+    assert labelled_task.calls[-len(samples["validation"]) :] == [position[f] % 10 for f in samples["validation"]]
     short = tmp_path / "short.txt"
     short.write_text("1\n2\n")
     r = invoke(*args, "--labels", short)
@@ -248,9 +265,11 @@ def test_nodes_are_measured_on_eval_samples_and_their_bytes_key_the_cache(tmp_pa
     assert r.exit_code == 0, r.stderr
     measured = json.loads((first / "t.json").read_text())["sensitivity"]
     held_out = sorted(p.name for p in eval_dir("mlp").glob("*.npy"))
-    # eight EVAL samples (the default), spread over the set: the middle one of each eighth
-    assert measured["samples"] == [held_out[(2 * i + 1) * len(held_out) // 16] for i in range(8)]
-    # one of those samples changed (same CALIB): measured anew, and the numbers follow the new sample
+    # eight samples (the default) of the selection half, spread over it: the middle one of each eighth
+    selection = json.loads((first / "t.json").read_text())["samples"]["selection"]
+    assert measured["samples"] == [selection[(2 * i + 1) * len(selection) // 16] for i in range(8)]
+    # one of those samples changed (same CALIB): measured anew, and the numbers follow the new sample (the
+    # halves are matched on the float outputs' energy, so they may regroup around the louder sample)
     data = tmp_path / "eval"
     data.mkdir()
     for name in held_out:
@@ -264,6 +283,67 @@ def test_nodes_are_measured_on_eval_samples_and_their_bytes_key_the_cache(tmp_pa
     r = invoke(*args)
     assert r.exit_code == 0, r.stderr
     again = json.loads((second / "t.json").read_text())["sensitivity"]
-    assert not again["cached"] and again["samples"] == measured["samples"]
-    assert again["noise_to_signal"] != measured["noise_to_signal"]
+    assert not again["cached"] and again["noise_to_signal"] != measured["noise_to_signal"]
     assert len(list(_own_tune_cache.rglob("sensitivity-*.json"))) == 2
+
+
+def test_an_unreachable_target_ends_with_exit_1_and_the_best_reachable_figure(tmp_path):
+    r = invoke(*tune_args("mlp", tmp_path, "--target-sqnr", "150", "--json", tmp_path / "t.json"))
+    assert r.exit_code == 1, r.stderr
+    error = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "no quantized model reaches SQNR >= 150 dB" in error[0], r.stderr
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert not doc["met"] and not doc["reachable"] and doc["promise"] is None
+    # what it names is what was written: quantized (not the float model), the most accurate tried
+    written = doc["written"]
+    assert any(option != "float" for option in written["allocation"].values())
+    assert f"{written['compression_ratio']:.2f}x smaller" in error[0]
+    assert f"up to {doc['validation']['bound_db']:.1f} dB is reachable" in error[0]
+    # every float-only candidate is marked as such, never as meeting the target
+    floats = [t for t in doc["trials"] if set(t["allocation"].values()) == {"float"}]
+    assert all(not t["meets"] and t["note"] == "nothing quantized" for t in floats)
+
+
+def test_confidence_must_be_a_probability(tmp_path):
+    r = invoke(*tune_args("mlp", tmp_path, "--target-sqnr", "30", "--confidence", "1.5"))
+    assert r.exit_code == 2 and "--confidence 1.5 must be at least 0.5 and below 1" in r.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_eval_folder_of_one_sample_cannot_be_split(tmp_path):
+    one = tmp_path / "one"
+    one.mkdir()
+    first = sorted(eval_dir("mlp").iterdir())[0]
+    (one / first.name).symlink_to(first)
+    args = tune_args("mlp", tmp_path, "--target-sqnr", "30")
+    args[args.index(eval_dir("mlp"))] = one
+    r = invoke(*args)
+    assert r.exit_code == 2 and "holds 1 sample: tune selects on half of EVAL" in r.stderr
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_log_gets_plain_progress_lines_for_every_phase(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    args = [str(a) for a in tune_args("transformer", tmp_path, "--target-sqnr", "30", "--no-cache")]
+    env = {**os.environ, "QTOOL_PROGRESS_SECONDS": "0"}  # every step (a log's default is a line per 10 s)
+    done = subprocess.run([sys.executable, "-m", "qtool", *args], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("progress: ")]
+    phases = {line.split()[1] for line in lines}
+    assert {"calibrating", "sensitivity", "candidates"} <= phases, done.stderr
+    assert any(line.startswith("progress: candidates") and " done (" in line for line in lines)
+    assert "\x1b[" not in done.stderr and "━" not in done.stderr  # plain text: no bars, no colours
+
+
+@pytest.mark.slow
+def test_the_time_budget_covers_the_final_build(tmp_path):
+    budget = 6.0
+    args = tune_args("encoder", tmp_path, "--target-sqnr", "30", "--time-budget", str(budget), "--no-cache")
+    r = invoke(*args, "--json", tmp_path / "t.json")
+    assert r.exit_code in (0, 1), r.stderr
+    doc = json.loads((tmp_path / "t.json").read_text())
+    # the search stopped early enough for the written model to be built and scored within the budget
+    assert doc["seconds"] <= budget * 1.15 and (tmp_path / "out.onnx").exists()

@@ -105,8 +105,16 @@ def test_choice_reports_the_spread_samples_and_its_accuracy_next_to_the_comparis
     assert r.exit_code == 0, r.stderr
     report = json.loads((tmp_path / "r.json").read_text())["placement_choice"]
     files = sorted(p.name for p in calib_dir("cnn").glob("*.npy"))
-    # 8 samples spread over all 64, not the first 8
-    assert report["samples"] == [files[(2 * i + 1) * len(files) // 16] for i in range(8)]
+    # 16 samples spread over all 64, not the first 16: 8 choose, the other 8 validate the choice
+    spread = [files[(2 * i + 1) * len(files) // 32] for i in range(16)]
+    validations = report["validations"]
+    assert len(report["samples"]) == 8 and validations and all(len(v["samples"]) == 8 for v in validations)
+    assert sorted(report["samples"] + validations[0]["samples"]) == spread
+    assert not set(report["samples"]) & set(validations[0]["samples"])
+    kept = validations[-1]
+    assert kept["candidate"] == report["chosen"]
+    assert kept["meets_target"] == (kept["bound_db"] >= report["target_sqnr_db"])
+    assert "samples the choice never scored" in r.stdout
     assert report["threads"] == 1 and report["fp32_ms"] > 0
     chosen = [c for c in report["candidates"] if c["chosen"]]
     assert len(chosen) == 1 and chosen[0]["name"] == report["chosen"] and chosen[0]["latency_ms"] > 0

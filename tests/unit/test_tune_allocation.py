@@ -235,3 +235,32 @@ def test_a_restart_from_one_node_made_more_accurate_finds_what_the_descent_could
     restarted = run(upgrades=lambda a: costlier_moves(a, options, costs, sens), restart_trials=5)
     assert restarted.allocation == {"a": "fp16", "b": "w4", "c": "w4"} and restarted.size_bytes == 70
     assert len(set(verified[before:])) == len(verified[before:])  # nothing verified twice
+
+
+def test_the_margin_rises_by_the_shortfall_then_bisects_between_a_miss_and_a_pass():
+    from qtool.quantization.tune.loop import Margins
+
+    margins = Margins(step=0.25, resolution=0.5)
+    assert margins.margin == 0.0
+    margins.update(False, 8.0)  # the first choice missed by 8 dB on the validation samples
+    assert margins.margin == pytest.approx(8.25)
+    margins.update(True, 0.0)  # that one passed: try halfway, a smaller model may pass too
+    assert margins.margin == pytest.approx(4.125)
+    margins.update(False, 1.0)
+    assert margins.margin == pytest.approx((4.125 + 8.25) / 2)
+    rounds = 0
+    while margins.margin is not None:  # every choice from here passes: halving down toward the miss
+        margins.update(True, 0.0)
+        rounds += 1
+    assert margins.passed is not None and margins.missed == pytest.approx(4.125)
+    assert margins.passed - margins.missed < 0.5 and rounds == 4  # close enough: stop
+    # the first choice passed: nothing smaller to look for
+    first = Margins(step=0.25, resolution=0.5)
+    first.update(True, 0.0)
+    assert first.margin is None
+    # a metric goal: no bisection, the shortfall alone (in the metric's units)
+    metric = Margins(step=0.25, resolution=0.5)
+    metric.update(False, 0.02, bisect=False)
+    assert metric.margin == pytest.approx(0.02)
+    metric.update(True, 0.0, bisect=False)
+    assert metric.margin is None

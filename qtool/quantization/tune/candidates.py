@@ -1,22 +1,27 @@
 """Scoring the models ``tune`` builds: SQNR (or the user's metric), size and, when it matters, latency.
 
-The float model's outputs are computed once per sample set and reused by every candidate (see
-:class:`qtool.evaluation.scoring.OutputScorer`); the float session used for timing is created once.
+Candidates are selected on one part of the evaluation samples and the chosen one is validated on
+the other part, which no choice ever saw (see :mod:`qtool.quantization.tune.split`). Both judge the
+lower confidence bound of the figure, not the figure itself. The float model's outputs are computed
+once per sample set and reused by every candidate (see :class:`qtool.evaluation.scoring.OutputScorer`);
+the float session used for timing is created once.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
+from qtool.evaluation.confidence import CONFIDENCE, mean_bound
 from qtool.evaluation.metrics import LatencyRun, measure_latency
-from qtool.evaluation.scoring import OutputScorer
+from qtool.evaluation.scoring import OutputScorer, signal_means
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
 from qtool.quantization.tune.loop import Trial
@@ -27,7 +32,12 @@ from qtool.quantization.tune.space import BLOCK_SIZE
 
 @dataclass(frozen=True)
 class Goal:
-    """What a model must reach: an SQNR floor, or the user's metric, and optionally a latency bound."""
+    """What a model must reach: an SQNR floor, or the user's metric, and optionally a latency bound.
+
+    Accuracy is judged on the lower confidence bound of the figure (see
+    :mod:`qtool.evaluation.confidence`), plus ``margin_db`` while selecting: the margin the
+    validation taught (an SQNR goal only; a metric's bound already carries its spread).
+    """
 
     target_sqnr_db: float | None = None
     metric: MetricFunction | None = None
@@ -36,6 +46,8 @@ class Goal:
     lower_is_better: bool = False
     labels: Sequence[Any] | None = None
     max_latency_ratio: float | None = None
+    confidence: float = CONFIDENCE
+    margin_db: float = 0.0
 
     def describe(self) -> str:
         if self.metric is not None:
@@ -43,27 +55,62 @@ class Goal:
         latency = f", latency <= {self.max_latency_ratio:g}x fp32" if self.max_latency_ratio else ""
         return f"SQNR >= {self.target_sqnr_db:g} dB{latency}"
 
-    def accuracy_met(self, sqnr: float, metric: float | None) -> bool:
+    def accuracy_met(self, bound_db: float, metric_bound: float | None, *, margin: bool = True) -> bool:
+        """Whether the bounds reach the target (with the selection margin unless ``margin`` is False)."""
         if self.metric is not None:
-            assert self.target_metric is not None and metric is not None
-            return metric <= self.target_metric if self.lower_is_better else metric >= self.target_metric
+            assert self.target_metric is not None and metric_bound is not None
+            if self.lower_is_better:
+                return metric_bound <= self.target_metric
+            return metric_bound >= self.target_metric
         assert self.target_sqnr_db is not None
-        return sqnr >= self.target_sqnr_db
+        return bound_db >= self.target_sqnr_db + (self.margin_db if margin else 0.0)
+
+    def shortfall(self, bound_db: float, metric_bound: float | None) -> float:
+        """How far a bound falls short of the target, in the goal's units (0 when it reaches it)."""
+        if self.metric is not None:
+            assert self.target_metric is not None and metric_bound is not None
+            short = metric_bound - self.target_metric if self.lower_is_better else self.target_metric - metric_bound
+        else:
+            assert self.target_sqnr_db is not None
+            short = self.target_sqnr_db - bound_db
+        return max(0.0, short) if math.isfinite(short) else 0.0
 
     def slack_db(self, trial: Trial) -> float | None:
-        """How far above (+) or below (-) the SQNR target a trial is; None for a metric goal."""
+        """How far a trial's bound is above (+) or below (-) the SQNR target and margin; None for a metric goal."""
         if self.metric is not None or self.target_sqnr_db is None:
             return None
-        return trial.sqnr_db - self.target_sqnr_db
+        return trial.bound_db - self.target_sqnr_db - self.margin_db
+
+
+@dataclass(frozen=True)
+class Validation:
+    """A model scored on the validation samples: none of them chose it."""
+
+    samples: list[str]  # the sample files
+    sqnr_db: float  # worst output, all the validation samples pooled
+    bound_db: float  # its lower confidence bound (per-sample spread)
+    metric: float | None = None
+    metric_bound: float | None = None
+    meets: bool = False  # the bound reaches the target (no margin: this is the promise)
+
+
+@dataclass(frozen=True)
+class ValidationRound:
+    """One choice validated: which trial, under which selection margin, and what the validation said."""
+
+    trial: int  # position in the trials
+    margin: float  # the selection margin the choice was made with (goal units)
+    validation: Validation
 
 
 class Candidates:
-    """Measures candidate models against the float model."""
+    """Measures candidate models against the float model: selection on one set, validation on another."""
 
     def __init__(
         self,
         reference: onnx.ModelProto,
-        evaluation: OutputScorer,
+        selection: OutputScorer,
+        validation: OutputScorer,
         weights: Weights,
         source_bytes: int,
         goal: Goal,
@@ -71,13 +118,21 @@ class Candidates:
         timed: bool,
         latency_runs: int,
         threads: int | None,
+        labels: tuple[Sequence[Any] | None, Sequence[Any] | None] = (None, None),
+        validations: int = 1,
     ) -> None:
-        self.evaluation = evaluation
+        self.selection = selection
+        self.validation = validation
         self.weights = weights
         self.source_bytes = source_bytes
         self.goal = goal
         self.threads = threads
         self.latency_runs = latency_runs
+        self.labels = labels  # per sample of the selection and of the validation set
+        # up to ``validations`` choices are validated: each bound at a confidence that holds for them all (Bonferroni)
+        self.validation_confidence = 1.0 - (1.0 - goal.confidence) / max(1, validations)
+        self.signal = signal_means([selection, validation])  # the float outputs' energy over all of EVAL
+        self.slowest = 0.0  # seconds of the slowest verification so far
         self._float: ort.InferenceSession | None = None
         if timed:
             self._float = create_session(reference, "the float model", threads=threads, weights=weights)
@@ -86,41 +141,75 @@ class Candidates:
     def timed(self) -> bool:
         return self._float is not None
 
-    def verify(self, model: onnx.ModelProto, allocation: dict[str, str], predicted: float) -> Trial:
-        """Build ``model``'s session, score it on the evaluation samples and time it when latency matters."""
-        session = create_session(model, "a tuning candidate", threads=self.threads, weights=self.weights)
+    def _accuracy(
+        self, scorer: OutputScorer, session: ort.InferenceSession, labels: Sequence[Any] | None, confidence: float
+    ) -> tuple[float, float, float | None, float | None]:
+        """(pooled SQNR, its bound, mean metric, its bound) of ``session`` on ``scorer``'s samples."""
         outputs: list[dict[str, np.ndarray]] | None = [] if self.goal.metric is not None else None
-        sqnr = self.evaluation.score_session(session, "a tuning candidate", collect=outputs).worst_db
-        metric = None
+        score = scorer.score_session(session, "a tuning candidate", collect=outputs)
+        metric = bound = None
         if self.goal.metric is not None and outputs is not None:
-            references = [self.evaluation.reference_outputs(i) for i in range(len(outputs))]
-            metric = score_metric(self.goal.metric, references, outputs, self.goal.labels, self.goal.metric_name)
+            references = [scorer.reference_outputs(i) for i in range(len(outputs))]
+            values = score_metric(self.goal.metric, references, outputs, labels, self.goal.metric_name)
+            metric = float(np.mean(values)) if values else math.nan
+            bound = mean_bound(values, confidence, lower_is_better=self.goal.lower_is_better)
+        return score.worst_db, score.worst_bound_db(confidence, self.signal), metric, bound
+
+    def verify(self, model: onnx.ModelProto, allocation: dict[str, str], predicted: float) -> Trial:
+        """Build ``model``'s session, score it on the selection samples and time it when latency matters."""
+        started = time.monotonic()
+        session = create_session(model, "a tuning candidate", threads=self.threads, weights=self.weights)
+        sqnr, bound, metric, metric_bound = self._accuracy(
+            self.selection, session, self.labels[0], self.goal.confidence
+        )
         size = self.weights.embedded_size(model)
         ratio, interval = None, None
         if self._float is not None:
-            _, feed = self.evaluation.samples[0]
+            _, feed = self.selection.samples[0]
             run = LatencyRun(self.latency_runs, warmup=2, threads=self.threads)
             latency = measure_latency(self._float, session, feed, run)
             ratio, interval = latency.ratio, latency.ratio_interval
-        note = ""
-        meets = self.goal.accuracy_met(sqnr, metric)
-        if not meets:
-            note = "accuracy below the target"
-        elif self.goal.max_latency_ratio is not None and ratio is not None:
-            low = interval[0] if interval else ratio
-            if low > self.goal.max_latency_ratio:
-                meets, note = False, f"slower than {self.goal.max_latency_ratio:g}x fp32"
-        return Trial(
+        trial = Trial(
             allocation=dict(allocation),
             predicted_db=sqnr_db(predicted),
             size_bytes=size,
             compression=self.source_bytes / size if size else math.inf,
             sqnr_db=sqnr,
+            bound_db=bound,
             metric=metric,
+            metric_bound=metric_bound,
             latency_ratio=ratio,
             latency_interval=interval,
-            meets=meets,
-            note=note,
+        )
+        self.slowest = max(self.slowest, time.monotonic() - started)
+        return self.judged(trial)
+
+    def judged(self, trial: Trial) -> Trial:
+        """``trial`` with its verdict under the current goal (and margin)."""
+        meets, note = True, ""
+        if all(option == "float" for option in trial.allocation.values()):
+            meets, note = False, "nothing quantized"
+        elif not self.goal.accuracy_met(trial.bound_db, trial.metric_bound):
+            meets, note = False, "accuracy below the target" + (" and margin" if self.goal.margin_db > 0 else "")
+        elif self.goal.max_latency_ratio is not None and trial.latency_ratio is not None:
+            low = trial.latency_interval[0] if trial.latency_interval else trial.latency_ratio
+            if low > self.goal.max_latency_ratio:
+                meets, note = False, f"slower than {self.goal.max_latency_ratio:g}x fp32"
+        return replace(trial, meets=meets, note=note)
+
+    def validate(self, model: onnx.ModelProto) -> Validation:
+        """Score ``model`` on the validation samples (the promise: its bound, no margin)."""
+        session = create_session(model, "a validated candidate", threads=self.threads, weights=self.weights)
+        sqnr, bound, metric, metric_bound = self._accuracy(
+            self.validation, session, self.labels[1], self.validation_confidence
+        )
+        return Validation(
+            samples=list(self.validation.files),
+            sqnr_db=sqnr,
+            bound_db=bound,
+            metric=metric,
+            metric_bound=metric_bound,
+            meets=self.goal.accuracy_met(bound, metric_bound, margin=False),
         )
 
 

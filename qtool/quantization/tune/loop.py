@@ -25,8 +25,10 @@ class Trial:
     predicted_db: float  # the SQNR the sum of its nodes' measured noise predicts
     size_bytes: int
     compression: float
-    sqnr_db: float  # worst output on the evaluation samples
-    metric: float | None = None  # the user's metric, when given
+    sqnr_db: float  # worst output on the selection samples, pooled
+    bound_db: float = math.nan  # its lower confidence bound (what the target is judged on)
+    metric: float | None = None  # the user's metric (mean), when given
+    metric_bound: float | None = None  # its confidence bound (the worse side)
     latency_ratio: float | None = None  # candidate / float time, when timed
     latency_interval: tuple[float, float] | None = None
     meets: bool = False  # accuracy target met (and the latency bound, when given)
@@ -46,6 +48,7 @@ class Search:
 
     trials: list[Trial] = field(default_factory=list)
     out_of_time: bool = False
+    stalled: bool = False  # the refinement stopped: its last verifications no longer paid for themselves
 
 
 def search_budgets(
@@ -99,6 +102,8 @@ def search_budgets(
 
 
 Moves = Callable[[Allocation, set[tuple[str, str]]], list[tuple[str, str]]]
+RESTARTS = 3  # upgrades tried per round, each with its own descent
+MIN_GAIN = 0.0025  # of the model's size: what the refinement's last verifications must save to go on
 
 
 def refine(
@@ -110,6 +115,8 @@ def refine(
     max_trials: int,
     upgrades: Callable[[Allocation], list[tuple[str, str]]] | None = None,
     restart_trials: int = 0,
+    stall_trials: int = 8,
+    min_gain: float = MIN_GAIN,
 ) -> Search:
     """Greedy descent from a trial that meets the target, then restarts from one node made more accurate.
 
@@ -124,12 +131,16 @@ def refine(
     starts a new descent of at most ``restart_trials`` verifications (the upgraded node may not go back),
     and the first that ends smaller replaces the best, for as long as trials and time remain. No
     allocation is verified twice.
+
+    The refinement costs what it can gain: once the last ``stall_trials`` verifications together made
+    the best model less than ``min_gain`` (a fraction of its size) smaller, it stops (``stalled``).
     """
     search = Search()
     seen: dict[tuple[tuple[str, str], ...], Trial] = {}
+    best_sizes = [start.size_bytes]  # the smallest meeting size after each verification
 
     def check(allocation: Allocation) -> Trial | None:
-        """The allocation's trial (verified once); None when trials or time have run out."""
+        """The allocation's trial (verified once); None when trials, time or gains have run out."""
         key = tuple(sorted(allocation.items()))
         if key in seen:
             return seen[key]
@@ -138,9 +149,16 @@ def refine(
         if time.monotonic() > deadline:
             search.out_of_time = True
             return None
-        seen[key] = verify(allocation)
-        search.trials.append(seen[key])
-        return seen[key]
+        if (
+            len(best_sizes) > stall_trials
+            and best_sizes[-stall_trials - 1] - best_sizes[-1] < min_gain * best_sizes[-1]
+        ):
+            search.stalled = True
+            return None
+        seen[key] = trial = verify(allocation)
+        search.trials.append(trial)
+        best_sizes.append(min(best_sizes[-1], trial.size_bytes) if trial.meets else best_sizes[-1])
+        return trial
 
     seen[tuple(sorted(start.allocation.items()))] = start
     best = _descend(start, moves, check, set(), max_trials)
@@ -158,9 +176,6 @@ def refine(
         else:
             return search
     return search
-
-
-RESTARTS = 6  # upgrades tried per round, each with its own descent
 
 
 def _descend(
@@ -208,3 +223,34 @@ def pareto(trials: list[Trial]) -> list[Trial]:
         return no_worse and (a.size_bytes < b.size_bytes or a.sqnr_db > b.sqnr_db or la < lb)
 
     return sorted((t for t in trials if not any(beats(o, t) for o in trials)), key=lambda t: t.size_bytes)
+
+
+@dataclass
+class Margins:
+    """The selection margin, moved by each validation: up by the shortfall until a choice passes, then bisected.
+
+    A margin whose choice passed bounds the search from above, one whose choice missed from below;
+    between them the margin is halved until the two are within ``resolution``. Without ``bisect``
+    (a metric goal) it stops at the first pass. ``margin`` is None once nothing is left to try.
+    """
+
+    step: float  # added to a shortfall, so the next choice is not the one that just missed
+    resolution: float
+    margin: float | None = 0.0
+    missed: float | None = None  # the largest margin whose choice missed
+    passed: float | None = None  # the smallest margin whose choice passed
+
+    def update(self, met: bool, shortfall: float, *, bisect: bool = True) -> None:
+        """Record how the choice made at ``margin`` validated, and move to the next margin to try."""
+        assert self.margin is not None  # updated only while there is a margin to try
+        if met:
+            self.passed = self.margin
+        else:
+            self.missed = self.margin
+        if self.passed is None:
+            assert self.missed is not None
+            self.margin = self.missed + shortfall + (self.step if bisect else 0.0)
+        elif self.missed is None or not bisect or self.passed - self.missed < self.resolution:
+            self.margin = None
+        else:
+            self.margin = (self.missed + self.passed) / 2

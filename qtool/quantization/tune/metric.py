@@ -73,8 +73,8 @@ def score_metric(
     candidates: Sequence[dict[str, np.ndarray]],
     labels: Sequence[Any] | None,
     spec: str,
-) -> float:
-    """The mean of ``function`` over the samples; a non-number or a failure is the user's error, named."""
+) -> list[float]:
+    """``function`` on each sample; a non-number or a failure is the user's error, named."""
     values = []
     for index, (reference, candidate) in enumerate(zip(references, candidates, strict=True)):
         arguments = (reference, candidate) if labels is None else (reference, candidate, labels[index])
@@ -85,4 +85,4 @@ def score_metric(
         if math.isnan(value):
             raise QtoolError(f"--metric {spec} returned NaN on evaluation sample {index}")
         values.append(value)
-    return float(np.mean(values)) if values else math.nan
+    return values

@@ -55,11 +55,14 @@ def measure(
     *,
     deadline: float = math.inf,
     advance: Callable[[int], None] | None = None,
+    budget: float = math.inf,
 ) -> Sensitivity:
     """Measure each node alone (``score`` builds the model with only the given nodes quantized -> SQNR dB).
 
     ``nodes`` should come largest first: when ``deadline`` (a ``time.monotonic()`` value) passes,
-    the rest are estimated from the measured ones.
+    the rest are estimated from the measured ones. ``budget``: the most noise-to-signal power any
+    allocation may have; int2 is not measured on a node whose int4 options alone exceed it (int2
+    adds more noise, so no allocation could give it to that node).
     """
     started = time.monotonic()
     result = Sensitivity()
@@ -70,16 +73,21 @@ def measure(
             result.complete = False
             break
         row: dict[str, float] = {}
+        measured = []
         for option in to_measure:
+            if advance:
+                advance(1)
+            if option.name in LOWER_THAN_INT4 and min(row.get(o, math.inf) for o in INT4) > budget:
+                row[option.name] = math.inf
+                continue
             try:
                 row[option.name] = nsr(score({node: option}))
             except QtoolError:  # the option cannot be applied to this node (its op or weight layout)
                 row[option.name] = math.inf
             result.builds += 1
-            if advance:
-                advance(1)
+            measured.append(option.name)
         result.nsr[node] = row
-        result.measured[node] = [o.name for o in to_measure]
+        result.measured[node] = measured
     worst = {
         name: max((r[name] for r in result.nsr.values() if math.isfinite(r.get(name, math.inf))), default=math.inf)
         for name in MEASURED
@@ -92,6 +100,10 @@ def measure(
         _derive(row, allowed)
     result.seconds = time.monotonic() - started
     return result
+
+
+INT4 = ("w4", "w4g")
+LOWER_THAN_INT4 = ("w2",)  # measured only where an int4 option alone fits the noise budget
 
 
 def _derive(row: dict[str, float], allowed: dict[str, Option]) -> None:

@@ -74,12 +74,26 @@ W8_BLOCKS_GPTQ = Option("w8bg", _weights("int8", "per_block", weight_only=True, 
 W4_GPTQ = Option("w4g", _weights("int4", "per_block", weight_only=True, **GPTQ))
 W2 = Option("w2", _weights("int2", "per_block", weight_only=True))
 
+# What each option's short name means, for the result table's legend.
+DESCRIPTIONS = {
+    "w2": "int2 weights, a scale per 32",
+    "w4": "int4 weights, a scale per 32",
+    "w4g": "int4 weights, a scale per 32, GPTQ rounding",
+    "w8": "int8 weights, a scale per channel",
+    "w8g": "int8 weights per channel, GPTQ rounding and bias correction",
+    "w8b": "int8 weights, a scale per 32",
+    "w8bg": "int8 weights, a scale per 32, GPTQ rounding and bias correction",
+    "w8a8": "int8 weights and activations (integer kernels)",
+    "w8a16": "int8 weights, int16 activations",
+    "fp16": "float16 weights",
+    "float": "left float",
+}
 OPTIONS = {o.name: o for o in (W2, W4, W4_GPTQ, W8, W8_GPTQ, W8_BLOCKS, W8_BLOCKS_GPTQ, W8A8, W8A16, FP16, FLOAT)}
 # Measured one node at a time; the others are derived (see qtool.quantization.tune.sensitivity).
 # int2 is measured too: with 3 levels most weights round to zero, far from the uniform noise that
 # would scale int4's error by 49 (derived so, it misled PP-OCR det's allocation: 2.54x at 30 dB,
 # against 2.89x with int2 left out).
-MEASURED = ("w2", "w4", "w4g", "w8", "w8g", "w8b", "w8bg", "w8a8")
+MEASURED = ("w4", "w4g", "w2", "w8", "w8g", "w8b", "w8bg", "w8a8")  # int2 after int4: it may be skipped
 
 
 def options_for(target: str) -> list[Option]:

@@ -126,11 +126,21 @@ class PlacementCandidate(_Report):
     chosen: bool
 
 
+class PlacementValidationReport(_Report):
+    """A placement scored on samples the choice never scored (the kept one is validated last)."""
+
+    candidate: str
+    samples: list[str]
+    sqnr_db: float | None  # worst output, pooled; null: exact
+    bound_db: float | None  # its lower confidence bound
+    meets_target: bool  # the bound reaches the target
+
+
 class PlacementChoiceReport(_Report):
-    """How quantize chose the placement: candidates scored on samples, then timed against fp32."""
+    """How quantize chose the placement: candidates scored on samples, then timed against fp32, then validated."""
 
     target_sqnr_db: float
-    samples: list[str]
+    samples: list[str]  # the samples every candidate was scored on (the selection half)
     threads: int
     fp32_ms: float | None
     timing_note: str
@@ -138,6 +148,8 @@ class PlacementChoiceReport(_Report):
     reason: str
     expects_speedup: bool
     search_note: str
+    confidence: float  # of the validation bounds
+    validations: list[PlacementValidationReport]  # empty: too few samples to hold any out
     candidates: list[PlacementCandidate]
 
 
