@@ -267,7 +267,7 @@ def load_config(path: Path | str | Mapping[str, Any] | None = None) -> QConfig:
         user = _without_default_nulls({k: v for k, v in doc.value.items() if v is not None})
         return _build(_deep_merge(merged, user), "<config mapping>")
     if path is not None:
-        path = Path(path)
+        path = resolve_config(path)
         text = read_text(path, "config file", CONFIG_MAX_BYTES)
         doc = LocatedYaml(str(path), text)
         _check_document(doc)
@@ -275,6 +275,30 @@ def load_config(path: Path | str | Mapping[str, Any] | None = None) -> QConfig:
         merged = _deep_merge(merged, user)
         source = str(path)
     return _build(merged, source)
+
+
+PACKAGED_CONFIGS = Path(__file__).parent / "configs"  # the examples installed with qtool (qtool configs lists them)
+
+
+def packaged_configs() -> dict[str, Path]:
+    """The configs installed with qtool, by name (``accurate`` for ``accurate.yaml``)."""
+    return {path.stem: path for path in sorted(PACKAGED_CONFIGS.glob("*.yaml"))}
+
+
+def resolve_config(path: Path | str) -> Path:
+    """A config file's path: the file itself when it exists, else the packaged config of that name.
+
+    ``--config accurate`` (or ``accurate.yaml``) names an installed example when no such file is
+    in the working directory; a path with a folder in it is always a path.
+    """
+    given = Path(path)
+    if given.exists() or len(given.parts) != 1:
+        return given
+    packaged = packaged_configs().get(given.stem if given.suffix in (".yaml", ".yml") else given.name)
+    if packaged is None:
+        names = ", ".join(packaged_configs())
+        raise QtoolError(f"config file not found: {given}", hint=f"or name an installed config: {names}")
+    return packaged
 
 
 def _check_target(config: QConfig) -> None:

@@ -100,6 +100,22 @@ def _pair(value: Any, what: str) -> tuple[int, int]:
     raise QtoolError(f"preprocess.{what}: expected a positive integer or [height, width], got {value!r}")
 
 
+MAX_IMAGE_PIXELS = 2**28  # 268 M pixels (16384 x 16384): past this a resized image would not fit in memory
+
+
+def _check_image_size(resize: tuple[int, int] | int | None, crop: tuple[int, int] | None) -> None:
+    """Refuse a resize or crop (the model's input size, or the config's) no memory could hold, before any image."""
+    for what, size in (("resize", resize), ("center_crop", crop)):
+        if size is None:
+            continue
+        height, width = (size, size) if isinstance(size, int) else size
+        if height * width > MAX_IMAGE_PIXELS:
+            raise QtoolError(
+                f"images would be resized to {height}x{width} ({what}), more than {MAX_IMAGE_PIXELS:,} pixels",
+                hint="check the model's input size (or --input-shapes), and preprocess.resize / center_crop",
+            )
+
+
 def build_preprocess(config: dict[str, Any] | None, shape: tuple[Any, ...], input_dtype: str) -> Preprocess:
     """Combine the configured ``preprocess:`` block with what the model's input shape implies.
 
@@ -130,6 +146,7 @@ def build_preprocess(config: dict[str, Any] | None, shape: tuple[Any, ...], inpu
     crop = _pair(config["center_crop"], "center_crop") if "center_crop" in config else None
     if resize is None and crop is None and all(isinstance(d, int) for d in spatial):
         resize = (int(spatial[0]), int(spatial[1]))  # type: ignore[arg-type]
+    _check_image_size(resize, crop)
     mean = tuple(float(v) for v in config.get("mean", [0.0]))
     std = tuple(float(v) for v in config.get("std", [1.0]))
     if any(s == 0 for s in std):

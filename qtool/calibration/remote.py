@@ -15,6 +15,7 @@ import logging
 import re
 import shutil
 import tempfile
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -32,6 +33,21 @@ INSTALL_HINT = "install the remote extra: pip install 'qtool-onnx[remote]'"
 def is_url(text: object) -> bool:
     """Whether ``text`` is a URL (scheme://...) rather than a local path."""
     return isinstance(text, str) and bool(_URL.match(text))
+
+
+LOCAL_SCHEMES = ("file", "local")  # fsspec's names for this machine's own files
+
+
+def local_path(url: str) -> Path | None:
+    """The local path a ``file://`` (or ``local://``) URL names; None for any other URL.
+
+    Such a dataset is this machine's files: outputs are checked against it like against a plain path.
+    """
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme.lower() not in LOCAL_SCHEMES:
+        return None
+    host = parsed.netloc if parsed.netloc not in ("", "localhost") else ""
+    return Path(urllib.parse.unquote(host + parsed.path) or "/")
 
 
 def _filesystem(url: str) -> tuple[Any, str]:

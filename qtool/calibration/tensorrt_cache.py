@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -26,9 +26,10 @@ DEFAULT_VERSION = "10.0.0"  # written when TensorRT is not installed and no --te
 
 def tensorrt_version_number(version: str) -> int:
     """TensorRT's version number for a ``major.minor.patch`` string (``10.3.0`` -> 100300, ``8.6.1`` -> 8601)."""
-    match = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)*", version.strip())
+    match = re.fullmatch(r"(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?(?:\.\d{1,8}){0,2}", version.strip())
     if match is None:
-        raise QtoolError(f"TensorRT version '{version}' is not major.minor[.patch]", hint="for example 10.3.0")
+        shown = version if len(version) <= 40 else version[:40] + "..."
+        raise QtoolError(f"TensorRT version '{shown}' is not major.minor[.patch]", hint="for example 10.3.0")
     major, minor, patch = int(match[1]), int(match[2]), int(match[3] or 0)
     return major * 10000 + minor * 100 + patch if major >= 10 else major * 1000 + minor * 100 + patch
 
@@ -40,6 +41,22 @@ def installed_tensorrt_version() -> str | None:
     except ImportError:
         return None
     return str(tensorrt.__version__)
+
+
+def check_cache_name(name: str) -> None:
+    """Refuse a tensor name the cache's one-line-per-tensor text cannot hold (it has no escapes)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in name) or not name.strip():
+        raise QtoolError(
+            f"tensor {name!r} has a control character (a line break, say) or no visible character in its name: "
+            "a TensorRT calibration cache holds one 'name: scale' line per tensor and cannot write it",
+            hint="rename the tensor in the model, or calibrate without --tensorrt-cache",
+        )
+
+
+def check_cache_names(names: Iterable[str]) -> None:
+    """:func:`check_cache_name` for every tensor that may be written (before any work)."""
+    for name in names:
+        check_cache_name(name)
 
 
 def scale_hex(scale: float) -> str:
@@ -57,6 +74,7 @@ def tensorrt_cache_text(observers: Mapping[str, Observer], version: str) -> str:
     for name, observer in sorted(observers.items()):
         if observer.empty or observer.axis is not None:
             continue
+        check_cache_name(name)
         lo, hi = observer.range(8, True)
         amax = float(max(abs(float(np.min(lo))), abs(float(np.max(hi)))))
         scale = amax / 127.0 if amax > 0 and np.isfinite(amax) else 1.0 / 127.0

@@ -17,7 +17,7 @@ from qtool.reports.terminal import printable
 __all__ = ["app", "main"]
 
 # --help lists the commands in the order of the pipeline, whatever order their modules load in
-_ORDER = ("calibrate", "quantize", "tune", "compare", "inspect", "merge", "observers", "schema", "doctor")
+_ORDER = ("calibrate", "quantize", "tune", "compare", "inspect", "merge", "observers", "configs", "schema", "doctor")
 app.registered_commands.sort(key=lambda c: _ORDER.index(c.callback.__name__) if c.callback else len(_ORDER))
 
 
@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> Any:
         exit_code = getattr(e, "exit_code", None)
         if not (hasattr(e, "format_message") and isinstance(exit_code, int)):
             raise
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `qtool`: the help, as --help prints it
+            sys.stdout.write(e.format_message() + "\n")
+            sys.exit(0)
         context = getattr(e, "ctx", None)
         where = f" (see '{context.command_path} --help')" if context is not None else ""
         err_console.print(

@@ -16,11 +16,26 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.text import Text
+from typer.core import TyperGroup
 
 from qtool._version import __version__
 from qtool.errors import ExitCode, QtoolError
 
+GLOBAL_FLAGS = frozenset({"--debug", "--verbose", "-v", "--quiet", "-q", "--wide"})
+
+
+class _GlobalFlagsAnywhere(TyperGroup):
+    """The global flags work after the subcommand too: ``qtool quantize m.onnx -q`` as ``qtool -q quantize ...``."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # typer's own click Context
+        end = args.index("--") if "--" in args else len(args)  # after "--" every word is an argument
+        flags = [a for a in args[:end] if a in GLOBAL_FLAGS]
+        rest = [a for a in args[:end] if a not in GLOBAL_FLAGS] + args[end:]
+        return super().parse_args(ctx, flags + rest)
+
+
 app = typer.Typer(
+    cls=_GlobalFlagsAnywhere,
     name="qtool",
     help="Quantize ONNX models: calibrate activation ranges, rewrite to int8 QDQ, compare with the float model.",
     add_completion=True,

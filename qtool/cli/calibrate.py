@@ -80,17 +80,20 @@ def calibrate(
         from qtool.api import write_stats
         from qtool.calibration.tensorrt_cache import (
             DEFAULT_VERSION,
+            check_cache_names,
             installed_tensorrt_version,
             tensorrt_cache_text,
             tensorrt_version_number,
         )
         from qtool.graph.input_shapes import parse_input_shapes
+        from qtool.graph.model_io import tensor_names
         from qtool.reports.documents import stats_summary_dict, to_json
         from qtool.reports.terminal import printable
 
         version = tensorrt_version or installed_tensorrt_version() or DEFAULT_VERSION
         if tensorrt_cache is not None:
             tensorrt_version_number(version)  # a malformed version fails before any work
+            check_cache_names(tensor_names(model))  # so does a name the cache's lines cannot hold
         with progress_bars() as progress:
             options = CalibrationOptions(
                 observer=observer,
@@ -112,11 +115,12 @@ def calibrate(
                 target=target,
                 input_shapes=parse_input_shapes(input_shapes) if input_shapes else None,
             )
+        cache_text = tensorrt_cache_text(stats.tensors, version) if tensorrt_cache is not None else None
         write_stats(stats, output)
-        if tensorrt_cache is not None:
+        if tensorrt_cache is not None and cache_text is not None:
             from qtool.graph.model_io import write_text
 
-            write_text(tensorrt_cache, tensorrt_cache_text(stats.tensors, version))
+            write_text(tensorrt_cache, cache_text)
         console = summary_console(json_out)
         if stats.skipped:
             console.print(f"[yellow]skipped[/yellow] {stats.skipped} samples holding NaN or Inf")
@@ -140,19 +144,22 @@ def merge(
     output: Annotated[
         Path, typer.Option("--output", "-o", metavar="PATH", help="Merged statistics JSON file to write.")
     ],
+    json_out: JsonOption = None,
 ) -> None:
     """Merge statistics of dataset shards (from 'qtool calibrate --shard K/N') into one file."""
 
     def action() -> None:
-
         from qtool.api import merge_stats, write_stats
+        from qtool.reports.documents import stats_summary_dict, to_json
         from qtool.reports.terminal import printable
 
         merged = merge_stats(list(stats))
         write_stats(merged, output)
-        summary_console(None).print(
+        summary_console(json_out).print(
             f"[green]wrote[/green] {printable(str(output))}: merged {len(stats)} files, "
             f"{merged.samples} samples, {len(merged.tensors)} tensors"
         )
+        if json_out:
+            write_json(json_out, to_json(stats_summary_dict(merged, str(output))))
 
-    run_command(action, {"-o": output}, tuple(stats))
+    run_command(action, {"-o": output, "--json": json_out}, tuple(stats))

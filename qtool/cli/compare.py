@@ -178,10 +178,10 @@ def compare(
         chosen = parse_providers(providers)
         if require_providers:
             require_available(chosen)
-        if trt_engine_cache is not None and "TensorrtExecutionProvider" in chosen:
-            if trt_engine_cache.exists() and not trt_engine_cache.is_dir():
-                raise QtoolError(f"--trt-engine-cache {trt_engine_cache} is not a directory")
-            trt_engine_cache.mkdir(parents=True, exist_ok=True)
+        # the folder is created with the TensorRT session (qtool.evaluation.providers): after every other check
+        using_cache = trt_engine_cache is not None and "TensorrtExecutionProvider" in chosen
+        if using_cache and trt_engine_cache is not None and trt_engine_cache.exists() and not trt_engine_cache.is_dir():
+            raise QtoolError(f"--trt-engine-cache {trt_engine_cache} is not a directory")
         if plot is not None:
             from qtool.reports.plot import require_matplotlib
 

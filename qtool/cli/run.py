@@ -107,14 +107,19 @@ def _internal_error(stopped: list[int], files: dict[str, Path | str | None], sta
 
 def _with_data_files(inputs: tuple[Path | str | None, ...]) -> list[Path]:
     """The inputs, with the external data files of the models among them."""
+    from qtool.calibration.remote import is_url, local_path
     from qtool.graph.model_io import model_files
 
     found: list[Path] = []
-    from qtool.calibration.remote import is_url
-
     for item in inputs:
-        if item is not None and str(item) != "-" and not is_url(str(item)):
-            found.extend(model_files(item))
+        if item is None or str(item) == "-":
+            continue
+        if is_url(str(item)):  # a file:// dataset is this machine's files all the same
+            local = local_path(str(item))
+            if local is not None:
+                found.extend(model_files(local))
+            continue
+        found.extend(model_files(item))
     return found
 
 

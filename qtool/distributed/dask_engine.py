@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from qtool.distributed.address import probe_scheduler
 from qtool.distributed.engine import EngineSpec, Item, Result, Work
 from qtool.errors import QtoolError
 
@@ -45,13 +46,14 @@ def dask_engine(spec: EngineSpec) -> Iterator[DaskEngine]:
     for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.worker"):
         logging.getLogger(name).setLevel(quiet)
     if spec.scheduler is not None:
+        probe_scheduler(spec.scheduler)  # its form, and a scheduler answering there, before Dask is handed it
         try:
             client = distributed.Client(spec.scheduler, timeout=CONNECT_SECONDS, set_as_default=False)
-        except (OSError, TimeoutError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever Dask raises on a bad peer: one line, no traceback
             raise QtoolError(
-                f"cannot reach the Dask scheduler at {spec.scheduler}: {e}",
+                f"cannot connect to the Dask scheduler at {spec.scheduler}: {type(e).__name__}: {e}",
                 hint="start one with 'dask scheduler' and workers with 'dask worker ADDRESS'",
-            ) from e
+            ) from None
     else:
         assert spec.workers is not None  # a spec without scheduler or workers asks for no engine
         existing = set(_cluster_instances(distributed))

@@ -27,6 +27,10 @@ class EngineSpec:
             raise QtoolError(f"--workers must be at least 1, got {self.workers}")
         if self.threads < 1:
             raise QtoolError(f"--threads must be at least 1, got {self.threads}")
+        if self.scheduler is not None:
+            from qtool.distributed.address import parse_scheduler_address
+
+            parse_scheduler_address(self.scheduler)  # its form, before any work
 
     @property
     def wanted(self) -> bool:

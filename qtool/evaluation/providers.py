@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnxruntime as ort
 
 from qtool.errors import QtoolError
@@ -80,6 +82,11 @@ def session_providers(name: str, trt_engine_cache: str | None = None) -> list[Pr
         options = (
             {"trt_engine_cache_enable": "True", "trt_engine_cache_path": trt_engine_cache} if trt_engine_cache else {}
         )
+        if trt_engine_cache:  # created only now, when a session needs it: every check has passed
+            try:
+                Path(trt_engine_cache).mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise QtoolError(f"cannot create --trt-engine-cache {trt_engine_cache}: {e.strerror or e}") from e
         first: ProviderSpec = (name, options) if options else name
         return [first, "CUDAExecutionProvider", "CPUExecutionProvider"]
     return [name, "CPUExecutionProvider"]

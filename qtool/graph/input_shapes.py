@@ -17,6 +17,9 @@ import onnx
 from qtool.errors import QtoolError
 
 _ENTRY = re.compile(r"^\s*([^:]+?)\s*:\s*(\d+(?:\s*[xX]\s*\d+)*)\s*$")
+MAX_DIM = 2**31 - 1  # onnxruntime sizes tensors with 64-bit integers, but no real input dimension comes near
+MAX_ELEMENTS = 2**30  # per input: 4 GiB of float32 for one sample, before any tensor behind it
+MAX_RANK = 16
 
 
 def parse_input_shapes(text: str) -> dict[str, tuple[int, ...]]:
@@ -36,10 +39,28 @@ def parse_input_shapes(text: str) -> dict[str, tuple[int, ...]]:
         name = match[1]
         if name in shapes:
             raise QtoolError(f"--input-shapes names input '{name}' twice")
-        shapes[name] = tuple(int(d) for d in re.split(r"\s*[xX]\s*", match[2]))
+        shapes[name] = _bounded(name, [d.lstrip("0") or "0" for d in re.split(r"\s*[xX]\s*", match[2])])
     if not shapes:
         raise QtoolError("--input-shapes is empty", hint="for example images:1x3x640x640")
     return shapes
+
+
+def _bounded(name: str, digits: list[str]) -> tuple[int, ...]:
+    """The sizes of one entry, each and together within what one sample can take (checked before any allocation)."""
+    if len(digits) > MAX_RANK:
+        raise QtoolError(f"--input-shapes: input '{name}' has {len(digits)} dimensions, more than {MAX_RANK}")
+    if any(len(d) > len(str(MAX_DIM)) or int(d) > MAX_DIM for d in digits):
+        raise QtoolError(f"--input-shapes: a size of input '{name}' is over {MAX_DIM:,}")
+    dims = tuple(int(d) for d in digits)
+    elements = 1
+    for dim in dims:
+        elements *= dim
+    if elements > MAX_ELEMENTS:
+        raise QtoolError(
+            f"--input-shapes: input '{name}' would hold {elements:,} values per sample, more than {MAX_ELEMENTS:,}",
+            hint="give the sizes the model ships with",
+        )
+    return dims
 
 
 def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], source: str) -> None:
@@ -82,4 +103,11 @@ def restore_input_dims(model: onnx.ModelProto, original: Sequence[onnx.ValueInfo
     types = {value.name: value.type for value in original}
     for value in model.graph.input:
         if value.name in types:
+            rank = len(value.type.tensor_type.shape.dim)
             value.type.CopyFrom(types[value.name])
+            tensor = value.type.tensor_type
+            if value.type.HasField("tensor_type") and not tensor.HasField("shape"):
+                # no shape at all fails onnx's checker: the rank it was quantized at, every size left unknown
+                tensor.shape.SetInParent()
+                for _ in range(rank):
+                    tensor.shape.dim.add()

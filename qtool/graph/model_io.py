@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 from onnx import external_data_helper, numpy_helper
 
 from qtool.errors import QtoolError
@@ -48,12 +48,14 @@ def load_model(path: Path | str, weights: Weights | None = None) -> onnx.ModelPr
         raise QtoolError(f"{path} is a directory, not an ONNX model file")
     if path.stat().st_size == 0:
         raise QtoolError(f"{path} is empty (0 bytes), not an ONNX model")
+    _check_not_text(path)
     try:
-        model = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError) as e:
-        raise QtoolError(f"{path} is not a valid ONNX model: {e}") from e
+        # always the binary format: onnx would otherwise pick a JSON or text parser from the file's extension
+        model = onnx.load(str(path), format="protobuf", load_external_data=False)
     except OSError as e:
         raise QtoolError(f"cannot read {path}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - whatever protobuf raises on bytes that are not a model: exit 2
+        raise QtoolError(f"{path} is not a valid ONNX model: {type(e).__name__}: {e}") from None
     # Random bytes can decode as an (almost) empty protobuf message.
     if model.ir_version <= 0 or not model.opset_import or not model.HasField("graph") or not model.graph.node:
         raise QtoolError(f"{path} is not an ONNX model (no IR version, opset or graph nodes found)")
@@ -70,6 +72,41 @@ def load_model(path: Path | str, weights: Weights | None = None) -> onnx.ModelPr
         slim.CopyFrom(model)
         return slim
     return model
+
+
+def _check_not_text(path: Path) -> None:
+    """Refuse a text file given as a model, saying what it looks like (statistics, a report, a config)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as e:
+        raise QtoolError(f"cannot read {path}: {e.strerror or e}") from e
+    try:
+        text = head.decode("utf-8").lstrip()
+    except UnicodeDecodeError:
+        return  # binary: the protobuf parser decides
+    if not text or not all(c.isprintable() or c in "\r\n\t" for c in text[:512]):
+        return
+    if text.startswith(("{", "[")):
+        kind = "qtool statistics (JSON)" if '"tensors"' in head.decode("utf-8", "replace") else "a JSON file"
+        if '"schema_version"' in text:
+            kind = "a qtool report (JSON)"
+    elif text.startswith(("ir_version", "graph", "opset_import")):
+        kind = "an ONNX model in text form (textproto)"
+    else:
+        kind = "a text file (a YAML config?)"
+    raise QtoolError(
+        f"{path} is not an ONNX model: it looks like {kind}",
+        hint="give the .onnx model file here (statistics go to --stats, configs to --config)",
+    )
+
+
+def tensor_names(path: Path | str) -> list[str]:
+    """The names of a model's graph inputs and node outputs (its weights left where they are)."""
+    model = load_model(path, Weights())
+    names = [value.name for value in model.graph.input]
+    names += [name for node in model.graph.node for name in node.output if name]
+    return names
 
 
 def _check_decoded(model: onnx.ModelProto, path: Path) -> None:
@@ -251,7 +288,7 @@ def _named_data_files(path: Path, mtime_ns: int, size: int, inode: int) -> tuple
         if f.read(1) != b"\x08":  # a serialised ModelProto starts with ir_version (field 1, varint)
             return ()
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = onnx.load(str(path), format="protobuf", load_external_data=False)
     except Exception:  # noqa: BLE001 - not a model (a damaged one): it names no data files
         return ()
     base = path.parent

@@ -12,6 +12,7 @@ from typing import Any
 from qtool._version import __version__
 from qtool.calibration.outputs import FloatOutputs
 from qtool.calibration.statistics import CalibrationStats
+from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare
 from qtool.evaluation.metrics import LatencyComparison, LatencyStats, paired_ratio
@@ -112,16 +113,50 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
         with stage("placement choice (accuracy, search, latency)"):
             evaluation = request.evaluation or QUANTIZE_EVALUATION
             config, choice = choose(builder, search_dir, request.search, evaluation, progress, data.outputs)
+    unmeasured = _unmeasured_placement(builder, config, request, search_dir)
+    if unmeasured is not None:
+        config = unmeasured[0]
     with stage("insert Q/DQ"):
         built = builder.build(config)
         builder.forget()
     _credit_passes(ws, built)
     result = _write(ws, built, request.output_path, request.output, data.stats, choice)
     result.notes += [note] if note else []
+    result.notes += [unmeasured[1]] if unmeasured is not None else []
     result.notes += preparation_notes(ws)
     if request.evaluation is not None and (request.eval_dir is not None or request.data_dir is not None):
         result.comparison = compared(result, ws, request, progress, data.outputs)
     return result
+
+
+def _unmeasured_placement(
+    builder: Builder, config: QConfig, request: QuantizeRequest, search_dir: Path | str | None
+) -> tuple[QConfig, str] | None:
+    """Without samples to measure the placement on a CPU, no integer kernel is guessed in: it may run slower.
+
+    The rules' guess puts large convolutions on integer kernels; whether they pay off depends on the
+    CPU (uint8-stored weights halve them on VNNI CPUs). With no samples to measure that, nodes the
+    rules place ``auto`` are kept storage-only (fp32 speed, the same stored bytes), and the note says
+    so and what would decide. With ``--no-search`` the rules' guess is kept, and the note says it is
+    unmeasured. None: nothing to say (measured, explicit placements only, or another target).
+    """
+    if config.target not in CPU_TARGETS or search_dir is not None:
+        return None
+    guessed = [n for n in builder.plan(config).nodes if n.placement == "integer" and n.scheme.placement == "auto"]
+    if not guessed:
+        return None
+    if request.search is None:
+        return config, (
+            f"placement by the rules' guess, not measured (--no-search): {len(guessed)} nodes run integer kernels, "
+            "which can be slower than fp32 on this CPU; give --search-data DIR to measure"
+        )
+    target = config.accuracy.target_sqnr_db
+    unchecked = f"; the accuracy target ({target:g} dB) is not checked either" if target is not None else ""
+    return replace(config, auto_placement="storage"), (
+        f"no samples to measure the placement: the {len(guessed)} nodes the rules would put on integer kernels "
+        f"are stored quantized and compute in float (fp32 speed){unchecked}; give --search-data DIR (or --data) "
+        "to measure whether integer kernels pay off here"
+    )
 
 
 def _credit_passes(ws: Workspace, built: Built) -> None:

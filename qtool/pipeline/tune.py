@@ -272,7 +272,8 @@ def _sensitivity(tuning: Tuning, selection: OutputScorer, progress: ProgressFact
     options = tuning.request.options
     cache_dir = _cache_dir(options)
     key = _cache_key(tuning) if cache_dir is not None else ""
-    sens = load_sensitivity(cache_dir, key) if cache_dir is not None else None
+    space = [o.name for o in tuning.space]
+    sens = load_sensitivity(cache_dir, key, tuning.names, space) if cache_dir is not None else None
     if sens is None:
         ws = tuning.ws
         scorer = OutputScorer(
@@ -542,7 +543,7 @@ def _write_chosen(
     write_text(request.config_out, text)
     with stage("score the written model"):
         # The written model is built by quantize's own path: score it too, so the report states what was written.
-        model = onnx.load(str(request.output_path))
+        model = onnx.load(str(request.output_path), format="protobuf")
         candidates.goal = replace(tuning.goal, margin_db=outcome.margin)
         written = candidates.verify(model, chosen.allocation, nsr(chosen.predicted_db))
         validation = candidates.validate(model)

@@ -28,8 +28,12 @@ def tune_goal(options: TuneOptions) -> Goal:
         raise QtoolError("--time-budget must be a number of seconds above 0 (at most a day)")
     if options.max_latency_ratio is not None and not options.max_latency_ratio > 0:
         raise QtoolError("--max-latency-ratio must be above 0")
-    if options.sensitivity_samples < 1 or options.latency_runs < 8:
-        raise QtoolError("--sensitivity-samples must be >= 1 and --latency-runs >= 8")
+    if options.sensitivity_samples < 1:
+        raise QtoolError(f"--sensitivity-samples must be >= 1, got {options.sensitivity_samples}")
+    if options.latency_runs < 8:
+        raise QtoolError(
+            f"TuneOptions.latency_runs must be >= 8 (timed rounds per candidate), got {options.latency_runs}"
+        )
     if not 0.5 <= options.confidence < 1:
         raise QtoolError(f"--confidence {options.confidence:g} must be at least 0.5 and below 1 (e.g. 0.9)")
     if options.target_sqnr_db is not None and not 0 < options.target_sqnr_db < 200:
@@ -60,9 +64,29 @@ def check_tune_outputs(model_path: Path, output_path: Path, config_out: Path) ->
 
 
 def check_tunable(config: QConfig) -> None:
-    """Refuse a config whose global section asks for accuracy algorithms (tune searches weight precisions only)."""
+    """Refuse a config that asks for accuracy algorithms anywhere (tune searches weight precisions only).
+
+    tune replaces the op_type and node_name rules with its own allocation: algorithms asked for there
+    would be dropped without a word, so they are refused like global ones.
+    """
     if config.global_scheme.algorithms.names():
         raise QtoolError(
             f"{config.source}: tune does not search accuracy algorithms yet; "
             f"give a config without global.algorithms ({', '.join(config.global_scheme.algorithms.names())})"
         )
+    for section in ("op_type", "node_name"):
+        rules = config.raw.get(section) or {}
+        for name, rule in rules.items() if isinstance(rules, dict) else ():
+            algorithms = rule.get("algorithms") if isinstance(rule, dict) else None
+            if isinstance(algorithms, dict) and _turned_on(algorithms):
+                raise QtoolError(
+                    f"{config.source}: tune does not search accuracy algorithms yet, and replaces {section} rules "
+                    f"with its allocation; give a config without {section}.{name}.algorithms"
+                )
+
+
+def _turned_on(algorithms: dict[str, object]) -> bool:
+    """Whether an ``algorithms:`` mapping turns any algorithm on (nearest rounding and false toggles do not)."""
+    rounding = algorithms.get("rounding")
+    toggles = ("bias_correction", "equalization", "smoothquant", "awq")
+    return (rounding is not None and rounding != "nearest") or any(algorithms.get(t) is True for t in toggles)

@@ -7,7 +7,21 @@ import xml.etree.ElementTree as ET
 
 from qtool.evaluation.baseline import BaselineComparison, Change
 from qtool.evaluation.layers import largest_drop, layer_drop, layer_op
+from qtool.reports.terminal import printable
 from qtool.results import ComparisonResult
+
+
+def _md(text: object) -> str:
+    """A name or path for a Markdown table cell or code span: control characters escaped, ``|`` and backticks too.
+
+    A tensor named with a line break or a ``|`` must not end the table or add rows of its own.
+    """
+    return printable(str(text), markup=False).replace("\\", "\\\\").replace("|", "\\|").replace("`", "'")
+
+
+def _xml(text: object) -> str:
+    """A value for XML: control characters (which XML 1.0 cannot hold) escaped as visible text."""
+    return printable(str(text), markup=False)
 
 
 def _num(value: float | None, spec: str = ".4g") -> str:
@@ -33,7 +47,7 @@ def _change(value: float | None, metric: str) -> str:
 def baseline_markdown(baseline: BaselineComparison) -> list[str]:
     """The "against the baseline" section of the Markdown report."""
     verdict = "**regressed**" if baseline.regressed else "no regression"
-    lines = ["", f"### Against the baseline (`{baseline.path}`): {verdict}", ""]
+    lines = ["", f"### Against the baseline (`{_md(baseline.path)}`): {verdict}", ""]
     if not baseline.same_reference:
         lines += ["> The baseline measured another reference model.", ""]
     if not baseline.same_data:
@@ -43,8 +57,8 @@ def baseline_markdown(baseline: BaselineComparison) -> list[str]:
         mark = "regressed" if c.regressed else ("better" if improved(c) else "")
         note = "; ".join(part for part in (mark, c.note) if part)
         lines.append(
-            f"| {c.metric} | {_num(c.baseline, '.3f')} | {_num(c.current, '.3f')} | "
-            f"{_change(c.change, c.metric)} | {note} |"
+            f"| {_md(c.metric)} | {_num(c.baseline, '.3f')} | {_num(c.current, '.3f')} | "
+            f"{_change(c.change, c.metric)} | {_md(note)} |"
         )
     return lines
 
@@ -59,7 +73,7 @@ def improved(c: Change) -> bool:
 def to_markdown(result: ComparisonResult) -> str:
     """A Markdown report (for ``$GITHUB_STEP_SUMMARY`` and pull-request comments)."""
     verdict = "passed" if result.gates_passed else "FAILED"
-    lines = [f"## qtool compare: {result.candidate.path}", ""]
+    lines = [f"## qtool compare: {_md(result.candidate.path)}", ""]
     if result.gates:
         failed = sum(not g.passed for g in result.gates)
         counts = f"{failed} of {len(result.gates)} failed" if failed else f"all {len(result.gates)} passed"
@@ -67,11 +81,11 @@ def to_markdown(result: ComparisonResult) -> str:
     lines += [
         "| | reference | candidate |",
         "|---|---:|---:|",
-        f"| file | `{result.reference.path}` | `{result.candidate.path}` |",
+        f"| file | `{_md(result.reference.path)}` | `{_md(result.candidate.path)}` |",
         f"| bytes | {result.reference.size_bytes:,} | {result.candidate.size_bytes:,} |",
         f"| compression | | **{result.compression_ratio:.2f}x** |",
         "",
-        f"### Accuracy ({result.samples} samples of `{result.data_dir}`)",
+        f"### Accuracy ({result.samples} samples of `{_md(result.data_dir)}`)",
         "",
         *([CALIBRATION_WARNING, ""] if result.calibration_data else []),
         "| output | SQNR dB | cosine | MSE | max abs error |",
@@ -79,12 +93,13 @@ def to_markdown(result: ComparisonResult) -> str:
     ]
     rows = [*result.outputs, result.overall] if len(result.outputs) > 1 else result.outputs
     for m in rows:
-        lines.append(f"| {m.name} | {_num(m.sqnr_db, '.2f')} | {m.cosine:.6f} | {m.mse:.3e} | {m.max_abs_error:.3e} |")
-    lines += ["", f"Task: {result.task_note}."]
+        figures = f"{_num(m.sqnr_db, '.2f')} | {m.cosine:.6f} | {m.mse:.3e} | {m.max_abs_error:.3e}"
+        lines.append(f"| {_md(m.name)} | {figures} |")
+    lines += ["", f"Task: {_md(result.task_note)}."]
     for a in result.agreement:
-        lines.append(f"- `{a.name}`: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} ({a.rows} rows)")
+        lines.append(f"- `{_md(a.name)}`: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} ({a.rows} rows)")
     for b in result.boxes:
-        lines.append(f"- `{b.name}`: mean box IoU {b.mean_iou:.4f} ({b.boxes} boxes)")
+        lines.append(f"- `{_md(b.name)}`: mean box IoU {b.mean_iou:.4f} ({b.boxes} boxes)")
     if result.layers is not None:
         drop = largest_drop(result.layers)
         lines += [
@@ -95,9 +110,10 @@ def to_markdown(result: ComparisonResult) -> str:
             "|---|---|---|---:|---:|",
         ]
         for r in result.layers[:10]:
-            lines.append(f"| {r.tensor} | {r.node} | {layer_op(r)} | {_num(r.sqnr_db, '.2f')} | {layer_drop(r)} |")
+            names = f"{_md(r.tensor)} | {_md(r.node)} | {_md(layer_op(r))}"
+            lines.append(f"| {names} | {_num(r.sqnr_db, '.2f')} | {layer_drop(r)} |")
         if drop is not None:
-            lines += ["", f"Largest drop: **{drop.node}** ({drop.op_type}), {drop.drop_db:.1f} dB."]
+            lines += ["", f"Largest drop: **{_md(drop.node)}** ({_md(drop.op_type)}), {drop.drop_db:.1f} dB."]
         uncertain = [r for r in result.layers if r.uncertain]
         if uncertain:
             lines += [
@@ -133,7 +149,8 @@ def to_markdown(result: ComparisonResult) -> str:
         lines += ["", "### Gates", "", "| gate | measured | verdict |", "|---|---:|---|"]
         for g in result.gates:
             mark = "pass" if g.passed else "**FAIL**"
-            lines.append(f"| `{g.gate.label}` | {_num(g.measured)}{' (' + g.note + ')' if g.note else ''} | {mark} |")
+            note = f" ({_md(g.note)})" if g.note else ""
+            lines.append(f"| `{_md(g.gate.label)}` | {_num(g.measured)}{note} | {mark} |")
     return "\n".join(lines) + "\n"
 
 
@@ -152,20 +169,21 @@ def to_junit(result: ComparisonResult) -> str:
     )
     props = ET.SubElement(suite, "properties")
     for name, value in (
-        ("reference", result.reference.path),
-        ("candidate", result.candidate.path),
+        ("reference", _xml(result.reference.path)),
+        ("candidate", _xml(result.candidate.path)),
         ("compression_ratio", f"{result.compression_ratio:.4f}"),
     ):
         ET.SubElement(props, "property", name=name, value=value)
     for g in result.gates:
-        case = ET.SubElement(suite, "testcase", classname=f"qtool.evaluation.gates.{g.gate.metric}", name=g.gate.label)
+        label = _xml(g.gate.label)
+        case = ET.SubElement(suite, "testcase", classname=f"qtool.evaluation.gates.{_xml(g.gate.metric)}", name=label)
         measured = _num(g.measured)
         if not g.passed:
             failure = ET.SubElement(
-                case, "failure", message=f"measured {measured}, required {g.gate.label}", type="GateFailed"
+                case, "failure", message=f"measured {measured}, required {label}", type="GateFailed"
             )
-            failure.text = f"{g.gate.metric} = {measured} ({g.note or 'threshold missed'}); gate {g.gate.label}"
+            failure.text = _xml(f"{g.gate.metric} = {measured} ({g.note or 'threshold missed'}); gate {label}")
         else:
-            ET.SubElement(case, "system-out").text = f"{g.gate.metric} = {measured}"
+            ET.SubElement(case, "system-out").text = _xml(f"{g.gate.metric} = {measured}")
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

@@ -299,8 +299,18 @@ def stats_summary_dict(stats: CalibrationStats, path: str) -> dict[str, Any]:
 
 
 def to_json(document: dict[str, Any]) -> str:
-    """Stable, pretty JSON text."""
-    return json.dumps(document, indent=2, sort_keys=False) + "\n"
+    """Stable, pretty JSON text; a non-finite number is written as null (``NaN``/``Infinity`` are not JSON)."""
+    return json.dumps(_finite_tree(document), indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
+def _finite_tree(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_tree(v) for v in value]
+    return value
 
 
 def inspection_to_dict(result: Inspection) -> dict[str, Any]:

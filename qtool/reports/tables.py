@@ -16,7 +16,7 @@ from qtool.quantization.rewrite_report import RewriteReport
 from qtool.quantization.search import SearchResult
 from qtool.quantization.selection import PlacementChoice
 from qtool.reports.ci import improved
-from qtool.reports.terminal import for_terminal
+from qtool.reports.terminal import for_terminal, printable
 from qtool.results import ComparisonResult, QuantizeResult
 from qtool.system.doctor import Doctor
 
@@ -393,4 +393,5 @@ def render_doctor(console: Console, result: Doctor) -> None:
     console.print(table)
     opsets = ", ".join(f"{d} {o if o is not None else 'none'}" for d, o in result.qdq_opsets.items())
     console.print(f"newest opset with Q/DQ kernels: {opsets}", highlight=False)
-    console.print("GPUs: " + ("; ".join(result.gpus) if result.gpus else "none found (no nvidia-smi)"), highlight=False)
+    gpus = "; ".join(printable(gpu) for gpu in result.gpus) if result.gpus else "none found (no nvidia-smi)"
+    console.print("GPUs: " + gpus, highlight=False)

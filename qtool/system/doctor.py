@@ -62,16 +62,22 @@ def _check_provider(name: str) -> ProviderCheck:
     return ProviderCheck(name, True, "a session loads")
 
 
+SMI_MAX_BYTES = 64 << 10  # nvidia-smi -L prints a line per GPU
+SMI_MAX_LINES = 64
+
+
 def _gpus() -> list[str]:
     """NVIDIA GPUs that nvidia-smi lists (empty when there is no driver)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return []
     try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run([smi, "-L"], capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    # another program's output: bytes that are not UTF-8 are shown as replacement characters, never an error
+    text = out.stdout[:SMI_MAX_BYTES].decode("utf-8", errors="replace")
+    return [line.strip() for line in text.splitlines() if line.strip()][:SMI_MAX_LINES]
 
 
 def diagnose() -> Doctor:

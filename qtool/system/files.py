@@ -7,6 +7,7 @@ into memory before anything looks at it: both are refused before reading.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -73,19 +74,34 @@ def read_text(path: Path | str, what: str, max_bytes: int) -> str:
 
 
 def read_json(path: Path | str, what: str, max_bytes: int) -> Any:
-    """A JSON document of bounded size and nesting depth."""
+    """A JSON document of bounded size and nesting depth, whose numbers are all finite.
+
+    Every JSON file qtool reads comes through here: ``NaN``/``Infinity`` (not JSON, though Python
+    writes them) and numbers too large for a float (``1e400``) are refused, naming the file.
+    """
     text = read_text(path, what, max_bytes)
     try:
-        document = json.loads(text)
+        document = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise QtoolError(f"{what} {path} is not valid JSON: {e}") from None
     except RecursionError:
         raise QtoolError(f"{what} {path} nests deeper than {JSON_MAX_DEPTH} levels") from None
-    except ValueError as e:  # e.g. an integer of more than 4300 digits
+    except ValueError as e:  # a non-finite number, or an integer of more than 4300 digits
         raise QtoolError(f"{what} {path}: {e}") from None
     if _depth(document) > JSON_MAX_DEPTH:
         raise QtoolError(f"{what} {path} nests deeper than {JSON_MAX_DEPTH} levels")
     return document
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is too large for a float")
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(f"{text} is not a JSON number (only finite numbers are)")
 
 
 def _depth(value: Any) -> int:

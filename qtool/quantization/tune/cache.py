@@ -18,11 +18,14 @@ import logging
 import math
 import os
 import tempfile
+from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from qtool.errors import QtoolError
 from qtool.quantization.tune.sensitivity import Sensitivity
+from qtool.system.files import read_json
 
 log = logging.getLogger(__name__)
 
@@ -54,35 +57,55 @@ def cache_file(directory: Path, key: str) -> Path:
     return directory / "tune" / f"sensitivity-{key[:40]}.json"
 
 
-def load_sensitivity(directory: Path, key: str) -> Sensitivity | None:
-    """The measurement kept under ``key``, or None (absent, unreadable or another key's)."""
+CACHE_MAX_BYTES = 64 << 20  # a table of a few numbers per node: megabytes for the largest models
+
+
+def load_sensitivity(directory: Path, key: str, nodes: Sequence[str], options: Sequence[str]) -> Sensitivity | None:
+    """The measurement kept under ``key``, or None (absent, unreadable, another key's, or not this model's).
+
+    A bad file of any kind (not regular, too large, too deep, not JSON, non-finite or negative numbers,
+    nodes or options the run does not have, or missing) is skipped with a warning, never an error.
+    """
     path = cache_file(directory, key)
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         return None
-    except (OSError, ValueError) as e:
+    try:
+        document = read_json(path, "tune cache file", CACHE_MAX_BYTES)
+        sensitivity = _sensitivity(document, key, list(nodes), set(options))
+    except QtoolError as e:
         log.warning("ignoring the tune cache file %s: %s", path, e)
         return None
-    try:
-        if document["format"] != FORMAT or document["key"] != key:
-            return None
-        table = {
-            str(node): {str(o): math.inf if v is None else float(v) for o, v in row.items()}
-            for node, row in document["nsr"].items()
-        }
-        measured = {str(node): [str(o) for o in names] for node, names in document["measured"].items()}
-        return Sensitivity(
-            table,
-            measured,
-            builds=int(document["builds"]),
-            seconds=float(document["seconds"]),
-            cache_file=str(path),
-            cached=True,
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        log.warning("ignoring the tune cache file %s: not a sensitivity table (%s)", path, e)
+    if sensitivity is not None:
+        sensitivity.cache_file = str(path)
+    return sensitivity
+
+
+def _sensitivity(document: Any, key: str, nodes: list[str], options: set[str]) -> Sensitivity | None:
+    """The measurement a cache document holds, checked against the run's nodes and options."""
+    if not isinstance(document, dict) or document.get("format") != FORMAT or document.get("key") != key:
         return None
+    table, measured = document.get("nsr"), document.get("measured")
+    if not isinstance(table, dict) or not isinstance(measured, dict) or set(table) != set(nodes):
+        raise QtoolError(f"its table is not a measurement of this model's {len(nodes)} nodes")
+    nsr: dict[str, dict[str, float]] = {}
+    for node in nodes:
+        row = table[node]
+        if not isinstance(row, dict) or not row or not set(row) <= options:
+            raise QtoolError(f"node {node!r}: not a row of this run's options")
+        values = {option: math.inf if v is None else v for option, v in row.items()}
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in values.values()):
+            raise QtoolError(f"node {node!r}: noise-to-signal figures must be numbers >= 0 (or null)")
+        nsr[node] = {option: float(v) for option, v in values.items()}
+        names = measured.get(node)
+        if not isinstance(names, list) or not all(isinstance(n, str) and n in row for n in names):
+            raise QtoolError(f"node {node!r}: its measured options are not a list of its row's options")
+    builds, seconds = document.get("builds"), document.get("seconds")
+    if not isinstance(builds, int) or isinstance(builds, bool) or builds < 0:
+        raise QtoolError("builds must be a count")
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
+        raise QtoolError("seconds must be a duration")
+    measured_options = {node: [str(n) for n in measured[node]] for node in nodes}
+    return Sensitivity(nsr, measured_options, builds=builds, seconds=float(seconds), cached=True)
 
 
 def save_sensitivity(directory: Path, key: str, sensitivity: Sensitivity) -> str | None:

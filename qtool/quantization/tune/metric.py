@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from qtool.calibration.samples import read_npy
 from qtool.errors import QtoolError
+from qtool.system.files import read_text
 
 MetricFunction = Callable[..., Any]
 
@@ -41,27 +43,42 @@ def load_metric(spec: str) -> MetricFunction:
             if "" not in sys.path and str(Path.cwd()) not in sys.path:
                 sys.path.insert(0, str(Path.cwd()))
             module = importlib.import_module(module_name)
-    except QtoolError:
+    except (QtoolError, KeyboardInterrupt):
         raise
-    except Exception as e:  # noqa: BLE001 - the user's module failed to import: say so in one line
-        raise QtoolError(f"--metric: cannot import {module_name}: {type(e).__name__}: {e}") from None
+    except BaseException as e:  # noqa: BLE001 - the user's module failed (or exited) on import: say so in one line
+        raise QtoolError(f"--metric: cannot import {module_name}: {_failure(e)}") from None
     found = getattr(module, function, None)
     if not callable(found):
         raise QtoolError(f"--metric: {module_name} has no function '{function}'")
     return found
 
 
+LABELS_MAX_BYTES = 64 << 20  # one label per evaluation sample: a few bytes each
+
+
+def _failure(e: BaseException) -> str:
+    if isinstance(e, SystemExit):
+        return f"it called sys.exit({e.code!r})"
+    return f"{type(e).__name__}: {e}"
+
+
 def read_labels(path: Path | str, samples: int) -> list[Any]:
-    """One label per evaluation sample, in sample order: a ``.npy`` array (first axis) or a text file (lines)."""
+    """One label per evaluation sample, in sample order: a ``.npy`` array (first axis) or a text file (lines).
+
+    Read through qtool's bounded readers: a ``.npy`` header is checked before any allocation.
+    """
     path = Path(path)
-    if not path.is_file():
-        raise QtoolError(f"--labels: {path} not found")
     try:
-        labels: list[Any] = list(np.load(path, allow_pickle=False)) if path.suffix == ".npy" else []
-        if path.suffix != ".npy":
-            labels = [line.strip() for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise QtoolError(f"--labels: cannot read {path}: {e}") from None
+        if path.suffix == ".npy":
+            array = read_npy(path, LABELS_MAX_BYTES)
+            if array.ndim == 0:
+                raise QtoolError(f"--labels: {path} holds a single value (a 0-d array), not one label per sample")
+            labels: list[Any] = list(array)
+        else:
+            text = read_text(path, "--labels file", LABELS_MAX_BYTES)
+            labels = [line.strip() for line in text.splitlines() if line.strip()]
+    except QtoolError as e:
+        raise QtoolError(str(e) if str(e).startswith("--labels") else f"--labels: {e}") from None
     if len(labels) != samples:
         raise QtoolError(f"--labels: {path} holds {len(labels)} labels for {samples} evaluation samples")
     return labels
@@ -80,9 +97,14 @@ def score_metric(
         arguments = (reference, candidate) if labels is None else (reference, candidate, labels[index])
         try:
             value = float(function(*arguments))
-        except Exception as e:  # noqa: BLE001 - the user's code: one line naming it, not a traceback
-            raise QtoolError(f"--metric {spec} failed on evaluation sample {index}: {type(e).__name__}: {e}") from None
-        if math.isnan(value):
-            raise QtoolError(f"--metric {spec} returned NaN on evaluation sample {index}")
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the user's code (even sys.exit): one line naming it
+            raise QtoolError(f"--metric {spec} failed on evaluation sample {index}: {_failure(e)}") from None
+        if not math.isfinite(value):
+            raise QtoolError(
+                f"--metric {spec} returned {value} on evaluation sample {index}",
+                hint="a metric must return a finite number for every sample",
+            )
         values.append(value)
     return values
