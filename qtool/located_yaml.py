@@ -32,6 +32,8 @@ class LocatedYaml:
             raise QtoolError(f"{where}: invalid YAML: {problem}") from e
         except RecursionError:  # composing and converting recurse once per nesting level
             raise QtoolError(f"{source}: YAML nests too deeply", hint="a config nests a few levels at most") from None
+        except ValueError as e:  # PyYAML's scanner: an escape past U+10FFFF ("\U00110000") raises from chr()
+            raise QtoolError(f"{source}: invalid YAML: {e}") from None
 
     def _convert(self, node: yaml.Node, path: Path_) -> Any:
         self._nodes += 1

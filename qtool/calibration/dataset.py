@@ -120,6 +120,22 @@ def _sample_bytes(inputs: list[InputSpec]) -> int | None:
     return total + (64 << 10)
 
 
+_NOTICED: set[str] = set()
+
+
+def _notice_guessed_preprocess(directory: Path, how: str) -> None:
+    """Say once per process what is done to images no ``preprocess:`` block describes (a guess from the model)."""
+    if how in _NOTICED:
+        return
+    _NOTICED.add(how)
+    log.warning(
+        "images in %s: no preprocess: block in the config, so each is %s (from the model's input); "
+        "if the model was trained on normalized inputs, set preprocess: {mean: [...], std: [...]}",
+        directory,
+        how,
+    )
+
+
 def spread_positions(total: int, count: int) -> list[int]:
     """``count`` positions spread evenly over ``total`` items (all of them when there are no more)."""
     if count >= total:
@@ -178,6 +194,8 @@ class Dataset:
             from qtool.calibration.preprocess import build_preprocess
 
             self.preprocess = build_preprocess(preprocess, inputs[0].shape or (), inputs[0].dtype.name)
+            if not preprocess:
+                _notice_guessed_preprocess(self.directory, self.preprocess.describe())
         total = len(items)
         items = items[:limit] if limit else items
         if spread is not None:
@@ -250,6 +268,17 @@ class Dataset:
                     not isinstance(d, int) or d == actual for d, actual in zip(spec.shape, array.shape, strict=False)
                 )
             )
+            batch = spec.shape[0] if spec.shape else None
+            rest_fits = spec.shape is not None and list(array.shape[1:]) == [
+                actual if not isinstance(d, int) else d
+                for d, actual in zip(spec.shape[1:], array.shape[1:], strict=False)
+            ]
+            if not fits and isinstance(batch, int) and batch > 1 and array.ndim == len(spec.shape or ()) and rest_fits:
+                raise QtoolError(
+                    f"{path}: input '{spec.name}' has a fixed batch of {batch}, the sample holds {array.shape[0]}",
+                    hint=f"save {batch} samples stacked in each file (shape {[batch, *array.shape[1:]]}), "
+                    "or export the model with a dynamic batch",
+                )
             if not fits or array.dtype != spec.dtype:
                 raise QtoolError(
                     f"{path}: input '{spec.name}' expects {spec.describe()}, "

@@ -37,6 +37,26 @@ class Preprocess:
     dtype: str = "float32"
     channels: int = 3  # 1 reads the image as grayscale
 
+    def describe(self) -> str:
+        """What is done to each image, in words (for the notice when no ``preprocess:`` block chose it)."""
+        size = (
+            f"resized to {self.resize[0]}x{self.resize[1]}"
+            if isinstance(self.resize, tuple)
+            else f"shorter side resized to {self.resize}"
+            if self.resize
+            else "not resized"
+        )
+        crop = f", center-cropped to {self.center_crop[0]}x{self.center_crop[1]}" if self.center_crop else ""
+        normalized = (
+            "no mean or std"
+            if set(self.mean) == {0.0} and set(self.std) == {1.0}
+            else f"mean {list(self.mean)}, std {list(self.std)}"
+        )
+        return (
+            f"{size}{crop}, {self.channel_order} {self.layout}, pixels scaled by {self.scale:g}, {normalized}, "
+            f"{self.dtype}"
+        )
+
     def apply(self, path: Path) -> np.ndarray:
         """Load ``path`` and return the preprocessed array (C, H, W) or (H, W, C)."""
         from PIL import Image, UnidentifiedImageError

@@ -13,9 +13,11 @@ from qtool.pipeline.calibrate import observe
 from qtool.pipeline.workspace import Workspace
 from qtool.quantization.activations import activation_qparams
 from qtool.quantization.inspection import Inspection, inspect_plan
+from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.rewrite import insert_qdq
 from qtool.quantization.rewrite_report import RewriteReport
 from qtool.quantization.saturation import FITTED
+from qtool.schemes import CPU_TARGETS
 
 
 def inspect(ws: Workspace, data_dir: Path | str | None) -> Inspection:
@@ -30,8 +32,28 @@ def inspect(ws: Workspace, data_dir: Path | str | None) -> Inspection:
         first_batch = min(config.calibration.batch_size, config.calibration.limit or config.calibration.batch_size)
         sizing = CalibrationOptions(observer="minmax", batch_size=config.calibration.batch_size, limit=first_batch)
         elements.update(observe(ws, data_dir, sizing).elements)
-    plan = ws.plan(elements=elements)
+    rules = ws.plan(elements=elements)
+    note, plan = _as_quantize_places(ws, rules, elements, measured=data_dir is not None)
     result = inspect_plan(ws.source.path, ws.source.size_bytes, ws.prepared, plan, config)
+    if plan is not rules:  # the rule that chose each node's scheme is still the config's; its placement is not
+        decided = {n.name: n.scheme.rule for n in rules.nodes}
+        guess = {n.name: n.reason for n in rules.nodes if n.placement == "integer" and n.scheme.placement == "auto"}
+        result = replace(
+            result,
+            rows=[
+                replace(
+                    row,
+                    rule=decided.get(row.name, row.rule),
+                    reason=(
+                        f"storage: no samples to measure integer kernels (the rules: {guess[row.name]})"
+                        if row.name in guess
+                        else row.reason
+                    ),
+                )
+                for row in result.rows
+            ],
+        )
+    result = replace(result, placement_note=note)
     # The exact size comes from doing the rewrite with placeholder activation ranges: only scale values
     # differ from the real run, and they take the same bytes.
     placeholder = {
@@ -42,6 +64,34 @@ def inspect(ws: Workspace, data_dir: Path | str | None) -> Inspection:
     rewritten.producer_name, rewritten.producer_version = "qtool", __version__
     rows = [replace(row, weight_form=_form_text(report, row.name)) for row in result.rows]
     return replace(result, rows=rows, rewritten_bytes=ws.weights.embedded_size(rewritten))
+
+
+def _as_quantize_places(
+    ws: Workspace, plan: QuantPlan, elements: dict[str, int], *, measured: bool
+) -> tuple[str, QuantPlan]:
+    """The plan as quantize writes it, and a note on how its placement is decided (the same rule as quantize).
+
+    Without samples, quantize keeps the nodes the rules would put on integer kernels storage-only
+    (nothing measures whether they pay off): inspect shows that. With samples, quantize measures
+    candidate placements and may keep another one than the rules' guess shown here: the note says so.
+    """
+    config = ws.config
+    guessed = [n.name for n in plan.nodes if n.placement == "integer" and n.scheme.placement == "auto"]
+    if config.target not in CPU_TARGETS or not guessed or config.accuracy.target_sqnr_db is None:
+        return "", plan
+    if measured:
+        return (
+            f"the rules' guess: {len(guessed)} nodes on integer kernels. quantize --data measures the candidate "
+            "placements (these rules, every auto node integer, every auto node storage-only) on this CPU and "
+            "may keep another: its summary shows the one kept",
+            plan,
+        )
+    storage = ws.plan(replace(config, auto_placement="storage"), elements=elements)
+    return (
+        f"as quantize writes it without samples: the {len(guessed)} nodes the rules would put on integer kernels "
+        "stay storage-only (fp32 speed); with --data, quantize measures whether integer kernels pay off here",
+        storage,
+    )
 
 
 def _form_text(report: RewriteReport, node: str) -> str:

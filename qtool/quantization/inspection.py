@@ -47,6 +47,7 @@ class Inspection:
     kept_float: list[tuple[str, str, str]]  # (node, op type, reason)
     passthrough: dict[str, int] = field(default_factory=dict)  # op type -> count of untouched nodes
     rewritten_bytes: int | None = None  # size of the rewritten graph (exact up to scale values)
+    placement_note: str = ""  # how quantize decides the placement shown (measured, or kept storage-only)
 
     @property
     def predicted_bytes(self) -> int:

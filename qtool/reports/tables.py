@@ -107,9 +107,11 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
             table.add_row(label, f"{stats.median_ms:.3f}", f"{stats.p90_ms:.3f}", f"{stats.p99_ms:.3f}")
         colour = "green" if lat.speedup >= 1 else "yellow"
         interval = lat.speedup_interval
-        spread = f"99 % interval {interval[0]:.2f}-{interval[1]:.2f}x" if interval else "too few runs for an interval"
-        table.add_row("speed-up", f"[{colour}]{lat.speedup:.2f}x[/{colour}]", spread, "")
+        spread = (
+            f"(99 % interval {interval[0]:.2f}-{interval[1]:.2f}x)" if interval else "(too few runs for an interval)"
+        )
         console.print(table)
+        console.print(f"  speed-up: [{colour}]{lat.speedup:.2f}x[/{colour}] {spread}", highlight=False)
         if lat.candidate_sqnr_db is not None:
             console.print(
                 f"  accuracy on {provider}: worst output {lat.candidate_sqnr_db:.2f} dB against the float reference",
@@ -212,6 +214,8 @@ def render_inspection(console: Console, result: Inspection) -> None:
         f"model {_bytes(result.model_bytes)} -> predicted {_bytes(result.predicted_bytes)}, "
         f"compression [bold]{result.predicted_ratio:.2f}x[/bold]"
     )
+    if result.placement_note:
+        console.print(f"[yellow]placement[/yellow] {result.placement_note}", highlight=False)
     reasons = [r for r in result.rows if r.reason]
     if reasons:
         placement = Table(title="placement and the kernel onnxruntime (CPU) is predicted to run", title_justify="left")
@@ -265,7 +269,7 @@ def _render_choice(console: Console, c: PlacementChoice, comparison: ComparisonR
     if c.fp32_ms is not None:
         table.add_row("fp32", "", "", "", f"{c.fp32_ms:.3f}", "1.00x")
     for k in c.candidates:
-        name = k.name + (f" (= {', '.join(k.same_as)})" if k.same_as else "")
+        name = k.name + (f" (the same placement as {', '.join(k.same_as)})" if k.same_as else "")
         if k.name == c.chosen:
             name = f"[bold green]> {name}[/bold green]"
         speedup = c.speedup(k)

@@ -298,7 +298,8 @@ def test_github_actions_example_is_valid_and_runs_real_commands():
         help_text = invoke(subcommand, "--help").stdout
         for option in (w.split("=")[0] for w in words if w.startswith("--")):
             assert option in help_text, f"{subcommand} has no option {option}"
-    assert "--baseline baseline/report.json --fail-on-regression" in "\n".join(lines)
+    steps = "\n".join(lines)
+    assert "baseline=(--baseline baseline/report.json)" in steps and "baseline+=(--fail-on-regression)" in steps
 
 
 @pytest.mark.parametrize(

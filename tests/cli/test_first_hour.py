@@ -121,3 +121,55 @@ def test_input_shapes_on_an_input_without_any_shape(tmp_path):
     written = onnx.load(str(out))
     onnx.checker.check_model(written)
     assert len(written.graph.input[0].type.tensor_type.shape.dim) == 4
+
+
+def test_images_without_a_preprocess_block_say_what_was_applied(tmp_path):
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(2):
+        Image.new("RGB", (40, 48), (10 * i, 20, 30)).save(images / f"{i}.png")
+    done = subprocess.run(
+        [sys.executable, "-m", "qtool", "calibrate", str(CNN), str(images), "-o", str(tmp_path / "s.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no preprocess: block in the config" in done.stderr and "resized to 32x32" in done.stderr
+    assert "pixels scaled by 0.00392157, no mean or std" in done.stderr
+
+
+def test_a_fixed_batch_model_says_how_to_shape_its_samples(tmp_path):
+    import numpy as np
+
+    model = onnx.load(str(CNN))
+    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    dim.Clear()
+    dim.dim_value = 4
+    fixed = tmp_path / "batch4.onnx"
+    onnx.save(model, fixed)
+    data = tmp_path / "data"
+    data.mkdir()
+    np.save(data / "a.npy", np.zeros((1, 3, 32, 32), np.float32))
+    r = runner.invoke(app, ["calibrate", str(fixed), str(data), "-o", str(tmp_path / "s.json")])
+    assert r.exit_code == 2, r.output
+    assert "has a fixed batch of 4, the sample holds 1" in r.output and "[4, 3, 32, 32]" in r.output
+
+
+def test_inspect_shows_what_quantize_writes_and_says_how_the_placement_is_decided(tmp_path, stats_file):
+    out = tmp_path / "q.onnx"
+    q = runner.invoke(app, ["quantize", str(CNN), "--stats", str(stats_file), "-o", str(out), "--json", "-"])
+    assert q.exit_code == 0, q.output
+    written = json.loads(q.stdout)
+    i = runner.invoke(app, ["inspect", str(CNN), "--json", "-"])
+    inspected = json.loads(i.stdout)
+    placements: dict[str, int] = {}
+    for node in inspected["nodes"]:
+        placements[node["placement"]] = placements.get(node["placement"], 0) + 1
+    assert placements == written["placements"]
+    assert inspected["totals"]["predicted_model_bytes"] == out.stat().st_size
+    assert "as quantize writes it without samples" in inspected["placement_note"]
+    measured = json.loads(runner.invoke(app, ["inspect", str(CNN), "--data", str(CALIB), "--json", "-"]).stdout)
+    assert "quantize --data measures the candidate placements" in measured["placement_note"]

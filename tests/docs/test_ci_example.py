@@ -40,15 +40,21 @@ def _run_steps(tmp_path: Path, overrides: dict[str, str]) -> list[tuple[str, int
     }
     results: list[tuple[str, int, str]] = []
     failed = False
+    github_env = tmp_path / "github.env"
+    github_env.write_text("")
+    env["GITHUB_ENV"] = str(github_env)
     for step in _steps():
         if "run" not in step or step["name"] == "Install qtool":
             continue
         if failed and step.get("if") != "always()":
             continue
+        # what earlier steps put in $GITHUB_ENV, and the step's own env (GitHub expressions: the overrides')
+        exported = dict(line.split("=", 1) for line in github_env.read_text().splitlines() if "=" in line)
+        own = {k: str(v) for k, v in (step.get("env") or {}).items() if "${{" not in str(v)}
         proc = subprocess.run(
             ["bash", "-eo", "pipefail", "-c", step["run"]],
             cwd=tmp_path,
-            env=env,
+            env={**env, **own, **exported},
             capture_output=True,
             text=True,
             timeout=600,
@@ -74,7 +80,14 @@ def test_the_install_step_installs_qtool_onnx_from_a_place_the_user_chooses():
 @pytest.mark.slow
 def test_the_steps_run_as_written_and_every_gate_passes_on_the_sample(tmp_path):
     results = _run_steps(tmp_path, _sample_env())
-    names = ["Calibrate", "Quantize", "Compare and gate", "Keep this report as main's baseline", "Publish the report"]
+    names = [
+        "Calibrate",
+        "Quantize",
+        "Accept an intended change?",
+        "Compare and gate",
+        "Keep this report as main's baseline",
+        "Publish the report",
+    ]
     assert [name for name, _, _ in results] == names
     for name, code, output in results:
         assert code == 0, f"{name} failed:\n{output[-3000:]}"
@@ -101,3 +114,42 @@ def test_a_failed_calibration_still_publishes_a_summary_and_fails_the_job(tmp_pa
     results = _run_steps(tmp_path, {**_sample_env(), "CALIB": str(tmp_path / "missing")})
     assert [(name, code != 0) for name, code, _ in results] == [("Calibrate", True), ("Publish the report", False)]
     assert "an earlier step failed" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_workflow_uses_a_pip_cache_a_ref_that_exists_and_the_default_branch():
+    workflow = _workflow()
+    setup = next(s for s in _steps() if s.get("uses", "").startswith("actions/setup-python"))
+    assert setup["with"]["cache"] == "pip"
+    assert workflow["env"]["QTOOL_PACKAGE"].endswith("@main")  # no tag the project does not have
+    keep = next(s for s in _steps() if s.get("name") == "Keep this report as main's baseline")
+    assert "default_branch" in keep["if"] and "'refs/heads/main'" not in WORKFLOW.read_text()
+    assert "accept_change" in workflow[True]["workflow_dispatch"]["inputs"]  # yaml reads "on" as True
+
+
+@pytest.mark.slow
+def test_a_change_made_on_purpose_is_gated_until_accepted_then_becomes_the_baseline(tmp_path):
+    """Main's report; a better model passes as it is; a worse one fails, and accepted by a trailer it passes
+    and replaces the baseline."""
+    loose = {**_sample_env(), "MIN_SQNR_DB": "0", "MIN_COSINE": "0", "MIN_COMPRESSION": "1", "MAX_LATENCY_RATIO": "5"}
+    assert all(code == 0 for _, code, _ in _run_steps(tmp_path, loose))  # main: the default config
+    baseline = json.loads((tmp_path / "baseline" / "report.json").read_text())
+    # better on purpose: GPTQ and bias correction (the installed "accurate" config), same size, more accurate
+    steps = {name: (code, output) for name, code, output in _run_steps(tmp_path, {**loose, "CONFIG": "accurate"})}
+    assert steps["Compare and gate"][0] == 0, steps["Compare and gate"][1][-3000:]
+    better = json.loads((tmp_path / "report.json").read_text())
+    assert better["baseline"]["regressed"] is False
+    assert better["accuracy"]["overall"]["sqnr_db"] > baseline["accuracy"]["overall"]["sqnr_db"]
+    (tmp_path / "baseline" / "report.json").write_text(json.dumps(baseline))  # main stays at the default
+    # worse on purpose: fp16 weights, twice the bytes of int8, a size regression the gate catches
+    worse = {**loose, "CONFIG": "fp16"}
+    results = dict((name, code) for name, code, _ in _run_steps(tmp_path, worse))
+    assert results["Compare and gate"] != 0 and "Keep this report as main's baseline" not in results
+    assert json.loads((tmp_path / "baseline" / "report.json").read_text()) == baseline  # unchanged
+    # the same change with the trailer: measured and reported, not failed, and it becomes the baseline
+    accepted = {**worse, "MESSAGE": "Ship fp16 weights\n\nQtool-Accept-Change: yes"}
+    results = dict((name, code) for name, code, _ in _run_steps(tmp_path, accepted))
+    assert results["Compare and gate"] == 0 and results["Keep this report as main's baseline"] == 0
+    kept = json.loads((tmp_path / "baseline" / "report.json").read_text())
+    assert kept["baseline"]["regressed"] is True
+    assert kept["size"]["candidate_bytes"] > baseline["size"]["candidate_bytes"]
+    assert "Regress" in (tmp_path / "report.md").read_text() or "regress" in (tmp_path / "report.md").read_text()

@@ -42,9 +42,11 @@ def test_the_auto_rules_run_the_cnn_convolutions_as_integer_kernels_and_its_tiny
     qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), search=None, evaluation=None)
     ops = optimized_ops(out, tmp_path)
     assert ops["QLinearConv"] == 3 and ops["Conv"] == 0 and ops["QGemm"] == 0, ops
-    inspection = qtool.inspect(sample("cnn"))
+    inspection = qtool.inspect(sample("cnn"), data_dir=calib_dir("cnn"))  # with samples: the rules' guess
     placement = {r.name: (r.placement, r.reason) for r in inspection.rows}
     assert placement["block1/conv"] == ("integer", "auto: 4,718,592 MACs per sample")
+    unmeasured = {r.name: (r.placement, r.reason) for r in qtool.inspect(sample("cnn")).rows}
+    assert unmeasured["block1/conv"][0] == "storage" and "4,718,592 MACs" in unmeasured["block1/conv"][1]
     assert placement["head/gemm"][0] == "storage" and "1,280 MACs" in placement["head/gemm"][1]
 
 

@@ -393,3 +393,9 @@ def test_names_cannot_forge_markdown_rows_or_break_junit_xml(tmp_path):
     assert not any(line.startswith("| forged") for line in lines)
     assert any("y\\|z" in line for line in lines)  # the name, escaped, in its own cell
     ET.fromstring(junit.read_text().split("\n", 1)[1])  # well-formed XML
+
+
+def test_a_yaml_escape_past_unicode_is_a_config_error(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text('global: "\\U00110000"\n')
+    _clean_failure(["inspect", CNN, "--config", config], "invalid YAML")

@@ -64,4 +64,5 @@ class InspectReport(_Report):
     nodes: list[InspectedNode]
     kept_float: list[KeptFloat]
     passthrough_ops: dict[str, int]
+    placement_note: str  # how quantize decides the placement shown ("" when its rules alone decide)
     totals: InspectTotals
