@@ -10,7 +10,11 @@ import typer
 ConfigOption = Annotated[
     Path | None,
     typer.Option(
-        "--config", "-c", metavar="CONFIG.yaml", help="QConfigDict YAML; merged over the built-in configs/default.yaml."
+        "--config",
+        "-c",
+        metavar="CONFIG.yaml",
+        help="QConfigDict YAML, or the name of an installed one (qtool configs lists them: accurate, integer, "
+        "dynamic, ...); merged over the built-in configs/default.yaml.",
     ),
 ]
 InputShapesOption = Annotated[

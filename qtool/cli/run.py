@@ -119,6 +119,8 @@ def _with_data_files(inputs: tuple[Path | str | None, ...]) -> list[Path]:
             if local is not None:
                 found.extend(model_files(local))
             continue
+        if not Path(item).exists():  # nothing there to protect (a config given by name, say): checked where read
+            continue
         found.extend(model_files(item))
     return found
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qtool.calibration.statistics import CalibrationStats
+from qtool.config import resolve_config
 from qtool.distributed import EngineSpec, open_engine
 from qtool.options import CalibrationOptions
 from qtool.progress import ProgressFactory, noop_progress
@@ -48,7 +49,7 @@ def shard_request(
     if isinstance(config, Mapping):
         sent: str | dict[str, Any] | None = dict(config)
     else:
-        sent = _absolute(config) if config is not None else None
+        sent = _absolute(resolve_config(config)) if config is not None else None  # a name: the installed file
     shapes = {name: tuple(int(d) for d in dims) for name, dims in input_shapes.items()} if input_shapes else None
     return ShardRequest(_absolute(model), _absolute(data), sent, options, target, shapes)
 

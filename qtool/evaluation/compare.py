@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.outputs import FloatOutputs
-from qtool.config import load_config
+from qtool.config import load_config, resolve_config
 from qtool.errors import QtoolError
 from qtool.evaluation.baseline import Snapshot, against_baseline, read_baseline, regression_gates
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
@@ -295,7 +295,7 @@ def _reproducibility(
     if isinstance(config_path, Mapping):  # a config given as a dict: the digest of its canonical JSON
         digest = hashlib.sha256(json.dumps(config_path, sort_keys=True, default=str).encode()).hexdigest()
     else:
-        digest = file_sha256(config_path) if config_path else None
+        digest = file_sha256(resolve_config(config_path)) if config_path else None  # a name: the installed file
     return {
         "config_sha256": digest,
         "data": {"files": len(dataset.files), "sha256": files_digest(list(dataset.files))},

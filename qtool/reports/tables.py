@@ -188,8 +188,21 @@ def render_inspection(console: Console, result: Inspection) -> None:
     columns += ["algorithms"] if algorithms else []
     forms = any(r.weight_form for r in result.rows)
     columns += ["weight form"] if forms else []
-    for column in (*columns, "elements", "float B", "quantized B"):
-        table.add_column(column, justify="right" if column in ("elements", "float B", "quantized B") else "left")
+    numbers = {
+        "elements": [f"{r.weight_elements:,}" for r in result.rows],
+        "float B": [f"{r.float_bytes:,}" for r in result.rows],
+        "quantized B": [f"{r.quantized_bytes:,}" for r in result.rows],
+    }
+    totals = {
+        "elements": f"{sum(r.weight_elements for r in result.rows):,}",
+        "float B": f"{sum(r.float_bytes for r in result.rows):,}",
+        "quantized B": f"{sum(r.quantized_bytes for r in result.rows):,}",
+    }
+    for column in columns:  # words wrap on a narrow terminal (names fold): numbers never do
+        table.add_column(column, overflow="fold")
+    for column, values in numbers.items():
+        width = max([len(column), len(totals[column]), *(len(v) for v in values)])
+        table.add_column(column, justify="right", no_wrap=True, min_width=width)
     for r in result.rows:
         table.add_row(
             r.name,
@@ -205,10 +218,7 @@ def render_inspection(console: Console, result: Inspection) -> None:
             f"{r.quantized_bytes:,}",
         )
     table.add_section()
-    total = [
-        f"{sum(getattr(r, k) for r in result.rows):,}" for k in ("weight_elements", "float_bytes", "quantized_bytes")
-    ]
-    table.add_row("total", *[""] * (len(columns) - 1), *total)
+    table.add_row("total", *[""] * (len(columns) - 1), *totals.values())
     console.print(table)
     console.print(
         f"model {_bytes(result.model_bytes)} -> predicted {_bytes(result.predicted_bytes)}, "
@@ -220,7 +230,7 @@ def render_inspection(console: Console, result: Inspection) -> None:
     if reasons:
         placement = Table(title="placement and the kernel onnxruntime (CPU) is predicted to run", title_justify="left")
         for column in ("node", "runs as", "why", "predicted kernel", "because"):
-            placement.add_column(column)
+            placement.add_column(column, overflow="fold")
         for r in reasons:
             colour = "red" if r.kernel.startswith("float") and r.placement == "integer" else "green"
             placement.add_row(r.name, r.placement, r.reason, f"[{colour}]{r.kernel}[/{colour}]", r.kernel_reason)
@@ -228,7 +238,7 @@ def render_inspection(console: Console, result: Inspection) -> None:
     if result.kept_float:
         kept = Table(title="kept in float", title_justify="left")
         for column in ("node", "op", "why"):
-            kept.add_column(column)
+            kept.add_column(column, overflow="fold")
         for name, op, why in result.kept_float:
             kept.add_row(name, op, why)
         console.print(kept)

@@ -173,3 +173,20 @@ def test_inspect_shows_what_quantize_writes_and_says_how_the_placement_is_decide
     assert "as quantize writes it without samples" in inspected["placement_note"]
     measured = json.loads(runner.invoke(app, ["inspect", str(CNN), "--data", str(CALIB), "--json", "-"]).stdout)
     assert "quantize --data measures the candidate placements" in measured["placement_note"]
+
+
+def test_inspect_fits_80_columns_without_cutting_a_number():
+    from rich.console import Console
+
+    import qtool
+    from qtool.reports.tables import render_inspection
+
+    result = qtool.inspect(sample("transformer"))
+    console = Console(width=80, record=True, force_terminal=False)
+    render_inspection(console, result)
+    text = console.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    for row in result.rows:
+        for number in (row.weight_elements, row.float_bytes, row.quantized_bytes):
+            assert f"{number:,}" in text, number
+    assert "…" not in text
