@@ -12,6 +12,7 @@ from rich.text import Text
 
 from qtool.cli import calibrate, compare, info, quantize, tune  # noqa: F401 - registers the commands
 from qtool.cli.app import app, err_console
+from qtool.cli.help import GroupedCommand
 from qtool.reports.terminal import printable
 
 __all__ = ["app", "main"]
@@ -19,6 +20,8 @@ __all__ = ["app", "main"]
 # --help lists the commands in the order of the pipeline, whatever order their modules load in
 _ORDER = ("calibrate", "quantize", "tune", "compare", "inspect", "merge", "observers", "configs", "schema", "doctor")
 app.registered_commands.sort(key=lambda c: _ORDER.index(c.callback.__name__) if c.callback else len(_ORDER))
+for _command in app.registered_commands:  # --help in groups: inputs, outputs, then the knobs by topic
+    _command.cls = GroupedCommand
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -190,3 +190,16 @@ def test_inspect_fits_80_columns_without_cutting_a_number():
         for number in (row.weight_elements, row.float_bytes, row.quantized_bytes):
             assert f"{number:,}" in text, number
     assert "…" not in text
+
+
+@pytest.mark.parametrize("command", ["quantize", "compare", "calibrate", "tune"])
+def test_help_is_grouped_by_topic_and_lists_every_option_once(command):
+    r = runner.invoke(app, [command, "--help"])
+    assert r.exit_code == 0, r.output
+    sections = [line for line in r.output.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert "Inputs:" in sections and "Outputs:" in sections and "Options:" not in sections, sections
+    click_command = __import__("typer").main.get_command(app).commands[command]
+    for param in click_command.params:
+        for name in param.opts:
+            if name.startswith("--"):
+                assert r.output.count(f"{name} ") + r.output.count(f"{name},") + r.output.count(f"{name}\n") >= 1, name
