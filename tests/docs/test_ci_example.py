@@ -130,7 +130,9 @@ def test_the_workflow_uses_a_pip_cache_a_ref_that_exists_and_the_default_branch(
 def test_a_change_made_on_purpose_is_gated_until_accepted_then_becomes_the_baseline(tmp_path):
     """Main's report; a better model passes as it is; a worse one fails, and accepted by a trailer it passes
     and replaces the baseline."""
-    loose = {**_sample_env(), "MIN_SQNR_DB": "0", "MIN_COSINE": "0", "MIN_COMPRESSION": "1", "MAX_LATENCY_RATIO": "5"}
+    # accuracy and size only: timing drifts between runs on a shared machine (the latency gate is tested above)
+    loose = {**_sample_env(), "MIN_SQNR_DB": "0", "MIN_COSINE": "0", "MIN_COMPRESSION": "1"}
+    loose |= {"MAX_LATENCY_RATIO": "", "RUNS": "0"}
     assert all(code == 0 for _, code, _ in _run_steps(tmp_path, loose))  # main: the default config
     baseline = json.loads((tmp_path / "baseline" / "report.json").read_text())
     # better on purpose: GPTQ and bias correction (the installed "accurate" config), same size, more accurate
