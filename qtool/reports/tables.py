@@ -239,12 +239,38 @@ def render_inspection(console: Console, result: Inspection) -> None:
         kept = Table(title="kept in float", title_justify="left")
         for column in ("node", "op", "why"):
             kept.add_column(column, overflow="fold")
-        for name, op, why in result.kept_float:
-            kept.add_row(name, op, why)
+        ops = {name: op for name, op, _ in result.kept_float}
+        ops_by_reason: dict[str, set[str]] = {}
+        for _, op, why in result.kept_float:
+            ops_by_reason.setdefault(why, set()).add(op)
+        for nodes, why in grouped_by_reason([(name, why) for name, _, why in result.kept_float]):
+            kept.add_row(nodes, ops.get(nodes) or ", ".join(sorted(ops_by_reason[why])), why)
         console.print(kept)
     if result.passthrough:
         listed = ", ".join(f"{op} x{count}" for op, count in result.passthrough.items())
         console.print(f"passed through untouched (not quantized by qtool): {listed}")
+
+
+GROUPED_AFTER = 3  # more nodes than this kept float for the same reason: one line for them all (--json lists each)
+
+
+def grouped_by_reason(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(node, reason) pairs with the reasons many nodes share collapsed into one (nodes, reason) line each.
+
+    A decoder keeps dozens of shape-arithmetic Gathers float for one reason: one line says so, naming
+    the first two, instead of a line per node.
+    """
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in pairs:
+        by_reason.setdefault(reason, []).append(node)
+    lines = []
+    for node, reason in pairs:
+        nodes = by_reason[reason]
+        if len(nodes) <= GROUPED_AFTER:
+            lines.append((node, reason))
+        elif node == nodes[0]:
+            lines.append((f"{len(nodes)} nodes ({nodes[0]}, {nodes[1]}, ...)", reason))
+    return lines
 
 
 def _render_search(console: Console, f: SearchResult) -> None:
@@ -372,8 +398,8 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         done.append(f"opset {p.opset_before} -> {p.opset_after}")
     if done:
         console.print("prepared: " + "; ".join(done))
-    for node, reason in result.skipped:
-        console.print(f"[yellow]kept in float[/yellow] {node}: {reason}")
+    for nodes, reason in grouped_by_reason(result.skipped):
+        console.print(f"[yellow]kept in float[/yellow] {nodes}: {reason}")
     if r.passthrough:
         listed = ", ".join(f"{op} x{count}" for op, count in r.passthrough.items())
         console.print(f"passed through untouched (not quantized by qtool): {listed}", highlight=False)

@@ -203,3 +203,17 @@ def test_help_is_grouped_by_topic_and_lists_every_option_once(command):
         for name in param.opts:
             if name.startswith("--"):
                 assert r.output.count(f"{name} ") + r.output.count(f"{name},") + r.output.count(f"{name}\n") >= 1, name
+
+
+def test_many_nodes_kept_float_for_one_reason_take_one_line():
+    from qtool.reports.tables import grouped_by_reason
+
+    pairs = [(f"/m/Gather_{i}", "not a lookup in a constant table") for i in range(54)]
+    pairs.insert(3, ("head/gemm", "kept in float by the config"))
+    lines = grouped_by_reason(pairs)
+    assert lines == [
+        ("54 nodes (/m/Gather_0, /m/Gather_1, ...)", "not a lookup in a constant table"),
+        ("head/gemm", "kept in float by the config"),
+    ]
+    few = [("a", "why"), ("b", "why")]
+    assert grouped_by_reason(few) == few  # a handful stay one line each
