@@ -11,7 +11,7 @@ from qtool.evaluation.gates import GateResult
 from qtool.evaluation.layers import LayerError
 from qtool.evaluation.metrics import Agreement, BoxIoU, ErrorMetrics, LatencyComparison
 from qtool.evaluation.output_kinds import OutputKind
-from qtool.graph.model_io import files_sha256, model_files
+from qtool.graph.model_files import files_sha256, model_files
 from qtool.graph.prepare import PrepareReport
 from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exported
 from qtool.quantization.rewrite_report import RewriteReport

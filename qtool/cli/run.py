@@ -108,7 +108,7 @@ def _internal_error(stopped: list[int], files: dict[str, Path | str | None], sta
 def _with_data_files(inputs: tuple[Path | str | None, ...]) -> list[Path]:
     """The inputs, with the external data files of the models among them."""
     from qtool.calibration.remote import is_url, local_path
-    from qtool.graph.model_io import model_files
+    from qtool.graph.model_files import model_files
 
     found: list[Path] = []
     for item in inputs:

@@ -26,7 +26,8 @@ from qtool.evaluation.metrics import TASKS, LatencyComparison, LatencyRun, measu
 from qtool.evaluation.output_kinds import output_sources
 from qtool.evaluation.providers import session_providers, unavailable_reason
 from qtool.graph.input_shapes import fix_input_shapes
-from qtool.graph.model_io import file_sha256, load_model
+from qtool.graph.model_files import file_sha256
+from qtool.graph.model_io import load_model
 from qtool.graph.session import create_session, run_session
 from qtool.options import (
     DEFAULT_EVALUATION,

@@ -18,7 +18,8 @@ from qtool.evaluation.compare import compare
 from qtool.evaluation.metrics import LatencyComparison, LatencyStats, paired_ratio
 from qtool.graph.checks import check_quantized_model
 from qtool.graph.input_shapes import restore_input_dims
-from qtool.graph.model_io import same_file, save_model
+from qtool.graph.model_files import same_file
+from qtool.graph.model_io import save_model
 from qtool.graph.session import create_session
 from qtool.options import QUANTIZE_EVALUATION, CalibrationOptions, EvaluationOptions, OutputOptions, SearchOptions
 from qtool.pipeline.build import Builder, Built, input_collector, weight_algorithms

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from qtool.config import QConfig
 from qtool.errors import QtoolError
-from qtool.graph.model_io import same_file
+from qtool.graph.model_files import same_file
 from qtool.options import TuneOptions
 from qtool.quantization.tune.candidates import Goal
 from qtool.quantization.tune.metric import load_metric

@@ -26,106 +26,32 @@ the choice is never meaningfully slower than fp32 when storage reaches the targe
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Protocol
 
 import onnx
 
-from qtool.calibration.dataset import Dataset, Feed
-from qtool.calibration.outputs import FloatOutputs
 from qtool.config import QConfig
-from qtool.evaluation.confidence import CONFIDENCE
-from qtool.evaluation.intervals import median_interval
-from qtool.evaluation.scoring import OutputScorer, signal_means
-from qtool.evaluation.timing import Rounds, time_interleaved
-from qtool.graph.session import create_session
-from qtool.graph.weights import Weights
+from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
+from qtool.quantization.placement_timing import decisively_faster, faster_than_storage, time_candidates
+from qtool.quantization.placement_types import (
+    DECISIVE_CONFIDENCE,
+    TIE,
+    Build,
+    FloatModel,
+    PlacementCandidate,
+    PlacementChoice,
+    Samples,
+    meets,
+)
+from qtool.quantization.placement_validation import validate_choice
 from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.search import FLOAT, FLOAT_ACTIVATIONS, SearchResult, sensitivity_search
+from qtool.quantization.search import FLOAT, FLOAT_ACTIVATIONS, sensitivity_search
 
-TIE = 0.05  # a candidate must be more than 5 % faster to displace a more accurate one
-DECISIVE_CONFIDENCE = 0.9  # two-sided interval of the median ratio (one-sided 95 %); needs 5+ rounds
-TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are done
-MIN_ROUNDS = 5
 DYNAMIC_MIN_SHARE = 0.5  # the dynamic candidate is built when weighted MatMul/Gemm do this share of the MACs
-TIMING_MAX_BYTES = 1 << 30  # the float model's bytes times the sessions timed together; past it, no timing
 SEARCH_COST_FACTOR = 2.0  # the search's time budget: this many times what the candidates cost to measure
-
-
-class Build(Protocol):
-    """Plans and rewrites the model of a config; ``keep``: remembered, so writing it later costs nothing."""
-
-    def __call__(self, config: QConfig, /, keep: bool = True) -> tuple[QuantPlan, onnx.ModelProto]: ...
-
-
-@dataclass(frozen=True)
-class PlacementCandidate:
-    """One placement the choice measured."""
-
-    name: str  # auto | integer | storage | dynamic | search
-    same_as: tuple[str, ...]  # other candidates that planned exactly this placement
-    integer_nodes: int
-    storage_nodes: int
-    sqnr_db: float  # the worst output's SQNR on the scored samples
-    meets_target: bool
-    latency_ms: float | None = None  # median at the choice's thread count (None: not timed)
-
-
-@dataclass(frozen=True)
-class PlacementValidation:
-    """A placement scored on samples the choice never scored: the figure it promises."""
-
-    candidate: str
-    samples: list[str]
-    sqnr_db: float  # worst output, the validation samples pooled
-    bound_db: float  # its lower confidence bound (per-sample spread)
-    meets_target: bool  # the bound reaches the target
-
-
-@dataclass
-class PlacementChoice:
-    """What the placement choice measured and what it kept."""
-
-    target_sqnr_db: float
-    samples: list[str]  # the files scored, spread over the data
-    threads: int
-    candidates: list[PlacementCandidate]
-    chosen: str
-    reason: str
-    fp32_ms: float | None = None
-    timing_note: str = ""
-    search: SearchResult | None = None
-    search_note: str = ""  # why no search ran, when it could have
-    times: dict[str, list[float]] = field(default_factory=dict, repr=False)  # seconds per run, fp32 included
-    validations: list[PlacementValidation] = field(default_factory=list)  # the kept one's is the last
-    confidence: float = CONFIDENCE  # of the validation bounds
-
-    @property
-    def validation(self) -> PlacementValidation | None:
-        """The kept placement's validation (None: too few samples to hold any out)."""
-        return next((v for v in reversed(self.validations) if v.candidate == self.chosen), None)
-
-    @property
-    def chosen_candidate(self) -> PlacementCandidate:
-        return next(c for c in self.candidates if c.name == self.chosen)
-
-    def speedup(self, candidate: PlacementCandidate) -> float | None:
-        """fp32 median / the candidate's median (None when not timed)."""
-        if candidate.latency_ms is None or self.fp32_ms is None or candidate.latency_ms <= 0:
-            return None
-        return self.fp32_ms / candidate.latency_ms
-
-    @property
-    def expects_speedup(self) -> bool:
-        """Whether the kept placement runs integer kernels that measured faster than fp32."""
-        chosen = self.chosen_candidate
-        speedup = self.speedup(chosen)
-        return chosen.integer_nodes > 0 and (speedup is None or speedup > 1 + TIE)
 
 
 def _matmul_heavy(plan: QuantPlan) -> bool:
@@ -153,30 +79,6 @@ def _movable(plan: QuantPlan, moves: str = FLOAT_ACTIVATIONS) -> set[str]:
         for n in plan.nodes
         if n.placement in placements and (n.scheme.placement == "auto" or n.scheme.rule.startswith("choice:"))
     }
-
-
-def _meets(sqnr: float, target: float) -> bool:
-    return not math.isnan(sqnr) and sqnr >= target
-
-
-@dataclass(frozen=True)
-class FloatModel:
-    """The float model the candidates are measured against."""
-
-    path: Path  # the file, timed as fp32 as ``compare`` times it
-    prepared: onnx.ModelProto  # the prepared model the candidates were built from
-    weights: Weights  # the detached values the models use
-    elements: dict[str, int]  # per-sample element counts of tensors
-
-
-@dataclass(frozen=True)
-class Samples:
-    """The samples the choice reads."""
-
-    scored: Dataset  # every candidate is scored on these (the selection samples)
-    ranked: Dataset  # the search's per-layer pass
-    known: FloatOutputs | None = None  # float outputs calibration kept (see :mod:`qtool.calibration.outputs`)
-    validation: Dataset | None = None  # samples no candidate is scored on: the kept one is validated there
 
 
 def measure_placements(
@@ -222,7 +124,7 @@ def measure_placements(
 
     def time_all(names: list[str] | None = None) -> None:  # timed on the first scored sample
         plans = built.plans if names is None else {n: built.plans[n] for n in names}
-        _time_candidates(choice, float_model, plans, settings.latency_runs, scorer.samples[0][1], factory)
+        time_candidates(choice, float_model, plans, settings.latency_runs, scorer.samples[0][1], factory)
 
     if timed:
         time_all()
@@ -240,53 +142,10 @@ def measure_placements(
     scorer.release()
     _decide(choice)
     if samples.validation is not None and len(samples.validation) > 0 and settings.target_sqnr_db is not None:
-        _validate(choice, built, samples, float_model, factory, scorer)
+        validate_choice(
+            choice, {name: model for name, (_, model) in built.plans.items()}, samples, float_model, factory, scorer
+        )
     return built.configs[choice.chosen], choice
-
-
-def _validate(
-    choice: PlacementChoice,
-    built: _Built,
-    samples: Samples,
-    float_model: FloatModel,
-    factory: ProgressFactory,
-    scored: OutputScorer,
-) -> None:
-    """Score the kept placement on the validation samples; when its bound misses the target, try the most accurate.
-
-    The most accurate placement that reached the target on the scored samples replaces the kept one
-    only when it reaches the target on the validation samples too (robust before fast).
-    """
-    assert samples.validation is not None  # checked by the caller
-    scorer = OutputScorer(
-        float_model.prepared,
-        samples.validation,
-        weights=float_model.weights,
-        on_sample=factory("validation samples", len(samples.validation)),
-        known=samples.known,
-    )
-    target = choice.target_sqnr_db
-    signal = signal_means([scored, scorer])  # the float outputs' energy over every sample at hand
-
-    def check(name: str) -> PlacementValidation:
-        score = scorer.score(built.plans[name][1], f"the '{name}' placement")
-        bound = score.worst_bound_db(choice.confidence, signal)
-        found = PlacementValidation(name, list(scorer.files), score.worst_db, bound, _meets(bound, target))
-        choice.validations.append(found)
-        return found
-
-    kept = check(choice.chosen)
-    safer = [c for c in choice.candidates if c.meets_target and c.sqnr_db > choice.chosen_candidate.sqnr_db]
-    if not kept.meets_target and safer:
-        most_accurate = max(safer, key=lambda c: (c.sqnr_db, -choice.candidates.index(c)))
-        if check(most_accurate.name).meets_target:
-            choice.chosen = most_accurate.name
-            choice.reason = (
-                f"the most accurate placement that reaches {target:g} dB: the faster '{kept.candidate}' reached it on "
-                f"the scored samples but not on {len(kept.samples)} others ({kept.bound_db:.2f} dB, "
-                f"{choice.confidence:.0%} bound)"
-            )
-    scorer.release()
 
 
 @dataclass
@@ -332,10 +191,10 @@ def _search_plan(choice: PlacementChoice, built: _Built, timed: bool) -> tuple[s
     """
     target = choice.target_sqnr_db
     storage_name = next((n for n, a in built.aliases.items() if n == "storage" or "storage" in a), None)
-    if _meets(built.scores["auto"], target):
+    if meets(built.scores["auto"], target):
         return None
-    storage_meets = storage_name is None or _meets(built.scores[storage_name], target)
-    auto_faster = not timed or choice.fp32_ms is None or _faster_than_storage(choice, storage_name)
+    storage_meets = storage_name is None or meets(built.scores[storage_name], target)
+    auto_faster = not timed or choice.fp32_ms is None or faster_than_storage(choice, storage_name)
     if storage_meets:
         if not auto_faster:
             choice.search_note = "no search: the integer kernels measured no faster than storage-only here"
@@ -409,67 +268,10 @@ def _candidates(
             sum(1 for n in plan.nodes if n.placement in ("integer", "dynamic")),
             sum(1 for n in plan.nodes if n.placement == "storage"),
             scores[name],
-            _meets(scores[name], target),
+            meets(scores[name], target),
         )
         for name, (plan, _) in plans.items()
     ]
-
-
-def _faster_than_storage(choice: PlacementChoice, storage_name: str | None) -> bool:
-    """Whether "auto" measured decisively faster than storage-only (True when untimed)."""
-    if storage_name is None or "auto" not in choice.times or storage_name not in choice.times:
-        return True
-    return decisively_faster(choice.times, "auto", storage_name)
-
-
-def decisively_faster(times: dict[str, list[float]], fast: str, slow: str) -> bool:
-    """Whether ``fast`` beat ``slow`` by more than :data:`TIE`, judged on the paired rounds.
-
-    Rounds are interleaved, so round ``i`` of both met the same machine: the ratio of each pair is
-    one sample, and the upper end of the median ratio's :data:`DECISIVE_CONFIDENCE` interval must
-    lie below ``1 - TIE``. Too few rounds for that interval: not decisive.
-    """
-    ratios = [f / s for f, s in zip(times.get(fast, []), times.get(slow, []), strict=False) if s > 0]
-    interval = median_interval(ratios, DECISIVE_CONFIDENCE)
-    return interval is not None and interval[1] < 1 - TIE
-
-
-def _time_candidates(
-    choice: PlacementChoice,
-    float_model: FloatModel,
-    plans: dict[str, tuple[QuantPlan, onnx.ModelProto]],
-    rounds: int,
-    feed: Feed,
-    factory: ProgressFactory,
-) -> None:
-    """Time fp32 and the candidates of ``plans`` interleaved (in place: latency_ms, fp32_ms, times, timing_note)."""
-    model_path, weights = float_model.path, float_model.weights
-    size = model_path.stat().st_size + sum(weights.nbytes(model) for _, model in plans.values())
-    if size * (len(plans) + 1) > TIMING_MAX_BYTES:
-        choice.timing_note = "not timed: the sessions together would take more than 1 GiB"
-        return
-    threads = choice.threads
-    sessions = {"fp32": create_session(model_path, "the float model", threads=threads)}
-    for name, (_, model) in plans.items():
-        # Timed as written: weights embedded, so onnxruntime folds and prepacks them as it will at load.
-        sessions[name] = create_session(weights.embedded(model), f"the '{name}' placement", threads=threads)
-    plan = Rounds(rounds, seconds=TIMING_SECONDS, minimum=min(MIN_ROUNDS, rounds))
-    times, _ = time_interleaved(sessions, feed, plan, on_round=factory("timing", rounds))
-    retimed = choice.fp32_ms is not None and any(c.name not in times for c in choice.candidates)
-    choice.times = {**choice.times, **times}
-    if not retimed:
-        choice.fp32_ms = statistics.median(times["fp32"]) * 1e3
-    first_fp32 = choice.fp32_ms
-    assert first_fp32 is not None  # set above or by the first pass
-
-    def latency(name: str) -> float:
-        if not retimed:
-            return statistics.median(times[name]) * 1e3
-        # a later pass over some candidates: each round's ratio to fp32 (paired, so the machine's drift between
-        # the passes cancels) times the first pass's fp32, so every row's speed-up reads against the same fp32
-        return first_fp32 * statistics.median(t / f for t, f in zip(times[name], times["fp32"], strict=False) if f > 0)
-
-    choice.candidates = [replace(c, latency_ms=latency(c.name)) if c.name in times else c for c in choice.candidates]
 
 
 def _decide(choice: PlacementChoice) -> None:

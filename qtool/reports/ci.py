@@ -6,7 +6,7 @@ import math
 import xml.etree.ElementTree as ET
 
 from qtool.evaluation.baseline import BaselineComparison, Change
-from qtool.evaluation.layers import largest_drop, layer_drop, layer_op
+from qtool.evaluation.layers import LayerError, largest_drop, layer_drop, layer_op
 from qtool.reports.terminal import printable
 from qtool.results import ComparisonResult
 
@@ -72,18 +72,38 @@ def improved(c: Change) -> bool:
 
 def to_markdown(result: ComparisonResult) -> str:
     """A Markdown report (for ``$GITHUB_STEP_SUMMARY`` and pull-request comments)."""
-    verdict = "passed" if result.gates_passed else "FAILED"
+    lines = [
+        *_md_summary(result),
+        *_md_accuracy(result),
+        *(_md_layers(result.layers) if result.layers is not None else []),
+        *_md_latency(result),
+        *(baseline_markdown(result.baseline) if result.baseline is not None else []),
+        *_md_gates(result),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _md_summary(result: ComparisonResult) -> list[str]:
+    """The title, the gates' verdict and the two files' sizes."""
     lines = [f"## qtool compare: {_md(result.candidate.path)}", ""]
     if result.gates:
+        verdict = "passed" if result.gates_passed else "FAILED"
         failed = sum(not g.passed for g in result.gates)
         counts = f"{failed} of {len(result.gates)} failed" if failed else f"all {len(result.gates)} passed"
         lines += [f"**Gates {verdict}** ({counts})", ""]
-    lines += [
+    return [
+        *lines,
         "| | reference | candidate |",
         "|---|---:|---:|",
         f"| file | `{_md(result.reference.path)}` | `{_md(result.candidate.path)}` |",
         f"| bytes | {result.reference.size_bytes:,} | {result.candidate.size_bytes:,} |",
         f"| compression | | **{result.compression_ratio:.2f}x** |",
+    ]
+
+
+def _md_accuracy(result: ComparisonResult) -> list[str]:
+    """Each output's error, and the task's own figures (agreement, box IoU)."""
+    lines = [
         "",
         f"### Accuracy ({result.samples} samples of `{_md(result.data_dir)}`)",
         "",
@@ -100,58 +120,69 @@ def to_markdown(result: ComparisonResult) -> str:
         lines.append(f"- `{_md(a.name)}`: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} ({a.rows} rows)")
     for b in result.boxes:
         lines.append(f"- `{_md(b.name)}`: mean box IoU {b.mean_iou:.4f} ({b.boxes} boxes)")
-    if result.layers is not None:
-        drop = largest_drop(result.layers)
-        lines += [
-            "",
-            "### Per-layer error (worst 10)",
-            "",
-            "| tensor | node | op | SQNR dB | drop dB |",
-            "|---|---|---|---:|---:|",
-        ]
-        for r in result.layers[:10]:
-            names = f"{_md(r.tensor)} | {_md(r.node)} | {_md(layer_op(r))}"
-            lines.append(f"| {names} | {_num(r.sqnr_db, '.2f')} | {layer_drop(r)} |")
-        if drop is not None:
-            lines += ["", f"Largest drop: **{_md(drop.node)}** ({_md(drop.op_type)}), {drop.drop_db:.1f} dB."]
-        uncertain = [r for r in result.layers if r.uncertain]
-        if uncertain:
-            lines += [
-                "",
-                f"Uncertain pairings (no drop given): {len(uncertain)}, e.g. {uncertain[0].tensor}: "
-                f"{uncertain[0].uncertain}.",
-            ]
-    if result.latency or result.skipped_providers:
-        lines += [
-            "",
-            "### Latency",
-            "",
-            "| provider | threads | reference median ms | candidate median ms | "
-            "p90 ms (ref / cand) | p99 ms (ref / cand) | speed-up (99 % interval) | setup ms (ref / cand) | "
-            "candidate dB there |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for lat in result.latency:
-            setup = f"{lat.setup_ms[0]:.0f} / {lat.setup_ms[1]:.0f}" if lat.setup_ms else ""
-            there = f"{lat.candidate_sqnr_db:.2f}" if lat.candidate_sqnr_db is not None else ""
-            interval = lat.speedup_interval
-            speedup = f"{lat.speedup:.2f}x" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
-            lines.append(
-                f"| {lat.provider} | {lat.threads or 'default'} | {lat.reference.median_ms:.3f} | "
-                f"{lat.candidate.median_ms:.3f} | {lat.reference.p90_ms:.3f} / {lat.candidate.p90_ms:.3f} | "
-                f"{lat.reference.p99_ms:.3f} / {lat.candidate.p99_ms:.3f} | {speedup} | {setup} | {there} |"
-            )
-        for provider, reason in result.skipped_providers:
-            lines.append(f"| {provider} | | skipped: {reason} | | | | | | |")
-    if result.baseline is not None:
-        lines += baseline_markdown(result.baseline)
-    if result.gates:
-        lines += ["", "### Gates", "", "| gate | measured | verdict |", "|---|---:|---|"]
-        for g in result.gates:
-            mark = "pass" if g.passed else "**FAIL**"
-            note = f" ({_md(g.note)})" if g.note else ""
-            lines.append(f"| `{_md(g.gate.label)}` | {_num(g.measured)}{note} | {mark} |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _md_layers(layers: list[LayerError]) -> list[str]:
+    """The ten worst layers, the largest drop and the pairings that could not be trusted."""
+    lines = [
+        "",
+        "### Per-layer error (worst 10)",
+        "",
+        "| tensor | node | op | SQNR dB | drop dB |",
+        "|---|---|---|---:|---:|",
+    ]
+    for r in layers[:10]:
+        names = f"{_md(r.tensor)} | {_md(r.node)} | {_md(layer_op(r))}"
+        lines.append(f"| {names} | {_num(r.sqnr_db, '.2f')} | {layer_drop(r)} |")
+    drop = largest_drop(layers)
+    if drop is not None:
+        lines += ["", f"Largest drop: **{_md(drop.node)}** ({_md(drop.op_type)}), {drop.drop_db:.1f} dB."]
+    uncertain = [r for r in layers if r.uncertain]
+    if uncertain:
+        example = f"{_md(uncertain[0].tensor)}: {_md(uncertain[0].uncertain)}"
+        lines += ["", f"Uncertain pairings (no drop given): {len(uncertain)}, e.g. {example}."]
+    return lines
+
+
+def _md_latency(result: ComparisonResult) -> list[str]:
+    """One row per execution provider measured (or skipped, and why)."""
+    if not result.latency and not result.skipped_providers:
+        return []
+    lines = [
+        "",
+        "### Latency",
+        "",
+        "| provider | threads | reference median ms | candidate median ms | "
+        "p90 ms (ref / cand) | p99 ms (ref / cand) | speed-up (99 % interval) | setup ms (ref / cand) | "
+        "candidate dB there |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for lat in result.latency:
+        setup = f"{lat.setup_ms[0]:.0f} / {lat.setup_ms[1]:.0f}" if lat.setup_ms else ""
+        there = f"{lat.candidate_sqnr_db:.2f}" if lat.candidate_sqnr_db is not None else ""
+        interval = lat.speedup_interval
+        speedup = f"{lat.speedup:.2f}x" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
+        lines.append(
+            f"| {lat.provider} | {lat.threads or 'default'} | {lat.reference.median_ms:.3f} | "
+            f"{lat.candidate.median_ms:.3f} | {lat.reference.p90_ms:.3f} / {lat.candidate.p90_ms:.3f} | "
+            f"{lat.reference.p99_ms:.3f} / {lat.candidate.p99_ms:.3f} | {speedup} | {setup} | {there} |"
+        )
+    for provider, reason in result.skipped_providers:
+        lines.append(f"| {provider} | | skipped: {_md(reason)} | | | | | | |")
+    return lines
+
+
+def _md_gates(result: ComparisonResult) -> list[str]:
+    """Each gate, what was measured and its verdict."""
+    if not result.gates:
+        return []
+    lines = ["", "### Gates", "", "| gate | measured | verdict |", "|---|---:|---|"]
+    for g in result.gates:
+        mark = "pass" if g.passed else "**FAIL**"
+        note = f" ({_md(g.note)})" if g.note else ""
+        lines.append(f"| `{_md(g.gate.label)}` | {_num(g.measured)}{note} | {mark} |")
+    return lines
 
 
 def to_junit(result: ComparisonResult) -> str:

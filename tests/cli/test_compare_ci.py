@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import qtool
 from qtool.cli import app
-from qtool.graph.model_io import file_sha256
+from qtool.graph.model_files import file_sha256
 from qtool.options import EvaluationOptions
 from qtool.reports.ci import to_markdown
 from tests.conftest import ROOT, calib_dir, eval_dir, sample

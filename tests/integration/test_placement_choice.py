@@ -14,7 +14,7 @@ import qtool
 from qtool.calibration.dataset import Dataset, InputSpec
 from qtool.cli import app
 from qtool.options import EvaluationOptions, SearchOptions
-from qtool.quantization import selection
+from qtool.quantization import placement_timing, selection
 from qtool.quantization.selection import PlacementCandidate, PlacementChoice
 from tests.conftest import calib_dir, eval_dir, run_model, sample
 
@@ -42,7 +42,9 @@ def _timing(medians: dict[str, float]):
 def test_when_integer_kernels_measure_slower_storage_is_kept_and_the_summary_says_no_speedup(tmp_path, monkeypatch):
     # The MAC model places the CNN's convolutions integer; here they measure slower than fp32.
     monkeypatch.setattr(
-        selection, "time_interleaved", _timing({"fp32": 1.0e-3, "auto": 1.3e-3, "integer": 1.4e-3, "storage": 1.0e-3})
+        placement_timing,
+        "time_interleaved",
+        _timing({"fp32": 1.0e-3, "auto": 1.3e-3, "integer": 1.4e-3, "storage": 1.0e-3}),
     )
     out = tmp_path / "q.onnx"
     result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), evaluation=None)
@@ -60,7 +62,9 @@ def test_when_integer_kernels_measure_slower_storage_is_kept_and_the_summary_say
 
 def test_when_integer_kernels_measure_faster_the_fastest_accurate_placement_is_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        selection, "time_interleaved", _timing({"fp32": 1.0e-3, "auto": 0.7e-3, "integer": 0.5e-3, "storage": 1.0e-3})
+        placement_timing,
+        "time_interleaved",
+        _timing({"fp32": 1.0e-3, "auto": 0.7e-3, "integer": 0.5e-3, "storage": 1.0e-3}),
     )
     result = qtool.quantize(sample("cnn"), tmp_path / "q.onnx", data_dir=calib_dir("cnn"), evaluation=None)
     choice = result.placement_choice
@@ -259,13 +263,13 @@ def test_the_search_runs_only_when_integer_kernels_pay_off(tmp_path, monkeypatch
     config = tmp_path / "c.yaml"
     config.write_text(TWO_DAMAGED)  # "auto" misses 30 dB, storage reaches it
     slow = {"fp32": 1.0e-3, "auto": 1.2e-3, "integer": 1.3e-3, "storage": 1.0e-3, "search": 1.1e-3}
-    monkeypatch.setattr(selection, "time_interleaved", _timing(slow))
+    monkeypatch.setattr(placement_timing, "time_interleaved", _timing(slow))
     result = qtool.quantize(sample("cnn"), tmp_path / "a.onnx", data_dir=calib_dir("cnn"), config_path=config)
     choice = result.placement_choice
     assert choice is not None and choice.search is None and "no faster than storage" in choice.search_note
     assert choice.chosen == "storage"
     fast = {"fp32": 1.0e-3, "auto": 0.5e-3, "integer": 0.45e-3, "storage": 1.0e-3, "search": 0.6e-3}
-    monkeypatch.setattr(selection, "time_interleaved", _timing(fast))
+    monkeypatch.setattr(placement_timing, "time_interleaved", _timing(fast))
     result = qtool.quantize(sample("cnn"), tmp_path / "b.onnx", data_dir=calib_dir("cnn"), config_path=config)
     choice = result.placement_choice
     assert choice is not None and choice.search is not None and choice.search_note == ""
@@ -320,7 +324,7 @@ def test_real_timing_decides_by_the_paired_rounds_it_measured(tmp_path):
     result = qtool.quantize(path, tmp_path / "q.onnx", data_dir=data, evaluation=None)
     choice = result.placement_choice
     assert choice is not None and choice.fp32_ms is not None
-    assert len(choice.times["fp32"]) >= selection.MIN_ROUNDS
+    assert len(choice.times["fp32"]) >= placement_timing.MIN_ROUNDS
     integer = next(c for c in choice.candidates if c.name == "integer")
     assert integer.integer_nodes == 6 and integer.latency_ms is not None
     meeting = [c.name for c in choice.candidates if c.meets_target]

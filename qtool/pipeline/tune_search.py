@@ -1,0 +1,245 @@
+"""tune's search: allocations verified on the selection half, the choice validated on the other."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from qtool.errors import QtoolError
+from qtool.pipeline.tune_state import Outcome, Tuning, timed
+from qtool.progress import ProgressFactory
+from qtool.quantization.tune.allocation import allocate, cheaper_moves, costlier_moves, predicted_nsr
+from qtool.quantization.tune.candidates import Candidates, Goal, Validation, ValidationRound, node_costs
+from qtool.quantization.tune.loop import Margins, Search, Trial, best_trial, refine, search_budgets
+from qtool.quantization.tune.sensitivity import Sensitivity, nsr
+from qtool.quantization.tune.space import (
+    OPTIONS,
+    W4,
+)
+from qtool.system.stages import stage
+
+REFINE_TRIALS_PER_NODE = 3  # verifications the refinement (descent and restarts) may spend, per tuned node
+FIRST_METRIC_BUDGET = 1e-3  # noise-to-signal power to start from with a metric goal (30 dB)
+VALIDATION_ROUNDS = 5  # choices validated at most (each bound is at the confidence corrected for them all)
+MARGIN_STEP_DB = 0.25  # added to an SQNR shortfall, so the next choice is not the one that just missed
+MARGIN_RESOLUTION_DB = 0.5  # the margin's bisection stops when the passing and missing margins are this close
+
+
+def _block_axes(tuning: Tuning) -> dict[str, int | None]:
+    """Each weighted node's per-block axis (the reduction axis), as the plan of per-block weights has it."""
+    blocked = tuning.ws.config.with_rules(global_=W4.entry)
+    return {n.name: n.weight.axis for n in tuning.ws.plan(blocked).nodes if n.weight is not None}
+
+
+def _search(
+    tuning: Tuning,
+    sens: Sensitivity,
+    candidates: Candidates,
+    verify: Callable[[dict[str, str]], Trial],
+    known: Sequence[Trial] = (),
+    refine_trials: int = REFINE_TRIALS_PER_NODE,
+) -> Search:
+    """Allocations for a shrinking noise budget, verified; then the best one refined (size objective).
+
+    ``known``: trials verified before (judged under the current goal): the refinement starts from the
+    best of them and the new ones. ``refine_trials``: verifications the refinement may spend per node.
+    """
+    options, goal, names = tuning.request.options, candidates.goal, tuning.names
+    option_names = [o.name for o in tuning.space]
+    costs = _costs(tuning)
+    first = _first_budget(goal)
+    search = Search()
+    tiers = [option_names]
+    if timed(options):  # low-bit weight-only nodes dequantize at run time: the fallback tier runs at float speed
+        tiers.append([o for o in option_names if o not in ("w2", "w4")])
+    with stage("allocate and verify"):
+        for allowed in tiers:
+
+            def allocate_for(budget: float, allowed: list[str] = allowed) -> dict[str, str]:
+                return allocate(names, allowed, costs, sens, budget)
+
+            found = search_budgets(
+                first,
+                allocate_for,
+                lambda allocation, budget: verify(allocation),
+                goal.slack_db,
+                deadline=tuning.deadline,
+            )
+            search.trials += found.trials
+            search.out_of_time = search.out_of_time or found.out_of_time
+            if best_trial(search.trials, options.objective) is not None or search.out_of_time:
+                break
+    best = best_trial([*known, *search.trials], options.objective)
+    if best is not None and options.objective == "size" and not search.out_of_time:
+        with stage("refine the best allocation"):
+            refined = refine(
+                best,
+                lambda allocation, rejected: cheaper_moves(allocation, option_names, costs, sens, rejected),
+                verify,
+                deadline=tuning.deadline,
+                max_trials=refine_trials * len(names) + 10,
+                upgrades=lambda allocation: costlier_moves(allocation, option_names, costs, sens),
+                restart_trials=len(names),
+                stall_trials=max(8, len(names) // 4),
+            )
+        search.trials += refined.trials
+        search.out_of_time, search.stalled = refined.out_of_time, refined.stalled
+    return search
+
+
+def _first_budget(goal: Goal) -> float:
+    """The noise budget an SQNR goal (and its margin) allows; a metric goal's first guess (30 dB)."""
+    return nsr(goal.target_sqnr_db + goal.margin_db) if goal.target_sqnr_db is not None else FIRST_METRIC_BUDGET
+
+
+def noise_ceiling(goal: Goal) -> float:
+    """The most noise any allocation meeting the goal can have (an SQNR goal's budget; unknown for a metric)."""
+    return nsr(goal.target_sqnr_db) if goal.target_sqnr_db is not None else math.inf
+
+
+def _costs(tuning: Tuning) -> dict[str, dict[str, float]]:
+    """Each node's predicted cost of each option (bytes, or time for the latency objective)."""
+    return node_costs(
+        tuning.names,
+        tuning.weight_shape,
+        {n.name: n.weight.axis if n.weight is not None else None for n in tuning.tuned},
+        _block_axes(tuning),
+        {n.name: n.macs or 0 for n in tuning.tuned},
+        tuning.request.options.objective,
+        [o.name for o in tuning.space],
+        lambda o: OPTIONS[o].integer,
+    )
+
+
+def search_and_validate(
+    tuning: Tuning, sens: Sensitivity, candidates: Candidates, progress: ProgressFactory
+) -> Outcome:
+    """Select on the selection half, validate the choice on the other; a miss raises the margin and chooses again."""
+    objective = tuning.request.options.objective
+    verified: dict[tuple[tuple[str, str], ...], Trial] = {}
+    advance = progress("candidates", REFINE_TRIALS_PER_NODE * len(tuning.names) + 30)
+
+    def verify(allocation: dict[str, str]) -> Trial:
+        key = tuple(sorted(allocation.items()))
+        if key not in verified:
+            model = tuning.build(allocation)
+            verified[key] = candidates.verify(model, allocation, predicted_nsr(allocation, sens))
+            advance(1)
+        return candidates.judged(verified[key])
+
+    search = _search(tuning, sens, candidates, verify)
+    trials, out_of_time, stalled = list(search.trials), search.out_of_time, search.stalled
+    reachable = best_trial(trials, objective) is not None
+    if not reachable and not any(_quantizes(t) for t in trials):  # the target asks for more than any option gives
+        trials.append(verify(_most_accurate_quantized(tuning, sens)))
+    choice = _validate_choices(tuning, sens, candidates, verify, trials, reachable)
+    return Outcome(
+        choice.trials,
+        choice.chosen,
+        choice.validation,
+        choice.rounds,
+        choice.margin,
+        out_of_time or choice.out_of_time,
+        stalled,
+        reachable,
+    )
+
+
+@dataclass
+class _Validated:
+    """The validation loop's result: the trials (some added), the kept choice and every round."""
+
+    trials: list[Trial]
+    chosen: Trial
+    validation: Validation
+    margin: float
+    rounds: list[ValidationRound]
+    out_of_time: bool
+
+
+def _validate_choices(
+    tuning: Tuning,
+    sens: Sensitivity,
+    candidates: Candidates,
+    verify: Callable[[dict[str, str]], Trial],
+    trials: list[Trial],
+    reachable: bool,
+) -> _Validated:
+    """Validate the choice; move the selection margin (see :class:`Margins`) and choose again, up to the limit."""
+    objective = tuning.request.options.objective
+    out_of_time = False
+    margins = Margins(MARGIN_STEP_DB, MARGIN_RESOLUTION_DB)
+    searched = {0.0}  # margins searched at (the first search's)
+    validated: dict[tuple[tuple[str, str], ...], Validation] = {}
+    rounds: list[ValidationRound] = []
+    kept: tuple[Trial, Validation, float] | None = None  # the best choice whose validation met the goal
+    with stage("validate the choice"):
+        while margins.margin is not None:
+            margin = margins.margin
+            candidates.goal = replace(tuning.goal, margin_db=margin)
+            trials = [candidates.judged(t) for t in trials]
+            if reachable and margin not in searched and time.monotonic() < tuning.deadline:
+                # a new margin: allocate for its budget and refine, so the choice there is as small as the first
+                more = _search(tuning, sens, candidates, verify, trials, refine_trials=1)
+                trials += [t for t in more.trials if t not in trials]
+                out_of_time = out_of_time or more.out_of_time
+                searched.add(margin)
+            chosen = best_trial(trials, objective) or (None if rounds else _closest(tuning, trials))
+            if chosen is None:
+                break
+            key = tuple(sorted(chosen.allocation.items()))
+            if key not in validated:
+                if len(rounds) >= VALIDATION_ROUNDS or (rounds and time.monotonic() > tuning.deadline):
+                    break
+                validated[key] = candidates.validate(tuning.build(chosen.allocation))
+                rounds.append(ValidationRound(trials.index(chosen), margin, validated[key]))
+            validation = validated[key]
+            if validation.meets and chosen.meets and (kept is None or _better(chosen, kept[0], objective)):
+                kept = (chosen, validation, margin)
+            if not chosen.meets:  # the target is out of reach: the most accurate quantized candidate, validated
+                kept = kept or (chosen, validation, margin)
+                break
+            shortfall = tuning.goal.shortfall(validation.bound_db, validation.metric_bound)
+            margins.update(validation.meets, shortfall, bisect=tuning.goal.metric is None)
+    if kept is None:  # every validated choice missed: the last one, reported as missing
+        last = rounds[-1]
+        kept = (trials[last.trial], last.validation, last.margin)
+    chosen, validation, margin = kept
+    candidates.goal = replace(tuning.goal, margin_db=margin)  # the trials as judged when the kept one was chosen
+    trials = [candidates.judged(t) for t in trials]
+    chosen = next(t for t in trials if t.allocation == chosen.allocation)
+    return _Validated(trials, chosen, validation, margin, rounds, out_of_time)
+
+
+def _better(trial: Trial, than: Trial, objective: str) -> bool:
+    """Whether ``trial`` is preferred to ``than`` (both meeting the goal) under the objective."""
+    return best_trial([than, trial], objective) is trial
+
+
+def _quantizes(trial: Trial) -> bool:
+    return any(option != "float" for option in trial.allocation.values())
+
+
+def _most_accurate_quantized(tuning: Tuning, sens: Sensitivity) -> dict[str, str]:
+    """Each node's least noisy option other than float (the cheaper of equals): the best a quantized model does."""
+    costs = _costs(tuning)
+    usable = [o.name for o in tuning.space if o.name != "float"]
+    chosen = {}
+    for node in tuning.names:
+        ranked = sorted((sens.of(node, o), costs[node][o], o) for o in usable)
+        chosen[node] = ranked[0][2]
+    return chosen
+
+
+def _closest(tuning: Tuning, trials: list[Trial]) -> Trial:
+    """When no trial meets the target: the most accurate one that quantizes something."""
+    quantized = [t for t in trials if _quantizes(t)] or trials
+    if not quantized:
+        raise QtoolError(
+            f"--time-budget {tuning.request.options.time_budget:g} s ran out before any candidate was verified",
+            hint="give a larger --time-budget",
+        )
+    sign = -1 if tuning.goal.lower_is_better else 1
+    return max(quantized, key=lambda t: (t.metric_bound if t.metric_bound is not None else t.bound_db) * sign)

@@ -1,0 +1,99 @@
+"""What one tune run reads and shares between its steps: the request, the state, the outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from qtool.calibration.dataset import Dataset
+from qtool.evaluation.scoring import OutputScorer
+from qtool.evaluation.split import SampleSplit
+from qtool.options import CalibrationOptions, TuneOptions
+from qtool.pipeline.build import Builder
+from qtool.pipeline.workspace import Workspace
+from qtool.quantization.plan_types import NodePlan
+from qtool.quantization.tune.candidates import Goal, Validation, ValidationRound
+from qtool.quantization.tune.loop import Trial
+from qtool.quantization.tune.space import (
+    OPTIONS,
+    Option,
+)
+
+FINAL_BUILD_SHARE = 1.5  # the final build (calibration again) is set aside as this many times the first one
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What one ``tune`` run reads and writes."""
+
+    model_path: Path
+    output_path: Path
+    config_out: Path
+    data_dir: Path | str
+    eval_dir: Path | str
+    options: TuneOptions
+    calibration: CalibrationOptions
+    input_shapes: Mapping[str, Sequence[int]] | None
+    goal: Goal
+
+
+@dataclass
+class Tuning:
+    """The state every step of a tune run shares: the workspace, its builder, the nodes and the space."""
+
+    request: TuneRequest
+    ws: Workspace
+    builder: Builder
+    space: list[Option]
+    tuned: list[NodePlan]  # nodes with a constant weight, largest first
+    weight_shape: dict[str, list[int]]
+    op_types: set[str]
+    goal: Goal
+    split: SampleSplit  # EVAL: the selection half chooses, the validation half judges the choice
+    evaluation: OutputScorer  # all of EVAL's float outputs (the halves' scorers take theirs from it)
+    spread: Dataset  # samples of the selection half each node is measured on
+    opset: int  # the widest option's: every candidate is built at it
+    started: float
+    prepare_seconds: float  # calibration (and the GPTQ inputs): the final build does it again
+
+    @property
+    def deadline(self) -> float:
+        """When the search must stop: the budget less what the final build will take."""
+        return self.started + self.request.options.time_budget - FINAL_BUILD_SHARE * self.prepare_seconds
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.tuned]
+
+    def build(self, allocation: Mapping[str, Option | str]) -> onnx.ModelProto:
+        """The model of an allocation (node -> option): every tuned op type float, each node its option's rule."""
+        rules = {}
+        for node in sorted(allocation):
+            option = allocation[node]
+            settings = (OPTIONS[option] if isinstance(option, str) else option).settings
+            if settings is not None:
+                rules[node] = settings
+        op_type = dict.fromkeys(sorted(self.op_types))
+        return self.builder.build(self.ws.config.with_rules(op_type=op_type, node_name=rules, exclude=())).model
+
+
+@dataclass
+class Outcome:
+    """What the search and the validation found."""
+
+    trials: list[Trial]
+    chosen: Trial
+    validation: Validation  # of the chosen candidate
+    rounds: list[ValidationRound]
+    margin: float  # the selection margin the last choice was made with (goal units)
+    out_of_time: bool
+    stalled: bool
+    reachable: bool  # some quantized candidate met the target on the selection samples
+
+
+def timed(options: TuneOptions) -> bool:
+    """Whether latency counts (its objective, or a bound): then every candidate is timed."""
+    return options.objective == "latency" or options.max_latency_ratio is not None

@@ -1,0 +1,77 @@
+"""Timing the placement candidates against fp32, interleaved, and telling decisive speed-ups from noise."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+import onnx
+
+from qtool.calibration.dataset import Feed
+from qtool.evaluation.intervals import median_interval
+from qtool.evaluation.timing import Rounds, time_interleaved
+from qtool.graph.session import create_session
+from qtool.progress import ProgressFactory
+from qtool.quantization.placement_types import DECISIVE_CONFIDENCE, TIE, FloatModel, PlacementChoice
+from qtool.quantization.plan_types import QuantPlan
+
+TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are done
+MIN_ROUNDS = 5
+TIMING_MAX_BYTES = 1 << 30  # the float model's bytes times the sessions timed together; past it, no timing
+
+
+def faster_than_storage(choice: PlacementChoice, storage_name: str | None) -> bool:
+    """Whether "auto" measured decisively faster than storage-only (True when untimed)."""
+    if storage_name is None or "auto" not in choice.times or storage_name not in choice.times:
+        return True
+    return decisively_faster(choice.times, "auto", storage_name)
+
+
+def decisively_faster(times: dict[str, list[float]], fast: str, slow: str) -> bool:
+    """Whether ``fast`` beat ``slow`` by more than :data:`TIE`, judged on the paired rounds.
+
+    Rounds are interleaved, so round ``i`` of both met the same machine: the ratio of each pair is
+    one sample, and the upper end of the median ratio's :data:`DECISIVE_CONFIDENCE` interval must
+    lie below ``1 - TIE``. Too few rounds for that interval: not decisive.
+    """
+    ratios = [f / s for f, s in zip(times.get(fast, []), times.get(slow, []), strict=False) if s > 0]
+    interval = median_interval(ratios, DECISIVE_CONFIDENCE)
+    return interval is not None and interval[1] < 1 - TIE
+
+
+def time_candidates(
+    choice: PlacementChoice,
+    float_model: FloatModel,
+    plans: dict[str, tuple[QuantPlan, onnx.ModelProto]],
+    rounds: int,
+    feed: Feed,
+    factory: ProgressFactory,
+) -> None:
+    """Time fp32 and the candidates of ``plans`` interleaved (in place: latency_ms, fp32_ms, times, timing_note)."""
+    model_path, weights = float_model.path, float_model.weights
+    size = model_path.stat().st_size + sum(weights.nbytes(model) for _, model in plans.values())
+    if size * (len(plans) + 1) > TIMING_MAX_BYTES:
+        choice.timing_note = "not timed: the sessions together would take more than 1 GiB"
+        return
+    threads = choice.threads
+    sessions = {"fp32": create_session(model_path, "the float model", threads=threads)}
+    for name, (_, model) in plans.items():
+        # Timed as written: weights embedded, so onnxruntime folds and prepacks them as it will at load.
+        sessions[name] = create_session(weights.embedded(model), f"the '{name}' placement", threads=threads)
+    plan = Rounds(rounds, seconds=TIMING_SECONDS, minimum=min(MIN_ROUNDS, rounds))
+    times, _ = time_interleaved(sessions, feed, plan, on_round=factory("timing", rounds))
+    retimed = choice.fp32_ms is not None and any(c.name not in times for c in choice.candidates)
+    choice.times = {**choice.times, **times}
+    if not retimed:
+        choice.fp32_ms = statistics.median(times["fp32"]) * 1e3
+    first_fp32 = choice.fp32_ms
+    assert first_fp32 is not None  # set above or by the first pass
+
+    def latency(name: str) -> float:
+        if not retimed:
+            return statistics.median(times[name]) * 1e3
+        # a later pass over some candidates: each round's ratio to fp32 (paired, so the machine's drift between
+        # the passes cancels) times the first pass's fp32, so every row's speed-up reads against the same fp32
+        return first_fp32 * statistics.median(t / f for t, f in zip(times[name], times["fp32"], strict=False) if f > 0)
+
+    choice.candidates = [replace(c, latency_ms=latency(c.name)) if c.name in times else c for c in choice.candidates]

@@ -1,0 +1,117 @@
+"""The placement choice's records: candidates, what was chosen and why, what it is measured on."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import onnx
+
+from qtool.calibration.dataset import Dataset
+from qtool.calibration.outputs import FloatOutputs
+from qtool.config import QConfig
+from qtool.evaluation.confidence import CONFIDENCE
+from qtool.graph.weights import Weights
+from qtool.quantization.plan_types import QuantPlan
+from qtool.quantization.search import SearchResult
+
+TIE = 0.05  # a candidate must be more than 5 % faster to displace a more accurate one
+DECISIVE_CONFIDENCE = 0.9  # two-sided interval of the median ratio (one-sided 95 %); needs 5+ rounds
+
+
+class Build(Protocol):
+    """Plans and rewrites the model of a config; ``keep``: remembered, so writing it later costs nothing."""
+
+    def __call__(self, config: QConfig, /, keep: bool = True) -> tuple[QuantPlan, onnx.ModelProto]: ...
+
+
+@dataclass(frozen=True)
+class PlacementCandidate:
+    """One placement the choice measured."""
+
+    name: str  # auto | integer | storage | dynamic | search
+    same_as: tuple[str, ...]  # other candidates that planned exactly this placement
+    integer_nodes: int
+    storage_nodes: int
+    sqnr_db: float  # the worst output's SQNR on the scored samples
+    meets_target: bool
+    latency_ms: float | None = None  # median at the choice's thread count (None: not timed)
+
+
+@dataclass(frozen=True)
+class PlacementValidation:
+    """A placement scored on samples the choice never scored: the figure it promises."""
+
+    candidate: str
+    samples: list[str]
+    sqnr_db: float  # worst output, the validation samples pooled
+    bound_db: float  # its lower confidence bound (per-sample spread)
+    meets_target: bool  # the bound reaches the target
+
+
+@dataclass
+class PlacementChoice:
+    """What the placement choice measured and what it kept."""
+
+    target_sqnr_db: float
+    samples: list[str]  # the files scored, spread over the data
+    threads: int
+    candidates: list[PlacementCandidate]
+    chosen: str
+    reason: str
+    fp32_ms: float | None = None
+    timing_note: str = ""
+    search: SearchResult | None = None
+    search_note: str = ""  # why no search ran, when it could have
+    times: dict[str, list[float]] = field(default_factory=dict, repr=False)  # seconds per run, fp32 included
+    validations: list[PlacementValidation] = field(default_factory=list)  # the kept one's is the last
+    confidence: float = CONFIDENCE  # of the validation bounds
+
+    @property
+    def validation(self) -> PlacementValidation | None:
+        """The kept placement's validation (None: too few samples to hold any out)."""
+        return next((v for v in reversed(self.validations) if v.candidate == self.chosen), None)
+
+    @property
+    def chosen_candidate(self) -> PlacementCandidate:
+        return next(c for c in self.candidates if c.name == self.chosen)
+
+    def speedup(self, candidate: PlacementCandidate) -> float | None:
+        """fp32 median / the candidate's median (None when not timed)."""
+        if candidate.latency_ms is None or self.fp32_ms is None or candidate.latency_ms <= 0:
+            return None
+        return self.fp32_ms / candidate.latency_ms
+
+    @property
+    def expects_speedup(self) -> bool:
+        """Whether the kept placement runs integer kernels that measured faster than fp32."""
+        chosen = self.chosen_candidate
+        speedup = self.speedup(chosen)
+        return chosen.integer_nodes > 0 and (speedup is None or speedup > 1 + TIE)
+
+
+@dataclass(frozen=True)
+class FloatModel:
+    """The float model the candidates are measured against."""
+
+    path: Path  # the file, timed as fp32 as ``compare`` times it
+    prepared: onnx.ModelProto  # the prepared model the candidates were built from
+    weights: Weights  # the detached values the models use
+    elements: dict[str, int]  # per-sample element counts of tensors
+
+
+@dataclass(frozen=True)
+class Samples:
+    """The samples the choice reads."""
+
+    scored: Dataset  # every candidate is scored on these (the selection samples)
+    ranked: Dataset  # the search's per-layer pass
+    known: FloatOutputs | None = None  # float outputs calibration kept (see :mod:`qtool.calibration.outputs`)
+    validation: Dataset | None = None  # samples no candidate is scored on: the kept one is validated there
+
+
+def meets(sqnr: float, target: float) -> bool:
+    """Whether an SQNR (NaN: never) reaches the target."""
+    return not math.isnan(sqnr) and sqnr >= target
