@@ -77,7 +77,8 @@ $(QUARK)/installed:
 golden: dev  ## rewrite tests/golden/*.json from the current code (review the diff like code)
 	QTOOL_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/golden
 
-samples: install  ## regenerate sample_models/ (seeded)
+samples: $(BIN)/python  ## regenerate sample_models/ (seeded; trains the sample decoder, about 15 CPU minutes)
+	$(BIN)/pip install --quiet -c $(LOCK) -e ".[samples]"
 	$(BIN)/python sample_models/generate.py
 
 clean:

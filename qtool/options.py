@@ -52,6 +52,7 @@ class EvaluationOptions:
     per_layer: bool = False  # pair every intermediate float tensor
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     trt_engine_cache: str | None = None  # TensorRT: keep built engines in this directory between runs
+    decode_steps: int = 16  # decoders: tokens generated per sample through the cache (0: no decode loop)
 
 
 QUANTIZE_EVALUATION = EvaluationOptions(runs=20, warmup=3)  # the quick check quantize --data runs

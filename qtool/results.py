@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from qtool.evaluation.baseline import BaselineComparison
-from qtool.evaluation.gates import GateResult
+from qtool.evaluation.gates import LANGUAGE_MODEL_METRICS, GateResult
+from qtool.evaluation.language_model import LanguageModelScore
 from qtool.evaluation.layers import LayerError
 from qtool.evaluation.metrics import Agreement, BoxIoU, ErrorMetrics, LatencyComparison
 from qtool.evaluation.output_kinds import OutputKind
@@ -58,6 +59,7 @@ class ComparisonResult:
     boxes: list[BoxIoU] = field(default_factory=list)  # mean IoU of each box output
     calibration_data: bool = False  # scored on the samples the model was calibrated on (not held out)
     baseline: BaselineComparison | None = None  # the change against an earlier report (compare --baseline)
+    language_model: LanguageModelScore | None = None  # decoders: perplexity, next-token and decode agreement
 
     @property
     def compression_ratio(self) -> float:
@@ -85,6 +87,7 @@ class ComparisonResult:
             "box_iou": min((b.mean_iou for b in self.boxes), default=None),
             "compression": self.compression_ratio,
             "latency_ratio": lat.latency_ratio if lat else None,
+            **(self.language_model.measured() if self.language_model else dict.fromkeys(LANGUAGE_MODEL_METRICS)),
         }
 
     def intervals(self) -> dict[str, tuple[float, float] | None]:

@@ -519,6 +519,9 @@ def main() -> None:
     build_mlp(np.random.default_rng(2027))
     build_transformer(np.random.default_rng(2028))
     build_encoder(np.random.default_rng(2029))
+    from decoder import build as build_decoder  # needs the `samples` extra (autograd)
+
+    build_decoder(ROOT / "decoder")
 
 
 if __name__ == "__main__":

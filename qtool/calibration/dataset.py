@@ -2,6 +2,8 @@
 
 Supported layouts (auto-detected): ``*.npy`` files, one sample each, for
 single-input models; ``*.npz`` files whose keys are the model's input names.
+A decoder's token files need only ``input_ids`` (``.npz`` or ``.npy``): the empty key/value cache,
+the attention mask and the positions of a prefill are filled in (see :mod:`qtool.calibration.decoder`).
 Samples may include the batch dimension or leave it out. Files are read one at
 a time, in sorted order, so memory never holds the whole dataset.
 """
@@ -11,69 +13,19 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
 
+from qtool.calibration.dataset_types import Feed, InputSpec, model_inputs
+from qtool.calibration.decoder import complete_feed, find_decoder
 from qtool.calibration.samples import read_npy, read_npz, read_tensor_proto, tensor_values
 from qtool.errors import QtoolError
 
 log = logging.getLogger(__name__)
 
-Feed = dict[str, np.ndarray]
-Dim = int | str | None
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """A model input: name, numpy dtype and shape (str/None for dynamic dimensions)."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[Dim, ...] | None  # None: the model does not say (any rank)
-
-    @property
-    def dynamic_batch(self) -> bool:
-        return self.shape is None or (bool(self.shape) and not isinstance(self.shape[0], int))
-
-    def describe(self) -> str:
-        if self.shape is None:
-            return f"any shape, {self.dtype}"
-        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
-        return f"[{dims}] {self.dtype}"
-
-
-def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
-    """The inputs a caller must feed (graph inputs that are not initializers)."""
-    initializers = {init.name for init in model.graph.initializer}
-    specs = []
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
-        tensor_type = value.type.tensor_type
-        if not value.type.HasField("tensor_type") or tensor_type.elem_type == TensorProto.UNDEFINED:
-            raise QtoolError(f"model input '{value.name}' is not a tensor of a known type; qtool can only feed tensors")
-        try:
-            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
-        except (KeyError, TypeError) as e:
-            name = TensorProto.DataType.Name(tensor_type.elem_type)
-            raise QtoolError(f"model input '{value.name}' has type {name}, which numpy samples cannot hold") from e
-        if not tensor_type.HasField("shape"):
-            specs.append(InputSpec(value.name, dtype, None))
-            continue
-        dims: list[Dim] = []
-        for d in tensor_type.shape.dim:
-            if d.HasField("dim_value") and d.dim_value > 0:
-                dims.append(d.dim_value)
-            else:
-                dims.append(d.dim_param or None)
-        specs.append(InputSpec(value.name, dtype, tuple(dims)))
-    return specs
-
+__all__ = ["IMAGE_SUFFIXES", "Dataset", "Feed", "InputSpec", "model_inputs", "spread_positions"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 FORMATS = ("npy", "npz", "onnx-test-data", "images")
@@ -183,7 +135,9 @@ class Dataset:
         if not self.directory.is_dir():
             raise QtoolError(f"{self.directory} is not a directory")
         self.format, items = _detect(self.directory)
-        if self.format in ("npy", "images") and len(inputs) != 1:
+        self.decoder = find_decoder(inputs)  # token files may leave out its cache, mask and positions
+        fed = len(inputs) - len(self.decoder.filled) if self.decoder else len(inputs)
+        if self.format in ("npy", "images") and fed != 1:
             names = ", ".join(i.name for i in inputs)
             raise QtoolError(
                 f"{self.directory}: {self.format} samples only fit single-input models, this model has inputs {names}",
@@ -227,7 +181,8 @@ class Dataset:
         if self.format == "onnx-test-data":
             return self._read_test_data_set(path)
         if self.format == "npy":
-            return {self.inputs[0].name: read_npy(path, self.max_bytes)}
+            name = self.decoder.input_ids if self.decoder else self.inputs[0].name
+            return {name: read_npy(path, self.max_bytes)}
         return read_npz(path, self.max_bytes)
 
     def _read_test_data_set(self, directory: Path) -> Feed:
@@ -250,6 +205,8 @@ class Dataset:
         return feed
 
     def _validate(self, path: Path, feed: Feed) -> Feed | None:
+        if self.decoder is not None and self.decoder.input_ids in feed:
+            feed = complete_feed(self.decoder, feed)
         expected = {spec.name for spec in self.inputs}
         missing, extra = expected - set(feed), set(feed) - expected
         if missing or extra:

@@ -51,6 +51,15 @@ def compare(
             "names; the report says why); classification: for every output; none.",
         ),
     ] = "auto",
+    decode_steps: Annotated[
+        int,
+        typer.Option(
+            "--decode-steps",
+            metavar="N",
+            help="Decoders (a key/value cache): tokens each sample is continued greedily through the cache, "
+            "scored step by step and free-running (0: perplexity and next-token agreement only).",
+        ),
+    ] = 16,
     per_layer: Annotated[
         bool, typer.Option("--per-layer", help="Pair every intermediate float tensor and report which layer hurts.")
     ] = False,
@@ -103,8 +112,8 @@ def compare(
         typer.Option(
             "--fail-under",
             metavar="METRIC=VALUE",
-            help="Gate METRIC=VALUE that fails below VALUE: sqnr, cosine, top1, top5, box_iou, compression. "
-            "Repeatable.",
+            help="Gate METRIC=VALUE that fails below VALUE: sqnr, cosine, top1, top5, box_iou, compression; "
+            "decoders: next_token, decode_agreement, free_running. Repeatable.",
         ),
     ] = None,
     fail_over: Annotated[
@@ -112,7 +121,8 @@ def compare(
         typer.Option(
             "--fail-over",
             metavar="METRIC=VALUE",
-            help="Gate METRIC=VALUE that fails above VALUE: mse, max_abs_error, latency_ratio. Repeatable.",
+            help="Gate METRIC=VALUE that fails above VALUE: mse, max_abs_error, latency_ratio; "
+            "decoders: ppl_ratio. Repeatable.",
         ),
     ] = None,
     min_compression: Annotated[
@@ -174,7 +184,7 @@ def compare(
         from qtool.reports.tables import render_comparison
 
         gates = parse_gates(fail_under, fail_over, min_compression, max_latency_ratio, latency_tolerance)
-        check_measurable(gates, runs=runs, task=task)
+        check_measurable(gates, runs=runs, task=task, decode_steps=decode_steps)
         chosen = parse_providers(providers)
         if require_providers:
             require_available(chosen)
@@ -194,6 +204,7 @@ def compare(
                 limit=limit,
                 skip_nonfinite=skip_nonfinite,
                 task=task,
+                decode_steps=decode_steps,
                 per_layer=per_layer or plot is not None,
                 providers=tuple(chosen),
                 trt_engine_cache=str(trt_engine_cache) if trt_engine_cache is not None else None,

@@ -24,8 +24,8 @@ def tune(
         typer.Option(
             "--eval",
             metavar="EVAL",
-            help="Held-out samples (directory or URL), split in two: the even files in sorted order select the "
-            "model, the odd ones validate the choice (the promise is judged only on those).",
+            help="Held-out samples (directory or URL), split in two halves matched on the float outputs: one "
+            "selects the model, the other validates the choice (the promise is judged only on those).",
         ),
     ],
     output: Annotated[Path, typer.Option("--output", "-o", metavar="OUT.onnx", help="The chosen model.")],

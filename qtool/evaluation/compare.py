@@ -16,11 +16,13 @@ import onnx
 import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset, model_inputs
+from qtool.calibration.decoder import model_decoder
 from qtool.calibration.outputs import FloatOutputs
 from qtool.config import load_config, resolve_config
 from qtool.errors import QtoolError
 from qtool.evaluation.baseline import Snapshot, against_baseline, read_baseline, regression_gates
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
+from qtool.evaluation.language_model import LanguageModelScore, language_model_metrics
 from qtool.evaluation.layers import layer_errors
 from qtool.evaluation.metrics import TASKS, LatencyComparison, LatencyRun, measure_latency, output_metrics
 from qtool.evaluation.output_kinds import output_sources
@@ -105,7 +107,9 @@ def _checked(
         raise QtoolError("--threads must be >= 1")
     if options.task not in TASKS:
         raise QtoolError(f"unknown task '{options.task}'", hint=f"use one of: {', '.join(TASKS)}")
-    check_measurable(gates, runs=options.runs, task=options.task)
+    if options.decode_steps < 0:
+        raise QtoolError("--decode-steps must be >= 0")
+    check_measurable(gates, runs=options.runs, task=options.task, decode_steps=options.decode_steps)
     earlier = read_baseline(baseline) if baseline is not None else None
     if fail_on_regression and earlier is None:
         raise QtoolError("--fail-on-regression needs --baseline REPORT.json")
@@ -164,6 +168,7 @@ def _measured(
             task=options.task,
             known=reference_outputs,
         )
+    language = _language_model((reference_model, candidate_model), (reference, candidate), dataset, options, factory)
     layers = None
     if options.per_layer:
         with stage("per-layer error"):
@@ -185,7 +190,33 @@ def _measured(
         layers,
         output_kinds=accuracy.kinds,
         boxes=accuracy.boxes,
+        language_model=language,
     )
+
+
+def _language_model(
+    models: tuple[onnx.ModelProto, onnx.ModelProto],
+    sessions: tuple[ort.InferenceSession, ort.InferenceSession],
+    dataset: Dataset,
+    options: EvaluationOptions,
+    factory: ProgressFactory,
+) -> LanguageModelScore | None:
+    """A decoder's perplexity, next-token and decode agreement; None for any other model."""
+    reference, candidate = model_decoder(models[0]), model_decoder(models[1])
+    if reference is None or candidate is None or reference.logits is None or candidate.logits is None:
+        return None
+    steps = options.decode_steps if all(c.present for c in (*reference.cache, *candidate.cache)) else 0
+    if steps < options.decode_steps:
+        log.warning("the decode loop is skipped: an output returning each cache input was not found")
+    with stage(f"language model on {len(dataset)} samples ({steps} decode steps each)"):
+        return language_model_metrics(
+            sessions[0],
+            sessions[1],
+            (reference, candidate),
+            dataset,
+            steps=steps,
+            on_progress=factory("decode", len(dataset)),
+        )
 
 
 def _snapshot(result: ComparisonResult) -> Snapshot:

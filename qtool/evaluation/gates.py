@@ -15,8 +15,17 @@ FAIL_UNDER = {
     "top5": "top-5 agreement",
     "box_iou": "mean box IoU",
     "compression": "compression ratio",
+    "next_token": "next-token agreement (decoders)",
+    "decode_agreement": "decode-step agreement through the cache (decoders)",
+    "free_running": "free-running greedy decode agreement (decoders)",
 }
-FAIL_OVER = {"mse": "MSE", "max_abs_error": "max abs error", "latency_ratio": "latency ratio (candidate/reference)"}
+FAIL_OVER = {
+    "mse": "MSE",
+    "max_abs_error": "max abs error",
+    "latency_ratio": "latency ratio (candidate/reference)",
+    "ppl_ratio": "perplexity ratio (candidate/reference, decoders)",
+}
+LANGUAGE_MODEL_METRICS = ("next_token", "decode_agreement", "free_running", "ppl_ratio")
 
 
 # The range a threshold can take, per metric: fractions are fractions (top-1 = 0.99 means 99 %).
@@ -29,8 +38,19 @@ RANGES = {
     "mse": (0.0, math.inf),
     "max_abs_error": (0.0, math.inf),
     "latency_ratio": (0.0, math.inf),
+    "next_token": (0.0, 1.0),
+    "decode_agreement": (0.0, 1.0),
+    "free_running": (0.0, 1.0),
+    "ppl_ratio": (0.0, math.inf),
 }
-FRACTIONS = ("top1", "top5", "box_iou")  # often written as percentages
+FRACTIONS = (
+    "top1",
+    "top5",
+    "box_iou",
+    "next_token",
+    "decode_agreement",
+    "free_running",
+)  # often written as percentages
 
 
 @dataclass(frozen=True)
@@ -99,7 +119,7 @@ def parse_tolerance(text: str | None) -> float:
 def _check_range(gate: Gate, option: str) -> None:
     low, high = RANGES.get(gate.metric, (-math.inf, math.inf))
     if low <= gate.threshold <= high:
-        if gate.metric in ("compression", "latency_ratio") and gate.threshold == 0:
+        if gate.metric in ("compression", "latency_ratio", "ppl_ratio") and gate.threshold == 0:
             raise QtoolError(f"{option} {gate.metric}=0: a ratio gate needs a positive value")
         return
     hint = f"{gate.metric} lies in [{low:g}, {high:g}]"
@@ -108,9 +128,14 @@ def _check_range(gate: Gate, option: str) -> None:
     raise QtoolError(f"{option} {gate.metric}={gate.threshold:g} can never be measured", hint=hint)
 
 
-def check_measurable(gates: list[Gate], *, runs: int, task: str) -> None:
+def check_measurable(gates: list[Gate], *, runs: int, task: str, decode_steps: int = 16) -> None:
     """Refuse, before any work, gates on a measurement that is switched off."""
     for gate in gates:
+        if gate.metric in ("decode_agreement", "free_running") and decode_steps == 0:
+            raise QtoolError(
+                f"a {gate.metric} gate with --decode-steps 0: the decode loop does not run",
+                hint="drop the gate or give --decode-steps N",
+            )
         if gate.metric == "latency_ratio" and runs == 0:
             raise QtoolError(
                 "a latency gate with --runs 0: latency is not measured", hint="drop the gate or give --runs N"
@@ -146,6 +171,10 @@ def parse_gates(
             if not sep:
                 raise QtoolError(f"{option} expects METRIC=VALUE, got '{spec}'")
             if metric not in allowed:
+                other = "--fail-over" if option == "--fail-under" else "--fail-under"
+                if metric in (FAIL_OVER if option == "--fail-under" else FAIL_UNDER):
+                    better = "lower" if other == "--fail-over" else "higher"
+                    raise QtoolError(f"{option}: {metric} is gated with {other} ({better} is better)")
                 raise QtoolError(f"{option}: unknown metric '{metric}'", hint=f"use one of: {', '.join(allowed)}")
             gates.append(Gate(metric, direction, _number(value, option)))
             _check_range(gates[-1], option)

@@ -28,9 +28,11 @@ from typing import Literal
 import numpy as np
 import onnx
 
+from qtool.calibration.decoder import model_decoder
+from qtool.errors import QtoolError
 from qtool.graph.index import GraphView
 
-Kind = Literal["class_scores", "boxes", "values"]
+Kind = Literal["class_scores", "boxes", "next_token", "values"]
 
 # Head ops with fewer outputs than this are taken for regression, not logits. Regression heads are
 # small (1 score, 3 MOS scores, 4 box coordinates, 6-8 for poses, quadrilaterals and 3-D boxes),
@@ -59,6 +61,7 @@ class OutputSource:
 
     name: str
     op_type: str | None  # None for a graph input or an initializer passed straight out
+    next_token: bool = False  # the logits of a decoder with a key/value cache (see qtool.calibration.decoder)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,11 @@ def output_sources(model: onnx.ModelProto) -> dict[str, OutputSource]:
     view = GraphView(model)
     constants = {init.name for init in graph.initializer}
     constants |= {out for node in graph.node if node.op_type == "Constant" for out in node.output}
+    try:
+        decoder = model_decoder(model)
+    except QtoolError:  # an input numpy cannot feed: not a decoder this module can run
+        decoder = None
+    logits = decoder.logits if decoder is not None else None
     sources = {}
     for output in graph.output:
         node = view.producer(output.name)
@@ -89,7 +97,8 @@ def output_sources(model: onnx.ModelProto) -> dict[str, OutputSource]:
             else:
                 break
             node = view.producer(upstream)
-        sources[output.name] = OutputSource(output.name, node.op_type if node is not None else None)
+        op_type = node.op_type if node is not None else None
+        sources[output.name] = OutputSource(output.name, op_type, next_token=output.name == logits)
     return sources
 
 
@@ -103,6 +112,8 @@ def decide_kind(source: OutputSource, reference: np.ndarray, task: str = "auto")
     described = _shape_text(shape)
     if not shape or shape[-1] < 2:
         return OutputKind(source.name, "values", f"{described}, one value per row")
+    if source.next_token and task != "classification":
+        return OutputKind(source.name, "next_token", f"{described} next-token logits of a decoder")
     if task == "classification":
         return OutputKind(source.name, "class_scores", "--task classification")
     kind = _auto_kind(source, np.asarray(reference), shape, described)

@@ -15,6 +15,7 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from qtool.errors import QtoolError
+from qtool.graph.foreign_ops import infer_through_contrib_ops, park_unknown_ops, unpark
 from qtool.graph.index import GraphView, all_nodes, subgraph_reads
 from qtool.graph.names import fresh_name
 from qtool.graph.weight_layout import einsums_as_matmuls, fold_weight_layout_ops
@@ -43,6 +44,8 @@ class PrepareReport:
 
 
 # Ops that only appear in models something has already quantized (ONNX and onnxruntime's contrib ops).
+# MatMulNBits is not among them: a weight-only op with float inputs and outputs, which onnxruntime's
+# model builder writes for a decoder's projections, it is passed through and the rest is quantized.
 QUANTIZED_OPS = {
     "QuantizeLinear",
     "DequantizeLinear",
@@ -56,7 +59,6 @@ QUANTIZED_OPS = {
     "QLinearMul",
     "MatMulIntegerToFloat",
     "DynamicQuantizeMatMul",
-    "MatMulNBits",
 }
 
 
@@ -186,8 +188,11 @@ def _name_unnamed_nodes(graph: onnx.GraphProto) -> None:
 
 
 def _convert_opset(model: onnx.ModelProto, current: int, target: int, source: str) -> onnx.ModelProto:
+    parked = park_unknown_ops(model)
     try:
         converted = version_converter.convert_version(model, target)
+        if parked:
+            unpark(converted)
     except Exception as e:  # the converter raises bare RuntimeError/ValidationError subclasses
         reason = _converter_reason(e)
         if target < current:
@@ -202,6 +207,9 @@ def _convert_opset(model: onnx.ModelProto, current: int, target: int, source: st
             hint="export the model with a newer opset"
             + (", or use 'granularity: per_tensor' for weights" if target == PER_CHANNEL_MIN_OPSET else ""),
         ) from e
+    finally:
+        if parked:
+            unpark(model)
     log.info("converted %s from opset %d to %d", source, current, target)
     return converted
 
@@ -320,9 +328,13 @@ def _unique_name(base: str, graph: onnx.GraphProto) -> str:
     return fresh_name(base, {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output})
 
 
+def _onnx_inference(model: onnx.ModelProto) -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+
+
 def _infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     try:
-        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True), None
+        return infer_through_contrib_ops(model, _onnx_inference), None
     except Exception as e:  # noqa: BLE001 - inference is best effort: a failure only costs type information
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         log.warning("ONNX shape inference failed, continuing without it: %s", message)

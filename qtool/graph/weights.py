@@ -19,6 +19,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from qtool.graph.foreign_ops import park_unknown_ops
+
 # Marks a detached tensor. onnxruntime checks that an external location exists even for an
 # initializer the session options supply, and "." (the working directory) always does.
 DETACHED_LOCATION = "."
@@ -198,6 +200,7 @@ def checkable(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
+    park_unknown_ops(copy)  # ops only onnxruntime knows (see qtool.graph.foreign_ops) stay unchecked
     graph = copy.graph
     moved = [
         t for t in graph.initializer if is_detached(t) or (detachable(t) and _embedded_bytes(t) >= DETACH_MIN_BYTES)

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import onnx
 
+from qtool.calibration.decode_steps import with_decode_steps
 from qtool.calibration.outputs import FloatOutputs
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.evaluation.split import split_samples, spread_subset
+from qtool.graph.session import create_session
 from qtool.options import EvaluationOptions, SearchOptions
 from qtool.pipeline.build import Builder
 from qtool.pipeline.data import spread_dataset
 from qtool.progress import ProgressFactory
+from qtool.quantization.placement_decode import decoder_to_score
 from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.selection import FloatModel, PlacementChoice, Samples, measure_placements
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
@@ -68,10 +72,17 @@ def choose(
         built = builder.build(cfg, keep=keep)
         return built.plan, built.model
 
-    # twice the samples, interleaved: the even ones choose, the odd ones validate the choice
+    # twice the samples, halved: one half chooses, the other validates the choice
     split = split_samples(spread_dataset(ws, data_dir, 2 * accuracy.samples, skip_nonfinite=evaluation.skip_nonfinite))
-    samples = Samples(
-        split.selection, spread_subset(split.selection, min(RANK_SAMPLES, accuracy.samples)), known, split.validation
-    )
     float_model = FloatModel(ws.path, ws.prepared, ws.weights, builder.elements)
-    return measure_placements(float_model, config, build, samples, threads=evaluation.threads, progress=progress)
+    decoder = decoder_to_score(ws.prepared)
+    with tempfile.TemporaryDirectory(prefix="qtool-decode-steps-") as scratch:
+        selection, validation = split.selection, split.validation
+        if decoder is not None:  # prefills and the decode step after each (see qtool.calibration.decode_steps)
+            session = create_session(ws.prepared, "the float model", threads=evaluation.threads, weights=ws.weights)
+            selection = with_decode_steps(selection, session, decoder, Path(scratch) / "selection")
+            validation = with_decode_steps(validation, session, decoder, Path(scratch) / "validation")
+            known = None
+        ranked = spread_subset(selection, min(RANK_SAMPLES, len(selection)))
+        samples = Samples(selection, ranked, known, validation)
+        return measure_placements(float_model, config, build, samples, threads=evaluation.threads, progress=progress)

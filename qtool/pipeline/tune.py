@@ -1,6 +1,7 @@
 """The ``tune`` pipeline: one calibration, each node's sensitivity, allocations selected and validated, one written.
 
 Calibrates once on the calibration samples and splits EVAL in two (:mod:`qtool.evaluation.split`):
+a decoder's halves also hold the decode step after each prefill (:mod:`qtool.calibration.decode_steps`);
 the selection half measures what each tuned node (every node with a constant weight) adds to the
 output error at each precision its target allows, one node at a time, and verifies the
 allocations made for a noise budget (see :mod:`qtool.quantization.tune`); the validation half,
@@ -13,16 +14,20 @@ The chosen allocation is written as a QConfigDict and the model is built from it
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 
+from qtool.calibration.decode_steps import with_decode_steps
+from qtool.calibration.outputs import FloatOutputs
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.evaluation.scoring import OutputScorer
 from qtool.evaluation.split import SampleSplit, output_energies, split_samples, spread_subset
+from qtool.graph.session import create_session
 from qtool.options import TuneOptions
 from qtool.pipeline.build import Builder, input_collector
 from qtool.pipeline.calibrate import observe
@@ -33,6 +38,7 @@ from qtool.pipeline.tune_write import write_chosen
 from qtool.pipeline.workspace import Workspace, open_workspace
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
+from qtool.quantization.placement_decode import decoder_to_score
 from qtool.quantization.tune.cache import cache_key, default_cache_dir, load_sensitivity, save_sensitivity
 from qtool.quantization.tune.candidates import Candidates
 from qtool.quantization.tune.metric import read_labels
@@ -55,14 +61,35 @@ SENSITIVITY_SHARE = 0.6  # of the time budget, at most, for measuring nodes one 
 def tune(request: TuneRequest, config: QConfig, progress: ProgressFactory | None) -> TuneResult:
     """Tune ``request.model_path`` under ``config`` (see the module docstring)."""
     tuning = _prepare(request, config, progress, time.monotonic())
-    options = request.options
-    ws = tuning.ws
-    known = tuning.evaluation.float_outputs()
-    scorers = [
-        OutputScorer(ws.prepared, half, threads=options.threads, weights=ws.weights, known=known)
-        for half in (tuning.split.selection, tuning.split.validation)
-    ]
+    with tempfile.TemporaryDirectory(prefix="qtool-decode-steps-") as scratch:
+        return _tune(tuning, _scorers(tuning, Path(scratch)), progress)
+
+
+def _scorers(tuning: Tuning, scratch: Path) -> tuple[OutputScorer, OutputScorer]:
+    """Scorers on the selection and validation halves; a decoder's also score the decode step after each prefill.
+
+    Decode steps (see :mod:`qtool.calibration.decode_steps`) are left out when a metric or labels score
+    each sample: those are per file.
+    """
+    ws, options = tuning.ws, tuning.request.options
+    selection, validation = tuning.split.selection, tuning.split.validation
+    known: FloatOutputs | None = tuning.evaluation.float_outputs()
+    decoder = decoder_to_score(ws.prepared) if tuning.goal.labels is None and tuning.goal.metric is None else None
+    if decoder is not None:
+        session = create_session(ws.prepared, "the float model", threads=options.threads, weights=ws.weights)
+        selection = with_decode_steps(selection, session, decoder, scratch / "selection")
+        validation = with_decode_steps(validation, session, decoder, scratch / "validation")
+        known = None
     tuning.evaluation.release()
+    return (
+        OutputScorer(ws.prepared, selection, threads=options.threads, weights=ws.weights, known=known),
+        OutputScorer(ws.prepared, validation, threads=options.threads, weights=ws.weights, known=known),
+    )
+
+
+def _tune(tuning: Tuning, scorers: tuple[OutputScorer, OutputScorer], progress: ProgressFactory | None) -> TuneResult:
+    options = tuning.request.options
+    ws = tuning.ws
     selection, validation = scorers
     sens = _sensitivity(tuning, selection, progress)
     labels = tuning.goal.labels

@@ -67,7 +67,7 @@ def write_chosen(
         margin=outcome.margin,
         confidence=tuning.goal.confidence,
         validation_confidence=candidates.validation_confidence,
-        selection_samples=tuning.split.selection_files,
+        selection_samples=list(candidates.selection.files),  # a decoder's decode steps included
         met=met,
         reachable=outcome.reachable,
         out_of_time=outcome.out_of_time,

@@ -38,6 +38,7 @@ class PlacementCandidate:
     sqnr_db: float  # the worst output's SQNR on the scored samples
     meets_target: bool
     latency_ms: float | None = None  # median at the choice's thread count (None: not timed)
+    decode_agreement: float | None = None  # decoders: greedy decode-step agreement through its own cache
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class PlacementChoice:
     times: dict[str, list[float]] = field(default_factory=dict, repr=False)  # seconds per run, fp32 included
     validations: list[PlacementValidation] = field(default_factory=list)  # the kept one's is the last
     confidence: float = CONFIDENCE  # of the validation bounds
+    decode_bar: float | None = None  # decoders: the dynamic placement's decode agreement, which a kept one reaches
 
     @property
     def validation(self) -> PlacementValidation | None:

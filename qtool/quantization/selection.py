@@ -12,6 +12,10 @@ builds a few candidates and measures them:
 - ``search``: ``auto`` plus the float activations the sensitivity search chose
   (:mod:`qtool.quantization.search`), when ``auto`` misses the target.
 
+For a decoder, ``dynamic`` is always built, and every candidate also decodes greedily through its
+own key/value cache (:mod:`qtool.quantization.placement_decode`): one that agrees with the float
+model less often than ``dynamic`` does counts as missing the target, whatever its SQNR.
+
 Each distinct candidate is scored on the same samples (the worst output's SQNR), then the
 float model and the candidates are timed interleaved. Of the candidates that reach the target,
 the most accurate is kept unless another is *decisively* faster: faster by more than :data:`TIE`
@@ -32,9 +36,12 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
+from qtool.calibration.dataset import Dataset
+from qtool.calibration.decoder import DecoderInterface
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
+from qtool.quantization.placement_decode import decode_agreements, decode_bar, decoder_to_score
 from qtool.quantization.placement_timing import decisively_faster, faster_than_storage, time_candidates
 from qtool.quantization.placement_types import (
     DECISIVE_CONFIDENCE,
@@ -116,10 +123,15 @@ def measure_placements(
     built.add("auto", config, build)
     integer = built.add("integer", replace(config, auto_placement="integer"), build)
     built.add("storage", replace(config, auto_placement="storage"), build)
-    if _matmul_heavy(integer):
+    decoder = decoder_to_score(float_model.prepared)
+    if _matmul_heavy(integer) or decoder is not None:
         built.add("dynamic", replace(config, auto_placement="dynamic"), build)
     built.score(scorer, factory("placements", len(built.plans)))
+    if decoder is not None:
+        built.decoding = (float_model, decoder, dataset, threads)
+        built.decode()
     choice = PlacementChoice(target, scorer.files, threads or 1, built.candidates(target), "auto", "")
+    choice.decode_bar = built.bar()
     timed = settings.latency_runs > 0 and len(built.plans) > 1 and bool(scorer.samples)
 
     def time_all(names: list[str] | None = None) -> None:  # timed on the first scored sample
@@ -157,6 +169,20 @@ class _Built:
     aliases: dict[str, list[str]] = field(default_factory=dict)  # first name of a plan -> the others
     scores: dict[str, float] = field(default_factory=dict)  # by distinct plan: the worst output's SQNR
     seen: dict[tuple[tuple[str, str], ...], str] = field(default_factory=dict)
+    decodes: dict[str, float] = field(default_factory=dict)  # decoders: by distinct plan, decode agreement
+    decoding: tuple[FloatModel, DecoderInterface, Dataset, int | None] | None = None  # what decode() runs
+
+    def decode(self) -> None:
+        """Decode with every distinct candidate not decoded yet (decoders only)."""
+        if self.decoding is None:
+            return
+        float_model, decoder, dataset, threads = self.decoding
+        todo = {name: model for name, (_, model) in self.plans.items() if name not in self.decodes}
+        self.decodes |= decode_agreements(float_model.prepared, float_model.weights, decoder, todo, dataset, threads)
+
+    def bar(self) -> float | None:
+        """The decode agreement a candidate must reach (None: not a decoder)."""
+        return decode_bar(self.decodes, self.aliases) if self.decodes else None
 
     def add(self, name: str, config: QConfig, build: Build) -> QuantPlan:
         """Build ``config``; a plan built before under another name only records the alias."""
@@ -177,7 +203,16 @@ class _Built:
                 advance(1)
 
     def candidates(self, target: float) -> list[PlacementCandidate]:
-        return _candidates(self.plans, self.aliases, self.scores, target)
+        listed = _candidates(self.plans, self.aliases, self.scores, target)
+        bar = self.bar()
+        return [
+            replace(
+                c,
+                decode_agreement=self.decodes.get(c.name),
+                meets_target=c.meets_target and (bar is None or self.decodes.get(c.name, 0.0) >= bar),
+            )
+            for c in listed
+        ]
 
 
 def _search_plan(choice: PlacementChoice, built: _Built, timed: bool) -> tuple[str, str] | None:
@@ -240,6 +275,7 @@ def _search(
     built.configs["search"] = searched
     built.plans["search"], built.aliases["search"] = build(searched), []
     built.scores["search"] = choice.search.final_sqnr_db
+    built.decode()
     timed = {c.name: c.latency_ms for c in choice.candidates}  # kept until (unless) all are timed again
     choice.candidates = [replace(c, latency_ms=timed.get(c.name)) for c in built.candidates(choice.target_sqnr_db)]
     return True
@@ -282,9 +318,13 @@ def _decide(choice: PlacementChoice) -> None:
     timed = all(c.latency_ms is not None and c.name in choice.times for c in meeting)
     target = f"{choice.target_sqnr_db:g} dB"
     if not meeting:
-        best = max(candidates, key=lambda c: (c.sqnr_db, -candidates.index(c)))
+        bar = choice.decode_bar
+        decoding = [c for c in candidates if bar is None or (c.decode_agreement or 0.0) >= bar] or candidates
+        best = max(decoding, key=lambda c: (c.sqnr_db, -candidates.index(c)))
         choice.chosen = best.name
-        choice.reason = f"no placement reaches {target} on the scored samples: the most accurate is kept"
+        choice.reason = f"no placement reaches {target} on the scored samples: the most accurate is kept" + (
+            " (of those that decode as well as dynamic int8)" if bar is not None else ""
+        )
     elif not timed:
         preference = ["search", "auto", "integer", "dynamic", "storage"]
         choice.chosen = min(meeting, key=lambda c: preference.index(c.name)).name

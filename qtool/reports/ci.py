@@ -120,6 +120,9 @@ def _md_accuracy(result: ComparisonResult) -> list[str]:
         lines.append(f"- `{_md(a.name)}`: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} ({a.rows} rows)")
     for b in result.boxes:
         lines.append(f"- `{_md(b.name)}`: mean box IoU {b.mean_iou:.4f} ({b.boxes} boxes)")
+    if result.language_model is not None:
+        lines += ["", f"Language model (`{_md(result.language_model.logits)}`):"]
+        lines += [f"- {line}" for line in result.language_model.lines()]
     return lines
 
 

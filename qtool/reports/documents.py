@@ -10,6 +10,7 @@ from typing import Any
 from qtool._version import __version__
 from qtool.calibration.statistics import CalibrationStats
 from qtool.evaluation.baseline import BaselineComparison
+from qtool.evaluation.language_model import LanguageModelScore
 from qtool.evaluation.layers import LayerError, largest_drop
 from qtool.evaluation.metrics import ErrorMetrics, LatencyComparison, LatencyStats
 from qtool.quantization.inspection import Inspection
@@ -78,6 +79,25 @@ def _accuracy(result: ComparisonResult) -> doc.Accuracy:
         output_kinds=[doc.OutputKind(output=k.name, kind=k.kind, reason=k.reason) for k in result.output_kinds],
         classification=[doc.Agreement(output=a.name, top1=a.top1, top5=a.top5, rows=a.rows) for a in result.agreement],
         boxes=[doc.BoxIoU(output=b.name, mean_iou=b.mean_iou, boxes=b.boxes) for b in result.boxes],
+        language_model=_language_model(result.language_model),
+    )
+
+
+def _language_model(score: LanguageModelScore | None) -> doc.LanguageModel | None:
+    if score is None:
+        return None
+    return doc.LanguageModel(
+        logits=score.logits,
+        samples=score.samples,
+        tokens=score.tokens,
+        reference_perplexity=score.reference_perplexity,
+        candidate_perplexity=score.candidate_perplexity,
+        ppl_ratio=score.ppl_ratio,
+        next_token_agreement=score.next_token_agreement,
+        decode_steps=score.decode_steps,
+        decode_agreement=score.decode_agreement,
+        free_running_agreement=score.free_running_agreement,
+        matched_prefix=score.matched_prefix,
     )
 
 
@@ -258,6 +278,7 @@ def _choice(c: PlacementChoice) -> doc.PlacementChoiceReport:
         expects_speedup=c.expects_speedup,
         search_note=c.search_note,
         confidence=c.confidence,
+        decode_bar=c.decode_bar,
         validations=[
             doc.PlacementValidationReport(
                 candidate=v.candidate,
@@ -277,6 +298,7 @@ def _choice(c: PlacementChoice) -> doc.PlacementChoiceReport:
                 sqnr_db=_finite(k.sqnr_db),
                 meets_target=k.meets_target,
                 latency_ms=k.latency_ms,
+                decode_agreement=k.decode_agreement,
                 speedup=c.speedup(k),
                 chosen=k.name == c.chosen,
             )

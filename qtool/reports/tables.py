@@ -12,6 +12,7 @@ from rich.table import Table
 from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.layers import LayerError, largest_drop, layer_drop, layer_op
 from qtool.quantization.inspection import Inspection
+from qtool.quantization.placement_decode import DECODE_STEPS
 from qtool.quantization.rewrite_report import RewriteReport
 from qtool.quantization.search import SearchResult
 from qtool.quantization.selection import PlacementChoice
@@ -93,6 +94,10 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
         console.print(f"  {a.name}: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} over {a.rows} rows")
     for b in result.boxes:
         console.print(f"  {b.name}: mean box IoU {b.mean_iou:.4f} over {b.boxes} boxes")
+    if result.language_model is not None:
+        console.print(f"language model ('{result.language_model.logits}'):", highlight=False)
+        for line in result.language_model.lines():
+            console.print(f"  {line}", highlight=False)
 
     if result.layers is not None:
         render_layers(console, result.layers)
@@ -290,6 +295,12 @@ def _render_search(console: Console, f: SearchResult) -> None:
         )
 
 
+def _decode_cell(agreement: float | None, bar: float | None) -> str:
+    if agreement is None:
+        return ""
+    return f"[{'green' if bar is None or agreement >= bar else 'yellow'}]{agreement:.1%}[/]"
+
+
 def _render_choice(console: Console, c: PlacementChoice, comparison: ComparisonResult | None) -> None:
     listed = ", ".join(c.samples[:4]) + (f", ... ({len(c.samples)} in all)" if len(c.samples) > 4 else "")
     table = Table(
@@ -300,10 +311,12 @@ def _render_choice(console: Console, c: PlacementChoice, comparison: ComparisonR
         + (f"; {c.timing_note}" if c.timing_note else ""),
         caption_justify="left",
     )
-    for column in ("placement", "integer nodes", "storage nodes", "worst output dB", "median ms", "vs fp32"):
+    decodes = c.decode_bar is not None
+    columns = ["placement", "integer nodes", "storage nodes", "worst output dB", *(["decode"] if decodes else [])]
+    for column in [*columns, "median ms", "vs fp32"]:
         table.add_column(column, justify="left" if column == "placement" else "right")
     if c.fp32_ms is not None:
-        table.add_row("fp32", "", "", "", f"{c.fp32_ms:.3f}", "1.00x")
+        table.add_row("fp32", "", "", "", *([""] if decodes else []), f"{c.fp32_ms:.3f}", "1.00x")
     for k in c.candidates:
         name = k.name + (f" (the same placement as {', '.join(k.same_as)})" if k.same_as else "")
         if k.name == c.chosen:
@@ -314,10 +327,17 @@ def _render_choice(console: Console, c: PlacementChoice, comparison: ComparisonR
             str(k.integer_nodes),
             str(k.storage_nodes),
             f"[{'green' if k.meets_target else 'yellow'}]{k.sqnr_db:.2f}[/]",
+            *([_decode_cell(k.decode_agreement, c.decode_bar)] if decodes else []),
             "" if k.latency_ms is None else f"{k.latency_ms:.3f}",
             "" if speedup is None else f"{speedup:.2f}x",
         )
     console.print(table)
+    if c.decode_bar is not None:
+        console.print(
+            f"decode: agreement with fp32 over {DECODE_STEPS} greedy steps per sample through each placement's own "
+            f"cache; a placement below dynamic int8's ({c.decode_bar:.1%}) is not kept",
+            highlight=False,
+        )
     for v in c.validations:
         verdict = "reaches" if v.meets_target else "[yellow]misses[/yellow]"
         console.print(

@@ -65,8 +65,9 @@ class OutputKind(_Report):
     """How one float output was judged, and why."""
 
     output: str
-    kind: Literal["class_scores", "boxes", "values"] = Field(
-        description="class_scores: error metrics and top-1/top-5; boxes: error metrics and IoU; values: error only"
+    kind: Literal["class_scores", "boxes", "next_token", "values"] = Field(
+        description="class_scores: error metrics and top-1/top-5; boxes: error metrics and IoU; "
+        "next_token: a decoder's logits, error metrics and the language_model section; values: error only"
     )
     reason: str
 
@@ -79,6 +80,26 @@ class BoxIoU(_Report):
     boxes: int = Field(description="reference boxes with a positive area (empty padding boxes are left out)")
 
 
+class LanguageModel(_Report):
+    """A decoder's metrics: perplexity, next-token agreement and the greedy decode loop through the cache."""
+
+    logits: str
+    samples: int
+    tokens: int = Field(description="teacher-forced next-token predictions scored per model")
+    reference_perplexity: float
+    candidate_perplexity: float
+    ppl_ratio: float = Field(description="candidate perplexity / reference perplexity (lower is better)")
+    next_token_agreement: float = Field(description="fraction of prefill positions with the same most likely token")
+    decode_steps: int = Field(description="tokens generated per sample through the cache (0: loop not run)")
+    decode_agreement: float | None = Field(
+        description="fed the reference's greedy tokens through its own cache, the candidate's next token agrees"
+    )
+    free_running_agreement: float | None = Field(
+        description="the candidate's own greedy tokens equal the reference's, position by position"
+    )
+    matched_prefix: float | None = Field(description="mean tokens generated before the first difference")
+
+
 class Accuracy(_Report):
     """Error against the reference, overall and per output."""
 
@@ -88,6 +109,7 @@ class Accuracy(_Report):
     output_kinds: list[OutputKind]
     classification: list[Agreement]
     boxes: list[BoxIoU]
+    language_model: LanguageModel | None = Field(None, description="decoders with a key/value cache only")
 
 
 class LargestDrop(_Report):

@@ -124,6 +124,9 @@ class PlacementCandidate(_Report):
     latency_ms: float | None
     speedup: float | None
     chosen: bool
+    decode_agreement: float | None = Field(
+        None, description="decoders: agreement with fp32 over greedy decode steps through its own cache"
+    )
 
 
 class PlacementValidationReport(_Report):
@@ -151,6 +154,9 @@ class PlacementChoiceReport(_Report):
     confidence: float  # of the validation bounds
     validations: list[PlacementValidationReport]  # empty: too few samples to hold any out
     candidates: list[PlacementCandidate]
+    decode_bar: float | None = Field(
+        None, description="decoders: the dynamic placement's decode agreement, which the kept placement reaches"
+    )
 
 
 class QuantizeReport(_Report):

@@ -1,0 +1,40 @@
+"""Decode-step samples: where a decoder spends its time is one token with a long cache, not a prefill.
+
+Token files are prefills. :func:`with_decode_steps` writes, beside each prefill, the decode step
+that follows it: the float model's cache after the prefill as the past, and its greedy next token
+as the input. Candidates scored on both are judged on prefills and on decode steps alike (their
+cache outputs included), and the decode steps sort first, so a candidate timed on the first sample
+is timed on a decode step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from qtool.calibration.dataset import Dataset
+from qtool.calibration.decoder import DecoderInterface, complete_feed, next_step_feed
+from qtool.graph.session import run_session
+
+
+def with_decode_steps(
+    dataset: Dataset, session: ort.InferenceSession, decoder: DecoderInterface, directory: Path
+) -> Dataset:
+    """``dataset``'s prefills and the decode step after each, as a dataset over ``directory`` (created)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    names = [o.name for o in session.get_outputs()]
+    for path, sample in dataset.samples():
+        prefill = complete_feed(decoder, sample)
+        results = dict(zip(names, run_session(session, None, prefill, f"the float model on {path}"), strict=True))
+        assert decoder.logits is not None  # decoders scored this way have logits (placement_decode)
+        token = results[decoder.logits][:, -1].argmax(-1)
+        step = next_step_feed(decoder, prefill, results, token)
+        stem = path.name.rsplit(".", 1)[0]
+        arrays: dict[str, Any] = dict(step)
+        np.savez(directory / f"decode-{stem}.npz", **arrays)
+        arrays = dict(prefill)
+        np.savez(directory / f"prefill-{stem}.npz", **arrays)
+    return Dataset(directory, dataset.inputs)

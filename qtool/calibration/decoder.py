@@ -1,0 +1,165 @@
+"""Decoder language models: which inputs are the tokens and the key/value cache, and how to feed them.
+
+An exported decoder (optimum, torch.onnx, onnxruntime's model builder) takes ``input_ids`` and a
+cache of past keys and values (``past_key_values.{i}.key`` [batch, kv_heads, past, head_dim]),
+often with ``attention_mask`` and ``position_ids``; it returns ``logits`` and the grown cache
+(``present.{i}.key``). :func:`find_decoder` recognises that interface from the inputs' names and
+shapes alone; :func:`complete_feed` turns a token file (``input_ids`` only) into a full prefill
+feed, and :func:`next_step_feed` builds the one-token decode step that follows a run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from qtool.calibration.dataset_types import Feed, InputSpec, model_inputs
+
+_PAST = re.compile(r"past", re.IGNORECASE)
+_IDS_NAMES = ("input_ids", "ids", "tokens", "input_tokens")
+
+
+@dataclass(frozen=True)
+class CacheInput:
+    """One past key or value input, the output that returns it grown, and its fixed sizes."""
+
+    past: str
+    present: str | None
+    heads: int
+    head_dim: int
+    dtype: np.dtype
+
+    def empty(self, batch: int) -> np.ndarray:
+        """The cache of a prefill: no past positions."""
+        return np.zeros((batch, self.heads, 0, self.head_dim), dtype=self.dtype)
+
+
+@dataclass(frozen=True)
+class DecoderInterface:
+    """The inputs and outputs that make a model a decoder with a key/value cache."""
+
+    input_ids: str
+    attention_mask: str | None
+    position_ids: str | None
+    cache: tuple[CacheInput, ...]
+    logits: str | None  # the next-token scores [batch, sequence, vocab]
+
+    @property
+    def filled(self) -> set[str]:
+        """The inputs qtool can fill when a sample leaves them out."""
+        names = {c.past for c in self.cache}
+        return names | {n for n in (self.attention_mask, self.position_ids) if n is not None}
+
+
+def _ids_input(inputs: Sequence[InputSpec]) -> InputSpec | None:
+    integers = [spec for spec in inputs if np.issubdtype(spec.dtype, np.integer)]
+    for wanted in _IDS_NAMES:
+        for spec in integers:
+            if spec.name.lower() == wanted or spec.name.lower().endswith("." + wanted):
+                return spec
+    return None
+
+
+def _present_name(past: str, outputs: Sequence[str]) -> str | None:
+    """The output that returns ``past`` grown: the same name with 'present' for 'past_key_values'/'past'."""
+    for candidate in (past.replace("past_key_values", "present"), _PAST.sub("present", past, count=1)):
+        if candidate in outputs and candidate != past:
+            return candidate
+    return None
+
+
+def find_decoder(inputs: Sequence[InputSpec], outputs: Sequence[str] = ()) -> DecoderInterface | None:
+    """The model's decoder interface, or None when it takes no token ids or no rank-4 past cache.
+
+    A cache input needs fixed head and head-size dimensions (dims 1 and 3), as every exporter writes them.
+    """
+    ids = _ids_input(inputs)
+    if ids is None:
+        return None
+    cache = []
+    for spec in inputs:
+        shape = spec.shape
+        if not _PAST.search(spec.name) or shape is None or len(shape) != 4:
+            continue
+        heads, head_dim = shape[1], shape[3]
+        if not isinstance(heads, int) or not isinstance(head_dim, int):
+            continue
+        cache.append(CacheInput(spec.name, _present_name(spec.name, outputs), heads, head_dim, spec.dtype))
+    if not cache:
+        return None
+    names = {spec.name for spec in inputs}
+    presents = {c.present for c in cache}
+    logits = next((o for o in outputs if o == "logits"), None) or next((o for o in outputs if o not in presents), None)
+    return DecoderInterface(
+        ids.name,
+        "attention_mask" if "attention_mask" in names else None,
+        "position_ids" if "position_ids" in names else None,
+        tuple(cache),
+        logits,
+    )
+
+
+def model_decoder(model: onnx.ModelProto) -> DecoderInterface | None:
+    """:func:`find_decoder` on a model's own inputs and outputs."""
+    return find_decoder(model_inputs(model), [o.name for o in model.graph.output])
+
+
+def past_length(decoder: DecoderInterface, feed: Mapping[str, np.ndarray]) -> int:
+    """Positions already in the cache of ``feed`` (0 for a prefill with an empty or absent cache)."""
+    first = feed.get(decoder.cache[0].past)
+    return int(first.shape[2]) if first is not None and first.ndim == 4 else 0
+
+
+def complete_feed(decoder: DecoderInterface, feed: Mapping[str, np.ndarray]) -> Feed:
+    """``feed`` with the inputs a token file leaves out: an empty cache, a mask of ones, positions in order.
+
+    Inputs the sample holds are kept as they are.
+    """
+    out = dict(feed)
+    ids = np.asarray(out[decoder.input_ids])
+    if ids.ndim == 1:
+        ids = ids[np.newaxis]
+        out[decoder.input_ids] = ids
+    batch, length = ids.shape
+    past = past_length(decoder, out)
+    for cache in decoder.cache:
+        out.setdefault(cache.past, cache.empty(batch))
+    if decoder.attention_mask is not None and decoder.attention_mask not in out:
+        out[decoder.attention_mask] = np.ones((batch, past + length), dtype=np.int64)
+    if decoder.position_ids is not None and decoder.position_ids not in out:
+        out[decoder.position_ids] = np.broadcast_to(
+            np.arange(past, past + length, dtype=np.int64), (batch, length)
+        ).copy()
+    return out
+
+
+def next_step_feed(
+    decoder: DecoderInterface,
+    previous: Mapping[str, np.ndarray],
+    results: Mapping[str, np.ndarray],
+    tokens: np.ndarray,
+) -> Feed:
+    """The decode step after running ``previous``: one token per row, the returned cache as the past.
+
+    Args:
+        decoder: the model's interface.
+        previous: the feed just run (its mask and positions are extended by one).
+        results: that run's outputs by name (the present cache).
+        tokens: the next token of each row, [batch].
+    """
+    feed: Feed = {decoder.input_ids: tokens.astype(previous[decoder.input_ids].dtype).reshape(-1, 1)}
+    for cache in decoder.cache:
+        if cache.present is None:
+            raise ValueError(f"no output returns the cache input '{cache.past}'")
+        feed[cache.past] = results[cache.present]
+    if decoder.attention_mask is not None:
+        mask = previous[decoder.attention_mask]
+        feed[decoder.attention_mask] = np.concatenate([mask, np.ones((mask.shape[0], 1), mask.dtype)], axis=1)
+    if decoder.position_ids is not None:
+        positions = previous[decoder.position_ids]
+        feed[decoder.position_ids] = positions[:, -1:] + 1
+    return feed

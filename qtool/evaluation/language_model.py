@@ -1,0 +1,184 @@
+"""Language-model metrics: perplexity, next-token agreement, and a greedy decode loop through the cache.
+
+A quantized decoder can keep a high SQNR on prefills and still break generation: errors in the
+key/value cache compound over decode steps. So for a decoder (see :mod:`qtool.calibration.decoder`)
+``compare`` also measures, per sample (a token sequence):
+
+* **perplexity**, teacher-forced: ``exp`` of the mean negative log-likelihood each model gives the
+  sample's next tokens; the gateable figure is the candidate's over the reference's (``ppl_ratio``);
+* **next-token agreement**: how often the candidate's most likely next token is the reference's, at
+  every position of the prefill;
+* **decode agreement**: the reference greedily continues the sample for ``steps`` tokens through
+  its cache. The candidate is fed the same tokens through *its own* cache (one token per step, the
+  cache growing), and its next token is compared at each step (``decode_agreement``); then it
+  continues on its own, and its tokens are compared position by position with the reference's
+  (``free_running_agreement``, with the mean run of tokens before the first difference).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from qtool.calibration.dataset import Dataset
+from qtool.calibration.decoder import DecoderInterface, complete_feed, next_step_feed
+from qtool.graph.session import run_session
+
+DEFAULT_DECODE_STEPS = 16
+
+
+@dataclass(frozen=True)
+class LanguageModelScore:
+    """What the decoder metrics measured, over ``samples`` token sequences."""
+
+    logits: str
+    samples: int
+    tokens: int  # teacher-forced next-token predictions scored per model
+    reference_perplexity: float
+    candidate_perplexity: float
+    next_token_agreement: float
+    decode_steps: int  # generated tokens per sample (0: the decode loop was not run)
+    decode_agreement: float | None  # fed the reference's tokens through its own cache
+    free_running_agreement: float | None  # its own greedy tokens against the reference's, by position
+    matched_prefix: float | None  # mean tokens generated before the first difference
+
+    @property
+    def ppl_ratio(self) -> float:
+        """Candidate perplexity over the reference's (1.0: unchanged; lower is better)."""
+        return self.candidate_perplexity / self.reference_perplexity
+
+    def lines(self) -> list[str]:
+        """The figures as report lines (the same words in the terminal and in Markdown)."""
+        lines = [
+            f"perplexity {self.reference_perplexity:.4g} -> {self.candidate_perplexity:.4g} "
+            f"(ratio {self.ppl_ratio:.4f}) over {self.tokens} tokens of {self.samples} samples",
+            f"next-token agreement {self.next_token_agreement:.2%}",
+        ]
+        if self.decode_agreement is not None and self.free_running_agreement is not None:
+            lines.append(
+                f"greedy decode, {self.decode_steps} steps through the cache: step agreement "
+                f"{self.decode_agreement:.2%}, free-running {self.free_running_agreement:.2%} "
+                f"(first difference after {self.matched_prefix:.1f} tokens on average)"
+            )
+        return lines
+
+    def measured(self) -> dict[str, float | None]:
+        """The gateable numbers by metric name."""
+        return {
+            "ppl_ratio": self.ppl_ratio,
+            "next_token": self.next_token_agreement,
+            "decode_agreement": self.decode_agreement,
+            "free_running": self.free_running_agreement,
+        }
+
+
+class _Model:
+    """One session and its decoder interface: runs a feed, returns outputs by name."""
+
+    def __init__(self, session: ort.InferenceSession, decoder: DecoderInterface, label: str) -> None:
+        self.session, self.decoder, self.label = session, decoder, label
+        self.names = [o.name for o in session.get_outputs()]
+
+    def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.names, run_session(self.session, None, dict(feed), self.label), strict=True))
+
+    def logits(self, results: Mapping[str, np.ndarray]) -> np.ndarray:
+        assert self.decoder.logits is not None  # checked by language_model_metrics
+        return results[self.decoder.logits]
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def _nll(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> tuple[float, int]:
+    """Summed negative log-likelihood of ids[:, 1:] given logits[:, :-1], over unmasked targets."""
+    logp = _log_softmax(logits[:, :-1])
+    picked = np.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+    keep = mask[:, 1:].astype(bool)
+    return float(-picked[keep].sum()), int(keep.sum())
+
+
+def _greedy(model: _Model, feed: Mapping[str, np.ndarray], results: Mapping[str, np.ndarray], steps: int) -> np.ndarray:
+    """The model's own greedy continuation after the prefill ``feed`` (which gave ``results``): [batch, steps]."""
+    tokens = [model.logits(results)[:, -1].argmax(-1)]
+    for _ in range(steps - 1):
+        feed = next_step_feed(model.decoder, feed, results, tokens[-1])
+        results = model.run(feed)
+        tokens.append(model.logits(results)[:, -1].argmax(-1))
+    return np.stack(tokens, axis=1)
+
+
+def _forced(
+    model: _Model, feed: Mapping[str, np.ndarray], results: Mapping[str, np.ndarray], given: np.ndarray
+) -> np.ndarray:
+    """The model's next token at each step when fed ``given`` [batch, steps] through its cache."""
+    predicted = [model.logits(results)[:, -1].argmax(-1)]
+    for step in range(given.shape[1] - 1):
+        feed = next_step_feed(model.decoder, feed, results, given[:, step])
+        results = model.run(feed)
+        predicted.append(model.logits(results)[:, -1].argmax(-1))
+    return np.stack(predicted, axis=1)
+
+
+def _prefix(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+    """Per row, the tokens before the first difference."""
+    same = ours == theirs
+    return np.where(same.all(axis=1), same.shape[1], same.argmin(axis=1))
+
+
+def language_model_metrics(
+    reference: ort.InferenceSession,
+    candidate: ort.InferenceSession,
+    decoders: tuple[DecoderInterface, DecoderInterface],
+    dataset: Dataset,
+    *,
+    steps: int = DEFAULT_DECODE_STEPS,
+    on_progress: Callable[[int], None] | None = None,
+) -> LanguageModelScore:
+    """Perplexity, next-token and decode agreement of ``candidate`` against ``reference`` (see the module)."""
+    ref, cand = _Model(reference, decoders[0], "reference"), _Model(candidate, decoders[1], "candidate")
+    nll_ref = nll_cand = 0.0
+    scored = agree = samples = positions = 0
+    forced_same = free_same = generated = 0
+    prefixes: list[int] = []
+    for index, (_, sample) in enumerate(dataset.samples(), start=1):
+        feeds = complete_feed(ref.decoder, sample), complete_feed(cand.decoder, sample)
+        ids = feeds[0][ref.decoder.input_ids]
+        mask = feeds[0].get(ref.decoder.attention_mask or "", np.ones_like(ids))[:, -ids.shape[1] :]
+        first_ref, first_cand = ref.run(feeds[0]), cand.run(feeds[1])
+        logits_ref, logits_cand = ref.logits(first_ref), cand.logits(first_cand)
+        value, count = _nll(logits_ref, ids, mask)
+        nll_ref, scored = nll_ref + value, scored + count
+        nll_cand += _nll(logits_cand, ids, mask)[0]
+        keep = mask.astype(bool)
+        agree += int((logits_ref.argmax(-1) == logits_cand.argmax(-1))[keep].sum())
+        positions += int(keep.sum())
+        samples += 1
+        if steps > 0:
+            continued = _greedy(ref, feeds[0], first_ref, steps)
+            forced_same += int((_forced(cand, feeds[1], first_cand, continued) == continued).sum())
+            own = _greedy(cand, feeds[1], first_cand, steps)
+            free_same += int((own == continued).sum())
+            generated += continued.size
+            prefixes.extend(int(p) for p in _prefix(own, continued))
+        if on_progress is not None:
+            on_progress(index)
+    return LanguageModelScore(
+        logits=ref.decoder.logits or "",
+        samples=samples,
+        tokens=scored,
+        reference_perplexity=math.exp(nll_ref / max(1, scored)),
+        candidate_perplexity=math.exp(nll_cand / max(1, scored)),
+        next_token_agreement=agree / max(1, positions),
+        decode_steps=steps,
+        decode_agreement=forced_same / generated if generated else None,
+        free_running_agreement=free_same / generated if generated else None,
+        matched_prefix=float(np.mean(prefixes)) if prefixes else None,
+    )

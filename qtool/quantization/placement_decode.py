@@ -1,0 +1,62 @@
+"""Decoders in the placement choice: each candidate's greedy decode through its own cache, against the float model.
+
+A placement can keep its SQNR on prefills and still break generation, because the error in the
+key/value cache compounds step by step. For a decoder (see :mod:`qtool.calibration.decoder`) the
+choice runs :data:`DECODE_STEPS` greedy steps per scored sample with every candidate
+(:func:`qtool.evaluation.language_model.language_model_metrics`), and a candidate whose decode-step
+agreement falls below the dynamic-int8 placement's is not kept: dynamic int8 (weights int8,
+activations quantized per run) is the form every runtime offers, so no chosen placement decodes worse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import onnx
+
+from qtool.calibration.dataset import Dataset
+from qtool.calibration.decoder import DecoderInterface, model_decoder
+from qtool.errors import QtoolError
+from qtool.evaluation.language_model import language_model_metrics
+from qtool.graph.session import create_session
+from qtool.graph.weights import Weights
+
+DECODE_STEPS = 16  # greedy steps per scored sample
+BAR = "dynamic"  # the placement whose decode agreement every kept candidate must reach
+
+
+def decoder_to_score(model: onnx.ModelProto) -> DecoderInterface | None:
+    """The model's decoder interface when the decode loop can run (logits and a returned cache), else None."""
+    try:
+        decoder = model_decoder(model)
+    except QtoolError:
+        return None
+    if decoder is None or decoder.logits is None or any(c.present is None for c in decoder.cache):
+        return None
+    return decoder
+
+
+def decode_agreements(
+    float_model: onnx.ModelProto,
+    weights: Weights,
+    decoder: DecoderInterface,
+    candidates: Mapping[str, onnx.ModelProto],
+    dataset: Dataset,
+    threads: int | None = None,
+) -> dict[str, float]:
+    """Each candidate's decode-step agreement with the float model, fed its tokens through its own cache."""
+    reference = create_session(float_model, "the float model", threads=threads, weights=weights)
+    agreements = {}
+    for name, model in candidates.items():
+        session = create_session(model, f"the '{name}' placement", threads=threads, weights=weights)
+        score = language_model_metrics(reference, session, (decoder, decoder), dataset, steps=DECODE_STEPS)
+        agreements[name] = score.decode_agreement if score.decode_agreement is not None else 0.0
+    return agreements
+
+
+def decode_bar(agreements: Mapping[str, float], aliases: Mapping[str, list[str]]) -> float | None:
+    """The dynamic placement's agreement (it may share its plan with another candidate's name)."""
+    for name, others in aliases.items():
+        if (name == BAR or BAR in others) and name in agreements:
+            return agreements[name]
+    return None

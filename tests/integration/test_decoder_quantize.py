@@ -1,0 +1,105 @@
+"""Decoders through quantize and tune: decode steps in the choice, the contrib form, MatMulNBits already there."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+import qtool
+from qtool.cli import app
+from qtool.options import EvaluationOptions
+from tests.conftest import SAMPLES, calib_dir, eval_dir, sample
+
+runner = CliRunner()
+GQA = SAMPLES / "decoder" / "model_gqa.onnx"
+INT4 = "int4_matmul_nbits"
+
+
+def invoke(*args: object):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _ops(path: Path) -> Counter[str]:
+    return Counter(node.op_type for node in onnx.load(path).graph.node)
+
+
+@pytest.mark.slow
+def test_the_default_never_keeps_a_placement_that_decodes_worse_than_dynamic_int8(tmp_path: Path) -> None:
+    out, report = tmp_path / "d.onnx", tmp_path / "d.json"
+    result = invoke("quantize", sample("decoder"), "--data", calib_dir("decoder"), "--eval", eval_dir("decoder"),
+                    "-o", out, "--json", report)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    choice = json.loads(report.read_text())["placement_choice"]
+    bar = choice["decode_bar"]
+    assert bar is not None and 0 < bar <= 1
+    decodes = {c["name"]: c["decode_agreement"] for c in choice["candidates"]}
+    assert all(value is not None for value in decodes.values()) and "dynamic" in str(choice["candidates"])
+    assert decodes[choice["chosen"]] >= bar
+    assert any(s.startswith("decode-") for s in choice["samples"])  # decode steps scored beside prefills
+    assert "a placement below dynamic int8's" in result.output
+    # the shape-arithmetic Gathers of the cache's length share one line
+    assert sum("kept in float" in line and "Gather" in line for line in result.output.splitlines()) <= 2
+
+
+@pytest.mark.slow
+def test_the_contrib_form_quantizes_to_matmul_nbits_with_group_query_attention_intact(tmp_path: Path) -> None:
+    out = tmp_path / "gqa.int4.onnx"
+    result = qtool.quantize(GQA, out, config_path=INT4, data_dir=calib_dir("decoder"), evaluation=None)
+    assert result.placements.get("weight_only", 0) >= 15
+    before, after = _ops(GQA), _ops(out)
+    assert after["MatMulNBits"] == before["MatMul"] and after["MatMul"] == 0
+    assert after["GroupQueryAttention"] == before["GroupQueryAttention"] == 2
+    originals = [n for n in onnx.load(GQA).graph.node if n.op_type == "GroupQueryAttention"]
+    written = [n for n in onnx.load(out).graph.node if n.op_type == "GroupQueryAttention"]
+    assert [list(n.attribute) for n in written] == [list(n.attribute) for n in originals]
+    compared = qtool.compare(GQA, out, eval_dir("decoder"), options=EvaluationOptions(runs=0, limit=8))
+    assert compared.language_model is not None
+    assert compared.language_model.ppl_ratio < 1.01 and compared.language_model.next_token_agreement > 0.9
+
+
+@pytest.mark.slow
+def test_the_default_on_the_contrib_form_types_every_matmul(tmp_path: Path) -> None:
+    """onnx's inference stops at every contrib op: without typing past them no MatMul could be quantized."""
+    result = invoke("quantize", GQA, "--data", calib_dir("decoder"), "-o", tmp_path / "g.onnx", "--no-search")
+    assert result.exit_code == 0, result.output
+    assert "is unknown (shape inference could not tell)" not in result.output
+    assert "passed through untouched" in result.output and "GroupQueryAttention x2" in result.output
+
+
+def test_matmul_nbits_already_present_is_passed_through(tmp_path: Path) -> None:
+    """As onnxruntime's model builder writes a decoder: int4 projections, a float embedding table."""
+    given = tmp_path / "builder_int4.onnx"
+    config = tmp_path / "int4_projections.yaml"
+    config.write_text(
+        "global: {weight: {dtype: int4, granularity: per_block, block_size: 32, format: matmul_nbits}, "
+        "weight_only: true}\nop_type: {Gather: null}\n"
+    )
+    qtool.quantize(sample("decoder"), given, config_path=config, data_dir=calib_dir("decoder"), evaluation=None)
+    model = onnx.load(given)
+    model.producer_name = "onnxruntime-genai"  # qtool refuses its own outputs whatever they hold
+    onnx.save(model, given)
+    out = tmp_path / "again.onnx"
+    result = invoke("quantize", given, "--data", calib_dir("decoder"), "-o", out, "--no-search")
+    assert result.exit_code == 0, result.output
+    assert "MatMulNBits x15" in result.output  # passed through untouched
+    assert _ops(out)["MatMulNBits"] == _ops(given)["MatMulNBits"] == 15
+    assert _ops(out)["DequantizeLinear"] > _ops(given)["DequantizeLinear"]  # the embedding table, quantized now
+    compared = qtool.compare(sample("decoder"), out, eval_dir("decoder"), options=EvaluationOptions(runs=0, limit=4))
+    assert compared.language_model is not None and compared.language_model.ppl_ratio < 1.05
+
+
+@pytest.mark.slow
+def test_tune_scores_decode_steps_beside_prefills(tmp_path: Path) -> None:
+    report = tmp_path / "t.json"
+    result = invoke("tune", sample("decoder"), "--data", calib_dir("decoder"), "--eval", eval_dir("decoder"),
+                    "--target-sqnr", 25, "--time-budget", 60, "-o", tmp_path / "t.onnx",
+                    "--config-out", tmp_path / "t.yaml", "--json", report)  # fmt: skip
+    assert result.exit_code in (0, 1), result.output
+    samples = json.loads(report.read_text())["samples"]
+    assert any(name.startswith("decode-") for name in samples["selection"])
+    assert any(name.startswith("decode-") for name in samples["validation"])
