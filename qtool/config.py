@@ -323,13 +323,6 @@ def _check_target(config: QConfig) -> None:
                 f"{config.source}: rule {rule} writes onnxruntime's MatMulNBits, which TensorRT does not run",
                 hint="use weight.format: qdq for TensorRT",
             )
-        for role, settings in (("weight", entry.weight), ("activation", entry.activation)):
-            if settings is not None and settings.dtype == "fp8_e5m2":
-                raise QtoolError(
-                    f"{config.source}: rule {rule} asks for fp8_e5m2 {role}s, which TensorRT does not run "
-                    "(its float8 is E4M3)",
-                    hint="use fp8_e4m3 for TensorRT, or --target cpu / cuda",
-                )
 
 
 def _node_scheme(settings: dict[str, Any], rule: str) -> NodeScheme:

@@ -18,8 +18,8 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2"])
-def test_fp8_weights_and_activations_are_symmetric_whatever_the_default_says(tmp_path, dtype):
+def test_fp8_weights_and_activations_are_symmetric_whatever_the_default_says(tmp_path):
+    dtype = "fp8_e4m3"
     config = load_config(write(tmp_path, f"global:\n  weight: {{dtype: {dtype}}}\n  activation: {{dtype: {dtype}}}\n"))
     scheme = config.global_scheme
     assert scheme.weight.dtype == scheme.activation.dtype == dtype
@@ -45,9 +45,9 @@ def test_fp8_weights_and_activations_are_symmetric_whatever_the_default_says(tmp
         ),
         (  # the rule's fp8 meets a setting it takes from global: the error points at that setting, naming the rule
             "global:\n  weight: {dtype: int4, granularity: per_block}\n"
-            "op_type:\n  MatMul: {weight: {dtype: fp8_e5m2}}\n",
+            "op_type:\n  MatMul: {weight: {dtype: fp8_e4m3}}\n",
             ":2:38: global.weight.granularity:",
-            "rule op_type:MatMul asks for fp8_e5m2 weights",
+            "rule op_type:MatMul asks for fp8_e4m3 weights",
         ),
         (
             "node_name:\n  fc1/matmul:\n    activation: {dtype: fp8_e4m3, symmetric: false}\n",
@@ -60,6 +60,8 @@ def test_fp8_weights_and_activations_are_symmetric_whatever_the_default_says(tmp
             "which are stored as QDQ",
         ),
         ("global:\n  activation: {dtype: float8e4m3fn}\n", ":2:23:", "unsupported activation dtype 'float8e4m3fn'"),
+        # qparams has E5M2, but onnxruntime 1.32's CPU optimizer computes E5M2 Q/DQ models wrongly
+        ("global:\n  weight: {dtype: fp8_e5m2}\n", ":2:19:", "unsupported weight dtype 'fp8_e5m2'"),
     ],
 )
 def test_fp8_settings_that_cannot_be_are_refused_at_their_yaml_line(tmp_path, text, where, what):
@@ -82,18 +84,15 @@ def test_an_int8_rule_under_an_fp8_global_keeps_its_own_settings(tmp_path):
     assert scheme.activation.dtype == "uint8" and not scheme.activation.symmetric
 
 
-def test_tensorrt_keeps_fp8_e4m3_and_refuses_e5m2(tmp_path):
+def test_tensorrt_keeps_fp8_e4m3_activations_and_weights(tmp_path):
     text = "target: tensorrt\nglobal:\n  weight: {dtype: fp8_e4m3}\n  activation: {dtype: fp8_e4m3}\n"
     config = load_config(write(tmp_path, text))
     scheme = config.scheme_for("conv", "Conv")
     assert scheme is not None
     assert (scheme.weight.dtype, scheme.activation.dtype) == ("fp8_e4m3", "fp8_e4m3")
     assert scheme.activation.symmetric and scheme.placement == "integer"
-    with pytest.raises(QtoolError, match="rule op_type:Gemm asks for fp8_e5m2 activations, which TensorRT does not"):
-        load_config(write(tmp_path, text + "op_type:\n  Gemm: {activation: {dtype: fp8_e5m2}}\n"))
-    e5m2 = load_config(write(tmp_path, text.replace("e4m3", "e5m2").replace("tensorrt", "cpu")))
-    with pytest.raises(QtoolError, match="fp8_e5m2 weights, which TensorRT does not run"):
-        e5m2.with_target("tensorrt")
+    cuda = config.with_target("cuda").scheme_for("conv", "Conv")
+    assert cuda is not None and cuda.placement == "storage" and cuda.weight.dtype == "fp8_e4m3"
 
 
 def test_the_packaged_fp8_config_is_tensorrt_e4m3_per_channel_weights_per_tensor_activations():
