@@ -18,7 +18,7 @@ import yaml
 
 from qtool.errors import QtoolError
 from qtool.located_yaml import LocatedYaml
-from qtool.schemas.config import ConfigDocument, NodeSettings
+from qtool.schemas.config import FP8_DTYPES, ConfigDocument, NodeSettings
 from qtool.schemas.config_checks import compiled_pattern, validate_document
 from qtool.schemes import (
     TARGETS,
@@ -119,6 +119,8 @@ class QConfig:
                 (21, weight.get("dtype") in ("int4", "uint4") and f"{weight.get('dtype')} weights"),
                 (21, weight.get("granularity") == "per_block" and "per-block weights"),
                 (21, activation.get("dtype") in ("int16", "uint16") and f"{activation.get('dtype')} activations"),
+                (19, weight.get("dtype") in FP8_DTYPES and f"{weight.get('dtype')} weights"),
+                (19, activation.get("dtype") in FP8_DTYPES and f"{activation.get('dtype')} activations"),
                 (13, weight.get("granularity") == "per_channel" and "per-channel weights"),
             ):
                 if reason and opset > need:
@@ -324,10 +326,18 @@ def _check_target(config: QConfig) -> None:
 
 
 def _node_scheme(settings: dict[str, Any], rule: str) -> NodeScheme:
-    """A node's scheme from its complete settings (global, then every rule that matches, laid over it)."""
+    """A node's scheme from its complete settings (global, then every rule that matches, laid over it).
+
+    fp8 is symmetric whatever ``symmetric`` says (the default's ``false`` for activations; the
+    user's own ``false`` is refused when the file is read).
+    """
+
+    def tensor(values: dict[str, Any]) -> TensorScheme:
+        return TensorScheme(**{**values, "symmetric": values["dtype"] in FP8_DTYPES or values["symmetric"]})
+
     return NodeScheme(
-        weight=TensorScheme(**settings["weight"]),
-        activation=TensorScheme(**settings["activation"]),
+        weight=tensor(settings["weight"]),
+        activation=tensor(settings["activation"]),
         weight_only=settings["weight_only"],
         placement=settings["placement"],
         algorithms=Algorithms(**settings["algorithms"]),

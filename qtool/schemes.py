@@ -39,6 +39,11 @@ class TensorScheme:
     def fp16(self) -> bool:
         return self.dtype == "fp16"
 
+    @property
+    def fp8(self) -> bool:
+        """float8 values (``fp8_e4m3``, ``fp8_e5m2``): symmetric, stored as QDQ, no integer kernel on CPU."""
+        return self.dtype.startswith("fp8_")
+
     def describe(self) -> str:
         """Short text such as ``int4 per_block(32) sym``."""
         if self.fp16:
@@ -119,7 +124,8 @@ def for_target(scheme: NodeScheme, target: str) -> NodeScheme:
     * ``tensorrt``: TensorRT runs int8 only with symmetric int8 on both inputs of a layer, so
       activations become int8 with zero point 0, int8 weights symmetric (full range: GPUs do not
       saturate like VNNI-less CPUs), and every auto or storage node an integer one (a weight
-      restored to float only costs time there). Weight-only nodes stay weight-only.
+      restored to float only costs time there). Weight-only nodes stay weight-only. fp8
+      activations and weights stay fp8 (TensorRT fuses fp8_e4m3 Q/DQ into fp8 layers the same way).
     """
     if target == "cpu_vnni" and scheme.weight.saturation == "auto":
         return replace(scheme, weight=replace(scheme.weight, saturation="ignore"))
@@ -127,9 +133,10 @@ def for_target(scheme: NodeScheme, target: str) -> NodeScheme:
         return replace(scheme, placement="storage", rule=scheme.rule)
     if target != "tensorrt":
         return scheme
-    activation = replace(scheme.activation, dtype="int8", symmetric=True)
+    dtype = scheme.activation.dtype if scheme.activation.fp8 else "int8"
+    activation = replace(scheme.activation, dtype=dtype, symmetric=True)
     weight = scheme.weight
-    if not weight.fp16:
+    if not weight.fp16 and not weight.fp8:
         signed = {"uint8": "int8", "uint4": "int4", "uint2": "int2"}.get(weight.dtype, weight.dtype)
         weight = replace(weight, dtype=signed, symmetric=True, saturation="ignore")
     placement = scheme.placement if scheme.weight_only else "integer"

@@ -1,7 +1,7 @@
 """Which opset a quantized model is written at.
 
 Four things bound it: the input model's opset, what the config needs (int4 weights need opset 21,
-int2 25, per-channel 13), the newest opset at which the installed onnxruntime has
+int2 25, fp8 19, per-channel 13), the newest opset at which the installed onnxruntime has
 QuantizeLinear/DequantizeLinear kernels for the dtypes the config uses, and the user's ``--opset``.
 onnxruntime often loads a newer opset than it has Q/DQ kernels for (1.32 loads opset 28 but has
 QuantizeLinear only up to 27), so the kernels themselves are probed, once per process.
@@ -29,6 +29,8 @@ _TYPES = {
     "int4": TensorProto.INT4,
     "uint2": TensorProto.UINT2,
     "int2": TensorProto.INT2,
+    "fp8_e4m3": TensorProto.FLOAT8E4M3FN,
+    "fp8_e5m2": TensorProto.FLOAT8E5M2,
 }
 
 

@@ -12,6 +12,7 @@ from onnx import helper
 
 from qtool.calibration.dataset import Feed
 from qtool.errors import QtoolError
+from qtool.graph.ort_rewrites import unsafe_rewrites
 from qtool.graph.weights import Weights
 
 _SOURCE_LOCATION = re.compile(r"^\S+\.(?:cc|cpp|h):\d+ ")
@@ -116,25 +117,28 @@ def create_session(
     """An onnxruntime CPU session, with a QtoolError naming ``what`` if onnxruntime refuses the model.
 
     A ModelProto's detached initializers (see :mod:`qtool.graph.weights`) take their values from ``weights``.
-    ``spinning``: see :func:`session_options`.
+    ``spinning``: see :func:`session_options`. onnxruntime rewrites that would change what the model
+    computes are turned off (see :mod:`qtool.graph.ort_rewrites`).
     """
+    unsafe = unsafe_rewrites(model)
     if isinstance(model, (str, Path)):
-        return _session(str(model), session_options(threads=threads, level=level, spinning=spinning), providers, what)
+        options = session_options(threads=threads, level=level, spinning=spinning)
+        return _session(str(model), options, providers, what, disabled=unsafe or None)
     source = model.SerializeToString()
     store = weights or Weights()
     options = session_options(threads=threads, level=level, spinning=spinning)
     shared = store.session_options(model, options)
     if not shared:
-        return _session(source, options, providers, what)
+        return _session(source, options, providers, what, disabled=unsafe or None)
     # onnxruntime reads shared arrays in place, but its constant folding would try to read them from
     # the placeholder location: it is turned off, and a model that still needs them read gets copies.
     options.log_severity_level = 4  # a refusal here is expected and handled: not an error to show
     try:
-        session = _session(source, options, providers, what, disabled=["ConstantFolding"])
+        session = _session(source, options, providers, what, disabled=["ConstantFolding", *unsafe])
     except QtoolError:
         options = session_options(threads=threads, level=level, spinning=spinning)
         shared = store.session_options(model, options, copy=True)
-        session = _session(source, options, providers, what)
+        session = _session(source, options, providers, what, disabled=unsafe or None)
     session._qtool_initializers = shared  # onnxruntime reads these arrays: they live as long as the session
     return session
 

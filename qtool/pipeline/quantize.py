@@ -20,6 +20,7 @@ from qtool.graph.checks import check_quantized_model
 from qtool.graph.input_shapes import restore_input_dims
 from qtool.graph.model_files import same_file
 from qtool.graph.model_io import save_model
+from qtool.graph.ort_rewrites import fp8_relu_note
 from qtool.graph.session import create_session
 from qtool.options import QUANTIZE_EVALUATION, CalibrationOptions, EvaluationOptions, OutputOptions, SearchOptions
 from qtool.pipeline.build import Builder, Built, input_collector, weight_algorithms
@@ -209,6 +210,8 @@ def _write(
         data_files=[str(p) for p in written[1:]],
     )
     result.notes += [check_note] if check_note else []
+    relu_note = fp8_relu_note(quantized)
+    result.notes += [relu_note] if relu_note else []
     return result
 
 

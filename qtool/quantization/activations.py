@@ -19,6 +19,16 @@ def activation_qparams(rmin: np.ndarray, rmax: np.ndarray, scheme: TensorScheme,
     return compute_qparams(rmin, rmax, quant_type(scheme.dtype), symmetric=scheme.symmetric, what=what)
 
 
+def observer_bits(scheme: TensorScheme) -> int:
+    """The bit width an activation's range is chosen for (an observer may clip more for fewer bits).
+
+    fp8 keeps 3 (E4M3) or 2 (E5M2) mantissa bits at every magnitude, so clipping large values
+    buys it little precision: its range is the one chosen for a fine 16-bit grid, in effect the
+    observed extremes (TensorRT's fp8 recipe calibrates with the maximum too).
+    """
+    return 8 if scheme.dtype in ("int8", "uint8") else 16
+
+
 def plan_activation_qparams(plan: QuantPlan, observers: Mapping[str, Observer]) -> dict[str, QParams]:
     """QParams of each activation the plan quantizes, from its observer's range at the scheme's bit width.
 
@@ -39,7 +49,7 @@ def plan_activation_qparams(plan: QuantPlan, observers: Mapping[str, Observer]) 
                 "activations are quantized per tensor",
                 hint="re-run qtool calibrate with the same model and config",
             )
-        bits = 8 if scheme.dtype.endswith("8") else 16
+        bits = observer_bits(scheme)
         try:
             lo, hi = observer.range(bits, scheme.symmetric)  # a histogram observer checks its extremes first
             check_range(lo, hi, None)

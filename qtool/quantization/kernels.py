@@ -21,8 +21,10 @@ and graph transformers (onnxruntime 1.2x-1.3x, CPU EP):
   -> DynamicQuantizeMatMul; where several read one input, it is quantized once and each runs
   MatMulIntegerToFloat. A MatMul of two activations fuses the same way (its B quantized at run time).
 
-For ``target: tensorrt`` every integer node is predicted to fuse into an int8 TensorRT layer, and
-for ``target: cuda`` every node to run in float (the CUDA provider dequantizes Q/DQ models).
+For ``target: tensorrt`` every integer node is predicted to fuse into an int8 TensorRT layer (an fp8
+one with fp8_e4m3 activations and weights), and for ``target: cuda`` every node to run in float (the
+CUDA provider dequantizes Q/DQ models). onnxruntime's CPU provider has no fp8 kernels: fp8 Q/DQ run
+around a float op.
 
 The benchmark checks these predictions against the optimized graphs
 onnxruntime writes (``bench/run.py`` prints the agreement).
@@ -112,6 +114,14 @@ def _predict_gpu(p: NodePlan, target: str) -> KernelPrediction:
         )
         return KernelPrediction(p.name, f"float {op} (CUDA)", False, why)
     if p.placement == "integer":
+        activation, weight = p.scheme.activation, p.scheme.weight
+        if activation.fp8 or (p.weight is not None and weight.fp8):
+            if op == "ConvTranspose" or not activation.fp8 or (p.weight is not None and not weight.fp8):
+                why = "no fp8 fusion for it (fp8 layers take fp8_e4m3 on both inputs)"
+                return KernelPrediction(p.name, f"float {op} (TensorRT)", False, why)
+            return KernelPrediction(
+                p.name, f"fp8 {op} (TensorRT)", True, "fp8 Q/DQ on its input and weight fuse into an fp8 layer"
+            )
         if op == "ConvTranspose" or p.scheme.activation.dtype != "int8":
             return KernelPrediction(p.name, f"float {op} (TensorRT)", False, "no int8 fusion for it")
         return KernelPrediction(
@@ -170,6 +180,10 @@ def _predict(
                 )
             return KernelPrediction(p.name, "MatMulNBits", True, f"{spec.dtype} blocks of {block} along K")
         return KernelPrediction(p.name, f"float {op}", False, "weight-only: DequantizeLinear runs on every call")
+    if p.scheme.activation.fp8 or spec.fp8:
+        return KernelPrediction(
+            p.name, f"float {op}", False, f"fp8 Q/DQ run around a float {op} (no fp8 kernels on CPU)"
+        )
     if p.scheme.activation.dtype not in ("uint8", "int8"):
         return KernelPrediction(
             p.name, f"float {op}", False, f"{p.scheme.activation.dtype} activations have no integer kernels on CPU"

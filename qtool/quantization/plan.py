@@ -97,11 +97,12 @@ def _plan_nodes(
             continue
         scheme, roles = eligible
         weight = _weight_plan(roles.weight, scheme, g, node.name) if roles.weight else None
-        if node.op_type in LOOKUP_OPS and weight is not None:
+        lookup = node.op_type in LOOKUP_OPS and weight is not None
+        if lookup and not scheme.weight.fp8:
             # A lookup reads a few rows per call: the table stays quantized, the rows read are dequantized.
             why = "a table lookup: the rows it reads are dequantized after it"
             planned: NodePlan | str = NodePlan(node.name, node.op_type, scheme, (), weight, None, None, "lookup", why)
-        elif scheme.weight_only or runs_weight_only(scheme.weight):
+        elif scheme.weight_only or runs_weight_only(scheme.weight) or lookup:
             planned = _weight_only_node(node, scheme, weight, node.name in final, g)
         else:
             planned = _computing_node(node, roles, scheme, weight, g, elements, demoted.get(node.name))
@@ -152,6 +153,8 @@ def _weight_only_node(
     if weight is None:
         return "weight_only/fp16 asked for, but the node has no constant weight"
     why = "fp16" if scheme.weight.fp16 else "per_block weights" if weight.block_size else "weight_only"
+    if node.op_type in LOOKUP_OPS:  # Gather takes no float8 input: the rows cannot be read as stored
+        why = f"a {scheme.weight.dtype} table, dequantized whole before the lookup (Gather reads no float8)"
     if final and _keeps_final_int8(scheme):
         signed = quant_type(scheme.weight.dtype).signed
         scheme = replace(scheme, weight=replace(scheme.weight, dtype="int8" if signed else "uint8"))
@@ -184,7 +187,7 @@ def _computing_node(
         return NodePlan(name, node.op_type, scheme, (), weight, None, None, "storage", why)
     macs = node_macs(node, roles, g, elements) if elements is not None else None
     if scheme.mode == "dynamic":
-        dynamic = _dynamic_reason(node, weight)
+        dynamic = _dynamic_reason(node, weight, scheme)
         if dynamic is None:
             why = f"mode: dynamic ({scheme.rule}); {why}"
             # DynamicQuantizeLinear always makes uint8 activations (asymmetric, per tensor).
@@ -195,9 +198,11 @@ def _computing_node(
             return NodePlan(name, node.op_type, runtime, (), weight, None, None, "dynamic", why, macs, layout)
         log.info("%s: %s; quantized statically", name, dynamic)
     output = output_to_quantize(node, g)
-    # An int32 bias needs one weight scale per output channel (or one for all): not per block.
+    # An int32 bias needs one weight scale per output channel (or one for all): not per block. With fp8
+    # the bias stays float, as TensorRT's fp8 layers add it (there is no integer accumulator to match).
     natural = roles.weight.channel_axis if roles.weight else None
     bias_fits = weight is not None and weight.block_size is None and weight.axis in (None, natural)
+    bias_fits = bias_fits and not scheme.weight.fp8 and not scheme.activation.fp8
     bias = roles.bias if bias_fits else None
     layout = pair_layout(node, roles, g)
     integer = guard_saturation(scheme, layout)
@@ -298,7 +303,7 @@ def _keeps_final_int8(scheme: NodeScheme) -> bool:
     return bool(spec.final_layer_int8) and not spec.fp16 and quant_type(spec.dtype).bits < 8 and not explicit
 
 
-def _dynamic_reason(node: onnx.NodeProto, weight: WeightPlan | None) -> str | None:
+def _dynamic_reason(node: onnx.NodeProto, weight: WeightPlan | None, scheme: NodeScheme) -> str | None:
     """Why ``node`` cannot run dynamically quantized (None: it can).
 
     onnxruntime fuses DynamicQuantizeLinear + MatMulInteger (+ Cast, Mul, bias Add) into one
@@ -313,6 +318,8 @@ def _dynamic_reason(node: onnx.NodeProto, weight: WeightPlan | None) -> str | No
         return "mode: dynamic needs a constant weight as the second input"
     if weight.block_size is not None:
         return "mode: dynamic has no per-block weights"
+    if scheme.weight.fp8:
+        return f"mode: dynamic has no {scheme.weight.dtype} weights (MatMulInteger multiplies integers)"
     if node.op_type == "Gemm":
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:

@@ -2,13 +2,16 @@
 
 Nothing here knows about ONNX graphs or observers. The numerics follow the ONNX
 QuantizeLinear / DequantizeLinear definitions: ``q = saturate(rint(x / scale) + zp)``
-with round-half-to-even in float32, and ``x = (q - zp) * scale``.
+with round-half-to-even in float32, and ``x = (q - zp) * scale``. For the float8
+types ``x / scale`` (in float32) is rounded to the nearest float8 value, ties to even,
+and saturates at the type's largest finite value; their zero point is always 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
@@ -17,7 +20,12 @@ from qtool.errors import QtoolError
 
 @dataclass(frozen=True)
 class QuantType:
-    """An integer storage type: its name, ONNX element type and numeric range."""
+    """A storage type: its name, ONNX element type and numeric range.
+
+    An integer type holds the integers ``qmin..qmax``. A float8 type (``float8``) holds the
+    values of its 8-bit float grid, ``qmax`` being the largest finite one (448 for E4M3FN,
+    57344 for E5M2): a scale maps the range onto it and values round to that grid.
+    """
 
     name: str
     onnx_type: int
@@ -25,6 +33,7 @@ class QuantType:
     qmin: int
     qmax: int
     reduced: bool = False  # one bit of the range left unused (see :meth:`reduced_range`)
+    float8: bool = False  # values on a float8 grid (symmetric only: zero point 0), not integers
 
     @property
     def signed(self) -> bool:
@@ -33,6 +42,8 @@ class QuantType:
     @property
     def bits(self) -> int:
         """Bits per stored value (a reduced range still stores ``bits`` bits)."""
+        if self.float8:
+            return 8
         return int(self.qmax - self.qmin).bit_length() + int(self.reduced)
 
     def reduced_range(self) -> QuantType:
@@ -55,6 +66,8 @@ QUANT_TYPES: dict[str, QuantType] = {
     "uint4": QuantType("uint4", TensorProto.UINT4, np.uint8, 0, 15),
     "int2": QuantType("int2", TensorProto.INT2, np.int8, -2, 1),
     "uint2": QuantType("uint2", TensorProto.UINT2, np.uint8, 0, 3),
+    "fp8_e4m3": QuantType("fp8_e4m3", TensorProto.FLOAT8E4M3FN, ml_dtypes.float8_e4m3fn, -448, 448, float8=True),
+    "fp8_e5m2": QuantType("fp8_e5m2", TensorProto.FLOAT8E5M2, ml_dtypes.float8_e5m2, -57344, 57344, float8=True),
 }
 
 _INT32 = np.iinfo(np.int32)
@@ -117,7 +130,8 @@ def compute_qparams(
     zero-width range (an all-zero tensor) gets scale 1.0 instead of 0. Symmetric
     signed types use zero point 0 (with ``narrow_range`` the range is
     ``[-qmax, qmax]`` so that ``-x`` quantizes to ``-q``); symmetric unsigned types
-    centre the zero point.
+    centre the zero point. Float8 types are symmetric only: ``scale = absmax / qmax``
+    (448 for E4M3FN) and a zero point 0 of the float8 type.
 
     Args:
         rmin: observed minimum, a scalar or one value per channel.
@@ -130,7 +144,14 @@ def compute_qparams(
 
     Returns:
         QParams with float32 scale and zero point of ``qtype``.
+
+    Raises:
+        QtoolError: the range is not finite, or an asymmetric range was asked of a float8 type.
     """
+    if qtype.float8 and not symmetric:
+        raise QtoolError(
+            f"{what}: {qtype.name} is quantized symmetrically only (its zero point is 0)", hint="set symmetric: true"
+        )
     lo = np.minimum(np.asarray(rmin, dtype=np.float64), 0.0)
     hi = np.maximum(np.asarray(rmax, dtype=np.float64), 0.0)
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
@@ -163,7 +184,7 @@ def compute_qparams(
         zero_point=zero.astype(qtype.numpy_dtype),
         qtype=qtype,
         axis=axis,
-        narrow=bool(symmetric and narrow_range and qtype.signed),
+        narrow=bool(symmetric and narrow_range and qtype.signed and not qtype.float8),
     )
 
 
@@ -173,8 +194,13 @@ def _expanded(qp: QParams, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
-    """QuantizeLinear: float32 tensor -> integers of ``qp.qtype``."""
+    """QuantizeLinear: float32 tensor -> integers (or float8 values) of ``qp.qtype``."""
     scale, zero = _expanded(qp, x)
+    if qp.qtype.float8:
+        # Saturated before the cast (QuantizeLinear's saturate=1): the cast would make E4M3FN values
+        # beyond 464 NaN and E5M2 ones inf. NaN stays NaN, as in onnxruntime.
+        scaled = np.clip(x.astype(np.float32) / scale.astype(np.float32), -qp.qtype.qmax, qp.qtype.qmax)
+        return scaled.astype(np.float32).astype(qp.qtype.numpy_dtype)
     # Clipped in float first: +-inf and values beyond int64 would wrap around in the integer cast.
     steps = np.clip(np.rint(x.astype(np.float32) / scale), qp.qmin - zero, qp.qtype.qmax - zero)
     q = steps.astype(np.int64) + zero
@@ -182,8 +208,10 @@ def quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
 
 
 def dequantize(q: np.ndarray, qp: QParams) -> np.ndarray:
-    """DequantizeLinear: integers -> float32."""
+    """DequantizeLinear: integers (or float8 values) -> float32."""
     scale, zero = _expanded(qp, q)
+    if qp.qtype.float8:  # zero point 0
+        return (q.astype(np.float32) * scale).astype(np.float32)
     return ((q.astype(np.int64) - zero).astype(np.float32) * scale).astype(np.float32)
 
 

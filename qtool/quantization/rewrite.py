@@ -255,6 +255,7 @@ class _Rewriter:
         values = (current + shift).astype(np.float32)
         output = self.names.new(f"{node.name}/corrected_bias")
         integer = node.placement == "integer" and bool(node.activations) and (alpha, beta) == (1.0, 1.0)
+        integer = integer and not weight_qp.qtype.float8 and not node.scheme.activation.fp8  # fp8: a float bias
         if integer and not present and values.ndim == 1 and weight_qp.block_size is None:
             self._int32_bias(node, values, weight_qp, output)
         else:

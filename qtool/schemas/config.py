@@ -17,8 +17,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from qtool.errors import QtoolError
 
 CONFIG_VERSION = 1
-WEIGHT_DTYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "fp16")
-ACTIVATION_DTYPES = ("uint8", "int8", "uint16", "int16")  # what onnxruntime's QuantizeLinear executes on CPU
+# ONNX's FLOAT8E4M3FN: symmetric, per_tensor or per_channel. (qparams also has fp8_e5m2, not offered: onnxruntime
+# 1.32's CPU optimizer computes E5M2 Q/DQ models wrongly, and TensorRT runs E4M3 only.)
+FP8_DTYPES = ("fp8_e4m3",)
+WEIGHT_DTYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", *FP8_DTYPES, "fp16")
+ACTIVATION_DTYPES = ("uint8", "int8", "uint16", "int16", *FP8_DTYPES)  # what onnxruntime's QuantizeLinear runs on CPU
 GRANULARITIES = ("per_tensor", "per_channel", "per_block")
 PLACEMENTS = ("auto", "integer", "storage")
 SATURATION_GUARDS = ("auto", "uint8", "reduce_range", "ignore")
@@ -28,8 +31,8 @@ MAX_IMAGE_SIDE = 16384  # pixels per side after resize or crop
 CHANNEL_ORDERS = ("RGB", "BGR")
 PREPROCESS_DTYPES = ("float32", "float16", "uint8", "int8")
 
-WeightDtype = Literal["int8", "uint8", "int4", "uint4", "int2", "uint2", "fp16"]
-ActivationDtype = Literal["uint8", "int8", "uint16", "int16"]
+WeightDtype = Literal["int8", "uint8", "int4", "uint4", "int2", "uint2", "fp8_e4m3", "fp16"]
+ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "fp8_e4m3"]
 Granularity = Literal["per_tensor", "per_channel", "per_block"]
 Positive = Annotated[int, Field(ge=1)]
 MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS = 10_000, 86_400
@@ -76,7 +79,9 @@ class WeightSettings(_Strict):
     """How a node's constant weight is stored."""
 
     dtype: WeightDtype | None = Field(
-        None, description="int8 | uint8 | int4 | uint4 | int2 | uint2 | fp16 (cast to float16)"
+        None,
+        description="int8 | uint8 | int4 | uint4 | int2 | uint2 | fp8_e4m3 (float8 E4M3FN, symmetric, per_tensor or "
+        "per_channel) | fp16 (cast to float16)",
     )
     granularity: Granularity | None = Field(None, description="per_tensor | per_channel | per_block")
     symmetric: bool | None = Field(None, description="zero point 0 (centre for unsigned), narrow range [-qmax, qmax]")
@@ -119,9 +124,11 @@ class WeightSettings(_Strict):
 class ActivationSettings(_Strict):
     """How a node's float inputs (and the output it feeds an integer consumer) are quantized."""
 
-    dtype: ActivationDtype | None = Field(None, description="uint8 | int8 | uint16 | int16")
+    dtype: ActivationDtype | None = Field(
+        None, description="uint8 | int8 | uint16 | int16 | fp8_e4m3 (float8 E4M3FN, always symmetric)"
+    )
     granularity: Literal["per_tensor"] | None = Field(None, description="activations are always per_tensor")
-    symmetric: bool | None = Field(None, description="zero point 0 (int8) or the centre (uint8)")
+    symmetric: bool | None = Field(None, description="zero point 0 (int8) or the centre (uint8); fp8 always is")
     observer: ObserverSpec | None = Field(
         None, description="null: calibration.observer; or a name / {name: ..., <option>: ...}"
     )

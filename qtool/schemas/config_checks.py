@@ -20,6 +20,7 @@ from qtool.errors import QtoolError
 from qtool.schemas.config import (
     ACTIVATION_DTYPES,
     CONFIG_VERSION,
+    FP8_DTYPES,
     GRANULARITIES,
     MAX_BLOCK_SIZE,
     SATURATION_GUARDS,
@@ -72,6 +73,7 @@ def validate_document(value: Any, error: Callable[..., QtoolError]) -> ConfigDoc
     except ValidationError as e:
         raise located_error(e, error) from None
     _check_names(value, error)
+    _check_fp8(value, error)
     return document
 
 
@@ -104,6 +106,52 @@ def _check_names(value: dict[str, Any], error: Callable[..., QtoolError]) -> Non
                 hint=f"did you mean {', '.join(close)}?" if close else "op types are case-sensitive",
                 at_key=True,
             )
+
+
+# What fp8 weights and activations cannot be: (key, value) -> (what fp8 is, how to fix it).
+_FP8_CONFLICTS = {
+    ("symmetric", False): ("symmetric only (zero point 0)", "remove symmetric: false"),
+    ("granularity", "per_block"): ("per_tensor or per_channel", "use granularity: per_channel"),
+    ("format", "matmul_nbits"): ("stored as QDQ (MatMulNBits holds integers)", "use format: qdq"),
+}
+
+
+def _check_fp8(value: dict[str, Any], error: Callable[..., QtoolError]) -> None:
+    """fp8 weights and activations: symmetric only, weights per_tensor or per_channel, stored as QDQ.
+
+    A rule takes what it leaves out from ``global``, so a setting written under ``global`` can
+    contradict the fp8 dtype of an ``op_type`` or ``node_name`` rule: the error points at the
+    setting and names the rule. The built-in default's ``activation.symmetric: false`` is not the
+    user's: fp8 activations are symmetric whatever it says.
+    """
+    given = value.get("global")
+    base: dict[str, Any] = given if isinstance(given, dict) else {}
+    rules: list[tuple[tuple[str, ...], dict[str, Any]]] = [(("global",), base)]
+    for section in ("op_type", "node_name"):
+        entries = value.get(section)
+        if isinstance(entries, dict):
+            rules += [((section, name), entry) for name, entry in entries.items() if isinstance(entry, dict)]
+    for path, entry in rules:
+        for role in ("weight", "activation"):
+            dtype = _rule_setting(entry, base, path, role, "dtype")
+            if dtype is None or dtype[1] not in FP8_DTYPES:
+                continue
+            for (key, bad), (fp8_is, fix) in _FP8_CONFLICTS.items():
+                found = _rule_setting(entry, base, path, role, key)
+                if found is not None and found[1] == bad:
+                    rule = ":".join(path)
+                    raise error(found[0], f"rule {rule} asks for {dtype[1]} {role}s, which are {fp8_is}", hint=fix)
+
+
+def _rule_setting(
+    entry: dict[str, Any], base: dict[str, Any], path: tuple[str, ...], role: str, key: str
+) -> tuple[tuple[str, ...], Any] | None:
+    """Where ``role.key`` of the rule at ``path`` is written and its value: the rule's own, else global's."""
+    for where, settings in ((path, entry), (("global",), base)):
+        section = settings.get(role)
+        if isinstance(section, dict) and key in section:
+            return (*where, role, key), section[key]
+    return None
 
 
 # What a failed check says, by the field it concerns (pydantic's own words otherwise).

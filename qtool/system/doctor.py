@@ -93,6 +93,9 @@ def diagnose() -> Doctor:
         cpu=cpu,
         int8_saturates=int8_kernels_saturate(list(cpu["flags"]), str(cpu["machine"])),
         providers=[_check_provider(name) for name in ort.get_available_providers()],
-        qdq_opsets={d: qdq_kernel_opset(d, quantize=d in ("uint8", "int8")) for d in ("uint8", "int8", "int4", "int2")},
+        qdq_opsets={
+            d: qdq_kernel_opset(d, quantize=d in ("uint8", "int8", "fp8_e4m3"))
+            for d in ("uint8", "int8", "int4", "int2", "fp8_e4m3")
+        },
         gpus=_gpus(),
     )

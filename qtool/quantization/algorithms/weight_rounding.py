@@ -60,6 +60,8 @@ class WeightAlgorithms:
         asked = sorted({r.scheme.algorithms.rounding for r in readers} - {"nearest"})
         if not asked:
             return Rounded(None, "nearest")
+        if qp.qtype.float8:  # GPTQ and AdaRound choose between neighbouring integers of a uniform grid
+            return Rounded(None, "nearest", f"{qp.qtype.name} weights are rounded to the nearest fp8 value")
         missing = [r.name for r in readers if r.name not in self.inputs.stats]
         if missing:
             why = self.inputs.skipped.get(missing[0], "its inputs were not observed")
