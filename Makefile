@@ -47,13 +47,14 @@ lint: dev  ## ruff + mypy
 	$(BIN)/ruff format --check qtool tests bench
 	$(BIN)/mypy
 
-bench: $(BIN)/python $(QUARK)/installed  ## qtool vs onnxruntime and AMD Quark: default's cost, quantizer, all-integer algorithms, transformers, calibrators, Dask workers, observers, 1 GiB model
+bench: $(BIN)/python $(QUARK)/installed  ## qtool vs onnxruntime and AMD Quark: default's cost, quantizer, all-integer algorithms, transformers, decoders, calibrators, Dask workers, observers, 1 GiB model
 	$(BIN)/pip install --quiet -c $(LOCK) -e ".[bench]"
 	$(BIN)/python bench/cost.py
 	$(BIN)/python bench/run.py
 	QTOOL_QUARK_PYTHON=$(QUARK)/bin/python $(BIN)/python bench/peers_integer.py
 	$(BIN)/python bench/algorithms.py
 	$(BIN)/python bench/transformers.py
+	$(BIN)/python bench/decoders.py
 	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/scaleout.py
 	$(BIN)/python bench/tune.py

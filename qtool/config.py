@@ -52,6 +52,12 @@ class QConfig:
     float_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: kept entirely float (weights too)
     auto_placement: str | None = None  # "integer" | "storage" | "dynamic": what every placement "auto" node becomes
 
+    @property
+    def kv_cache(self) -> tuple[str, str] | None:
+        """(dtype, granularity) of a decoder's quantized key/value cache; None: the cache stays float."""
+        section = self.document.kv_cache
+        return (section.dtype, section.granularity) if section is not None else None
+
     def resolve(self, node_name: str, op_type: str) -> tuple[NodeScheme | None, str]:
         """A node's settings (``None``: keep it in float) and the most specific rule that decided them.
 

@@ -420,11 +420,11 @@ def token_files(directory: Path, sequences: np.ndarray) -> None:
         np.savez(directory / f"tokens_{i:04d}.npz", input_ids=ids[None].astype(np.int64))
 
 
-def build(out: Path, *, steps: int = 2400, n_calib: int = 32, n_eval: int = 32, log: Any = print) -> None:
+def build(out: Path, *, steps: int = 1600, n_calib: int = 32, n_eval: int = 32, log: Any = print) -> None:
     """Train the sample decoder and write both forms and its token files under ``out``."""
     shape = DecoderShape()
     text, held = corpus()
-    weights = train(shape, text, steps=steps, batch=24, length=128, seed=2030, log=log)
+    weights = train(shape, text, steps=steps, batch=24, length=96, seed=2030, log=log)
     out.mkdir(parents=True, exist_ok=True)
     plain = plain_model(weights, shape)
     onnx.checker.check_model(plain, full_check=True)

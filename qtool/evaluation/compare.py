@@ -134,8 +134,11 @@ def _dataset(
         inputs = model_inputs(fixed)
     else:
         inputs = model_inputs(reference_model)
-    candidate_inputs = {(i.name, i.dtype) for i in model_inputs(candidate_model)}
-    if {(i.name, i.dtype) for i in inputs} != candidate_inputs:
+    candidate_inputs = {i.name: i.dtype for i in model_inputs(candidate_model)}
+    decoder = model_decoder(candidate_model)
+    cache = {c.past for c in decoder.cache} if decoder is not None else set()  # may be stored int8 (kv_cache)
+    same_types = all(candidate_inputs.get(i.name) == i.dtype or i.name in cache for i in inputs)
+    if {i.name for i in inputs} != set(candidate_inputs) or not same_types:
         raise QtoolError(
             f"{candidate_path} and {reference_path} have different inputs",
             hint="compare a quantized model with the float model it came from",

@@ -99,12 +99,18 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
 
 
 def restore_input_dims(model: onnx.ModelProto, original: Sequence[onnx.ValueInfoProto]) -> None:
-    """Give ``model``'s inputs the types they had in ``original`` (the model as read), in place."""
+    """Give ``model``'s inputs the shapes they had in ``original`` (the model as read), in place.
+
+    The element type stays the model's: a quantized key/value cache input is int8 now.
+    """
     types = {value.name: value.type for value in original}
     for value in model.graph.input:
         if value.name in types:
             rank = len(value.type.tensor_type.shape.dim)
+            elem_type = value.type.tensor_type.elem_type
             value.type.CopyFrom(types[value.name])
+            if value.type.HasField("tensor_type") and elem_type:
+                value.type.tensor_type.elem_type = elem_type
             tensor = value.type.tensor_type
             if value.type.HasField("tensor_type") and not tensor.HasField("shape"):
                 # no shape at all fails onnx's checker: the rank it was quantized at, every size left unknown

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper
@@ -102,6 +103,18 @@ def session_options(
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
+
+
+_ORT_TYPES = {"tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(float16)": np.float16}
+
+
+def typed_empties(session: ort.InferenceSession, feed: Feed) -> Feed:
+    """``feed`` with each empty input in the type the session expects (a float or an int8 key/value cache)."""
+    expected = {i.name: _ORT_TYPES.get(i.type) for i in session.get_inputs()}
+    return {
+        name: value.astype(dtype) if value.size == 0 and (dtype := expected.get(name)) is not None else value
+        for name, value in feed.items()
+    }
 
 
 def create_session(
@@ -202,7 +215,13 @@ def check_runtime_support(model: onnx.ModelProto, source: str, opset: int) -> No
 
 
 def run_session(session: ort.InferenceSession, names: list[str] | None, feed: Feed, what: str) -> list[Any]:
-    """``session.run`` with onnxruntime's failures turned into a QtoolError naming ``what``."""
+    """``session.run`` with onnxruntime's failures turned into a QtoolError naming ``what``.
+
+    An empty input (a decoder's cache before the first token) takes the type the session expects:
+    the same empty prefill then feeds a float cache and an int8 one.
+    """
+    if any(value.size == 0 for value in feed.values()):
+        feed = typed_empties(session, feed)
     try:
         return session.run(names, feed)
     except Exception as e:

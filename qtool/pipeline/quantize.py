@@ -26,6 +26,7 @@ from qtool.options import QUANTIZE_EVALUATION, CalibrationOptions, EvaluationOpt
 from qtool.pipeline.build import Builder, Built, input_collector, weight_algorithms
 from qtool.pipeline.calibrate import check_transforms, observe, read_statistics, without_data
 from qtool.pipeline.choose import choose
+from qtool.pipeline.kv_cache import apply_kv_cache, check_kv_cache
 from qtool.pipeline.passes import BEFORE_QUANTIZATION, Awq, Equalize, PassInputs, SmoothQuant, run_passes
 from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory
@@ -104,6 +105,7 @@ def statistics(ws: Workspace, request: QuantizeRequest, progress: ProgressFactor
 
 def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory | None) -> QuantizeResult:
     """Quantize the workspace's model and write it; compare it with the float model when asked."""
+    check_kv_cache(ws, request.data_dir or request.search_dir)
     data = statistics(ws, request, progress)
     search_dir = request.search_dir
     algorithms, note = weight_algorithms(ws, data.collector, data.calibrated, search_dir, request.calibration)
@@ -122,8 +124,9 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
         built = builder.build(config)
         builder.forget()
     _credit_passes(ws, built)
+    cache_note = apply_kv_cache(ws, built.model, request.data_dir or search_dir, progress)
     result = _write(ws, built, request.output_path, request.output, data.stats, choice)
-    result.notes += [note] if note else []
+    result.notes += [n for n in (note, cache_note) if n]
     result.notes += [unmeasured[1]] if unmeasured is not None else []
     result.notes += preparation_notes(ws)
     if request.evaluation is not None and (request.eval_dir is not None or request.data_dir is not None):

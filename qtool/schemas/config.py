@@ -237,6 +237,15 @@ class AccuracySection(_Strict):
         return None if value is None else float(value)
 
 
+class KvCacheSection(_Strict):
+    """A decoder's key/value cache stored quantized inside onnxruntime's GroupQueryAttention."""
+
+    dtype: Literal["int8"] = Field(description="int8: the cache onnxruntime's CPU and CUDA GroupQueryAttention keep")
+    granularity: Literal["per_tensor", "per_channel"] = Field(
+        "per_channel", description="per_tensor: one scale per cache; per_channel: one per head and head dimension"
+    )
+
+
 class PreprocessSection(_Strict):
     """How image samples become a model input."""
 
@@ -322,11 +331,16 @@ class ConfigDocument(_Strict):
         "sensitivity search)",
     )
     preprocess: PreprocessSection | None = Field(None, description="how image samples become the model input")
+    kv_cache: KvCacheSection | None = Field(
+        None,
+        description="decoders in onnxruntime's contrib form: quantize the key/value cache of every "
+        "GroupQueryAttention, with scales calibrated on the data's prefills and decode steps (null: a float cache)",
+    )
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
     # a section set to null is dropped before the merge: the default applies
     nullable: ClassVar[frozenset[str]] = frozenset(
-        {"op_type", "node_name", "exclude", "calibration", "accuracy", "preprocess"}
+        {"op_type", "node_name", "exclude", "calibration", "accuracy", "preprocess", "kv_cache"}
     )
 
 

@@ -6,14 +6,16 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from typer.testing import CliRunner
 
 import qtool
+from qtool.calibration.decoder import complete_feed, model_decoder
 from qtool.cli import app
 from qtool.options import EvaluationOptions
-from tests.conftest import SAMPLES, calib_dir, eval_dir, sample
+from tests.conftest import SAMPLES, calib_dir, eval_dir, run_model, sample
 
 runner = CliRunner()
 GQA = SAMPLES / "decoder" / "model_gqa.onnx"
@@ -103,3 +105,60 @@ def test_tune_scores_decode_steps_beside_prefills(tmp_path: Path) -> None:
     samples = json.loads(report.read_text())["samples"]
     assert any(name.startswith("decode-") for name in samples["selection"])
     assert any(name.startswith("decode-") for name in samples["validation"])
+
+
+def _kv_config(tmp_path: Path, granularity: str) -> Path:
+    config = tmp_path / "kv.yaml"
+    config.write_text(f"kv_cache: {{dtype: int8, granularity: {granularity}}}\naccuracy: {{target_sqnr_db: null}}\n")
+    return config
+
+
+@pytest.mark.parametrize("granularity", ["per_channel", "per_tensor"])
+def test_an_int8_cache_is_calibrated_for_group_query_attention(tmp_path: Path, granularity: str) -> None:
+    out = tmp_path / "kv.onnx"
+    result = qtool.quantize(
+        GQA, out, config_path=_kv_config(tmp_path, granularity), data_dir=calib_dir("decoder"), evaluation=None
+    )
+    assert any("key/value cache int8" in note for note in result.notes)
+    model = onnx.load(out)
+    cache = [v for v in [*model.graph.input, *model.graph.output] if "past" in v.name or "present" in v.name]
+    assert len(cache) == 8 and {v.type.tensor_type.elem_type for v in cache} == {onnx.TensorProto.INT8}
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes["k_quant_type"] == attributes["v_quant_type"] == granularity.upper().encode()
+        assert attributes["kv_cache_bit_width"] == 8
+        scales = [inits[node.input[12]], inits[node.input[13]]]
+        assert all(s.shape == ((2, 1, 32) if granularity == "per_channel" else (1,)) for s in scales)
+        assert all(float(s.min()) > 0 for s in scales)
+    # the float caches of the calibration prefills fit the scales: nothing clips
+    float_model = onnx.load(GQA)
+    decoder = model_decoder(float_model)
+    assert decoder is not None
+    names = [o.name for o in float_model.graph.output]
+    for path in sorted(calib_dir("decoder").glob("*.npz"))[:4]:
+        results = dict(zip(names, run_model(GQA, complete_feed(decoder, dict(np.load(path)))), strict=True))
+        for node in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
+            for present, scale in ((node.output[1], inits[node.input[12]]), (node.output[2], inits[node.input[13]])):
+                largest = np.abs(results[present]).max(axis=(0, 2))[:, None, :]
+                assert np.all(largest <= 127 * scale * (1 + 1e-5))
+    compared = qtool.compare(GQA, out, eval_dir("decoder"), options=EvaluationOptions(runs=2, warmup=1, limit=8))
+    lm = compared.language_model
+    assert lm is not None and lm.ppl_ratio < 1.03 and lm.decode_agreement is not None and lm.decode_agreement > 0.85
+    assert {m.name for m in compared.outputs} == {"logits"}  # the int8 caches are judged through the decode loop
+
+
+def test_a_cache_setting_without_token_files_is_refused_before_any_work(tmp_path: Path) -> None:
+    out = tmp_path / "kv.onnx"
+    result = invoke("quantize", GQA, "--config", _kv_config(tmp_path, "per_channel"), "-o", out)
+    assert result.exit_code == 2 and "kv_cache" in result.output and not out.exists()
+
+
+def test_a_cache_setting_on_plain_ops_keeps_the_cache_float_and_says_why(tmp_path: Path) -> None:
+    out = tmp_path / "kv.onnx"
+    result = qtool.quantize(
+        sample("decoder"), out, config_path=_kv_config(tmp_path, "per_channel"), data_dir=calib_dir("decoder"),
+        evaluation=None,
+    )  # fmt: skip
+    assert any("the cache stays float" in note for note in result.notes)
+    assert all(i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for i in onnx.load(out).graph.input[3:])
