@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.measure import run_worker  # noqa: E402
-from bench.transformers import _bytes, latencies  # noqa: E402
+from bench.transformers import _bytes, _fmt, latencies  # noqa: E402
 from qtool.calibration.dataset import Dataset, model_inputs  # noqa: E402
 from qtool.calibration.decoder import complete_feed, model_decoder, next_step_feed  # noqa: E402
 from qtool.system.environment import cpu_info  # noqa: E402
@@ -157,10 +157,6 @@ def measure(form: str, model: Path, args: argparse.Namespace, tmp: Path) -> list
         else:
             rows[0].update(fp32)
     return rows
-
-
-def _fmt(value: object, spec: str) -> str:
-    return format(value, spec) if isinstance(value, int | float) else "-"
 
 
 def render(document: dict) -> str:

@@ -12,11 +12,9 @@ from rich.table import Table
 from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.layers import LayerError, largest_drop, layer_drop, layer_op
 from qtool.quantization.inspection import Inspection
-from qtool.quantization.placement_decode import DECODE_STEPS
 from qtool.quantization.rewrite_report import RewriteReport
-from qtool.quantization.search import SearchResult
-from qtool.quantization.selection import PlacementChoice
 from qtool.reports.ci import improved
+from qtool.reports.placement_tables import render_choice, render_search
 from qtool.reports.terminal import for_terminal, printable
 from qtool.results import ComparisonResult, QuantizeResult
 from qtool.system.doctor import Doctor
@@ -278,89 +276,6 @@ def grouped_by_reason(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return lines
 
 
-def _render_search(console: Console, f: SearchResult) -> None:
-    verdict = "[green]reached[/green]" if f.reached else "[yellow]not reached[/yellow]"
-    ranked = f", nodes ranked by one per-layer pass on {f.ranked_on}" if f.ranked_on else ""
-    console.print(
-        f"sensitivity search from '{f.start}' ({f.moves} for the nodes that cost most) on {f.samples} samples"
-        f"{ranked}: worst output {f.initial_sqnr_db:.2f} -> "
-        f"{f.final_sqnr_db:.2f} dB, target {f.target_sqnr_db:g} dB {verdict} ({f.stopped})",
-        highlight=False,
-    )
-    for step in f.steps:
-        outcome = f.moves if step.kept else "no gain, kept quantized"
-        console.print(
-            f"  {step.node} ({step.op_type}, drop {step.drop_db:.1f} dB): {outcome}, output {step.sqnr_db:.2f} dB",
-            highlight=False,
-        )
-
-
-def _decode_cell(agreement: float | None, bar: float | None) -> str:
-    if agreement is None:
-        return ""
-    return f"[{'green' if bar is None or agreement >= bar else 'yellow'}]{agreement:.1%}[/]"
-
-
-def _render_choice(console: Console, c: PlacementChoice, comparison: ComparisonResult | None) -> None:
-    listed = ", ".join(c.samples[:4]) + (f", ... ({len(c.samples)} in all)" if len(c.samples) > 4 else "")
-    table = Table(
-        title=f"placement chosen by measurement: [bold]{c.chosen}[/bold], {c.reason}",
-        title_justify="left",
-        caption=f"worst output SQNR on the scored samples ({listed}); latency: median, {c.threads} thread"
-        + ("s" if c.threads != 1 else "")
-        + (f"; {c.timing_note}" if c.timing_note else ""),
-        caption_justify="left",
-    )
-    decodes = c.decode_bar is not None
-    columns = ["placement", "integer nodes", "storage nodes", "worst output dB", *(["decode"] if decodes else [])]
-    for column in [*columns, "median ms", "vs fp32"]:
-        table.add_column(column, justify="left" if column == "placement" else "right")
-    if c.fp32_ms is not None:
-        table.add_row("fp32", "", "", "", *([""] if decodes else []), f"{c.fp32_ms:.3f}", "1.00x")
-    for k in c.candidates:
-        name = k.name + (f" (the same placement as {', '.join(k.same_as)})" if k.same_as else "")
-        if k.name == c.chosen:
-            name = f"[bold green]> {name}[/bold green]"
-        speedup = c.speedup(k)
-        table.add_row(
-            name,
-            str(k.integer_nodes),
-            str(k.storage_nodes),
-            f"[{'green' if k.meets_target else 'yellow'}]{k.sqnr_db:.2f}[/]",
-            *([_decode_cell(k.decode_agreement, c.decode_bar)] if decodes else []),
-            "" if k.latency_ms is None else f"{k.latency_ms:.3f}",
-            "" if speedup is None else f"{speedup:.2f}x",
-        )
-    console.print(table)
-    if c.decode_bar is not None:
-        console.print(
-            f"decode: agreement with fp32 over {DECODE_STEPS} greedy steps per sample through each placement's own "
-            f"cache; a placement below dynamic int8's ({c.decode_bar:.1%}) is not kept",
-            highlight=False,
-        )
-    for v in c.validations:
-        verdict = "reaches" if v.meets_target else "[yellow]misses[/yellow]"
-        console.print(
-            f"validated: '{v.candidate}' {v.sqnr_db:.2f} dB ({c.confidence:.0%} bound {v.bound_db:.2f} dB) on "
-            f"{len(v.samples)} samples the choice never scored: {verdict} {c.target_sqnr_db:g} dB",
-            highlight=False,
-        )
-    if c.search_note:
-        console.print(f"[yellow]note[/yellow] {c.search_note}", highlight=False)
-    if not c.expects_speedup:
-        console.print(
-            "[yellow]note[/yellow] no integer kernel measured faster than fp32 here: the model runs at fp32 speed "
-            "(no speed-up expected); its weights are stored quantized"
-        )
-    if comparison is not None and comparison.outputs:
-        worst = min(m.sqnr_db for m in comparison.outputs)
-        console.print(
-            f"worst output: {c.chosen_candidate.sqnr_db:.2f} dB on the {len(c.samples)} scored samples, "
-            f"{worst:.2f} dB on the {comparison.samples} samples compared below",
-            highlight=False,
-        )
-
-
 def _render_algorithms(console: Console, r: RewriteReport) -> None:
     """Which algorithms ran on how many nodes (``--json`` lists them per node), and why some could not."""
     counts = Counter(name for names in r.algorithms.values() for name in names)
@@ -424,9 +339,9 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         listed = ", ".join(f"{op} x{count}" for op, count in r.passthrough.items())
         console.print(f"passed through untouched (not quantized by qtool): {listed}", highlight=False)
     if result.search is not None:
-        _render_search(console, result.search)
+        render_search(console, result.search)
     if result.placement_choice is not None:
-        _render_choice(console, result.placement_choice, result.comparison)
+        render_choice(console, result.placement_choice, result.comparison)
     for note in result.notes:
         console.print(f"[yellow]note[/yellow] {note}")
     if result.comparison is not None:
