@@ -420,6 +420,88 @@ def token_files(directory: Path, sequences: np.ndarray) -> None:
         np.savez(directory / f"tokens_{i:04d}.npz", input_ids=ids[None].astype(np.int64))
 
 
+# ------------------------------------------------------------------ large generated decoders (external data)
+def weight_shapes(shape: DecoderShape) -> dict[str, tuple[int, ...]]:
+    """The decoder's weights by :func:`sample_models.decoder.init_weights` name, [in, out] like it."""
+    kv = shape.kv_heads * shape.head_dim
+    dims: dict[str, tuple[int, ...]] = {"embed": (shape.vocab, shape.hidden)}
+    for i in range(shape.layers):
+        dims |= {
+            f"l{i}.attn_norm": (shape.hidden,),
+            f"l{i}.q": (shape.hidden, shape.hidden),
+            f"l{i}.k": (shape.hidden, kv),
+            f"l{i}.v": (shape.hidden, kv),
+            f"l{i}.o": (shape.hidden, shape.hidden),
+            f"l{i}.ffn_norm": (shape.hidden,),
+            f"l{i}.gate": (shape.hidden, shape.ffn),
+            f"l{i}.up": (shape.hidden, shape.ffn),
+            f"l{i}.down": (shape.ffn, shape.hidden),
+        }
+    return dims | {"final_norm": (shape.hidden,), "lm_head": (shape.hidden, shape.vocab)}
+
+
+def external_plain_model(folder: Path, shape: DecoderShape, *, seed: int = 0, scale: float = 0.02) -> tuple[Path, int]:
+    """:func:`plain_model` with seeded random weights in ``model.onnx`` + ``model.onnx.data``: (path, weight bytes).
+
+    For models of any size (the 2 GiB protobuf limit never applies): the graph is built with 1-element
+    placeholders; each weight is then drawn, appended to the data file and its initializer pointed at
+    it, so memory never holds more than one weight.
+    """
+    rng = np.random.default_rng(seed)
+    dims = weight_shapes(shape)
+    model = plain_model({name: np.zeros(1, np.float32) for name in dims}, shape)
+    by_value = {id_: name for name, id_ in _initializer_names(shape).items()}
+    data_name = "model.onnx.data"
+    written = 0
+    with open(folder / data_name, "wb") as data:
+        for tensor in model.graph.initializer:
+            name = by_value.get(tensor.name)
+            if name is None:
+                continue
+            values = _draw(rng, name, dims[name], shape, scale)
+            offset = data.tell()
+            values.tofile(data)
+            written += values.nbytes
+            del tensor.dims[:]
+            tensor.dims.extend(values.shape)
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(values.nbytes))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+    onnx.save(model, str(folder / "model.onnx"))
+    return folder / "model.onnx", written
+
+
+def _initializer_names(shape: DecoderShape) -> dict[str, str]:
+    """init_weights name -> the initializer name plain_model gives it."""
+    names = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight", "lm_head": "lm_head.weight"}
+    for i in range(shape.layers):
+        p = f"model.layers.{i}"
+        names |= {
+            f"l{i}.attn_norm": f"{p}.input_layernorm.weight",
+            f"l{i}.q": f"{p}.self_attn.q_proj.weight",
+            f"l{i}.k": f"{p}.self_attn.k_proj.weight",
+            f"l{i}.v": f"{p}.self_attn.v_proj.weight",
+            f"l{i}.o": f"{p}.self_attn.o_proj.weight",
+            f"l{i}.ffn_norm": f"{p}.post_attention_layernorm.weight",
+            f"l{i}.gate": f"{p}.mlp.gate_proj.weight",
+            f"l{i}.up": f"{p}.mlp.up_proj.weight",
+            f"l{i}.down": f"{p}.mlp.down_proj.weight",
+        }
+    return names
+
+
+def _draw(rng: np.random.Generator, name: str, dims: tuple[int, ...], shape: DecoderShape, scale: float) -> np.ndarray:
+    """Seeded float32 values: norms near 1, the embedding at 1/sqrt(hidden), the rest at ``scale``."""
+    if name.endswith("norm"):
+        return (1 + 0.1 * rng.standard_normal(dims, dtype=np.float32)).astype(np.float32)
+    std = 1 / math.sqrt(shape.hidden) if name == "embed" else scale
+    values = rng.standard_normal(dims, dtype=np.float32)
+    values *= np.float32(std)
+    return values
+
+
 def build(out: Path, *, steps: int = 1600, n_calib: int = 32, n_eval: int = 32, log: Any = print) -> None:
     """Train the sample decoder and write both forms and its token files under ``out``."""
     shape = DecoderShape()

@@ -277,6 +277,8 @@ def collect_statistics(
                 on_progress(count)
     finally:
         observe.close()
+        if run.weights is not None:
+            run.weights.release()  # the pass read every weight: the mapped ones go back to their file
     return observers, seen, elements
 
 

@@ -18,6 +18,7 @@ from onnx import external_data_helper, numpy_helper
 
 from qtool.errors import QtoolError
 from qtool.graph.model_files import all_tensors, check_not_text, external_tensors
+from qtool.graph.weight_files import FileMaps, mappable
 from qtool.graph.weights import (
     DETACH_MIN_BYTES,
     Weights,
@@ -143,12 +144,18 @@ def _load_external_data(model: onnx.ModelProto, path: Path, weights: Weights | N
     """
     base = path.parent.resolve()
     if weights is not None:
+        maps = FileMaps()
         for tensor in model.graph.initializer:
             if tensor.data_location != onnx.TensorProto.EXTERNAL or not detachable(tensor):
                 continue
             target, offset, length = _external_location(tensor, base, path)
             if length >= DETACH_MIN_BYTES:
-                weights.arrays[tensor.name] = _read_array(tensor, target, offset, length, path)
+                _check_length(tensor, length, path)
+                dtype, shape = numpy_dtype(tensor), tuple(tensor.dims)
+                if mappable(offset, dtype):
+                    weights.arrays[tensor.name], weights.regions[tensor.name] = maps.array(target, offset, dtype, shape)
+                else:
+                    weights.arrays[tensor.name] = _read_array(tensor, target, offset, length, path)
                 mark_detached(tensor)
     for tensor in external_tensors(model):
         if is_detached(tensor):
@@ -186,8 +193,8 @@ def _external_location(tensor: onnx.TensorProto, base: Path, path: Path) -> tupl
     return target, offset, length
 
 
-def _read_array(tensor: onnx.TensorProto, target: Path, offset: int, length: int, path: Path) -> np.ndarray:
-    """Read an external tensor into a numpy array, checking its length against its dims."""
+def _check_length(tensor: onnx.TensorProto, length: int, path: Path) -> None:
+    """Refuse an external tensor whose data length does not match its dims."""
     dtype = numpy_dtype(tensor)
     count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
     if any(d < 0 for d in tensor.dims) or count * dtype.itemsize != length:
@@ -195,6 +202,13 @@ def _read_array(tensor: onnx.TensorProto, target: Path, offset: int, length: int
             f"{path}: tensor '{tensor.name}' claims dims {list(tensor.dims)} ({dtype.name}) "
             f"but its external data holds {length} bytes"
         )
+
+
+def _read_array(tensor: onnx.TensorProto, target: Path, offset: int, length: int, path: Path) -> np.ndarray:
+    """Read an external tensor into a numpy array, checking its length against its dims."""
+    _check_length(tensor, length, path)
+    dtype = numpy_dtype(tensor)
+    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
     with open(target, "rb") as f:
         f.seek(offset)
         values = np.fromfile(f, dtype=dtype, count=count)

@@ -20,6 +20,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from qtool.graph.foreign_ops import park_unknown_ops
+from qtool.graph.weight_files import MappedRegion, release
 
 # Marks a detached tensor. onnxruntime checks that an external location exists even for an
 # initializer the session options supply, and "." (the working directory) always does.
@@ -81,6 +82,15 @@ class Weights:
     """The detached initializer values of one model (and of the models derived from it), by name."""
 
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    regions: dict[str, MappedRegion] = field(default_factory=dict)  # values still mapped from a data file
+
+    def release(self, names: list[str] | None = None) -> None:
+        """Give back the memory of mapped values (all of them by default): they are read from the file again if used.
+
+        Only pages of the input's data files are dropped; values computed in memory stay.
+        """
+        for name in self.regions if names is None else [n for n in names if n in self.regions]:
+            release(self.regions[name])
 
     def value(self, tensor: TensorProto) -> np.ndarray:
         """The values of an initializer, detached or not."""
@@ -119,6 +129,9 @@ class Weights:
         used = {tensor.name for tensor, _ in self.detached_in(model)}
         for name in [n for n in self.arrays if n not in used]:
             del self.arrays[name]
+            region = self.regions.pop(name, None)
+            if region is not None:
+                release(region)
 
     def detached_in(self, model: onnx.ModelProto) -> Iterator[tuple[TensorProto, np.ndarray]]:
         """The detached initializers ``model`` has, with their values."""

@@ -133,7 +133,7 @@ def pack_codes(
             f"zero points of shape {zero.shape} must be [{blocks}, {n}] with values in 0..{qmax}",
             hint="pass None for the default zero point",
         )
-    padded = np.repeat(zero, block_size, axis=0).astype(np.uint8)
+    padded = np.repeat(zero.astype(np.uint8), block_size, axis=0)
     padded[:k] = q  # padding holds the zero point, so it dequantizes to 0 wherever it is read
     per_column = padded.T.reshape(n * blocks, block_size)
     packed = _pack_rows(per_column, bits).reshape(n, blocks, -1)

@@ -9,7 +9,7 @@ and saturates at the type's largest finite value; their zero point is always 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ml_dtypes
 import numpy as np
@@ -71,6 +71,9 @@ QUANT_TYPES: dict[str, QuantType] = {
 }
 
 _INT32 = np.iinfo(np.int32)
+# Element-wise work on a large weight goes this many elements at a time: its float and int64
+# temporaries then cost a few of these chunks, not several times the weight (a 500 MB embedding).
+CHUNK_ELEMENTS = 1 << 20
 
 
 def quant_type(name: str) -> QuantType:
@@ -194,7 +197,30 @@ def _expanded(qp: QParams, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
-    """QuantizeLinear: float32 tensor -> integers (or float8 values) of ``qp.qtype``."""
+    """QuantizeLinear: float32 tensor -> integers (or float8 values) of ``qp.qtype``.
+
+    A large tensor is quantized in slices along an axis its qparams do not vary along per element
+    (the same values: each element's rounding depends on its own scale and zero point only).
+    """
+    if x.ndim < 2 or x.size <= CHUNK_ELEMENTS:
+        return _quantize(x, qp)
+    along = 1 if qp.axis is not None and qp.axis % x.ndim == 0 else 0
+    step = max(1, CHUNK_ELEMENTS // (x.size // x.shape[along]))
+    out = np.empty(x.shape, qp.qtype.numpy_dtype)
+    for start in range(0, x.shape[along], step):
+        part = (slice(None),) * along + (slice(start, start + step),)
+        out[part] = _quantize(x[part], _sliced(qp, part))
+    return out
+
+
+def _sliced(qp: QParams, part: tuple[slice, ...]) -> QParams:
+    """``qp`` for the slice ``part`` of its tensor: block-wise qparams have the tensor's other dims."""
+    if qp.block_size is None or qp.axis is None:
+        return qp  # per tensor, or per channel along an axis the slice keeps whole
+    return replace(qp, scale=qp.scale[part], zero_point=qp.zero_point[part])
+
+
+def _quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
     scale, zero = _expanded(qp, x)
     if qp.qtype.float8:
         # Saturated before the cast (QuantizeLinear's saturate=1): the cast would make E4M3FN values
@@ -272,7 +298,7 @@ def quantize_bias(bias: np.ndarray, input_scale: np.ndarray, weight_scale: np.nd
 
 def _grouped(weight: np.ndarray, axis: int | None, block_size: int | None) -> tuple[np.ndarray, tuple[int, ...]]:
     """``weight`` as (groups, elements): one row per scale; plus the shape the per-group values take."""
-    w = weight.astype(np.float32)
+    w = weight.astype(np.float32, copy=False)  # only read: the reshapes below copy where they must
     if axis is None:
         return w.reshape(1, -1), ()
     moved = np.moveaxis(w, axis, -1)
@@ -303,6 +329,22 @@ def mse_weight_range(
     the same shapes as :func:`weight_range`.
     """
     groups, shape = _grouped(weight, axis, block_size)
+    rows = max(1, CHUNK_ELEMENTS // max(1, groups.shape[1]))  # groups are independent: a chunk of them at a time
+    ranges = [
+        _mse_range(groups[start : start + rows], qtype, symmetric, candidates) for start in range(0, len(groups), rows)
+    ]
+    best_lo = np.concatenate([lo for lo, _ in ranges]) if ranges else np.zeros(0)
+    best_hi = np.concatenate([hi for _, hi in ranges]) if ranges else np.zeros(0)
+    if axis is not None and block_size is not None:
+        best_lo = np.moveaxis(best_lo.reshape(shape), -1, axis)
+        best_hi = np.moveaxis(best_hi.reshape(shape), -1, axis)
+    else:
+        best_lo, best_hi = best_lo.reshape(shape), best_hi.reshape(shape)
+    return best_lo, best_hi
+
+
+def _mse_range(groups: np.ndarray, qtype: QuantType, symmetric: bool, candidates: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`mse_weight_range` of the rows of ``groups`` [groups, elements]."""
     lo_all, hi_all = groups.min(axis=1).astype(np.float64), groups.max(axis=1).astype(np.float64)
     best_err = np.full(len(groups), np.inf)
     best_lo, best_hi = lo_all.copy(), hi_all.copy()
@@ -317,9 +359,4 @@ def mse_weight_range(
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_lo, best_hi = np.where(better, lo, best_lo), np.where(better, hi, best_hi)
-    if axis is not None and block_size is not None:
-        best_lo = np.moveaxis(best_lo.reshape(shape), -1, axis)
-        best_hi = np.moveaxis(best_hi.reshape(shape), -1, axis)
-    else:
-        best_lo, best_hi = best_lo.reshape(shape), best_hi.reshape(shape)
     return best_lo, best_hi

@@ -323,6 +323,7 @@ class _Rewriter:
                     self.replacements[plan_node.name] = self.forms.dynamic_matmul(
                         self.nodes[plan_node.name], weight_qp, self.gemm_trans_b(plan_node)
                     )
+                self.store.release([plan_node.weight.name])  # a weight read from a file: its pages are no longer needed
             elif plan_node.placement == "dynamic":  # two activations, both quantized at run time
                 self.replacements[plan_node.name] = self.forms.dynamic_matmul(self.nodes[plan_node.name], None, False)
             self.report.quantized_nodes.append(plan_node.name)

@@ -323,7 +323,8 @@ class StoredForms:
         assert qp.block_size is not None  # the plan only sends block-wise weights along K here
         bits = qp.qtype.bits
         offset = 0 if not qp.qtype.signed else 1 << (bits - 1)
-        codes, scale, zero = codes.astype(np.int64), qp.scale.astype(np.float32), qp.zero_point.astype(np.int64)
+        # int16 holds any 8-bit code shifted by the offset: a large weight's codes cost a quarter of int64's
+        codes, scale, zero = codes.astype(np.int16), qp.scale.astype(np.float32), qp.zero_point.astype(np.int64)
         if trans_b:
             codes, scale, zero = codes.T, scale.T, zero.T
         zero = zero + offset

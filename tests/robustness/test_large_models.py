@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -17,7 +20,8 @@ from qtool.errors import QtoolError
 from qtool.graph import model_io
 from qtool.graph.weights import Weights, is_detached
 from qtool.options import EvaluationOptions, OutputOptions
-from tests.conftest import calib_dir, run_model, sample
+from sample_models.decoder import DecoderShape, external_plain_model
+from tests.conftest import ROOT, calib_dir, run_model, sample
 
 RNG = np.random.default_rng(7)
 runner = CliRunner()
@@ -160,3 +164,47 @@ def test_cli_external_data_flag(tmp_path):
     assert embedded.exit_code == 0, embedded.output
     assert list(tmp_path.glob("cnn.onnx.*.data")) == []  # the data file of the previous output is gone
     assert run_model(out, {"input": np.load(next(calib_dir("cnn").glob("*.npy")))[None]})
+
+
+PEAK_CHILD = r"""
+import json, sys
+from bench.measure import peak_rss_kb
+import onnxruntime, qtool
+if len(sys.argv) > 1:
+    qtool.quantize(sys.argv[1], sys.argv[3], config_path=sys.argv[2], evaluation=None, search=None)
+print(json.dumps({"peak_rss_kb": peak_rss_kb()}))
+"""
+
+INT4_NEAREST = """version: 1
+global:
+  weight: {dtype: int4, granularity: per_block, block_size: 32, symmetric: true,
+           format: matmul_nbits, accuracy_level: 4}
+  weight_only: true
+  algorithms: {rounding: nearest}
+op_type:
+  Gather: {weight: {dtype: int8, granularity: per_channel}}
+"""
+
+
+def _peak_mb(*args: str) -> float:
+    """Peak RSS (MB) of a fresh process that imports qtool and onnxruntime and quantizes ``args`` (if any)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK_CHILD, *args], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_kb"] / 1024
+
+
+def test_int4_of_a_decoder_with_external_weights_peaks_under_one_and_a_half_times_its_weights(tmp_path):
+    # Scaled down from bench/large_decoder.py (over 2 GiB): reading every weight into memory and keeping
+    # its codes, packing and writing temporaries peaked at over 3x the weights; mapped and released as
+    # they are quantized, the weights cost about one at a time.
+    shape = DecoderShape(vocab=8000, hidden=768, layers=3, heads=12, kv_heads=4, ffn=2048, max_positions=64)
+    model, weight_bytes = external_plain_model(tmp_path, shape)
+    assert weight_bytes > 100 * 2**20
+    config = tmp_path / "int4.yaml"
+    config.write_text(INT4_NEAREST)
+    out = tmp_path / "q.onnx"
+    baseline = _peak_mb()
+    peak = _peak_mb(str(model), str(config), str(out))
+    assert peak - baseline <= 1.5 * weight_bytes / 2**20 + 32, (peak, baseline, weight_bytes / 2**20)
+    assert out.stat().st_size < weight_bytes / 4

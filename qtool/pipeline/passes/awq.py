@@ -48,6 +48,7 @@ class Awq:
         with stage("AWQ"):
             scales, skipped = choose_awq_scales(readers, tap)
             model, report = apply_awq(workspace.prepared, workspace.weights, readers, scales)
+            workspace.weights.release()  # the search read the weights; the scaled ones are new arrays
         for tensor, reason in [*skipped.items(), *report.skipped]:
             for reader in readers:
                 if reader.tensor == tensor:

@@ -74,6 +74,7 @@ AWQ_MAX_K = 4096  # a [K, K] second moment per input tensor: 128 MiB at K = 4096
 AWQ_MAX_ROWS = 32768  # calibration rows (tokens) per tensor: enough for a K x K moment, bounded cost
 AWQ_BUDGET_BYTES = 1 << 30  # all second moments together
 AWQ_GRID = 20  # alphas tried: 0, 0.05, ... 0.95
+AWQ_CHUNK_ELEMENTS = 1 << 22  # weight elements a trial's error is computed on at once (float64: 32 MB)
 
 
 @dataclass
@@ -178,31 +179,51 @@ def choose_awq_scales(
             skipped[tensor] = "awq: its activation was not observed"
             continue
         mean_abs, second = observed
-        weight = np.concatenate([r.weight for r in group], axis=1)
         first = group[0]
-        chosen[tensor] = _awq_search(weight, mean_abs, second, first.scheme, first.block_size, tensor)
+        chosen[tensor] = _awq_search(
+            [r.weight for r in group], mean_abs, second, first.scheme, first.block_size, tensor
+        )
     return chosen, skipped
 
 
 def _awq_search(
-    weight: np.ndarray, mean_abs: np.ndarray, second: np.ndarray, scheme: TensorScheme, block: int | None, what: str
+    weights: list[np.ndarray],
+    mean_abs: np.ndarray,
+    second: np.ndarray,
+    scheme: TensorScheme,
+    block: int | None,
+    what: str,
 ) -> tuple[np.ndarray, float]:
-    """AWQ's scales for ``weight [K, N]``: ``mean|x|^alpha`` with the alpha of least output error.
+    """AWQ's scales for the readers' ``weights [K, N_i]``: ``mean|x|^alpha`` with the alpha of least output error.
 
     The error of each trial is measured on the grid the weight will really be stored on (qtool's
     weight qparams, per block along K or per column) and weighed by the input's second moment:
     ``tr(E^T E[x x^T] E)`` with ``E = Q(W s) / s - W`` is the mean squared output error over the
-    calibration tokens, exactly. ``alpha = 0`` (no scaling) is among the trials.
+    calibration tokens, exactly. ``alpha = 0`` (no scaling) is among the trials. The weights are
+    taken side by side; past :data:`AWQ_CHUNK_ELEMENTS` a few columns at a time (each column's error
+    is its own), so that a trial's float64 temporaries stay small whatever the layer's size.
     """
+    if sum(weight.size for weight in weights) <= AWQ_CHUNK_ELEMENTS:
+        columns = [np.concatenate(weights, axis=1)]
+    else:
+        step = max(1, AWQ_CHUNK_ELEMENTS // max(1, weights[0].shape[0]))
+        columns = [weight[:, start : start + step] for weight in weights for start in range(0, weight.shape[1], step)]
     losses = []
-    for step in range(AWQ_GRID):
-        s = channel_scales(mean_abs, step / AWQ_GRID).astype(np.float64)[:, None]
-        scaled = (weight * s).astype(np.float32)
-        qp = weight_qparams(scaled, scheme, 0 if block else 1, f"weight read by {what}", block)
-        error = dequantize(quantize(scaled, qp), qp).astype(np.float64) / s - weight
-        losses.append(float(np.sum((second @ error) * error)))
+    for trial in range(AWQ_GRID):
+        s = channel_scales(mean_abs, trial / AWQ_GRID).astype(np.float64)[:, None]
+        losses.append(sum(_awq_loss(part, s, second, scheme, block, what) for part in columns))
     best = int(np.argmin(losses))
     return channel_scales(mean_abs, best / AWQ_GRID), best / AWQ_GRID
+
+
+def _awq_loss(
+    weight: np.ndarray, s: np.ndarray, second: np.ndarray, scheme: TensorScheme, block: int | None, what: str
+) -> float:
+    """The output error of ``weight`` scaled by ``s`` on its storage grid, weighed by the input's second moment."""
+    scaled = (weight * s).astype(np.float32)
+    qp = weight_qparams(scaled, scheme, 0 if block else 1, f"weight read by {what}", block)
+    error = dequantize(quantize(scaled, qp), qp).astype(np.float64) / s - weight
+    return float(np.sum((second @ error) * error))
 
 
 def apply_awq(
