@@ -47,7 +47,7 @@ lint: dev  ## ruff + mypy
 	$(BIN)/ruff format --check qtool tests bench
 	$(BIN)/mypy
 
-bench: $(BIN)/python $(QUARK)/installed  ## qtool vs onnxruntime and AMD Quark: default's cost, quantizer, all-integer algorithms, transformers, decoders, calibrators, Dask workers, observers, 1 GiB model
+bench: $(BIN)/python $(QUARK)/installed  ## qtool vs onnxruntime and AMD Quark: default's cost, quantizer, all-integer algorithms, transformers, decoders, calibrators, Dask workers, observers, 1 GiB model, 2 GiB decoder
 	$(BIN)/pip install --quiet -c $(LOCK) -e ".[bench]"
 	$(BIN)/python bench/cost.py
 	$(BIN)/python bench/run.py
@@ -60,6 +60,7 @@ bench: $(BIN)/python $(QUARK)/installed  ## qtool vs onnxruntime and AMD Quark: 
 	$(BIN)/python bench/tune.py
 	$(BIN)/python bench/observers.py
 	$(BIN)/python bench/large_model.py
+	$(BIN)/python bench/large_decoder.py --skip-awq
 
 # AMD Quark (a benchmark peer, bench/peers_integer.py) pins onnx and onnxruntime below qtool's and
 # imports torch without declaring it, so it gets its own environment. torch: the CPU-only build

@@ -6,8 +6,9 @@ docstrings) in both its forms - plain ONNX ops (``model.onnx``) and onnxruntime'
 setting in its own process (time, peak memory), from the same calibration token files:
 
 * qtool: its default (the measured placement choice, decode agreement included), ``mode: dynamic``,
-  int4 weight-only written as MatMulNBits (round to nearest, GPTQ, AWQ + GPTQ), and fp8 (e4m3 weights
-  and activations as Q/DQ, ``configs/fp8.yaml`` where it exists);
+  int4 weight-only written as MatMulNBits (round to nearest, GPTQ, AWQ + GPTQ, and AWQ + GPTQ with an
+  int8 key/value cache, which onnxruntime keeps only inside GroupQueryAttention: the contrib form), and
+  fp8 (e4m3 weights and activations as Q/DQ, ``configs/fp8.yaml``);
 * onnxruntime: ``quantize_dynamic`` (int8) and its MatMulNBits quantizer (blocks of 32, symmetric,
   round to nearest).
 
@@ -27,8 +28,10 @@ import argparse
 import datetime
 import json
 import platform
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.measure import run_worker  # noqa: E402
-from bench.transformers import _bytes, _fmt, latencies  # noqa: E402
+from bench.transformers import _bytes, _fmt, _session  # noqa: E402
 from qtool.calibration.dataset import Dataset, model_inputs  # noqa: E402
 from qtool.calibration.decoder import complete_feed, model_decoder, next_step_feed  # noqa: E402
 from qtool.system.environment import cpu_info  # noqa: E402
@@ -47,9 +50,10 @@ from qtool.system.environment import cpu_info  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 SAMPLE = ROOT / "sample_models" / "decoder"
 FORMS = {"plain": SAMPLE / "model.onnx", "contrib": SAMPLE / "model_gqa.onnx"}
-INT4 = (  # as configs/int4_matmul_nbits.yaml: embedding table int8 per row
+INT4 = (  # as configs/int4_matmul_nbits.yaml: int8 activations inside MatMulNBits, embedding table int8 per row
     "global: {weight_only: true, weight: {dtype: int4, granularity: per_block, block_size: 32, "
-    "format: matmul_nbits}%s}\nop_type: {Gather: {weight: {dtype: int8, granularity: per_channel}}}\n"
+    "format: matmul_nbits, accuracy_level: 4}%s}\n"
+    "op_type: {Gather: {weight: {dtype: int8, granularity: per_channel}}}\n"
 )
 QTOOL = {  # setting -> config text (None: the built-in default; a name: an installed config)
     "qtool default": None,
@@ -57,6 +61,8 @@ QTOOL = {  # setting -> config text (None: the built-in default; a name: an inst
     "qtool int4 RTN": INT4 % "",
     "qtool int4 GPTQ": INT4 % ", algorithms: {rounding: gptq}",
     "qtool int4 AWQ + GPTQ": INT4 % ", algorithms: {awq: true, rounding: gptq}",
+    "qtool int4 AWQ + GPTQ, int8 cache": INT4 % ", algorithms: {awq: true, rounding: gptq}"
+    + "kv_cache: {dtype: int8, granularity: per_channel}\n",
     "qtool fp8 e4m3": "fp8",
 }
 PEERS = ("onnxruntime quantize_dynamic", "onnxruntime MatMulNBits RTN")
@@ -74,6 +80,8 @@ if tool == "qtool":
     note = ", ".join(f"{n} {k}" for k, n in result.placements.items())
     if result.placement_choice is not None:
         note += f"; kept '{result.placement_choice.chosen}'"
+    note += "".join("; int8 cache" if "key/value cache int8" in n else "; cache float (no GQA)"
+                    for n in result.notes if "key/value cache int8" in n or "cache stays float" in n)
 elif tool == "onnxruntime quantize_dynamic":
     from onnxruntime.quantization import QuantType, quantize_dynamic
     quantize_dynamic(model, out, weight_type=QuantType.QInt8)
@@ -110,17 +118,41 @@ def language_metrics(model: Path, candidate: Path, evaluation: Path, limit: int 
 
 
 def timing_feeds(model: Path, evaluation: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """A prefill (the first evaluation sample) and the decode step after it, from the float model."""
-    proto = onnx.load(model)
+    """A prefill (the first evaluation sample) and the decode step after it, each model from its own run.
+
+    A model with an int8 cache takes int8 pasts: its decode step holds its own cache, not fp32's.
+    """
+    proto = onnx.load(model, load_external_data=False)
     decoder = model_decoder(proto)
     assert decoder is not None and decoder.logits is not None
-    _, sample = next(iter(Dataset(evaluation, model_inputs(proto)).samples()))
-    prefill = complete_feed(decoder, sample)
+    _, sample = next(iter(Dataset(evaluation, model_inputs(onnx.load(FORMS["plain"]))).samples()))
+    prefill = complete_feed(decoder, {"input_ids": sample["input_ids"]})
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     results = dict(zip(names, session.run(None, prefill), strict=True))
     step = next_step_feed(decoder, prefill, results, results[decoder.logits][:, -1].argmax(-1))
     return prefill, step
+
+
+def timed(paths: dict[str, Path], evaluation: Path, rounds: int) -> dict[str, dict[str, float]]:
+    """Median ms at 1 thread of each model's prefill and decode step, all models timed interleaved."""
+    sessions = {key: _session(path, 1) for key, path in paths.items()}
+    feeds = {key: timing_feeds(path, evaluation) for key, path in paths.items()}
+    medians: dict[str, dict[str, float]] = {}
+    for position, kind in enumerate(("prefill", "decode")):
+        for key, session in sessions.items():
+            for _ in range(5):
+                session.run(None, feeds[key][position])
+        times: dict[str, list[float]] = {key: [] for key in sessions}
+        for _ in range(rounds):
+            for key, session in sessions.items():
+                start = time.perf_counter()
+                for _ in range(10):
+                    session.run(None, feeds[key][position])
+                times[key].append((time.perf_counter() - start) / 10)
+        for key, values in times.items():
+            medians.setdefault(key, {})[kind] = statistics.median(values) * 1e3
+    return medians
 
 
 def measure(form: str, model: Path, args: argparse.Namespace, tmp: Path) -> list[dict]:
@@ -144,18 +176,14 @@ def measure(form: str, model: Path, args: argparse.Namespace, tmp: Path) -> list
             outputs[setting] = out
         rows.append({"model": form, "setting": setting, **result})
         print(f"{form} {setting}: {result}", file=sys.stderr)
-    prefill, step = timing_feeds(model, evaluation)
-    for kind, feed in (("prefill", prefill), ("decode", step)):
-        medians = latencies(outputs, feed, args.rounds)
-        for row in rows:
+    medians = timed(outputs, evaluation, args.rounds)
+    for row in rows:
+        for kind in ("prefill", "decode"):
             if row["setting"] in medians:
-                row[f"{kind}_ms"] = medians[row["setting"]]
-                row[f"{kind}_speedup"] = medians["fp32"] / medians[row["setting"]]
-        fp32 = {"prefill_ms": medians["fp32"]} if kind == "prefill" else {"decode_ms": medians["fp32"]}
-        if kind == "prefill":
-            rows.insert(0, {"model": form, "setting": "fp32", "ratio": 1.0, **fp32})
-        else:
-            rows[0].update(fp32)
+                row[f"{kind}_ms"] = medians[row["setting"]][kind]
+                row[f"{kind}_speedup"] = medians["fp32"][kind] / medians[row["setting"]][kind]
+    fp32 = {f"{kind}_ms": medians["fp32"][kind] for kind in ("prefill", "decode")}
+    rows.insert(0, {"model": form, "setting": "fp32", "ratio": 1.0, **fp32})
     return rows
 
 
