@@ -206,6 +206,10 @@ class Dataset:
 
     def _validate(self, path: Path, feed: Feed) -> Feed | None:
         if self.decoder is not None and self.decoder.input_ids in feed:
+            if np.asarray(feed[self.decoder.input_ids]).size == 0:
+                raise QtoolError(
+                    f"{path}: '{self.decoder.input_ids}' holds no token", hint="give each sample 1 or more"
+                )
             feed = complete_feed(self.decoder, feed)
         expected = {spec.name for spec in self.inputs}
         missing, extra = expected - set(feed), set(feed) - expected

@@ -22,7 +22,7 @@ from qtool.config import load_config, resolve_config
 from qtool.errors import QtoolError
 from qtool.evaluation.baseline import Snapshot, against_baseline, read_baseline, regression_gates
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
-from qtool.evaluation.language_model import LanguageModelScore, language_model_metrics
+from qtool.evaluation.language_model import MAX_DECODE_STEPS, LanguageModelScore, language_model_metrics
 from qtool.evaluation.layers import layer_errors
 from qtool.evaluation.metrics import TASKS, LatencyComparison, LatencyRun, measure_latency, output_metrics
 from qtool.evaluation.output_kinds import output_sources
@@ -107,8 +107,8 @@ def _checked(
         raise QtoolError("--threads must be >= 1")
     if options.task not in TASKS:
         raise QtoolError(f"unknown task '{options.task}'", hint=f"use one of: {', '.join(TASKS)}")
-    if options.decode_steps < 0:
-        raise QtoolError("--decode-steps must be >= 0")
+    if not 0 <= options.decode_steps <= MAX_DECODE_STEPS:
+        raise QtoolError(f"--decode-steps must be an integer from 0 to {MAX_DECODE_STEPS}")
     check_measurable(gates, runs=options.runs, task=options.task, decode_steps=options.decode_steps)
     earlier = read_baseline(baseline) if baseline is not None else None
     if fail_on_regression and earlier is None:

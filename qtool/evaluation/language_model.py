@@ -26,9 +26,11 @@ import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decoder import DecoderInterface, complete_feed, next_step_feed
+from qtool.errors import QtoolError
 from qtool.graph.session import run_session
 
 DEFAULT_DECODE_STEPS = 16
+MAX_DECODE_STEPS = 4096  # each step runs both models once per sample: more is a typo, not a measurement
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,11 @@ def language_model_metrics(
             prefixes.extend(int(p) for p in _prefix(own, continued))
         if on_progress is not None:
             on_progress(index)
+    if scored == 0:
+        raise QtoolError(
+            f"{dataset.directory}: every sample holds a single token: perplexity needs a next token to score",
+            hint="give token files of 2 or more tokens",
+        )
     return LanguageModelScore(
         logits=ref.decoder.logits or "",
         samples=samples,

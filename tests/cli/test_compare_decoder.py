@@ -99,6 +99,19 @@ def test_a_perplexity_gate_in_the_wrong_direction_says_which_one() -> None:
     assert "ppl_ratio is gated with --fail-over (lower is better)" in result.output
 
 
+@pytest.mark.parametrize("steps", [-1, 100_000])
+def test_decode_steps_out_of_range_are_refused(steps: int) -> None:
+    result = invoke("compare", sample("decoder"), sample("decoder"), "--data", eval_dir("decoder"),
+                    "--decode-steps", steps)  # fmt: skip
+    assert result.exit_code == 2 and "--decode-steps must be an integer from 0 to 4096" in result.output
+
+
+def test_single_token_files_have_no_perplexity_and_say_so(tmp_path: Path) -> None:
+    np.savez(tmp_path / "one.npz", input_ids=np.array([[65]], np.int64))
+    result = invoke("compare", sample("decoder"), sample("decoder"), "--data", tmp_path, "--runs", 0)
+    assert result.exit_code == 2 and "perplexity needs a next token" in result.output
+
+
 def test_a_decode_gate_without_the_decode_loop_is_refused() -> None:
     result = invoke("compare", sample("decoder"), sample("decoder"), "--data", eval_dir("decoder"),
                     "--decode-steps", 0, "--fail-under", "decode_agreement=0.9")  # fmt: skip

@@ -80,6 +80,13 @@ def test_a_token_file_of_the_wrong_dtype_names_the_file(tmp_path: Path) -> None:
         list(dataset.samples())
 
 
+def test_an_empty_token_file_is_refused_naming_it(tmp_path: Path) -> None:
+    np.savez(tmp_path / "empty.npz", input_ids=np.zeros((1, 0), np.int64))
+    dataset = Dataset(tmp_path, model_inputs(onnx.load(sample("decoder"))))
+    with pytest.raises(QtoolError, match=r"empty\.npz: 'input_ids' holds no token"):
+        list(dataset.samples())
+
+
 def test_a_cache_without_fixed_head_sizes_is_not_taken_for_one() -> None:
     from qtool.calibration.dataset_types import InputSpec
 
