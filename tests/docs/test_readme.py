@@ -78,8 +78,9 @@ def test_the_readme_has_a_python_example():
 @pytest.mark.slow
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[f"block{i}" for i in range(len(PYTHON_BLOCKS))])
 def test_python_blocks_run_on_the_sample_model(tmp_path, block):
-    """Each block runs in a folder where model.onnx, calib/ and eval/ are the sample CNN's."""
+    """Each block runs in a folder where model.onnx, calib/ and eval/ are the sample CNN's (and sample_models/ is)."""
     cnn = sample("cnn")
+    (tmp_path / "sample_models").symlink_to(cnn.parent.parent)
     (tmp_path / "model.onnx").symlink_to(cnn)
     (tmp_path / "calib").symlink_to(cnn.parent / "calib")
     (tmp_path / "eval").symlink_to(cnn.parent / "eval")
