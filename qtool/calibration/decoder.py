@@ -2,7 +2,8 @@
 
 An exported decoder (optimum, torch.onnx, onnxruntime's model builder) takes ``input_ids`` and a
 cache of past keys and values (``past_key_values.{i}.key`` [batch, kv_heads, past, head_dim]),
-often with ``attention_mask`` and ``position_ids``; it returns ``logits`` and the grown cache
+often with ``attention_mask`` and ``position_ids`` (``cache_position``, and optimum's merged decoders'
+``use_cache_branch``); it returns ``logits`` and the grown cache
 (``present.{i}.key``). :func:`find_decoder` recognises that interface from the inputs' names and
 shapes alone; :func:`complete_feed` turns a token file (``input_ids`` only) into a full prefill
 feed, and :func:`next_step_feed` builds the one-token decode step that follows a run.
@@ -47,12 +48,15 @@ class DecoderInterface:
     position_ids: str | None
     cache: tuple[CacheInput, ...]
     logits: str | None  # the next-token scores [batch, sequence, vocab]
+    cache_position: str | None = None  # [sequence]: the positions of the new tokens (newer transformers exports)
+    cache_branch: str | None = None  # optimum's merged decoders: a bool [1], true once the cache holds tokens
 
     @property
     def filled(self) -> set[str]:
         """The inputs qtool can fill when a sample leaves them out."""
         names = {c.past for c in self.cache}
-        return names | {n for n in (self.attention_mask, self.position_ids) if n is not None}
+        optional = (self.attention_mask, self.position_ids, self.cache_position, self.cache_branch)
+        return names | {n for n in optional if n is not None}
 
 
 def _ids_input(inputs: Sequence[InputSpec]) -> InputSpec | None:
@@ -100,6 +104,8 @@ def find_decoder(inputs: Sequence[InputSpec], outputs: Sequence[str] = ()) -> De
         "position_ids" if "position_ids" in names else None,
         tuple(cache),
         logits,
+        cache_position="cache_position" if "cache_position" in names else None,
+        cache_branch="use_cache_branch" if "use_cache_branch" in names else None,
     )
 
 
@@ -134,6 +140,10 @@ def complete_feed(decoder: DecoderInterface, feed: Mapping[str, np.ndarray]) -> 
         out[decoder.position_ids] = np.broadcast_to(
             np.arange(past, past + length, dtype=np.int64), (batch, length)
         ).copy()
+    if decoder.cache_position is not None and decoder.cache_position not in out:
+        out[decoder.cache_position] = np.arange(past, past + length, dtype=np.int64)
+    if decoder.cache_branch is not None and decoder.cache_branch not in out:
+        out[decoder.cache_branch] = np.array([past > 0])
     return out
 
 
@@ -162,4 +172,8 @@ def next_step_feed(
     if decoder.position_ids is not None:
         positions = previous[decoder.position_ids]
         feed[decoder.position_ids] = positions[:, -1:] + 1
+    if decoder.cache_position is not None:
+        feed[decoder.cache_position] = previous[decoder.cache_position][-1:] + 1
+    if decoder.cache_branch is not None:
+        feed[decoder.cache_branch] = np.array([True])
     return feed

@@ -87,6 +87,28 @@ def test_an_empty_token_file_is_refused_naming_it(tmp_path: Path) -> None:
         list(dataset.samples())
 
 
+def test_cache_position_and_optimums_cache_branch_are_filled_and_advanced() -> None:
+    from qtool.calibration.dataset_types import InputSpec
+
+    inputs = [
+        InputSpec("input_ids", np.dtype(np.int64), ("b", "s")),
+        InputSpec("past_key_values.0.key", np.dtype(np.float16), ("b", 4, "p", 8)),
+        InputSpec("past_key_values.0.value", np.dtype(np.float16), ("b", 4, "p", 8)),
+        InputSpec("cache_position", np.dtype(np.int64), ("s",)),
+        InputSpec("use_cache_branch", np.dtype(np.bool_), (1,)),
+    ]
+    decoder = find_decoder(inputs, ["logits", "present.0.key", "present.0.value"])
+    assert decoder is not None and decoder.cache_position == "cache_position"
+    assert decoder.filled == {"past_key_values.0.key", "past_key_values.0.value", "cache_position", "use_cache_branch"}
+    feed = complete_feed(decoder, {"input_ids": np.arange(5, dtype=np.int64)})
+    assert feed["cache_position"].tolist() == [0, 1, 2, 3, 4] and feed["use_cache_branch"].tolist() == [False]
+    assert feed["past_key_values.0.key"].dtype == np.float16 and feed["past_key_values.0.key"].shape == (1, 4, 0, 8)
+    grown = {name: np.zeros((1, 4, 5, 8), np.float16) for name in ("present.0.key", "present.0.value")}
+    step = next_step_feed(decoder, feed, grown, np.array([7]))
+    assert step["cache_position"].tolist() == [5] and step["use_cache_branch"].tolist() == [True]
+    assert step["input_ids"].tolist() == [[7]] and step["past_key_values.0.value"].shape == (1, 4, 5, 8)
+
+
 def test_a_cache_without_fixed_head_sizes_is_not_taken_for_one() -> None:
     from qtool.calibration.dataset_types import InputSpec
 
