@@ -19,6 +19,8 @@ from qtool.calibration.dataset import Dataset
 from qtool.calibration.decoder import DecoderInterface, complete_feed, next_step_feed
 from qtool.graph.session import run_session
 
+DECODE_PREFIX, PREFILL_PREFIX = "decode-", "prefill-"  # "decode-" sorts first: the first sample is a decode step
+
 
 def with_decode_steps(
     dataset: Dataset, session: ort.InferenceSession, decoder: DecoderInterface, directory: Path
@@ -34,7 +36,13 @@ def with_decode_steps(
         step = next_step_feed(decoder, prefill, results, token)
         stem = path.name.rsplit(".", 1)[0]
         arrays: dict[str, Any] = dict(step)
-        np.savez(directory / f"decode-{stem}.npz", **arrays)
+        np.savez(directory / f"{DECODE_PREFIX}{stem}.npz", **arrays)
         arrays = dict(prefill)
-        np.savez(directory / f"prefill-{stem}.npz", **arrays)
+        np.savez(directory / f"{PREFILL_PREFIX}{stem}.npz", **arrays)
     return Dataset(directory, dataset.inputs)
+
+
+def prefills(dataset: Dataset) -> Dataset:
+    """The prefills of a dataset :func:`with_decode_steps` wrote (any other dataset as it is)."""
+    positions = [i for i, path in enumerate(dataset.files) if not path.name.startswith(DECODE_PREFIX)]
+    return dataset.subset(positions) if len(positions) < len(dataset.files) else dataset

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 import onnx
 
 from qtool.calibration.dataset import Dataset
+from qtool.calibration.decode_steps import prefills
 from qtool.calibration.decoder import DecoderInterface
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
@@ -128,7 +129,7 @@ def measure_placements(
         built.add("dynamic", replace(config, auto_placement="dynamic"), build)
     built.score(scorer, factory("placements", len(built.plans)))
     if decoder is not None:
-        built.decoding = (float_model, decoder, dataset, threads)
+        built.decoding = (float_model, decoder, prefills(dataset), threads)  # each loop starts from a prefill
         built.decode()
     choice = PlacementChoice(target, scorer.files, threads or 1, built.candidates(target), "auto", "")
     choice.decode_bar = built.bar()
