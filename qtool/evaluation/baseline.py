@@ -7,8 +7,16 @@ change. A change is a regression when it goes the wrong way by more than its tol
 - compression: 1 % smaller ratio;
 - SQNR: 0.1 dB lower;
 - top-1, top-5, box IoU: 0.005 lower (half a percentage point);
-- latency: the new ratio's 99 % interval lies wholly above the baseline's interval, widened by the
-  latency tolerance (``--latency-tolerance``); without intervals, the medians are compared.
+- latency: the new ratio's 99 % interval lies wholly above the baseline's interval widened by
+  :data:`BASELINE_LATENCY_DRIFT` (or the latency tolerance, ``--latency-tolerance``, when larger);
+  without intervals, the medians are compared.
+
+Two runs of the same models, minutes apart on one shared CI runner, gave latency ratios 11-15 %
+apart with both 99 % intervals under 2 % wide (0.653 then 0.727, 0.633 then 0.729, 0.668 then
+0.752): an interval describes the noise within one run, not the drift between runs (clock speed,
+neighbours, cache state). Within a run, fp32 and the candidate are interleaved and the latency gate
+keeps its 2 % tolerance; against another run's report, only a slowdown beyond that drift is a
+regression.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from qtool.system.files import read_json
 REPORT_MAX_BYTES = 64 << 20
 SQNR_TOLERANCE_DB = 0.1
 FRACTION_TOLERANCE = 0.005
+BASELINE_LATENCY_DRIFT = 0.2  # latency ratios of two runs of the same models drift this much (see the module)
 COMPRESSION_TOLERANCE = 0.01
 
 
@@ -147,7 +156,7 @@ def _latency_change(now: dict[str, Any], then: dict[str, Any], tolerance: float)
         return Change("latency_ratio", b, c, "lower", False, f"{then['provider']} then, {now['provider']} now")
     low_now = now["latency_interval"][0] if now["latency_interval"] else c
     high_then = then["latency_interval"][1] if then["latency_interval"] else b
-    limit = high_then * (1 + tolerance)
+    limit = high_then * (1 + max(tolerance, BASELINE_LATENCY_DRIFT))
     regressed = low_now > limit
     note = "intervals apart" if regressed else "within the intervals"
     return Change("latency_ratio", b, c, "lower", regressed, note, limit)
