@@ -120,17 +120,9 @@ def measure_placements(
         known=samples.known,
     )
     started = time.perf_counter()
-    built = _Built()
-    built.add("auto", config, build)
-    integer = built.add("integer", replace(config, auto_placement="integer"), build)
-    built.add("storage", replace(config, auto_placement="storage"), build)
-    decoder = decoder_to_score(float_model.prepared)
-    if _matmul_heavy(integer) or decoder is not None:
-        built.add("dynamic", replace(config, auto_placement="dynamic"), build)
+    built = _built_candidates(config, build, float_model, (dataset, threads))
     built.score(scorer, factory("placements", len(built.plans)))
-    if decoder is not None:
-        built.decoding = (float_model, decoder, prefills(dataset), threads)  # each loop starts from a prefill
-        built.decode()
+    built.decode()
     choice = PlacementChoice(target, scorer.files, threads or 1, built.candidates(target), "auto", "")
     choice.decode_bar = built.bar()
     timed = settings.latency_runs > 0 and len(built.plans) > 1 and bool(scorer.samples)
@@ -159,6 +151,23 @@ def measure_placements(
             choice, {name: model for name, (_, model) in built.plans.items()}, samples, float_model, factory, scorer
         )
     return built.configs[choice.chosen], choice
+
+
+def _built_candidates(
+    config: QConfig, build: Build, float_model: FloatModel, scored: tuple[Dataset, int | None]
+) -> _Built:
+    """auto, integer, storage and (MatMul-heavy models, decoders) dynamic; a decoder's also decode when scored."""
+    built = _Built()
+    built.add("auto", config, build)
+    integer = built.add("integer", replace(config, auto_placement="integer"), build)
+    built.add("storage", replace(config, auto_placement="storage"), build)
+    decoder = decoder_to_score(float_model.prepared)
+    if _matmul_heavy(integer) or decoder is not None:
+        built.add("dynamic", replace(config, auto_placement="dynamic"), build)
+    if decoder is not None:
+        dataset, threads = scored
+        built.decoding = (float_model, decoder, prefills(dataset), threads)  # each loop starts from a prefill
+    return built
 
 
 @dataclass
