@@ -25,13 +25,9 @@ Usage: python bench/decoders.py [--forms plain,contrib] [--timeout S] [--rounds 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -41,11 +37,10 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.measure import run_worker  # noqa: E402
-from bench.transformers import _bytes, _fmt, _session  # noqa: E402
+from bench.measure import environment, run_worker  # noqa: E402
+from bench.transformers import _bytes, _fmt, latencies  # noqa: E402
 from qtool.calibration.dataset import Dataset, model_inputs  # noqa: E402
 from qtool.calibration.decoder import complete_feed, model_decoder, next_step_feed  # noqa: E402
-from qtool.system.environment import cpu_info  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SAMPLE = ROOT / "sample_models" / "decoder"
@@ -136,22 +131,11 @@ def timing_feeds(model: Path, evaluation: Path) -> tuple[dict[str, np.ndarray], 
 
 def timed(paths: dict[str, Path], evaluation: Path, rounds: int) -> dict[str, dict[str, float]]:
     """Median ms at 1 thread of each model's prefill and decode step, all models timed interleaved."""
-    sessions = {key: _session(path, 1) for key, path in paths.items()}
     feeds = {key: timing_feeds(path, evaluation) for key, path in paths.items()}
-    medians: dict[str, dict[str, float]] = {}
+    medians: dict[str, dict[str, float]] = {key: {} for key in paths}
     for position, kind in enumerate(("prefill", "decode")):
-        for key, session in sessions.items():
-            for _ in range(5):
-                session.run(None, feeds[key][position])
-        times: dict[str, list[float]] = {key: [] for key in sessions}
-        for _ in range(rounds):
-            for key, session in sessions.items():
-                start = time.perf_counter()
-                for _ in range(10):
-                    session.run(None, feeds[key][position])
-                times[key].append((time.perf_counter() - start) / 10)
-        for key, values in times.items():
-            medians.setdefault(key, {})[kind] = statistics.median(values) * 1e3
+        for key, ms in latencies(paths, None, rounds, feeds={k: f[position] for k, f in feeds.items()}).items():
+            medians[key][kind] = ms
     return medians
 
 
@@ -225,11 +209,7 @@ def main() -> None:
             rows += measure(form, FORMS[form], args, Path(tmp))
     ppl = next((r["ppl_fp32"] for r in rows if "ppl_fp32" in r), float("nan"))
     document = {
-        "date": datetime.date.today().isoformat(),
-        "cpu": cpu_info(),
-        "cores": len(__import__("os").sched_getaffinity(0)),
-        "python": platform.python_version(),
-        "onnxruntime": ort.__version__,
+        **environment(),
         "ppl_fp32": ppl,
         "eval_samples": args.limit or len(list((SAMPLE / "eval").glob("*.npz"))),
         "rows": rows,

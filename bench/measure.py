@@ -106,3 +106,22 @@ def onnxruntime_quantize_static(
         extra_options={"ActivationSymmetric": True, "WeightSymmetric": True} if tensorrt else None,
     )
     return note
+
+
+def environment(date: str | None = None) -> dict[str, object]:
+    """What a benchmark's numbers depend on: date, CPU (``qtool doctor``'s), cores, Python and onnxruntime."""
+    import datetime
+    import os
+    import platform
+
+    import onnxruntime as ort
+
+    from qtool.system.environment import cpu_info
+
+    return {
+        "date": date or datetime.date.today().isoformat(),
+        "cpu": cpu_info(),
+        "cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "onnxruntime": ort.__version__,
+    }

@@ -21,9 +21,7 @@ Usage: python bench/scaleout.py [--samples N] [--workers N] [--rounds R]
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,10 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import onnxruntime as ort  # noqa: E402
-
+from bench.measure import environment  # noqa: E402
 from bench.real_data import RegistryUnavailable, real_model  # noqa: E402
-from qtool.system.environment import cpu_info  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 BIN = Path(sys.executable).parent
@@ -180,11 +176,7 @@ def main() -> None:
         for key, values in times.items()
     ]
     document = {
-        "date": datetime.date.today().isoformat(),
-        "cpu": cpu_info(),
-        "cores": len(__import__("os").sched_getaffinity(0)),
-        "python": platform.python_version(),
-        "onnxruntime": ort.__version__,
+        **environment(),
         "model": "ppocr_det (PP-OCRv4 text detector)",
         "input": f"1x3x{SIZE[0]}x{SIZE[1]}",
         "samples": args.samples,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,9 +31,8 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.measure import run_worker  # noqa: E402
+from bench.measure import environment, run_worker  # noqa: E402
 from bench.real_data import RegistryUnavailable, real_model  # noqa: E402
-from qtool.system.environment import cpu_info  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SAMPLES = ("encoder", "transformer")
@@ -148,18 +146,28 @@ def _bytes(path: Path) -> int:
     return path.stat().st_size + sum((path.parent / name).stat().st_size for name in extra)
 
 
-def latencies(paths: dict[str, Path], feed: dict[str, np.ndarray], rounds: int) -> dict[str, float]:
-    """Median ms per model at 1 thread, all timed interleaved: ``rounds`` rounds of 10 runs each."""
+def latencies(
+    paths: dict[str, Path],
+    feed: dict[str, np.ndarray] | None,
+    rounds: int,
+    *,
+    feeds: dict[str, dict[str, np.ndarray]] | None = None,
+) -> dict[str, float]:
+    """Median ms per model at 1 thread, all timed interleaved: ``rounds`` rounds of 10 runs each.
+
+    ``feed`` feeds every model, or ``feeds`` gives each model (by the keys of ``paths``) its own.
+    """
     sessions = {key: _session(path, 1) for key, path in paths.items()}
-    for session in sessions.values():
+    feeds = feeds or {key: feed or {} for key in paths}
+    for key, session in sessions.items():
         for _ in range(5):
-            session.run(None, feed)
+            session.run(None, feeds[key])
     times: dict[str, list[float]] = {key: [] for key in sessions}
     for _ in range(rounds):
         for key, session in sessions.items():
             start = time.perf_counter()
             for _ in range(10):
-                session.run(None, feed)
+                session.run(None, feeds[key])
             times[key].append((time.perf_counter() - start) / 10)
     return {key: statistics.median(t) * 1e3 for key, t in times.items()}
 
@@ -245,11 +253,7 @@ def main() -> None:
         for name, paths in models.items():
             rows += measure(name, paths, args.timeout, args.rounds, Path(tmp))
     document = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu_info(),
-        "cores": len(__import__("os").sched_getaffinity(0)),
-        "python": platform.python_version(),
-        "onnxruntime": ort.__version__,
+        **environment(datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
         "rows": rows,
     }
     RESULTS.mkdir(exist_ok=True)

@@ -17,15 +17,23 @@ import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decoder import DecoderInterface, complete_feed, next_step_feed
+from qtool.calibration.outputs import FloatOutputs
 from qtool.graph.session import run_session
 
 DECODE_PREFIX, PREFILL_PREFIX = "decode-", "prefill-"  # "decode-" sorts first: the first sample is a decode step
 
 
 def with_decode_steps(
-    dataset: Dataset, session: ort.InferenceSession, decoder: DecoderInterface, directory: Path
+    dataset: Dataset,
+    session: ort.InferenceSession,
+    decoder: DecoderInterface,
+    directory: Path,
+    known: FloatOutputs | None = None,
 ) -> Dataset:
-    """``dataset``'s prefills and the decode step after each, as a dataset over ``directory`` (created)."""
+    """``dataset``'s prefills and the decode step after each, as a dataset over ``directory`` (created).
+
+    ``known`` receives the float outputs of the prefills (run here anyway), so scorers do not run them again.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     names = [o.name for o in session.get_outputs()]
     for path, sample in dataset.samples():
@@ -39,6 +47,8 @@ def with_decode_steps(
         np.savez(directory / f"{DECODE_PREFIX}{stem}.npz", **arrays)
         arrays = dict(prefill)
         np.savez(directory / f"{PREFILL_PREFIX}{stem}.npz", **arrays)
+        if known is not None:
+            known.add(directory / f"{PREFILL_PREFIX}{stem}.npz", results)
     return Dataset(directory, dataset.inputs)
 
 

@@ -135,50 +135,85 @@ def _prefix(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
     return np.where(same.all(axis=1), same.shape[1], same.argmin(axis=1))
 
 
+@dataclass(frozen=True)
+class ReferenceRun:
+    """What the reference gave on one sample: all a candidate is scored against (its logits are not kept)."""
+
+    sample: Mapping[str, np.ndarray]  # as read: each candidate completes it for its own interface
+    ids: np.ndarray  # [batch, length]
+    mask: np.ndarray  # [batch, length]: positions that count
+    nll: float  # summed over the scored next tokens
+    scored: int
+    argmax: np.ndarray  # [batch, length]: the most likely next token at each position
+    continued: np.ndarray | None  # [batch, steps]: the greedy continuation (None: no decode loop)
+
+
+def reference_runs(
+    reference: ort.InferenceSession, decoder: DecoderInterface, dataset: Dataset, steps: int
+) -> list[ReferenceRun]:
+    """The reference's prefill and greedy continuation of every sample, run once for any number of candidates."""
+    ref = _Model(reference, decoder, "reference")
+    runs = []
+    for _, sample in dataset.samples():
+        feed = complete_feed(decoder, sample)
+        ids = feed[decoder.input_ids]
+        mask = feed.get(decoder.attention_mask or "", np.ones_like(ids))[:, -ids.shape[1] :]
+        first = ref.run(feed)
+        logits = ref.logits(first)
+        nll, scored = _nll(logits, ids, mask)
+        continued = _greedy(ref, feed, first, steps) if steps > 0 else None
+        runs.append(ReferenceRun(sample, ids, mask, nll, scored, logits.argmax(-1), continued))
+    return runs
+
+
 def language_model_metrics(
-    reference: ort.InferenceSession,
+    reference: ort.InferenceSession | None,
     candidate: ort.InferenceSession,
     decoders: tuple[DecoderInterface, DecoderInterface],
     dataset: Dataset,
     *,
     steps: int = DEFAULT_DECODE_STEPS,
     on_progress: Callable[[int], None] | None = None,
+    runs: list[ReferenceRun] | None = None,
 ) -> LanguageModelScore:
-    """Perplexity, next-token and decode agreement of ``candidate`` against ``reference`` (see the module)."""
-    ref, cand = _Model(reference, decoders[0], "reference"), _Model(candidate, decoders[1], "candidate")
+    """Perplexity, next-token and decode agreement of ``candidate`` against ``reference`` (see the module).
+
+    ``runs``: the reference's :func:`reference_runs` on ``dataset`` with ``steps``, when several
+    candidates are scored against it (``reference`` is then not run).
+    """
+    if runs is None:
+        assert reference is not None  # one of the two is given
+        runs = reference_runs(reference, decoders[0], dataset, steps)
+    cand = _Model(candidate, decoders[1], "candidate")
     nll_ref = nll_cand = 0.0
-    scored = agree = samples = positions = 0
+    scored = agree = positions = 0
     forced_same = free_same = generated = 0
     prefixes: list[int] = []
-    for index, (_, sample) in enumerate(dataset.samples(), start=1):
-        feeds = complete_feed(ref.decoder, sample), complete_feed(cand.decoder, sample)
-        ids = feeds[0][ref.decoder.input_ids]
-        mask = feeds[0].get(ref.decoder.attention_mask or "", np.ones_like(ids))[:, -ids.shape[1] :]
-        first_ref, first_cand = ref.run(feeds[0]), cand.run(feeds[1])
-        logits_ref, logits_cand = ref.logits(first_ref), cand.logits(first_cand)
-        value, count = _nll(logits_ref, ids, mask)
-        nll_ref, scored = nll_ref + value, scored + count
-        nll_cand += _nll(logits_cand, ids, mask)[0]
-        keep = mask.astype(bool)
-        agree += int((logits_ref.argmax(-1) == logits_cand.argmax(-1))[keep].sum())
+    for index, run in enumerate(runs, start=1):
+        feed = complete_feed(cand.decoder, run.sample)
+        first = cand.run(feed)
+        logits = cand.logits(first)
+        nll_ref, scored = nll_ref + run.nll, scored + run.scored
+        nll_cand += _nll(logits, run.ids, run.mask)[0]
+        keep = run.mask.astype(bool)
+        agree += int((run.argmax == logits.argmax(-1))[keep].sum())
         positions += int(keep.sum())
-        samples += 1
-        if steps > 0:
-            continued = _greedy(ref, feeds[0], first_ref, steps)
-            forced_same += int((_forced(cand, feeds[1], first_cand, continued) == continued).sum())
-            own = _greedy(cand, feeds[1], first_cand, steps)
-            free_same += int((own == continued).sum())
-            generated += continued.size
-            prefixes.extend(int(p) for p in _prefix(own, continued))
+        if run.continued is not None:
+            forced_same += int((_forced(cand, feed, first, run.continued) == run.continued).sum())
+            own = _greedy(cand, feed, first, run.continued.shape[1])
+            free_same += int((own == run.continued).sum())
+            generated += run.continued.size
+            prefixes.extend(int(p) for p in _prefix(own, run.continued))
         if on_progress is not None:
             on_progress(index)
+    samples = len(runs)
     if scored == 0:
         raise QtoolError(
             f"{dataset.directory}: every sample holds a single token: perplexity needs a next token to score",
             hint="give token files of 2 or more tokens",
         )
     return LanguageModelScore(
-        logits=ref.decoder.logits or "",
+        logits=decoders[0].logits or "",
         samples=samples,
         tokens=scored,
         reference_perplexity=math.exp(nll_ref / max(1, scored)),

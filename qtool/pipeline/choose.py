@@ -80,9 +80,9 @@ def choose(
         selection, validation = split.selection, split.validation
         if decoder is not None:  # prefills and the decode step after each (see qtool.calibration.decode_steps)
             session = create_session(ws.prepared, "the float model", threads=evaluation.threads, weights=ws.weights)
-            selection = with_decode_steps(selection, session, decoder, Path(scratch) / "selection")
-            validation = with_decode_steps(validation, session, decoder, Path(scratch) / "validation")
-            known = None
+            known = FloatOutputs()  # the prefills' float outputs, from the pass that writes the decode steps
+            selection = with_decode_steps(selection, session, decoder, Path(scratch) / "selection", known)
+            validation = with_decode_steps(validation, session, decoder, Path(scratch) / "validation", known)
         ranked = spread_subset(selection, min(RANK_SAMPLES, len(selection)))
         samples = Samples(selection, ranked, known, validation)
         return measure_placements(float_model, config, build, samples, threads=evaluation.threads, progress=progress)

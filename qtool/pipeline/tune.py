@@ -77,9 +77,9 @@ def _scorers(tuning: Tuning, scratch: Path) -> tuple[OutputScorer, OutputScorer]
     decoder = decoder_to_score(ws.prepared) if tuning.goal.labels is None and tuning.goal.metric is None else None
     if decoder is not None:
         session = create_session(ws.prepared, "the float model", threads=options.threads, weights=ws.weights)
-        selection = with_decode_steps(selection, session, decoder, scratch / "selection")
-        validation = with_decode_steps(validation, session, decoder, scratch / "validation")
-        known = None
+        known = FloatOutputs()  # the prefills' float outputs, from the pass that writes the decode steps
+        selection = with_decode_steps(selection, session, decoder, scratch / "selection", known)
+        validation = with_decode_steps(validation, session, decoder, scratch / "validation", known)
     tuning.evaluation.release()
     return (
         OutputScorer(ws.prepared, selection, threads=options.threads, weights=ws.weights, known=known),

@@ -17,7 +17,7 @@ import onnx
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decoder import DecoderInterface, model_decoder
 from qtool.errors import QtoolError
-from qtool.evaluation.language_model import language_model_metrics
+from qtool.evaluation.language_model import language_model_metrics, reference_runs
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
 
@@ -36,22 +36,27 @@ def decoder_to_score(model: onnx.ModelProto) -> DecoderInterface | None:
     return decoder
 
 
-def decode_agreements(
-    float_model: onnx.ModelProto,
-    weights: Weights,
-    decoder: DecoderInterface,
-    candidates: Mapping[str, onnx.ModelProto],
-    dataset: Dataset,
-    threads: int | None = None,
-) -> dict[str, float]:
-    """Each candidate's decode-step agreement with the float model, fed its tokens through its own cache."""
-    reference = create_session(float_model, "the float model", threads=threads, weights=weights)
-    agreements = {}
-    for name, model in candidates.items():
-        session = create_session(model, f"the '{name}' placement", threads=threads, weights=weights)
-        score = language_model_metrics(reference, session, (decoder, decoder), dataset, steps=DECODE_STEPS)
-        agreements[name] = score.decode_agreement if score.decode_agreement is not None else 0.0
-    return agreements
+class DecodeJudge:
+    """The float model's greedy decodes of the scored prefills, run once; each candidate is scored against them."""
+
+    def __init__(
+        self,
+        float_model: onnx.ModelProto,
+        weights: Weights,
+        decoder: DecoderInterface,
+        dataset: Dataset,
+        threads: int | None = None,
+    ) -> None:
+        self.weights, self.decoder, self.dataset, self.threads = weights, decoder, dataset, threads
+        reference = create_session(float_model, "the float model", threads=threads, weights=weights)
+        self.runs = reference_runs(reference, decoder, dataset, DECODE_STEPS)
+
+    def agreement(self, name: str, model: onnx.ModelProto) -> float:
+        """The candidate's decode-step agreement with the float model, fed its tokens through its own cache."""
+        session = create_session(model, f"the '{name}' placement", threads=self.threads, weights=self.weights)
+        decoders = (self.decoder, self.decoder)
+        score = language_model_metrics(None, session, decoders, self.dataset, steps=DECODE_STEPS, runs=self.runs)
+        return score.decode_agreement if score.decode_agreement is not None else 0.0
 
 
 def decode_bar(agreements: Mapping[str, float], aliases: Mapping[str, list[str]]) -> float | None:

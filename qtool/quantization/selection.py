@@ -38,11 +38,10 @@ import onnx
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decode_steps import prefills
-from qtool.calibration.decoder import DecoderInterface
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
-from qtool.quantization.placement_decode import decode_agreements, decode_bar, decoder_to_score
+from qtool.quantization.placement_decode import DecodeJudge, decode_bar, decoder_to_score
 from qtool.quantization.placement_timing import decisively_faster, faster_than_storage, time_candidates
 from qtool.quantization.placement_types import (
     DECISIVE_CONFIDENCE,
@@ -166,7 +165,8 @@ def _built_candidates(
         built.add("dynamic", replace(config, auto_placement="dynamic"), build)
     if decoder is not None:
         dataset, threads = scored
-        built.decoding = (float_model, decoder, prefills(dataset), threads)  # each loop starts from a prefill
+        judge = DecodeJudge(float_model.prepared, float_model.weights, decoder, prefills(dataset), threads)
+        built.judge = judge  # each decode loop starts from a prefill
     return built
 
 
@@ -180,15 +180,14 @@ class _Built:
     scores: dict[str, float] = field(default_factory=dict)  # by distinct plan: the worst output's SQNR
     seen: dict[tuple[tuple[str, str], ...], str] = field(default_factory=dict)
     decodes: dict[str, float] = field(default_factory=dict)  # decoders: by distinct plan, decode agreement
-    decoding: tuple[FloatModel, DecoderInterface, Dataset, int | None] | None = None  # what decode() runs
+    judge: DecodeJudge | None = None  # decoders: scores decode agreement
 
     def decode(self) -> None:
         """Decode with every distinct candidate not decoded yet (decoders only)."""
-        if self.decoding is None:
-            return
-        float_model, decoder, dataset, threads = self.decoding
-        todo = {name: model for name, (_, model) in self.plans.items() if name not in self.decodes}
-        self.decodes |= decode_agreements(float_model.prepared, float_model.weights, decoder, todo, dataset, threads)
+        if self.judge is not None:
+            for name, (_, model) in self.plans.items():
+                if name not in self.decodes:
+                    self.decodes[name] = self.judge.agreement(name, model)
 
     def bar(self) -> float | None:
         """The decode agreement a candidate must reach (None: not a decoder)."""

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 import qtool
+from bench.large_decoder import NEAREST
 from qtool.cli import app
 from qtool.errors import QtoolError
 from qtool.graph import model_io
@@ -175,16 +176,6 @@ if len(sys.argv) > 1:
 print(json.dumps({"peak_rss_kb": peak_rss_kb()}))
 """
 
-INT4_NEAREST = """version: 1
-global:
-  weight: {dtype: int4, granularity: per_block, block_size: 32, symmetric: true,
-           format: matmul_nbits, accuracy_level: 4}
-  weight_only: true
-  algorithms: {rounding: nearest}
-op_type:
-  Gather: {weight: {dtype: int8, granularity: per_channel}}
-"""
-
 
 def _peak_mb(*args: str) -> float:
     """Peak RSS (MB) of a fresh process that imports qtool and onnxruntime and quantizes ``args`` (if any)."""
@@ -202,7 +193,7 @@ def test_int4_of_a_decoder_with_external_weights_peaks_under_one_and_a_half_time
     model, weight_bytes = external_plain_model(tmp_path, shape)
     assert weight_bytes > 100 * 2**20
     config = tmp_path / "int4.yaml"
-    config.write_text(INT4_NEAREST)
+    config.write_text(NEAREST)  # the config bench/large_decoder.py measures
     out = tmp_path / "q.onnx"
     baseline = _peak_mb()
     peak = _peak_mb(str(model), str(config), str(out))
