@@ -75,6 +75,8 @@ class TuneOptions:
     target_metric: float | None = None  # the metric's mean must reach this
     lower_is_better: bool = False  # the metric is an error: it must stay at or below target_metric
     labels: Path | str | None = None  # one label per evaluation sample, passed to the metric
+    target_decode: float | None = None  # a decoder's mean free-running greedy agreement must reach this (0..1]
+    decode_steps: int = 16  # greedy steps per sample for target_decode
     max_latency_ratio: float | None = None  # candidate / float time bound (CPU, timed interleaved)
     objective: str = "size"  # size | latency: what the chosen model minimises among those meeting the target
     time_budget: float = 600.0  # seconds; the search stops with the best result so far

@@ -18,7 +18,7 @@ _OUTPUTS = (
 _ACCURACY = (
     *("--target-sqnr", "--max-float-nodes", "--search-samples", "--search-seconds", "--latency-runs", "--search"),
     *("--metric", "--target-metric", "--lower-is-better", "--objective", "--time-budget", "--confidence"),
-    *("--sensitivity-samples", "--cache", "--cache-dir"),
+    *("--sensitivity-samples", "--cache", "--cache-dir", "--target-decode"),
 )
 _CALIBRATION = (
     *("--observer", "--observer-option", "--batch-size", "--limit", "--shard", "--workers", "--scheduler"),
@@ -27,7 +27,7 @@ _CALIBRATION = (
 _EVALUATION = (
     *("--runs", "--warmup", "--providers", "--require-providers", "--trt-engine-cache", "--task", "--per-layer"),
     *("--fail-under", "--fail-over", "--min-compression", "--max-latency-ratio", "--latency-tolerance"),
-    *("--baseline", "--fail-on-regression"),
+    *("--baseline", "--fail-on-regression", "--decode-steps"),
 )
 GROUPS = (
     ("Inputs", _INPUTS),

@@ -62,6 +62,20 @@ def tune(
     lower_is_better: Annotated[
         bool, typer.Option("--lower-is-better", help="The --metric is an error: stay at or below --target-metric.")
     ] = False,
+    target_decode: Annotated[
+        float | None,
+        typer.Option(
+            "--target-decode",
+            metavar="SHARE",
+            help="Decoders: instead of SQNR, the share of greedy tokens a candidate generates as the float model "
+            "does (free-running, --decode-steps per EVAL token file, through its own cache) must reach SHARE "
+            "(e.g. 0.9), at --confidence.",
+        ),
+    ] = None,
+    decode_steps: Annotated[
+        int,
+        typer.Option("--decode-steps", metavar="N", help="Greedy steps per EVAL token file for --target-decode."),
+    ] = 16,
     labels: Annotated[
         Path | None,
         typer.Option(
@@ -166,6 +180,8 @@ def tune(
                     target_metric=target_metric,
                     lower_is_better=lower_is_better,
                     labels=labels,
+                    target_decode=target_decode,
+                    decode_steps=decode_steps,
                     max_latency_ratio=max_latency_ratio,
                     objective=objective,
                     time_budget=time_budget,

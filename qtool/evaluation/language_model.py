@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnxruntime as ort
@@ -47,6 +47,8 @@ class LanguageModelScore:
     decode_agreement: float | None  # fed the reference's tokens through its own cache
     free_running_agreement: float | None  # its own greedy tokens against the reference's, by position
     matched_prefix: float | None  # mean tokens generated before the first difference
+    # each sample's free-running agreement, in sample order (tune's decode goal bounds their mean)
+    free_running_by_sample: tuple[float, ...] = field(default=(), repr=False)
 
     @property
     def ppl_ratio(self) -> float:
@@ -189,6 +191,7 @@ def language_model_metrics(
     scored = agree = positions = 0
     forced_same = free_same = generated = 0
     prefixes: list[int] = []
+    by_sample: list[float] = []
     for index, run in enumerate(runs, start=1):
         feed = complete_feed(cand.decoder, run.sample)
         first = cand.run(feed)
@@ -202,6 +205,7 @@ def language_model_metrics(
             forced_same += int((_forced(cand, feed, first, run.continued) == run.continued).sum())
             own = _greedy(cand, feed, first, run.continued.shape[1])
             free_same += int((own == run.continued).sum())
+            by_sample.append(float((own == run.continued).mean()))
             generated += run.continued.size
             prefixes.extend(int(p) for p in _prefix(own, run.continued))
         if on_progress is not None:
@@ -223,4 +227,5 @@ def language_model_metrics(
         decode_agreement=forced_same / generated if generated else None,
         free_running_agreement=free_same / generated if generated else None,
         matched_prefix=float(np.mean(prefixes)) if prefixes else None,
+        free_running_by_sample=tuple(by_sample),
     )

@@ -38,7 +38,7 @@ from qtool.pipeline.tune_write import write_chosen
 from qtool.pipeline.workspace import Workspace, open_workspace
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
-from qtool.quantization.placement_decode import decoder_to_score
+from qtool.quantization.placement_decode import DecodeJudge, decoder_to_score
 from qtool.quantization.tune.cache import cache_key, default_cache_dir, load_sensitivity, save_sensitivity
 from qtool.quantization.tune.candidates import Candidates
 from qtool.quantization.tune.metric import read_labels
@@ -62,7 +62,23 @@ def tune(request: TuneRequest, config: QConfig, progress: ProgressFactory | None
     """Tune ``request.model_path`` under ``config`` (see the module docstring)."""
     tuning = _prepare(request, config, progress, time.monotonic())
     with tempfile.TemporaryDirectory(prefix="qtool-decode-steps-") as scratch:
-        return _tune(tuning, _scorers(tuning, Path(scratch)), progress)
+        judges = _decode_judges(tuning)
+        return _tune(tuning, _scorers(tuning, Path(scratch)), judges, progress)
+
+
+def _decode_judges(tuning: Tuning) -> tuple[DecodeJudge, DecodeJudge] | None:
+    """A decode goal's float greedy decodes of the selection and of the validation token files (run once)."""
+    steps = tuning.goal.decode_steps
+    if steps is None:
+        return None
+    ws, threads = tuning.ws, tuning.request.options.threads
+    decoder = decoder_to_score(ws.prepared)
+    assert decoder is not None  # checked by _prepare
+    with stage("decode the evaluation samples with the float model"):
+        return (
+            DecodeJudge(ws.prepared, ws.weights, decoder, tuning.split.selection, threads, steps),
+            DecodeJudge(ws.prepared, ws.weights, decoder, tuning.split.validation, threads, steps),
+        )
 
 
 def _scorers(tuning: Tuning, scratch: Path) -> tuple[OutputScorer, OutputScorer]:
@@ -87,7 +103,12 @@ def _scorers(tuning: Tuning, scratch: Path) -> tuple[OutputScorer, OutputScorer]
     )
 
 
-def _tune(tuning: Tuning, scorers: tuple[OutputScorer, OutputScorer], progress: ProgressFactory | None) -> TuneResult:
+def _tune(
+    tuning: Tuning,
+    scorers: tuple[OutputScorer, OutputScorer],
+    judges: tuple[DecodeJudge, DecodeJudge] | None,
+    progress: ProgressFactory | None,
+) -> TuneResult:
     options = tuning.request.options
     ws = tuning.ws
     selection, validation = scorers
@@ -112,6 +133,7 @@ def _tune(tuning: Tuning, scorers: tuple[OutputScorer, OutputScorer], progress: 
             else (None, None)
         ),
         validations=VALIDATION_ROUNDS,
+        decode=judges,
     )
     outcome = search_and_validate(tuning, sens, candidates, progress or noop_progress)
     return write_chosen(tuning, sens, candidates, outcome, progress)
@@ -123,6 +145,12 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
     # Candidates are built at the opset the widest option needs (int2 weights: 25), so each one loads.
     opset = max(config.with_rules(global_=o.entry).opset_requirement()[0] for o in space if o.entry)
     ws = open_workspace(request.model_path, config, opset, request.input_shapes)
+    if request.goal.decode_steps is not None and decoder_to_score(ws.prepared) is None:
+        raise QtoolError(
+            f"{request.model_path}: --target-decode needs a decoder (input_ids in, logits and its present key/value "
+            "cache out) to run a greedy decode through",
+            hint="judge other models with --target-sqnr DB or --metric module:function",
+        )
     float_outputs, split = _split_eval(ws, request)
     # GPTQ options need each node's calibration inputs: gathered in the same float pass (within the
     # collector's memory budget; nodes past it are rounded to nearest, as quantize would)

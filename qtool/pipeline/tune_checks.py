@@ -6,6 +6,7 @@ from pathlib import Path
 
 from qtool.config import QConfig
 from qtool.errors import QtoolError
+from qtool.evaluation.language_model import MAX_DECODE_STEPS
 from qtool.graph.model_files import same_file
 from qtool.options import TuneOptions
 from qtool.quantization.tune.candidates import Goal
@@ -14,12 +15,15 @@ from qtool.quantization.tune.metric import load_metric
 
 def tune_goal(options: TuneOptions) -> Goal:
     """The goal the options describe (the user's metric imported), or a clear error."""
-    if (options.target_sqnr_db is None) == (options.metric is None):
-        raise QtoolError("give exactly one of --target-sqnr DB and --metric module:function")
+    goals = [options.target_sqnr_db is not None, options.metric is not None, options.target_decode is not None]
+    if sum(goals) != 1:
+        raise QtoolError("give exactly one of --target-sqnr DB, --metric module:function and --target-decode SHARE")
     if options.metric is not None and options.target_metric is None:
         raise QtoolError("--metric needs --target-metric X (the value the metric must reach)")
     if options.target_metric is not None and options.metric is None:
         raise QtoolError("--target-metric without --metric module:function")
+    if options.lower_is_better and options.metric is None:
+        raise QtoolError("--lower-is-better without --metric: SQNR and decode agreement are higher-is-better")
     if options.labels is not None and options.metric is None:
         raise QtoolError("--labels without --metric: labels are passed to the metric")
     if options.objective not in ("size", "latency"):
@@ -38,6 +42,8 @@ def tune_goal(options: TuneOptions) -> Goal:
         raise QtoolError(f"--confidence {options.confidence:g} must be at least 0.5 and below 1 (e.g. 0.9)")
     if options.target_sqnr_db is not None and not 0 < options.target_sqnr_db < 200:
         raise QtoolError(f"--target-sqnr {options.target_sqnr_db:g} dB is outside (0, 200)")
+    if options.target_decode is not None:
+        return _decode_goal(options)
     metric = load_metric(options.metric) if options.metric is not None else None
     return Goal(
         target_sqnr_db=options.target_sqnr_db,
@@ -47,6 +53,25 @@ def tune_goal(options: TuneOptions) -> Goal:
         lower_is_better=options.lower_is_better,
         max_latency_ratio=options.max_latency_ratio,
         confidence=options.confidence,
+    )
+
+
+def _decode_goal(options: TuneOptions) -> Goal:
+    """A decoder's goal: the mean free-running agreement of ``decode_steps`` greedy steps per sample."""
+    assert options.target_decode is not None
+    if not 0 < options.target_decode <= 1:
+        raise QtoolError(
+            f"--target-decode {options.target_decode:g} is a share of generated tokens: above 0 and at most 1",
+            hint="e.g. --target-decode 0.9 (90 % of the greedy tokens as the float model's)",
+        )
+    if not 1 <= options.decode_steps <= MAX_DECODE_STEPS:
+        raise QtoolError(f"--decode-steps must be between 1 and {MAX_DECODE_STEPS}, got {options.decode_steps}")
+    return Goal(
+        metric_name=f"free-running agreement ({options.decode_steps} steps)",
+        target_metric=options.target_decode,
+        max_latency_ratio=options.max_latency_ratio,
+        confidence=options.confidence,
+        decode_steps=options.decode_steps,
     )
 
 

@@ -202,7 +202,7 @@ def _validate_choices(
                 kept = kept or (chosen, validation, margin)
                 break
             shortfall = tuning.goal.shortfall(validation.bound_db, validation.metric_bound)
-            margins.update(validation.meets, shortfall, bisect=tuning.goal.metric is None)
+            margins.update(validation.meets, shortfall, bisect=not tuning.goal.by_metric)
     if kept is None:  # every validated choice missed: the last one, reported as missing
         last = rounds[-1]
         kept = (trials[last.trial], last.validation, last.margin)

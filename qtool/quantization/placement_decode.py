@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import onnx
+import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decoder import DecoderInterface, model_decoder
 from qtool.errors import QtoolError
-from qtool.evaluation.language_model import language_model_metrics, reference_runs
+from qtool.evaluation.language_model import LanguageModelScore, language_model_metrics, reference_runs
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
 
@@ -46,16 +47,22 @@ class DecodeJudge:
         decoder: DecoderInterface,
         dataset: Dataset,
         threads: int | None = None,
+        steps: int = DECODE_STEPS,
     ) -> None:
         self.weights, self.decoder, self.dataset, self.threads = weights, decoder, dataset, threads
+        self.steps = steps
         reference = create_session(float_model, "the float model", threads=threads, weights=weights)
-        self.runs = reference_runs(reference, decoder, dataset, DECODE_STEPS)
+        self.runs = reference_runs(reference, decoder, dataset, steps)
+
+    def score(self, session: ort.InferenceSession) -> LanguageModelScore:
+        """A candidate's language-model figures against the float model's runs."""
+        decoders = (self.decoder, self.decoder)
+        return language_model_metrics(None, session, decoders, self.dataset, steps=self.steps, runs=self.runs)
 
     def agreement(self, name: str, model: onnx.ModelProto) -> float:
         """The candidate's decode-step agreement with the float model, fed its tokens through its own cache."""
         session = create_session(model, f"the '{name}' placement", threads=self.threads, weights=self.weights)
-        decoders = (self.decoder, self.decoder)
-        score = language_model_metrics(None, session, decoders, self.dataset, steps=DECODE_STEPS, runs=self.runs)
+        score = self.score(session)
         return score.decode_agreement if score.decode_agreement is not None else 0.0
 
 

@@ -151,8 +151,13 @@ def test_labels_reach_the_metric(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ([], "give exactly one of --target-sqnr DB and --metric"),
+        ([], "give exactly one of --target-sqnr DB, --metric module:function and --target-decode"),
         (["--target-sqnr", "30", "--metric", "m:f", "--target-metric", "1"], "give exactly one of"),
+        (["--target-sqnr", "30", "--target-decode", "0.9"], "give exactly one of"),
+        (["--target-decode", "90"], "--target-decode 90 is a share of generated tokens"),
+        (["--target-decode", "0.9", "--decode-steps", "0"], "--decode-steps must be between 1 and 4096"),
+        (["--target-decode", "0.9", "--lower-is-better"], "--lower-is-better without --metric"),
+        (["--target-decode", "0.9"], "--target-decode needs a decoder"),
         (["--metric", "nosuchmodule_qtool:f", "--target-metric", "1"], "--metric: cannot import nosuchmodule_qtool"),
         (["--metric", "json:no_such_function", "--target-metric", "1"], "json has no function 'no_such_function'"),
         (["--metric", "json:dumps"], "--metric needs --target-metric"),

@@ -162,3 +162,30 @@ def test_a_cache_setting_on_plain_ops_keeps_the_cache_float_and_says_why(tmp_pat
     )  # fmt: skip
     assert any("the cache stays float" in note for note in result.notes)
     assert all(i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for i in onnx.load(out).graph.input[3:])
+
+
+@pytest.mark.slow
+def test_tune_to_a_decode_target_judges_free_running_agreement_on_token_files_it_never_chose_on(
+    tmp_path: Path,
+) -> None:
+    report, out = tmp_path / "t.json", tmp_path / "t.onnx"
+    result = invoke("tune", sample("decoder"), "--data", calib_dir("decoder"), "--eval", eval_dir("decoder"),
+                    "--target-decode", 0.5, "--decode-steps", 8, "--time-budget", 90, "-o", out,
+                    "--config-out", tmp_path / "t.yaml", "--json", report, "--no-cache")  # fmt: skip
+    assert result.exit_code in (0, 1), result.output
+    doc = json.loads(report.read_text())
+    assert doc["goal"] == "free-running agreement (8 steps) >= 0.5"
+    validation = doc["validation"]
+    # the figure is each validation token file's free-running agreement, averaged: recomputed here
+    files = sorted(n.removeprefix("prefill-") for n in validation["samples"] if n.startswith("prefill-"))
+    held = tmp_path / "held"
+    held.mkdir()
+    for name in files:
+        (held / name).write_bytes((eval_dir("decoder") / name).read_bytes())
+    score = qtool.compare(sample("decoder"), out, held, options=EvaluationOptions(runs=0, decode_steps=8))
+    assert score.language_model is not None
+    assert validation["metric"] == pytest.approx(np.mean(score.language_model.free_running_by_sample), abs=1e-12)
+    assert validation["metric"] == pytest.approx(score.language_model.free_running_agreement, abs=1e-12)
+    assert validation["meets"] == (validation["metric_bound"] >= 0.5) == (result.exit_code == 0)
+    selected = {n.removeprefix("prefill-") for n in doc["samples"]["selection"] if n.startswith("prefill-")}
+    assert selected and not selected & set(files)

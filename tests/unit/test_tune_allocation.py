@@ -264,3 +264,20 @@ def test_the_margin_rises_by_the_shortfall_then_bisects_between_a_miss_and_a_pas
     assert metric.margin == pytest.approx(0.02)
     metric.update(True, 0.0, bisect=False)
     assert metric.margin is None
+    # a miss with no shortfall to move by (an undefined bound) ends the search instead of retrying one margin
+    stuck = Margins(step=0.25, resolution=0.5)
+    stuck.update(False, 0.0, bisect=False)
+    assert stuck.margin is None
+
+
+def test_a_metric_goal_raises_its_bar_by_the_selection_margin():
+    from qtool.quantization.tune.candidates import Goal
+
+    decode = Goal(metric_name="free-running agreement (16 steps)", target_metric=0.9, decode_steps=16)
+    assert decode.by_metric and decode.describe() == "free-running agreement (16 steps) >= 0.9"
+    assert decode.accuracy_met(0.0, 0.92) and not decode.accuracy_met(0.0, 0.88)
+    raised = Goal(metric_name="d", target_metric=0.9, decode_steps=16, margin_db=0.05)
+    assert not raised.accuracy_met(0.0, 0.92) and raised.accuracy_met(0.0, 0.92, margin=False)
+    assert raised.shortfall(0.0, 0.85) == pytest.approx(0.05)
+    error = Goal(metric=abs, metric_name="err", target_metric=0.1, lower_is_better=True, margin_db=0.02)
+    assert error.accuracy_met(0.0, 0.07) and not error.accuracy_met(0.0, 0.09)

@@ -24,6 +24,7 @@ from qtool.evaluation.metrics import LatencyRun, measure_latency
 from qtool.evaluation.scoring import OutputScorer, signal_means
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
+from qtool.quantization.placement_decode import DecodeJudge
 from qtool.quantization.tune.loop import Trial
 from qtool.quantization.tune.metric import MetricFunction, score_metric
 from qtool.quantization.tune.sensitivity import sqnr_db
@@ -32,11 +33,13 @@ from qtool.quantization.tune.space import BLOCK_SIZE
 
 @dataclass(frozen=True)
 class Goal:
-    """What a model must reach: an SQNR floor, or the user's metric, and optionally a latency bound.
+    """What a model must reach (an SQNR floor, the user's metric or a decoder's agreement), and a latency bound.
 
     Accuracy is judged on the lower confidence bound of the figure (see
     :mod:`qtool.evaluation.confidence`), plus ``margin_db`` while selecting: the margin the
-    validation taught (an SQNR goal only; a metric's bound already carries its spread).
+    validation taught, in the goal's units (dB, or the metric's).
+    ``decode_steps``: the figure is the mean free-running agreement of a greedy decode of that many
+    steps per sample (:mod:`qtool.evaluation.language_model`), which must reach ``target_metric``.
     """
 
     target_sqnr_db: float | None = None
@@ -48,26 +51,33 @@ class Goal:
     max_latency_ratio: float | None = None
     confidence: float = CONFIDENCE
     margin_db: float = 0.0
+    decode_steps: int | None = None
+
+    @property
+    def by_metric(self) -> bool:
+        """Whether a per-sample figure (the user's metric, or decode agreement) is judged instead of SQNR."""
+        return self.metric is not None or self.decode_steps is not None
 
     def describe(self) -> str:
-        if self.metric is not None:
+        if self.by_metric:
             return f"{self.metric_name} {'<=' if self.lower_is_better else '>='} {self.target_metric:g}"
         latency = f", latency <= {self.max_latency_ratio:g}x fp32" if self.max_latency_ratio else ""
         return f"SQNR >= {self.target_sqnr_db:g} dB{latency}"
 
     def accuracy_met(self, bound_db: float, metric_bound: float | None, *, margin: bool = True) -> bool:
         """Whether the bounds reach the target (with the selection margin unless ``margin`` is False)."""
-        if self.metric is not None:
+        if self.by_metric:
             assert self.target_metric is not None and metric_bound is not None
+            extra = self.margin_db if margin else 0.0
             if self.lower_is_better:
-                return metric_bound <= self.target_metric
-            return metric_bound >= self.target_metric
+                return metric_bound <= self.target_metric - extra
+            return metric_bound >= self.target_metric + extra
         assert self.target_sqnr_db is not None
         return bound_db >= self.target_sqnr_db + (self.margin_db if margin else 0.0)
 
     def shortfall(self, bound_db: float, metric_bound: float | None) -> float:
         """How far a bound falls short of the target, in the goal's units (0 when it reaches it)."""
-        if self.metric is not None:
+        if self.by_metric:
             assert self.target_metric is not None and metric_bound is not None
             short = metric_bound - self.target_metric if self.lower_is_better else self.target_metric - metric_bound
         else:
@@ -77,7 +87,7 @@ class Goal:
 
     def slack_db(self, trial: Trial) -> float | None:
         """How far a trial's bound is above (+) or below (-) the SQNR target and margin; None for a metric goal."""
-        if self.metric is not None or self.target_sqnr_db is None:
+        if self.by_metric or self.target_sqnr_db is None:
             return None
         return trial.bound_db - self.target_sqnr_db - self.margin_db
 
@@ -120,6 +130,7 @@ class Candidates:
         threads: int | None,
         labels: tuple[Sequence[Any] | None, Sequence[Any] | None] = (None, None),
         validations: int = 1,
+        decode: tuple[DecodeJudge, DecodeJudge] | None = None,
     ) -> None:
         self.selection = selection
         self.validation = validation
@@ -129,6 +140,7 @@ class Candidates:
         self.threads = threads
         self.latency_runs = latency_runs
         self.labels = labels  # per sample of the selection and of the validation set
+        self.decode = decode  # a decode goal's float greedy decodes of the selection and of the validation set
         # up to ``validations`` choices are validated: each bound at a confidence that holds for them all (Bonferroni)
         self.validation_confidence = 1.0 - (1.0 - goal.confidence) / max(1, validations)
         self.signal = signal_means([selection, validation])  # the float outputs' energy over all of EVAL
@@ -142,15 +154,28 @@ class Candidates:
         return self._float is not None
 
     def _accuracy(
-        self, scorer: OutputScorer, session: ort.InferenceSession, labels: Sequence[Any] | None, confidence: float
+        self,
+        scorer: OutputScorer,
+        session: ort.InferenceSession,
+        labels: Sequence[Any] | None,
+        confidence: float,
+        decode: DecodeJudge | None,
     ) -> tuple[float, float, float | None, float | None]:
-        """(pooled SQNR, its bound, mean metric, its bound) of ``session`` on ``scorer``'s samples."""
+        """(pooled SQNR, its bound, mean metric, its bound) of ``session`` on ``scorer``'s samples.
+
+        A decode goal's metric is the mean free-running agreement of ``decode``'s samples (the token
+        files, without the decode-step samples the scorer adds to them).
+        """
         outputs: list[dict[str, np.ndarray]] | None = [] if self.goal.metric is not None else None
         score = scorer.score_session(session, "a tuning candidate", collect=outputs)
-        metric = bound = None
+        values: list[float] | None = None
         if self.goal.metric is not None and outputs is not None:
             references = [scorer.reference_outputs(i) for i in range(len(outputs))]
             values = score_metric(self.goal.metric, references, outputs, labels, self.goal.metric_name)
+        elif decode is not None:
+            values = list(decode.score(session).free_running_by_sample)
+        metric = bound = None
+        if values is not None:
             metric = float(np.mean(values)) if values else math.nan
             bound = mean_bound(values, confidence, lower_is_better=self.goal.lower_is_better)
         return score.worst_db, score.worst_bound_db(confidence, self.signal), metric, bound
@@ -159,8 +184,9 @@ class Candidates:
         """Build ``model``'s session, score it on the selection samples and time it when latency matters."""
         started = time.monotonic()
         session = create_session(model, "a tuning candidate", threads=self.threads, weights=self.weights)
+        judge = self.decode[0] if self.decode else None
         sqnr, bound, metric, metric_bound = self._accuracy(
-            self.selection, session, self.labels[0], self.goal.confidence
+            self.selection, session, self.labels[0], self.goal.confidence, judge
         )
         size = self.weights.embedded_size(model)
         ratio, interval = None, None
@@ -200,8 +226,9 @@ class Candidates:
     def validate(self, model: onnx.ModelProto) -> Validation:
         """Score ``model`` on the validation samples (the promise: its bound, no margin)."""
         session = create_session(model, "a validated candidate", threads=self.threads, weights=self.weights)
+        judge = self.decode[1] if self.decode else None
         sqnr, bound, metric, metric_bound = self._accuracy(
-            self.validation, session, self.labels[1], self.validation_confidence
+            self.validation, session, self.labels[1], self.validation_confidence, judge
         )
         return Validation(
             samples=list(self.validation.files),

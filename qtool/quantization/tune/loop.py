@@ -250,6 +250,8 @@ class Margins:
         if self.passed is None:
             assert self.missed is not None
             self.margin = self.missed + shortfall + (self.step if bisect else 0.0)
+            if not self.margin > self.missed:  # no shortfall to move by (an undefined bound): nothing new to try
+                self.margin = None
         elif self.missed is None or not bisect or self.passed - self.missed < self.resolution:
             self.margin = None
         else:
