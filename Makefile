@@ -60,7 +60,7 @@ bench: $(BIN)/python $(QUARK)/installed  ## qtool vs onnxruntime and AMD Quark: 
 	$(BIN)/python bench/tune.py
 	$(BIN)/python bench/observers.py
 	$(BIN)/python bench/large_model.py
-	$(BIN)/python bench/large_decoder.py --skip-awq
+	$(BIN)/python bench/large_decoder.py --skip-calibrated
 
 # AMD Quark (a benchmark peer, bench/peers_integer.py) pins onnx and onnxruntime below qtool's and
 # imports torch without declaring it, so it gets its own environment. torch: the CPU-only build

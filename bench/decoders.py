@@ -6,17 +6,18 @@ docstrings) in both its forms - plain ONNX ops (``model.onnx``) and onnxruntime'
 setting in its own process (time, peak memory), from the same calibration token files:
 
 * qtool: its default (the measured placement choice, decode agreement included), ``mode: dynamic``,
-  int4 weight-only written as MatMulNBits (round to nearest, GPTQ, AWQ + GPTQ, and AWQ + GPTQ with an
-  int8 key/value cache, which onnxruntime keeps only inside GroupQueryAttention: the contrib form), and
+  int4 weight-only written as MatMulNBits, asymmetric (round to nearest, GPTQ as
+  ``configs/int4_matmul_nbits.yaml``, AWQ + GPTQ, and GPTQ with an int8 key/value cache, which
+  onnxruntime keeps only inside GroupQueryAttention: the contrib form), and
   fp8 (e4m3 weights and activations as Q/DQ, ``configs/fp8.yaml``);
-* onnxruntime: ``quantize_dynamic`` (int8) and its MatMulNBits quantizer (blocks of 32, symmetric,
-  round to nearest).
+* onnxruntime: ``quantize_dynamic`` (int8) and its MatMulNBits quantizer (blocks of 32, symmetric
+  and asymmetric, round to nearest).
 
 Each result is scored against the float model with ``qtool compare`` on the held-out evaluation token
 files (modules the training never saw): perplexity ratio, next-token agreement, and a greedy decode
 of 16 steps per sample through the model's own cache (step agreement and free-running agreement);
 the SQNR of the logits on the prefills; the size ratio; and the median latency at 1 thread of a
-prefill (the sample's tokens) and of one decode step (one token after a 128-token cache), every
+prefill (the sample's tokens) and of one decode step (one token after the first sample's cache), every
 model timed interleaved. The script measures; it asserts nothing.
 
 Usage: python bench/decoders.py [--forms plain,contrib] [--timeout S] [--rounds N] [--limit N]
@@ -45,8 +46,8 @@ from qtool.calibration.decoder import complete_feed, model_decoder, next_step_fe
 RESULTS = ROOT / "bench" / "results"
 SAMPLE = ROOT / "sample_models" / "decoder"
 FORMS = {"plain": SAMPLE / "model.onnx", "contrib": SAMPLE / "model_gqa.onnx"}
-INT4 = (  # as configs/int4_matmul_nbits.yaml: int8 activations inside MatMulNBits, embedding table int8 per row
-    "global: {weight_only: true, weight: {dtype: int4, granularity: per_block, block_size: 32, "
+INT4 = (  # as configs/int4_matmul_nbits.yaml: asymmetric, int8 activations in MatMulNBits, embedding table int8
+    "global: {weight_only: true, weight: {dtype: int4, granularity: per_block, block_size: 32, symmetric: false, "
     "format: matmul_nbits, accuracy_level: 4}%s}\n"
     "op_type: {Gather: {weight: {dtype: int8, granularity: per_channel}}}\n"
 )
@@ -56,11 +57,11 @@ QTOOL = {  # setting -> config text (None: the built-in default; a name: an inst
     "qtool int4 RTN": INT4 % "",
     "qtool int4 GPTQ": INT4 % ", algorithms: {rounding: gptq}",
     "qtool int4 AWQ + GPTQ": INT4 % ", algorithms: {awq: true, rounding: gptq}",
-    "qtool int4 AWQ + GPTQ, int8 cache": INT4 % ", algorithms: {awq: true, rounding: gptq}"
+    "qtool int4 GPTQ, int8 cache": INT4 % ", algorithms: {rounding: gptq}"
     + "kv_cache: {dtype: int8, granularity: per_channel}\n",
     "qtool fp8 e4m3": "fp8",
 }
-PEERS = ("onnxruntime quantize_dynamic", "onnxruntime MatMulNBits RTN")
+PEERS = ("onnxruntime quantize_dynamic", "onnxruntime MatMulNBits RTN", "onnxruntime MatMulNBits RTN asymmetric")
 
 WORKER = r"""
 import json, sys, time
@@ -84,10 +85,11 @@ elif tool == "onnxruntime quantize_dynamic":
 else:
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-    quantizer = MatMulNBitsQuantizer(onnx.load(model), block_size=32, is_symmetric=True)
+    symmetric = "asymmetric" not in tool
+    quantizer = MatMulNBitsQuantizer(onnx.load(model), block_size=32, is_symmetric=symmetric)
     quantizer.process()
     quantizer.model.save_model_to_file(out, use_external_data_format=False)
-    note = "blocks of 32, symmetric, default (RTN)"
+    note = f"blocks of 32, {'symmetric' if symmetric else 'asymmetric'}, default (RTN)"
 print(json.dumps({"seconds": time.perf_counter() - start, "peak_mb": peak_rss_kb() / 1024, "note": note}))
 """
 
@@ -108,6 +110,7 @@ def language_metrics(model: Path, candidate: Path, evaluation: Path, limit: int 
         "next_token": lm.next_token_agreement,
         "decode": lm.decode_agreement or 0.0,
         "free_running": lm.free_running_agreement or 0.0,
+        "free_running_bound": lm.free_running_bound,
         "logits_sqnr_db": logits.sqnr_db,
     }
 
@@ -176,18 +179,20 @@ def render(document: dict) -> str:
         f"Measured {document['date']} on {document['cpu']['model']} ({document['cores']} cores, flags "
         f"{' '.join(document['cpu']['flags'])}), onnxruntime {document['onnxruntime']}. The sample decoder "
         f"(fp32 perplexity {document['ppl_fp32']:.3f} per byte on {document['eval_samples']} held-out token files of "
-        "128 bytes); decode: 16 greedy steps per sample through the model's own cache, fed fp32's tokens (step) "
+        "64 bytes, prompts within the 96 positions it was trained on); decode: 16 greedy steps per sample "
+        "through the model's own cache, fed fp32's tokens (step) "
         "or its own (free-running); latency: median at 1 thread, every model of a form timed interleaved.",
         "",
-        "| form | setting | size ratio | ppl ratio | next-token | decode step | free-running | logits SQNR dB "
-        "| prefill ms | decode ms | decode vs fp32 | quantize s | peak MB | notes |",
+        "| form | setting | size ratio | ppl ratio | next-token | decode step | free-running (90 % bound) "
+        "| logits SQNR dB | prefill ms | decode ms | decode vs fp32 | quantize s | peak MB | notes |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in document["rows"]:
         lines.append(
             f"| {row['model']} | {row['setting']} | {_fmt(row.get('ratio'), '.2f')}x | "
             f"{_fmt(row.get('ppl_ratio'), '.4f')} | {_fmt(row.get('next_token'), '.1%')} | "
-            f"{_fmt(row.get('decode'), '.1%')} | {_fmt(row.get('free_running'), '.1%')} | "
+            f"{_fmt(row.get('decode'), '.1%')} | {_fmt(row.get('free_running'), '.1%')} "
+            f"({_fmt(row.get('free_running_bound'), '.1%')}) | "
             f"{_fmt(row.get('logits_sqnr_db'), '.2f')} | {_fmt(row.get('prefill_ms'), '.3f')} | "
             f"{_fmt(row.get('decode_ms'), '.3f')} | {_fmt(row.get('decode_speedup'), '.2f')}x | "
             f"{_fmt(row.get('seconds'), '.1f')} | {_fmt(row.get('peak_mb'), '.0f')} | "

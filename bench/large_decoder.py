@@ -8,13 +8,14 @@ is divided by the weights' bytes (the target of issue 36: at most 1.5):
 
 * ``baseline``                - imports qtool and onnxruntime and does nothing;
 * ``qtool int4 nearest``      - weight-only int4 MatMulNBits, blocks of 32, round to nearest, no data;
-* ``qtool int4_matmul_nbits`` - ``configs/int4_matmul_nbits.yaml`` (AWQ + GPTQ) on the token files;
+* ``qtool int4_matmul_nbits`` - ``configs/int4_matmul_nbits.yaml`` (GPTQ) on the token files;
 * ``onnxruntime MatMulNBits`` - onnxruntime's ``MatMulNBitsQuantizer`` (int4, blocks of 32, symmetric).
 
 No search and no comparison: they are the same as on any model and would add the float model's
 run. Writes bench/results/large_decoder.json and large_decoder.md.
 
-Usage: python bench/large_decoder.py [--gib 2.1] [--tokens 16] [--files 4] [--out DIR] [--skip-onnxruntime] [--skip-awq]
+Usage: python bench/large_decoder.py [--gib 2.1] [--tokens 16] [--files 4] [--out DIR] [--skip-onnxruntime]
+       [--skip-calibrated]
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16, help="tokens per file")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per step")
     parser.add_argument("--skip-onnxruntime", action="store_true", help="measure qtool only")
-    parser.add_argument("--skip-awq", action="store_true", help="skip int4_matmul_nbits (AWQ searches for long)")
+    parser.add_argument(
+        "--skip-calibrated", action="store_true", help="skip int4_matmul_nbits (GPTQ on the token files: long)"
+    )
     parser.add_argument("--work", type=Path, default=None, help="folder for the generated model (default: a temp one)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for large_decoder.json and .md")
     args = parser.parse_args()
@@ -112,10 +115,10 @@ def main() -> None:
             "baseline": (BASELINE, []),
             "qtool int4 nearest (no data)": (QUANTIZE, [str(model), str(config), "-", str(work / "q_nearest.onnx")]),
         }
-        if not args.skip_awq:
+        if not args.skip_calibrated:
             int4 = str(ROOT / "qtool" / "configs" / "int4_matmul_nbits.yaml")
-            awq_args = [str(model), int4, str(data), str(work / "q.onnx")]
-            steps["qtool int4_matmul_nbits (AWQ + GPTQ)"] = (QUANTIZE, awq_args)
+            calibrated = [str(model), int4, str(data), str(work / "q.onnx")]
+            steps["qtool int4_matmul_nbits (GPTQ)"] = (QUANTIZE, calibrated)
         if not args.skip_onnxruntime:
             (work / "ort").mkdir()
             steps["onnxruntime MatMulNBitsQuantizer"] = (ONNXRUNTIME, [str(model), str(work / "ort" / "q.onnx")])

@@ -36,8 +36,8 @@ from bench.real_data import RegistryUnavailable, real_model  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SAMPLES = ("encoder", "transformer")
-INT4 = (  # embedding tables int8 per row, as configs/int4_matmul_nbits.yaml keeps them
-    "global: {weight_only: true, weight: {dtype: int4, granularity: per_block, block_size: 32, "
+INT4 = (  # asymmetric, embedding tables int8 per row, as configs/int4_matmul_nbits.yaml has them
+    "global: {weight_only: true, weight: {dtype: int4, granularity: per_block, block_size: 32, symmetric: false, "
     "format: matmul_nbits}%s}\nop_type: {Gather: {weight: {dtype: int8, granularity: per_channel}}}\n"
 )
 QTOOL = {  # setting -> config text (None: the built-in default)

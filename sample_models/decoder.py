@@ -502,16 +502,25 @@ def _draw(rng: np.random.Generator, name: str, dims: tuple[int, ...], shape: Dec
     return values
 
 
-def build(out: Path, *, steps: int = 1600, n_calib: int = 32, n_eval: int = 32, log: Any = print) -> None:
-    """Train the sample decoder and write both forms and its token files under ``out``."""
+TRAIN_LENGTH = 96  # tokens per training window: the positions the model has learnt
+PROMPT_LENGTH = 64  # tokens per calibration and evaluation file: a prompt and 16 decode steps stay within them
+
+
+def build(out: Path, *, steps: int = 1600, n_calib: int = 32, n_eval: int = 64, log: Any = print) -> None:
+    """Train the sample decoder and write both forms and its token files under ``out``.
+
+    The token files are prompts of :data:`PROMPT_LENGTH` tokens, so a prompt and the 16 greedy steps
+    that continue it stay within the positions training saw (a tiny model does not extrapolate: past
+    them its greedy continuation turns to noise, near-ties everywhere).
+    """
     shape = DecoderShape()
     text, held = corpus()
-    weights = train(shape, text, steps=steps, batch=24, length=96, seed=2030, log=log)
+    weights = train(shape, text, steps=steps, batch=24, length=TRAIN_LENGTH, seed=2030, log=log)
     out.mkdir(parents=True, exist_ok=True)
     plain = plain_model(weights, shape)
     onnx.checker.check_model(plain, full_check=True)
     onnx.save(plain, out / "model.onnx")
     onnx.save(contrib_model(weights, shape), out / "model_gqa.onnx")
     rng = np.random.default_rng(2031)
-    token_files(out / "calib", windows(text, 64, n_calib, rng))
-    token_files(out / "eval", windows(held, 128, n_eval, rng))
+    token_files(out / "calib", windows(text, PROMPT_LENGTH, n_calib, rng))
+    token_files(out / "eval", windows(held, PROMPT_LENGTH, n_eval, rng))

@@ -27,6 +27,7 @@ import onnxruntime as ort
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decoder import DecoderInterface, complete_feed, next_step_feed
 from qtool.errors import QtoolError
+from qtool.evaluation.confidence import CONFIDENCE, mean_bound
 from qtool.graph.session import run_session
 
 DEFAULT_DECODE_STEPS = 16
@@ -51,6 +52,17 @@ class LanguageModelScore:
     free_running_by_sample: tuple[float, ...] = field(default=(), repr=False)
 
     @property
+    def free_running_bound(self) -> float | None:
+        """The free-running agreement a new set of as many samples reaches at :data:`CONFIDENCE` (per-sample spread).
+
+        One early difference costs a sample every token after it, so the per-sample figures spread
+        widely and the mean of a few dozen samples moves by several points from one set to the next.
+        """
+        if len(self.free_running_by_sample) < 2:
+            return None
+        return mean_bound(self.free_running_by_sample, CONFIDENCE)
+
+    @property
     def ppl_ratio(self) -> float:
         """Candidate perplexity over the reference's (1.0: unchanged; lower is better)."""
         return self.candidate_perplexity / self.reference_perplexity
@@ -65,10 +77,14 @@ class LanguageModelScore:
         if self.decode_agreement is not None and self.free_running_agreement is not None:
             lines.append(
                 f"greedy decode, {self.decode_steps} steps through the cache: step agreement "
-                f"{self.decode_agreement:.2%}, free-running {self.free_running_agreement:.2%} "
+                f"{self.decode_agreement:.2%}, free-running {self.free_running_agreement:.2%}{self._bound_text()} "
                 f"(first difference after {self.matched_prefix:.1f} tokens on average)"
             )
         return lines
+
+    def _bound_text(self) -> str:
+        bound = self.free_running_bound
+        return "" if bound is None else f" ({CONFIDENCE:.0%} bound {bound:.2%} on new samples)"
 
     def measured(self) -> dict[str, float | None]:
         """The gateable numbers by metric name."""

@@ -97,6 +97,7 @@ def _language_model(score: LanguageModelScore | None) -> doc.LanguageModel | Non
         decode_steps=score.decode_steps,
         decode_agreement=score.decode_agreement,
         free_running_agreement=score.free_running_agreement,
+        free_running_bound=score.free_running_bound,
         matched_prefix=score.matched_prefix,
     )
 

@@ -331,7 +331,7 @@ def test_the_bert_style_encoder_is_quantized_in_every_weight_form_by_default(tmp
     assert _pooled_sqnr(out, _encoder_feeds(eval_dir("encoder"))) > 30
 
 
-def test_the_encoder_runs_dynamic_without_data_and_int4_with_awq(tmp_path):
+def test_the_encoder_runs_dynamic_without_data_and_int4_with_gptq(tmp_path):
     feeds = _encoder_feeds(eval_dir("encoder"))
     dynamic = tmp_path / "dynamic.onnx"
     result = qtool.quantize(
@@ -349,7 +349,7 @@ def test_the_encoder_runs_dynamic_without_data_and_int4_with_awq(tmp_path):
         evaluation=None,
     )
     assert result.kernels.get("MatMulNBits", 0) >= 8
-    assert any("awq" in names for names in result.rewrite.algorithms.values())
+    assert any("gptq" in names for names in result.rewrite.algorithms.values())
     # Embedding tables (most of this small model's weights) stay int8 in that config.
     assert sample("encoder").stat().st_size / int4.stat().st_size > 3.5
     assert _pooled_sqnr(int4, feeds) > 30

@@ -279,5 +279,7 @@ def test_a_metric_goal_raises_its_bar_by_the_selection_margin():
     raised = Goal(metric_name="d", target_metric=0.9, decode_steps=16, margin_db=0.05)
     assert not raised.accuracy_met(0.0, 0.92) and raised.accuracy_met(0.0, 0.92, margin=False)
     assert raised.shortfall(0.0, 0.85) == pytest.approx(0.05)
+    capped = Goal(metric_name="d", target_metric=0.9, decode_steps=16, margin_db=0.3)
+    assert capped.accuracy_met(0.0, 1.0) and not capped.accuracy_met(0.0, 0.99)  # agreement cannot pass 1
     error = Goal(metric=abs, metric_name="err", target_metric=0.1, lower_is_better=True, margin_db=0.02)
     assert error.accuracy_met(0.0, 0.07) and not error.accuracy_met(0.0, 0.09)

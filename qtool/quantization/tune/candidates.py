@@ -71,6 +71,8 @@ class Goal:
             extra = self.margin_db if margin else 0.0
             if self.lower_is_better:
                 return metric_bound <= self.target_metric - extra
+            if self.decode_steps is not None:  # an agreement: a margin past 1 would rule out even exact models
+                return metric_bound >= min(1.0, self.target_metric + extra)
             return metric_bound >= self.target_metric + extra
         assert self.target_sqnr_db is not None
         return bound_db >= self.target_sqnr_db + (self.margin_db if margin else 0.0)

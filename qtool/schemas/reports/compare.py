@@ -97,6 +97,11 @@ class LanguageModel(_Report):
     free_running_agreement: float | None = Field(
         description="the candidate's own greedy tokens equal the reference's, position by position"
     )
+    free_running_bound: float | None = Field(
+        None,
+        description="the free-running agreement a new set of as many samples reaches with 90 % confidence "
+        "(bootstrap over the per-sample figures)",
+    )
     matched_prefix: float | None = Field(description="mean tokens generated before the first difference")
 
 
