@@ -77,14 +77,14 @@ class LanguageModelScore:
         if self.decode_agreement is not None and self.free_running_agreement is not None:
             lines.append(
                 f"greedy decode, {self.decode_steps} steps through the cache: step agreement "
-                f"{self.decode_agreement:.2%}, free-running {self.free_running_agreement:.2%}{self._bound_text()} "
-                f"(first difference after {self.matched_prefix:.1f} tokens on average)"
+                f"{self.decode_agreement:.2%}, free-running {self.free_running_agreement:.2%} ({self._bound_text()}"
+                f"first difference after {self.matched_prefix:.1f} tokens on average)"
             )
         return lines
 
     def _bound_text(self) -> str:
         bound = self.free_running_bound
-        return "" if bound is None else f" ({CONFIDENCE:.0%} bound {bound:.2%} on new samples)"
+        return "" if bound is None else f"{CONFIDENCE:.0%} bound {bound:.2%} on new samples; "
 
     def measured(self) -> dict[str, float | None]:
         """The gateable numbers by metric name."""
