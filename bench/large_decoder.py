@@ -57,7 +57,15 @@ import qtool
 model, config, data, out = sys.argv[1:5]
 start = time.perf_counter()
 r = qtool.quantize(model, out, config_path=config, data_dir=None if data == "-" else data, evaluation=None, search=None)
-done(start, output_bytes=r.output.size_bytes)
+rounded = {}  # how many weighted nodes each weight algorithm reached (GPTQ falls back to nearest past its budget)
+for names in r.rewrite.algorithms.values():
+    for name in names:
+        rounded[name] = rounded.get(name, 0) + 1
+reasons = {}  # why an algorithm the config asked for did not run, by reason (node names dropped)
+for why in r.rewrite.algorithm_notes.values():
+    reason = why.split(": ", 1)[1] if why.startswith("node ") else why
+    reasons[reason] = reasons.get(reason, 0) + 1
+done(start, output_bytes=r.output.size_bytes, algorithms=rounded, not_applied=reasons)
 """
 )
 
@@ -85,6 +93,13 @@ def layers_for(gib: float, shape: DecoderShape) -> int:
     fixed = 2 * sum(math.prod(d) for d in one.values()) - sum(math.prod(d) for d in two.values())
     per_layer = sum(math.prod(d) for d in two.values()) - sum(math.prod(d) for d in one.values())
     return max(1, math.ceil((gib * 2**30 / 4 - fixed) / per_layer))
+
+
+def _algorithms(row: dict) -> str:
+    """Which weight algorithms ran on how many nodes, and why they did not on the others."""
+    ran = [f"{name} on {count} nodes" for name, count in row.get("algorithms", {}).items()]
+    missed = [f"not on {count}: {reason}" for reason, count in row.get("not_applied", {}).items()]
+    return "; ".join(ran + missed) or "-"
 
 
 def main() -> None:
@@ -156,18 +171,19 @@ def write_results(args: argparse.Namespace, shape: DecoderShape, weight_bytes: i
         f"float32 weights in external data; {args.files} token files of {args.tokens} tokens. Each step in its own "
         "process; target: peak RSS at most 1.5 x the weight bytes.",
         "",
-        "| step | seconds | peak RSS MB | peak RSS / weight bytes | meets 1.5x | output MB |",
-        "|---|---:|---:|---:|:---:|---:|",
+        "| step | seconds | peak RSS MB | peak RSS / weight bytes | meets 1.5x | output MB | algorithms |",
+        "|---|---:|---:|---:|:---:|---:|---|",
     ]
     for name, row in rows.items():
         if "error" in row:
-            lines.append(f"| {name} | {row['error']} | | | | |")
+            lines.append(f"| {name} | {row['error']} | | | | | |")
             continue
         output = f"{row['output_bytes'] / 2**20:.0f}" if "output_bytes" in row else "-"
         ratio = row["rss_per_weight_bytes"]
         lines.append(
             f"| {name} | {row['seconds']:.1f} | {row['peak_rss_mb']:.0f} | {ratio:.2f} | "
-            f"{'yes' if ratio <= 1.5 else 'no'} | {output} |"
+            f"{'yes' if ratio <= 1.5 else 'no'} | {output} | "
+            f"{_algorithms(row)} |"
         )
     table = "\n".join(lines) + "\n"
     (args.out / "large_decoder.md").write_text(table)

@@ -126,6 +126,37 @@ def test_the_collector_skips_nodes_whose_hessian_would_be_too_large():
     assert stats.mean_count == 15 * 5 and stats.hessian_count == 15 * 5
 
 
+def test_nodes_gptq_cannot_take_are_rounded_to_nearest_under_one_summary_line(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+    from rich.console import Console
+
+    from qtool.reports.tables import render_quantize
+
+    k = MAX_REDUCTION + 96  # a reduction GPTQ's Hessian would be too large for
+    rng = np.random.default_rng(3)
+    nodes, inputs, outputs, inits = [], [], [], []
+    for i in range(3):
+        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [1, k]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, 8]))
+        inits.append(numpy_helper.from_array(rng.standard_normal((k, 8)).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [f"x{i}", f"w{i}"], [f"y{i}"], name=f"proj{i}"))
+    graph = helper.make_graph(nodes, "wide", inputs, outputs, inits)
+    model = tmp_path / "wide.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), model)
+    data = tmp_path / "calib"
+    data.mkdir()
+    for j in range(4):
+        np.savez(data / f"s{j}.npz", **{f"x{i}": rng.standard_normal((1, k)).astype(np.float32) for i in range(3)})
+    config = tmp_path / "gptq.yaml"
+    config.write_text(INT4 % ", algorithms: {rounding: gptq}")
+    result = qtool.quantize(model, tmp_path / "q.onnx", config_path=config, data_dir=data, search=None, evaluation=None)
+    reason = f"gptq: its reduction of {k} inputs is longer than {MAX_REDUCTION}"
+    assert result.rewrite.algorithm_notes == {f"proj{i}": reason for i in range(3)}
+    console = Console(record=True, width=200)
+    render_quantize(console, result)
+    assert f"not applied to 3 nodes: {reason}" in console.export_text()
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -65,7 +65,8 @@ class WeightAlgorithms:
         missing = [r.name for r in readers if r.name not in self.inputs.stats]
         if missing:
             why = self.inputs.skipped.get(missing[0], "its inputs were not observed")
-            return Rounded(None, "nearest", f"node {missing[0]}: {why}")
+            # one reader (the usual case): the note is per node already, and the same words group in the summary
+            return Rounded(None, "nearest", why if len(readers) == 1 else f"node {missing[0]}: {why}")
         layouts = {self._shape_of(self.inputs.layouts[r.name]) for r in readers}
         if len(layouts) > 1:
             return Rounded(None, "nearest", "its readers use the weight in different layouts")
