@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+DECODE_STEPS = 16  # greedy steps a decoder continues each sample for (compare, tune, the placement choice)
+
 
 @dataclass(frozen=True)
 class CalibrationOptions:
@@ -52,7 +54,7 @@ class EvaluationOptions:
     per_layer: bool = False  # pair every intermediate float tensor
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     trt_engine_cache: str | None = None  # TensorRT: keep built engines in this directory between runs
-    decode_steps: int = 16  # decoders: tokens generated per sample through the cache (0: no decode loop)
+    decode_steps: int = DECODE_STEPS  # decoders: tokens generated per sample through the cache (0: no decode loop)
 
 
 QUANTIZE_EVALUATION = EvaluationOptions(runs=20, warmup=3)  # the quick check quantize --data runs
@@ -76,7 +78,7 @@ class TuneOptions:
     lower_is_better: bool = False  # the metric is an error: it must stay at or below target_metric
     labels: Path | str | None = None  # one label per evaluation sample, passed to the metric
     target_decode: float | None = None  # a decoder's mean free-running greedy agreement must reach this (0..1]
-    decode_steps: int = 16  # greedy steps per sample for target_decode
+    decode_steps: int = DECODE_STEPS  # greedy steps per sample for target_decode
     max_latency_ratio: float | None = None  # candidate / float time bound (CPU, timed interleaved)
     objective: str = "size"  # size | latency: what the chosen model minimises among those meeting the target
     time_budget: float = 600.0  # seconds; the search stops with the best result so far

@@ -19,7 +19,7 @@ from qtool.cli.options import (
 )
 from qtool.cli.run import run_command
 from qtool.errors import CheckFailedError
-from qtool.options import EvaluationOptions
+from qtool.options import DECODE_STEPS, EvaluationOptions
 
 
 @app.command()
@@ -59,7 +59,7 @@ def compare(
             help="Decoders (a key/value cache): tokens each sample is continued greedily through the cache, "
             "scored step by step and free-running (0: perplexity and next-token agreement only).",
         ),
-    ] = 16,
+    ] = DECODE_STEPS,
     per_layer: Annotated[
         bool, typer.Option("--per-layer", help="Pair every intermediate float tensor and report which layer hurts.")
     ] = False,

@@ -10,7 +10,7 @@ import typer
 from qtool.cli.app import app, progress_bars, summary_console, write_json
 from qtool.cli.options import ConfigOption, InputShapesOption, JsonOption, TargetOption, ThreadsOption
 from qtool.cli.run import run_command
-from qtool.options import TuneOptions
+from qtool.options import DECODE_STEPS, TuneOptions
 
 
 @app.command()
@@ -75,7 +75,7 @@ def tune(
     decode_steps: Annotated[
         int,
         typer.Option("--decode-steps", metavar="N", help="Greedy steps per EVAL token file for --target-decode."),
-    ] = 16,
+    ] = DECODE_STEPS,
     labels: Annotated[
         Path | None,
         typer.Option(

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, replace
 
 from qtool.errors import QtoolError
+from qtool.options import DECODE_STEPS
 
 # metric -> direction: "under" gates fail when the value is below the threshold, "over" when above
 FAIL_UNDER = {
@@ -128,7 +129,7 @@ def _check_range(gate: Gate, option: str) -> None:
     raise QtoolError(f"{option} {gate.metric}={gate.threshold:g} can never be measured", hint=hint)
 
 
-def check_measurable(gates: list[Gate], *, runs: int, task: str, decode_steps: int = 16) -> None:
+def check_measurable(gates: list[Gate], *, runs: int, task: str, decode_steps: int = DECODE_STEPS) -> None:
     """Refuse, before any work, gates on a measurement that is switched off."""
     for gate in gates:
         if gate.metric in ("decode_agreement", "free_running") and decode_steps == 0:

@@ -29,8 +29,8 @@ from qtool.calibration.decoder import DecoderInterface, complete_feed, next_step
 from qtool.errors import QtoolError
 from qtool.evaluation.confidence import CONFIDENCE, mean_bound
 from qtool.graph.session import run_session
+from qtool.options import DECODE_STEPS
 
-DEFAULT_DECODE_STEPS = 16
 MAX_DECODE_STEPS = 4096  # each step runs both models once per sample: more is a typo, not a measurement
 
 
@@ -190,7 +190,7 @@ def language_model_metrics(
     decoders: tuple[DecoderInterface, DecoderInterface],
     dataset: Dataset,
     *,
-    steps: int = DEFAULT_DECODE_STEPS,
+    steps: int = DECODE_STEPS,
     on_progress: Callable[[int], None] | None = None,
     runs: list[ReferenceRun] | None = None,
 ) -> LanguageModelScore:

@@ -21,8 +21,8 @@ from qtool.errors import QtoolError
 from qtool.evaluation.language_model import LanguageModelScore, language_model_metrics, reference_runs
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
+from qtool.options import DECODE_STEPS
 
-DECODE_STEPS = 16  # greedy steps per scored sample
 BAR = "dynamic"  # the placement whose decode agreement every kept candidate must reach
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from qtool.quantization.placement_decode import DECODE_STEPS
+from qtool.options import DECODE_STEPS
 from qtool.quantization.search import SearchResult
 from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult
