@@ -58,8 +58,11 @@ def time_interleaved(
 ) -> tuple[dict[str, list[float]], bool]:
     """Seconds per run of each session, one number per round, and whether the runs were device-bound.
 
-    Each round runs every session once, in an order that rotates from round to round, so
-    machine noise (frequency changes, other processes) hits every model alike. Timing stops
+    Each round runs every session once, always in the same order, so machine noise (frequency
+    changes, other processes) hits every model alike and every block follows another session's
+    block. (A rotating order let a session run two blocks in a row every other round; with several
+    intra-op threads such a block ran up to 40 % faster than one after a switch, as the scheduler
+    had settled its threads, and a byte copy then differed from itself by several per cent.) Timing stops
     after ``rounds.count`` rounds, or once ``rounds.seconds`` have passed and ``rounds.minimum`` are done.
     ``device``: bind inputs and outputs there (see :func:`device_runner`) when every session can.
     ``rounds.block_seconds``: a round runs each session back to back enough times to last about this
@@ -81,8 +84,7 @@ def time_interleaved(
     for done in range(rounds.count):
         if done >= rounds.minimum and time.perf_counter() - started > rounds.seconds:
             break
-        shift = done % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in names:
             begin = time.perf_counter()
             for _ in range(repeat):
                 runners[name]()
