@@ -147,3 +147,4 @@ class TuneResult:
     seconds: float
     time_budget: float
     notes: list[str] = field(default_factory=list)
+    decode_steps_scored: bool = False  # a decoder's EVAL files: each scored as a prefill and as the decode step after

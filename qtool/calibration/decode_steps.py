@@ -52,6 +52,11 @@ def with_decode_steps(
     return Dataset(directory, dataset.inputs)
 
 
+def has_decode_steps(names: list[str]) -> bool:
+    """Whether sample ``names`` include decode steps :func:`with_decode_steps` wrote."""
+    return any(name.startswith(DECODE_PREFIX) for name in names)
+
+
 def prefills(dataset: Dataset) -> Dataset:
     """The prefills of a dataset :func:`with_decode_steps` wrote (any other dataset as it is)."""
     positions = [i for i, path in enumerate(dataset.files) if not path.name.startswith(DECODE_PREFIX)]

@@ -15,6 +15,7 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from qtool.errors import QtoolError
+from qtool.graph.float16 import has_float16, upcast_float16
 from qtool.graph.foreign_ops import infer_through_contrib_ops, park_unknown_ops, unpark
 from qtool.graph.index import GraphView, all_nodes, subgraph_reads
 from qtool.graph.names import fresh_name
@@ -41,6 +42,7 @@ class PrepareReport:
     opset_before: int = 0
     opset_after: int = 0
     shape_inference_error: str | None = None
+    float16_weights: list[str] | None = None  # a float16 model: computed in float32 inside, these weights widened
 
 
 # Ops that only appear in models something has already quantized (ONNX and onnxruntime's contrib ops).
@@ -120,6 +122,8 @@ def prepare_model(
         slim.CopyFrom(prepared)
         prepared = slim
     report.initializers_removed_from_inputs = _initializers_out_of_inputs(prepared)
+    if has_float16(prepared.graph):
+        report.float16_weights = upcast_float16(prepared.graph, weights)
     target = target_opset if target_opset is not None else max(report.opset_before, min_opset)
     if target != report.opset_before:
         prepared = _convert_opset(prepared, report.opset_before, target, source)

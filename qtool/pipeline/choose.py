@@ -84,5 +84,5 @@ def choose(
             selection = with_decode_steps(selection, session, decoder, Path(scratch) / "selection", known)
             validation = with_decode_steps(validation, session, decoder, Path(scratch) / "validation", known)
         ranked = spread_subset(selection, min(RANK_SAMPLES, len(selection)))
-        samples = Samples(selection, ranked, known, validation)
+        samples = Samples(selection, ranked, known, validation, split.selection_files, split.validation_files)
         return measure_placements(float_model, config, build, samples, threads=evaluation.threads, progress=progress)

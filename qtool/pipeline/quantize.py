@@ -17,6 +17,7 @@ from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare
 from qtool.evaluation.metrics import LatencyComparison, LatencyStats, paired_ratio
 from qtool.graph.checks import check_quantized_model
+from qtool.graph.float16 import store_float16
 from qtool.graph.input_shapes import restore_input_dims
 from qtool.graph.model_files import same_file
 from qtool.graph.model_io import save_model
@@ -194,6 +195,8 @@ def _write(
     quantized.producer_name = "qtool"
     quantized.producer_version = __version__
     restore_input_dims(quantized, ws.original_inputs)
+    if ws.report.float16_weights:
+        store_float16(quantized, set(ws.report.float16_weights), ws.weights)
     check_note = check_quantized_model(quantized, ws.prepared)
     with stage("load the result in onnxruntime"):
         create_session(quantized, "the quantized model", weights=ws.weights)  # onnxruntime loads it: write it
@@ -228,6 +231,11 @@ def preparation_notes(ws: Workspace) -> list[str]:
         )
     if ws.report.shape_inference_error:
         notes.append(f"shape inference failed and was skipped: {ws.report.shape_inference_error}")
+    if ws.report.float16_weights is not None:
+        notes.append(
+            "the model computes in float16: it is quantized from its float32 form and the written model computes "
+            "in float32 behind the same float16 inputs and outputs; the weights it keeps in float stay float16"
+        )
     return notes
 
 

@@ -134,6 +134,7 @@ def _tune(
         ),
         validations=VALIDATION_ROUNDS,
         decode=judges,
+        validation_files=tuning.split.validation_files,
     )
     outcome = search_and_validate(tuning, sens, candidates, progress or noop_progress)
     return write_chosen(tuning, sens, candidates, outcome, progress)

@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 
 from qtool._version import __version__
+from qtool.calibration.decode_steps import has_decode_steps
 from qtool.calibration.feeds import sample_directory
 from qtool.config import load_config
 from qtool.graph.model_io import write_text
@@ -67,7 +68,7 @@ def write_chosen(
         margin=outcome.margin,
         confidence=tuning.goal.confidence,
         validation_confidence=candidates.validation_confidence,
-        selection_samples=list(candidates.selection.files),  # a decoder's decode steps included
+        selection_samples=tuning.split.selection_files,  # EVAL's own files, each named once
         met=met,
         reachable=outcome.reachable,
         out_of_time=outcome.out_of_time,
@@ -76,6 +77,7 @@ def write_chosen(
         seconds=time.monotonic() - tuning.started,
         time_budget=request.options.time_budget,
         notes=notes,
+        decode_steps_scored=has_decode_steps(candidates.validation.files),
     )
 
 

@@ -70,6 +70,7 @@ class PlacementChoice:
     validations: list[PlacementValidation] = field(default_factory=list)  # the kept one's is the last
     confidence: float = CONFIDENCE  # of the validation bounds
     decode_bar: float | None = None  # decoders: the dynamic placement's decode agreement, which a kept one reaches
+    decode_steps: bool = False  # each file was scored as a prefill and as the decode step after it
 
     @property
     def validation(self) -> PlacementValidation | None:
@@ -112,6 +113,9 @@ class Samples:
     ranked: Dataset  # the search's per-layer pass
     known: FloatOutputs | None = None  # float outputs calibration kept (see :mod:`qtool.calibration.outputs`)
     validation: Dataset | None = None  # samples no candidate is scored on: the kept one is validated there
+    # the data's own files behind ``scored`` and ``validation`` when those hold more (a decoder's decode steps)
+    scored_files: list[str] | None = None
+    validation_files: list[str] | None = None
 
 
 def meets(sqnr: float, target: float) -> bool:

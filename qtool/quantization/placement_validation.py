@@ -38,7 +38,8 @@ def validate_choice(
     def check(name: str) -> PlacementValidation:
         score = scorer.score(models[name], f"the '{name}' placement")
         bound = score.worst_bound_db(choice.confidence, signal)
-        found = PlacementValidation(name, list(scorer.files), score.worst_db, bound, meets(bound, target))
+        files = samples.validation_files if samples.validation_files is not None else scorer.files
+        found = PlacementValidation(name, list(files), score.worst_db, bound, meets(bound, target))
         choice.validations.append(found)
         return found
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 import onnx
 
 from qtool.calibration.dataset import Dataset
-from qtool.calibration.decode_steps import prefills
+from qtool.calibration.decode_steps import has_decode_steps, prefills
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
@@ -122,8 +122,9 @@ def measure_placements(
     built = _built_candidates(config, build, float_model, (dataset, threads))
     built.score(scorer, factory("placements", len(built.plans)))
     built.decode()
-    choice = PlacementChoice(target, scorer.files, threads or 1, built.candidates(target), "auto", "")
-    choice.decode_bar = built.bar()
+    files = samples.scored_files if samples.scored_files is not None else scorer.files
+    choice = PlacementChoice(target, files, threads or 1, built.candidates(target), "auto", "")
+    choice.decode_bar, choice.decode_steps = built.bar(), has_decode_steps(scorer.files)
     timed = settings.latency_runs > 0 and len(built.plans) > 1 and bool(scorer.samples)
 
     def time_all(names: list[str] | None = None) -> None:  # timed on the first scored sample

@@ -280,6 +280,7 @@ def _choice(c: PlacementChoice) -> doc.PlacementChoiceReport:
         search_note=c.search_note,
         confidence=c.confidence,
         decode_bar=c.decode_bar,
+        decode_steps=c.decode_steps,
         validations=[
             doc.PlacementValidationReport(
                 candidate=v.candidate,

@@ -38,6 +38,7 @@ def _decode_cell(agreement: float | None, bar: float | None) -> str:
 def render_choice(console: Console, c: PlacementChoice, comparison: ComparisonResult | None) -> None:
     """The placement choice: each candidate scored, decoded and timed, the one kept and its validation."""
     listed = ", ".join(c.samples[:4]) + (f", ... ({len(c.samples)} in all)" if len(c.samples) > 4 else "")
+    listed += ", each as a prefill and as the decode step after it" if c.decode_steps else ""
     table = Table(
         title=f"placement chosen by measurement: [bold]{c.chosen}[/bold], {c.reason}",
         title_justify="left",

@@ -18,7 +18,8 @@ from qtool.quantization.tune.space import DESCRIPTIONS
 from qtool.results import TuneResult
 from qtool.schemas import tune as doc
 
-TUNE_SCHEMA_VERSION = 4  # 2: sensitivity.cached/cache_file; 3: sensitivity.samples; 4: selection and validation
+TUNE_SCHEMA_VERSION = 5  # 2: sensitivity.cached/cache_file; 3: sensitivity.samples; 4: selection and validation;
+# 5: samples name EVAL's files once each, with decode_steps
 
 
 def _counts(trial: Trial) -> str:
@@ -92,7 +93,8 @@ def _print_measurement(console: Console, result: TuneResult) -> None:
     console.print(
         f"samples: EVAL split in two: {len(result.selection_samples)} select ({_files(result.selection_samples)}), "
         f"{len(validation.samples)} validate ({_files(validation.samples)}); each node measured on "
-        f"{len(s.samples)} of the selection samples",
+        f"{len(s.samples)} of the selection samples"
+        + ("; each scored as a prefill and as the decode step after it" if result.decode_steps_scored else ""),
         highlight=False,
     )
     for number, round_ in enumerate(result.rounds, start=1):
@@ -244,6 +246,7 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
             selection=list(result.selection_samples),
             validation=list(result.validation.samples),
             sensitivity=list(s.samples),
+            decode_steps=result.decode_steps_scored,
         ),
         sensitivity=doc.TuneSensitivity(
             nodes=result.nodes,

@@ -76,6 +76,7 @@ class TuneSamples(_Report):
     selection: list[str]
     validation: list[str]
     sensitivity: list[str]  # the selection files each node was measured on
+    decode_steps: bool = False  # a decoder's files: each scored as a prefill and as the decode step after it
 
 
 class TuneReport(_Report):

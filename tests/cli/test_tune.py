@@ -53,6 +53,7 @@ def test_tune_meets_the_target_smaller_than_int8_and_the_config_reproduces_it(na
     assert not set(samples["selection"]) & set(samples["validation"])
     assert sorted(samples["selection"] + samples["validation"]) == sorted(p.name for p in eval_dir(name).iterdir())
     assert set(samples["sensitivity"]) <= set(samples["selection"]) and validation["samples"] == samples["validation"]
+    assert samples["decode_steps"] is False  # not a decoder: each file scored once
     # what was written measures what its candidate measured (GPTQ codes do not depend on the other nodes)
     assert doc["written"]["sqnr_db"] == pytest.approx(chosen["sqnr_db"], abs=1e-6)
     assert doc["written"]["size_bytes"] == pytest.approx(chosen["size_bytes"], rel=0.01)

@@ -42,7 +42,12 @@ def test_the_default_never_keeps_a_placement_that_decodes_worse_than_dynamic_int
     decodes = {c["name"]: c["decode_agreement"] for c in choice["candidates"]}
     assert all(value is not None for value in decodes.values()) and "dynamic" in str(choice["candidates"])
     assert decodes[choice["chosen"]] >= bar
-    assert any(s.startswith("decode-") for s in choice["samples"])  # decode steps scored beside prefills
+    assert choice["decode_steps"] is True  # decode steps scored beside prefills
+    eval_files = {p.name for p in eval_dir("decoder").iterdir()}
+    held_out = choice["validations"][0]["samples"]
+    assert set(choice["samples"]) <= eval_files and set(held_out) <= eval_files  # the data's own files
+    assert len(set(choice["samples"])) == len(choice["samples"]) and not set(choice["samples"]) & set(held_out)
+    assert "each as a prefill and as the decode step after it" in " ".join(result.output.split())
     assert "a placement below dynamic int8's" in result.output
     # the shape-arithmetic Gathers of the cache's length share one line
     assert sum("kept in float" in line and "Gather" in line for line in result.output.splitlines()) <= 2
@@ -103,8 +108,9 @@ def test_tune_scores_decode_steps_beside_prefills(tmp_path: Path) -> None:
                     "--config-out", tmp_path / "t.yaml", "--json", report)  # fmt: skip
     assert result.exit_code in (0, 1), result.output
     samples = json.loads(report.read_text())["samples"]
-    assert any(name.startswith("decode-") for name in samples["selection"])
-    assert any(name.startswith("decode-") for name in samples["validation"])
+    assert samples["decode_steps"] is True and "scored as a prefill and as the decode step after it" in result.stdout
+    eval_files = sorted(p.name for p in eval_dir("decoder").iterdir())
+    assert sorted(samples["selection"] + samples["validation"]) == eval_files  # EVAL's files, each named once
 
 
 def _kv_config(tmp_path: Path, granularity: str) -> Path:
@@ -177,7 +183,9 @@ def test_tune_to_a_decode_target_judges_free_running_agreement_on_token_files_it
     assert doc["goal"] == "free-running agreement (8 steps) >= 0.5"
     validation = doc["validation"]
     # the figure is each validation token file's free-running agreement, averaged: recomputed here
-    files = sorted(n.removeprefix("prefill-") for n in validation["samples"] if n.startswith("prefill-"))
+    files = validation["samples"]  # EVAL's own token files, each named once
+    selected = doc["samples"]["selection"]
+    assert sorted(files + selected) == sorted(p.name for p in eval_dir("decoder").iterdir())
     held = tmp_path / "held"
     held.mkdir()
     for name in files:
@@ -187,5 +195,4 @@ def test_tune_to_a_decode_target_judges_free_running_agreement_on_token_files_it
     assert validation["metric"] == pytest.approx(np.mean(score.language_model.free_running_by_sample), abs=1e-12)
     assert validation["metric"] == pytest.approx(score.language_model.free_running_agreement, abs=1e-12)
     assert validation["meets"] == (validation["metric_bound"] >= 0.5) == (result.exit_code == 0)
-    selected = {n.removeprefix("prefill-") for n in doc["samples"]["selection"] if n.startswith("prefill-")}
-    assert selected and not selected & set(files)
+    assert selected and files and not set(selected) & set(files)

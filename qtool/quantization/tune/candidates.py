@@ -133,9 +133,12 @@ class Candidates:
         labels: tuple[Sequence[Any] | None, Sequence[Any] | None] = (None, None),
         validations: int = 1,
         decode: tuple[DecodeJudge, DecodeJudge] | None = None,
+        validation_files: Sequence[str] | None = None,
     ) -> None:
         self.selection = selection
         self.validation = validation
+        # the EVAL files the validation scorer stands for (a decoder's also scores the decode step after each)
+        self.validation_files = list(validation_files) if validation_files is not None else list(validation.files)
         self.weights = weights
         self.source_bytes = source_bytes
         self.goal = goal
@@ -233,7 +236,7 @@ class Candidates:
             self.validation, session, self.labels[1], self.validation_confidence, judge
         )
         return Validation(
-            samples=list(self.validation.files),
+            samples=list(self.validation_files),
             sqnr_db=sqnr,
             bound_db=bound,
             metric=metric,

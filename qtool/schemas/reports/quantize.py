@@ -157,6 +157,9 @@ class PlacementChoiceReport(_Report):
     decode_bar: float | None = Field(
         None, description="decoders: the dynamic placement's decode agreement, which the kept placement reaches"
     )
+    decode_steps: bool = Field(
+        False, description="decoders: each sample file was scored as a prefill and as the decode step after it"
+    )
 
 
 class QuantizeReport(_Report):
