@@ -201,7 +201,10 @@ def located_error(e: ValidationError, error: Callable[..., QtoolError]) -> Qtool
             return error(path, f"unsupported config version {shown}", hint=f"this qtool reads version {CONFIG_VERSION}")
         if field == "dtype" and parent in ("weight", "activation"):
             choices: tuple[str, ...] = WEIGHT_DTYPES if parent == "weight" else ACTIVATION_DTYPES
-            return error(path, f"unsupported {parent} dtype {shown}", hint=f"choose one of: {', '.join(choices)}")
+            hint = f"choose one of: {', '.join(choices)}"
+            if _is_float8_spelling(value):
+                hint = f"write fp8_e4m3 for ONNX's FLOAT8E4M3FN, e5m2 is not offered; {hint}"
+            return error(path, f"unsupported {parent} dtype {shown}", hint=hint)
         if field == "granularity" and parent == "activation":
             return error(path, "activations can only be quantized per_tensor")
         if field in _CHOICES:
@@ -258,3 +261,9 @@ def compiled_pattern(pattern: str) -> Any:
     except re2.error as e:
         reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
         raise ValueError(reason) from None
+
+
+def _is_float8_spelling(value: object) -> bool:
+    """Whether a dtype the config refused is another name for float8 (``float8e4m3fn``, ``fp8``, ``e4m3``)."""
+    squeezed = str(value).lower().replace("_", "").replace("-", "")
+    return squeezed.startswith(("float8", "fp8", "f8")) or squeezed in ("e4m3", "e4m3fn", "e5m2")

@@ -103,3 +103,13 @@ def test_the_packaged_fp8_config_is_tensorrt_e4m3_per_channel_weights_per_tensor
     assert scheme.weight.describe() == "fp8_e4m3 per_channel sym"
     assert scheme.activation.describe() == "fp8_e4m3 per_tensor sym"
     assert (ROOT / "configs" / "fp8.yaml").resolve() == (ROOT / "qtool" / "configs" / "fp8.yaml")
+
+
+@pytest.mark.parametrize("spelling", ["float8e4m3fn", "FLOAT8E4M3FN", "fp8", "float8_e5m2", "e4m3"])
+def test_other_names_for_float8_are_pointed_to_fp8_e4m3(tmp_path, spelling):
+    with pytest.raises(QtoolError) as info:
+        load_config(write(tmp_path, f"global:\n  weight: {{dtype: {spelling}}}\n"))
+    assert info.value.hint is not None and "write fp8_e4m3 for ONNX's FLOAT8E4M3FN" in info.value.hint
+    with pytest.raises(QtoolError) as other:
+        load_config(write(tmp_path, "global:\n  weight: {dtype: int3}\n"))
+    assert other.value.hint is not None and "FLOAT8" not in other.value.hint
