@@ -53,7 +53,7 @@ def upcast_float16(graph: onnx.GraphProto, weights: Weights) -> list[str]:
         for node in sub.node:
             for attribute in node.attribute:
                 _widen_attribute(attribute)
-    _cast_interface(graph)
+    _cast_interface(graph, weights)
     return widened
 
 
@@ -124,8 +124,11 @@ def _widen_type(value_type: onnx.TypeProto) -> None:
         _widen_type(value_type.optional_type.elem_type)
 
 
-def _cast_interface(graph: onnx.GraphProto) -> None:
-    """A Cast to float32 after each float16 input and back to float16 before each float16 output."""
+def _cast_interface(graph: onnx.GraphProto, weights: Weights) -> None:
+    """A Cast to float32 after each float16 input and back to float16 before each float16 output.
+
+    An output that is a weight (a constant the model returns) is renamed like a node's output.
+    """
     taken = {t for n in graph.node for t in [*n.input, *n.output]} | {v.name for v in [*graph.input, *graph.output]}
     taken |= {n.name for n in graph.node} | {i.name for i in graph.initializer}
     inputs = {v.name for v in graph.input if v.type.tensor_type.elem_type == FLOAT16}
@@ -139,6 +142,11 @@ def _cast_interface(graph: onnx.GraphProto) -> None:
             node.input[:] = [inner.get(name, name) for name in node.input]
             if sub is graph:
                 node.output[:] = [inner.get(name, name) for name in node.output]
+    for init in graph.initializer:
+        if init.name in inner:
+            if is_detached(init):
+                weights.arrays[inner[init.name]] = weights.arrays.pop(init.name)
+            init.name = inner[init.name]
     front = [
         helper.make_node("Cast", [n], [inner[n]], fresh_name(f"{n}/to_float32", taken), to=FLOAT)
         for n in sorted(inputs)

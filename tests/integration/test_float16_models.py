@@ -79,6 +79,25 @@ def test_upcast_computes_in_float32_behind_the_float16_interface():
     assert not has_float16(onnx.load(sample("mlp")).graph)  # a float32 model is left as it is
 
 
+def test_upcast_keeps_outputs_that_are_inputs_or_weights():
+    # a model that returns its input unchanged and a constant, beside a computed output
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4])
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, [4]) for n in ("x", "table", "y")]
+    table = numpy_helper.from_array(np.linspace(-1, 1, 4).astype(np.float16), "table")
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "table"], ["y"], "mul")], "g", [x], outputs, [table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = np.array([0.5, -2, 3, 1e-3], np.float16)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"x": data})
+    upcast_float16(model.graph, Weights())
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": data})
+    assert [g.dtype for g in got] == [np.float16] * 3
+    assert all(np.array_equal(g, e) for g, e in zip(got, expected, strict=True))
+
+
 def test_a_float16_model_quantizes_to_a_smaller_float16_model(tmp_path):
     source = tmp_path / "mlp16.onnx"
     onnx.save(_to_float16(onnx.load(sample("mlp"))), source)
