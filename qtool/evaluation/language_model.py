@@ -193,11 +193,14 @@ def language_model_metrics(
     steps: int = DECODE_STEPS,
     on_progress: Callable[[int], None] | None = None,
     runs: list[ReferenceRun] | None = None,
+    forced: bool = True,
+    free: bool = True,
 ) -> LanguageModelScore:
     """Perplexity, next-token and decode agreement of ``candidate`` against ``reference`` (see the module).
 
     ``runs``: the reference's :func:`reference_runs` on ``dataset`` with ``steps``, when several
-    candidates are scored against it (``reference`` is then not run).
+    candidates are scored against it (``reference`` is then not run). ``forced``/``free``: run the
+    decode loop fed the reference's tokens / the candidate's own (a figure not run is None).
     """
     if runs is None:
         assert reference is not None  # one of the two is given
@@ -218,12 +221,14 @@ def language_model_metrics(
         agree += int((run.argmax == logits.argmax(-1))[keep].sum())
         positions += int(keep.sum())
         if run.continued is not None:
-            forced_same += int((_forced(cand, feed, first, run.continued) == run.continued).sum())
-            own = _greedy(cand, feed, first, run.continued.shape[1])
-            free_same += int((own == run.continued).sum())
-            by_sample.append(float((own == run.continued).mean()))
+            if forced:
+                forced_same += int((_forced(cand, feed, first, run.continued) == run.continued).sum())
+            if free:
+                own = _greedy(cand, feed, first, run.continued.shape[1])
+                free_same += int((own == run.continued).sum())
+                by_sample.append(float((own == run.continued).mean()))
+                prefixes.extend(int(p) for p in _prefix(own, run.continued))
             generated += run.continued.size
-            prefixes.extend(int(p) for p in _prefix(own, run.continued))
         if on_progress is not None:
             on_progress(index)
     samples = len(runs)
@@ -240,8 +245,8 @@ def language_model_metrics(
         candidate_perplexity=math.exp(nll_cand / max(1, scored)),
         next_token_agreement=agree / max(1, positions),
         decode_steps=steps,
-        decode_agreement=forced_same / generated if generated else None,
-        free_running_agreement=free_same / generated if generated else None,
+        decode_agreement=forced_same / generated if generated and forced else None,
+        free_running_agreement=free_same / generated if generated and free else None,
         matched_prefix=float(np.mean(prefixes)) if prefixes else None,
         free_running_by_sample=tuple(by_sample),
     )

@@ -54,15 +54,17 @@ class DecodeJudge:
         reference = create_session(float_model, "the float model", threads=threads, weights=weights)
         self.runs = reference_runs(reference, decoder, dataset, steps)
 
-    def score(self, session: ort.InferenceSession) -> LanguageModelScore:
-        """A candidate's language-model figures against the float model's runs."""
+    def score(self, session: ort.InferenceSession, *, forced: bool = True, free: bool = True) -> LanguageModelScore:
+        """A candidate's language-model figures against the float model's runs (``forced``/``free``: which loops)."""
         decoders = (self.decoder, self.decoder)
-        return language_model_metrics(None, session, decoders, self.dataset, steps=self.steps, runs=self.runs)
+        return language_model_metrics(
+            None, session, decoders, self.dataset, steps=self.steps, runs=self.runs, forced=forced, free=free
+        )
 
     def agreement(self, name: str, model: onnx.ModelProto) -> float:
         """The candidate's decode-step agreement with the float model, fed its tokens through its own cache."""
         session = create_session(model, f"the '{name}' placement", threads=self.threads, weights=self.weights)
-        score = self.score(session)
+        score = self.score(session, free=False)  # the free-running loop would double the time, unread
         return score.decode_agreement if score.decode_agreement is not None else 0.0
 
 

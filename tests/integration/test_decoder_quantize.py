@@ -196,3 +196,28 @@ def test_tune_to_a_decode_target_judges_free_running_agreement_on_token_files_it
     assert validation["metric"] == pytest.approx(score.language_model.free_running_agreement, abs=1e-12)
     assert validation["meets"] == (validation["metric_bound"] >= 0.5) == (result.exit_code == 0)
     assert selected and files and not set(selected) & set(files)
+
+
+def test_a_judge_runs_only_the_decode_loop_it_is_asked_for(tmp_path: Path) -> None:
+    # the placement choice reads the forced loop, tune's decode goal the free-running one: each alone
+    # gives the figures both together give, and leaves the other unmeasured
+    from qtool.calibration.dataset import Dataset
+    from qtool.calibration.dataset_types import model_inputs
+    from qtool.graph.session import create_session
+    from qtool.graph.weights import Weights
+    from qtool.quantization.placement_decode import DecodeJudge
+
+    out = tmp_path / "int4.onnx"
+    qtool.quantize(sample("decoder"), out, config_path=INT4, data_dir=calib_dir("decoder"), evaluation=None)
+    model = onnx.load(sample("decoder"))
+    decoder = model_decoder(model)
+    assert decoder is not None
+    data = Dataset(eval_dir("decoder"), model_inputs(model), limit=32)
+    judge = DecodeJudge(model, Weights(), decoder, data, steps=16)
+    session = create_session(out, "the int4 model")
+    both, forced, free = judge.score(session), judge.score(session, free=False), judge.score(session, forced=False)
+    assert forced.decode_agreement == both.decode_agreement and forced.free_running_agreement is None
+    assert free.free_running_agreement == both.free_running_agreement and free.decode_agreement is None
+    assert free.free_running_by_sample == both.free_running_by_sample and len(both.free_running_by_sample) == 32
+    assert not forced.free_running_by_sample and forced.ppl_ratio == both.ppl_ratio
+    assert both.free_running_agreement is not None and both.free_running_agreement < 1  # int4 differs somewhere

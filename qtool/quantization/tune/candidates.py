@@ -178,7 +178,7 @@ class Candidates:
             references = [scorer.reference_outputs(i) for i in range(len(outputs))]
             values = score_metric(self.goal.metric, references, outputs, labels, self.goal.metric_name)
         elif decode is not None:
-            values = list(decode.score(session).free_running_by_sample)
+            values = list(decode.score(session, forced=False).free_running_by_sample)
         metric = bound = None
         if values is not None:
             metric = float(np.mean(values)) if values else math.nan
