@@ -140,7 +140,9 @@ def _eligible(node: onnx.NodeProto, config: QConfig, g: GraphView) -> tuple[Node
     if roles.weight and g.initializers[roles.weight.name].data_type != TensorProto.FLOAT:
         not_float.append(roles.weight.name)
     if not_float:
-        return f"input {not_float[0]} is not float32"
+        kind = TensorProto.DataType.Name(g.elem_types.get(not_float[0], TensorProto.UNDEFINED)).lower()
+        # no tensor name: a bfloat16 model's hundreds of nodes share this reason, and so one summary line
+        return f"an input is {kind}, not float32 (qtool quantizes float32 and float16 models)"
     if roles.weight and 0 in g.initializers[roles.weight.name].dims:
         return f"its weight {roles.weight.name} is empty"
     return scheme, roles

@@ -145,3 +145,29 @@ def test_a_float16_decoder_quantizes_and_decodes(tmp_path):
     compared = qtool.compare(source, out, eval_dir("decoder"), options=qtool.EvaluationOptions(runs=0, limit=16))
     assert compared.language_model is not None and compared.language_model.ppl_ratio < 1.01
     assert compared.language_model.next_token_agreement > 0.9
+
+
+def test_a_bfloat16_model_is_kept_float_with_one_line_for_all_its_nodes(tmp_path):
+    # bfloat16 is not widened: each weighted node would stay float, and the summary says why once
+    x = helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [1, 8])
+    y = helper.make_tensor_value_info("h4", TensorProto.BFLOAT16, [1, 8])
+    weights = [helper.make_tensor(f"w{i}", TensorProto.BFLOAT16, [8, 8], [0.125] * 64) for i in range(5)]
+    nodes = [
+        helper.make_node("MatMul", ["x" if i == 0 else f"h{i - 1}", f"w{i}"], [f"h{i}"], f"mm{i}") for i in range(5)
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], weights), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 8
+    path = tmp_path / "bf16.onnx"
+    onnx.save(model, path)
+    from typer.testing import CliRunner
+
+    from qtool.cli import app
+
+    result = CliRunner().invoke(app, ["inspect", str(path)])  # onnxruntime's CPU has no bfloat16 MatMul to run
+    assert result.exit_code == 0, result.output
+    reason = "an input is bfloat16, not float32"
+    lines = [line for line in result.output.splitlines() if reason in line]
+    assert len(lines) == 1 and "5 nodes (mm0, mm1, ...)" in lines[0], result.output
+    assert not has_float16(model.graph)
