@@ -191,12 +191,12 @@ def _write(
 ) -> QuantizeResult:
     """Check the quantized model, load it in onnxruntime, write it atomically and describe it."""
     quantized, plan = built.model, built.plan
+    if ws.report.float16_weights:  # first, so that retain frees the float32 copies of the weights kept float
+        store_float16(quantized, set(ws.report.float16_weights), ws.weights)
     ws.weights.retain(quantized)  # the float weights the output replaced: freed before it is checked and written
     quantized.producer_name = "qtool"
     quantized.producer_version = __version__
     restore_input_dims(quantized, ws.original_inputs)
-    if ws.report.float16_weights:
-        store_float16(quantized, set(ws.report.float16_weights), ws.weights)
     check_note = check_quantized_model(quantized, ws.prepared)
     with stage("load the result in onnxruntime"):
         create_session(quantized, "the quantized model", weights=ws.weights)  # onnxruntime loads it: write it
