@@ -4,6 +4,11 @@
   raw 16 kHz audio (10 s): two 400-tap strided Conv1d (cosine and sine windows, 256 bins,
   hop 160), power and log, three Conv2d over the [256 x 998] spectrogram, pooling and a
   Gemm to three quality scores ``[N, 3]``.
+- ``yolo_style``: a YOLOv8-style detector on a 320x320 RGB input: Conv + SiLU (x * Sigmoid(x))
+  stages, C2f blocks (a 1x1 Conv, Split in halves, bottlenecks with residual Adds, Concat of every
+  branch), an SPPF (three chained 5x5 MaxPools, Concat), an upsampling neck (Resize, Concat with the
+  backbone) and a three-scale head whose boxes and sigmoid class scores are concatenated into
+  ``[N, 4 + 16, 2100]``, as exported detectors end.
 - ``detector_800x608``: a detector-sized CNN on an 800x608 RGB input: a strided backbone with
   depthwise-separable blocks, an FPN-style upsampled merge, and two heads — boxes
   ``[N, 7600, 4]`` and sigmoid scores ``[N, 7600, 2]``.
@@ -51,9 +56,11 @@ class _Graph:
         self.nodes.append(helper.make_node(op, inputs, [out], name=out + "/node", **attrs))
         return out
 
-    def conv(self, x: str, cin: int, cout: int, k: int, stride: int = 1, group: int = 1, relu: bool = True) -> str:
+    def conv(
+        self, x: str, cin: int, cout: int, k: int, stride: int = 1, group: int = 1, relu: bool = True, gain: float = 2.0
+    ) -> str:
         fan_in = cin // group * k * k
-        w = (self.rng.standard_normal((cout, cin // group, k, k)) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+        w = (self.rng.standard_normal((cout, cin // group, k, k)) * np.sqrt(gain / fan_in)).astype(np.float32)
         b = (self.rng.standard_normal(cout) * 0.05).astype(np.float32)
         y = self.node(
             "Conv",
@@ -157,7 +164,71 @@ def _detector() -> tuple[onnx.ModelProto, Callable[[np.random.Generator], np.nda
     return model, sample
 
 
-GENERATORS = {"audio_stft": _audio_stft, "detector_800x608": _detector}
+GAIN = 2.6
+
+
+def _yolo_style() -> tuple[onnx.ModelProto, Callable[[np.random.Generator], np.ndarray]]:
+    g = _Graph(5)
+    size, classes = 320, 16
+
+    def cbs(x: str, cin: int, cout: int, k: int, stride: int = 1) -> str:
+        y = g.conv(x, cin, cout, k, stride=stride, relu=False, gain=GAIN)
+        return g.node("Mul", [y, g.node("Sigmoid", [y])])  # SiLU as exporters write it
+
+    def c2f(x: str, cin: int, cout: int, blocks: int, shortcut: bool = True) -> str:
+        half = cout // 2
+        y = cbs(x, cin, cout, 1)
+        split = [g.name("split"), g.name("split")]
+        g.nodes.append(
+            helper.make_node(
+                "Split",
+                [y, g.const("halves", np.array([half, half], np.int64))],
+                split,
+                name=split[0] + "/node",
+                axis=1,
+            )
+        )
+        branches = list(split)
+        for _ in range(blocks):
+            z = cbs(cbs(branches[-1], half, half, 3), half, half, 3)
+            branches.append(g.node("Add", [branches[-1], z]) if shortcut else z)
+        return cbs(g.node("Concat", branches, axis=1), half * len(branches), cout, 1)
+
+    x = cbs("image", 3, 16, 3, stride=2)  # 160
+    x = cbs(x, 16, 32, 3, stride=2)  # 80
+    x = c2f(x, 32, 32, 1)
+    p3 = c2f(cbs(x, 32, 64, 3, stride=2), 64, 64, 2)  # 40
+    p4 = c2f(cbs(p3, 64, 128, 3, stride=2), 128, 128, 2)  # 20
+    x = cbs(p4, 128, 64, 1)  # SPPF
+    pools = [x]
+    for _ in range(3):
+        pools.append(g.node("MaxPool", [pools[-1]], kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[1, 1]))
+    p5 = cbs(g.node("Concat", pools, axis=1), 256, 128, 1)
+    up = g.node("Resize", [p5, "", g.const("scales", np.array([1, 1, 2, 2], np.float32))], mode="nearest")
+    n3 = c2f(g.node("Concat", [up, p3], axis=1), 192, 64, 1, shortcut=False)  # 40
+    n4 = c2f(g.node("Concat", [cbs(n3, 64, 64, 3, stride=2), p5], axis=1), 192, 128, 1, shortcut=False)  # 20
+    outputs = []
+    for feature, channels in ((n3, 64), (n4, 128)):
+        box = g.conv(cbs(feature, channels, 32, 3), 32, 4, 1, relu=False)
+        cls = g.conv(cbs(feature, channels, 32, 3), 32, classes, 1, relu=False)
+        both = g.node("Concat", [box, g.node("Sigmoid", [cls])], axis=1)
+        outputs.append(g.node("Reshape", [both, g.const("shape", np.array([1, 4 + classes, -1], np.int64))]))
+    anchors = 40 * 40 + 20 * 20
+    g.nodes.append(helper.make_node("Concat", outputs, ["detections"], name="detections/concat", axis=2))
+    model = g.model(
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("detections", TensorProto.FLOAT, [1, 4 + classes, anchors])],
+    )
+
+    def sample(rng: np.random.Generator) -> np.ndarray:
+        coarse = rng.uniform(0, 1, (3, size // 16, size // 16))
+        image = np.kron(coarse, np.ones((16, 16))) + rng.standard_normal((3, size, size)) * 0.05
+        return np.clip(image, 0, 1).astype(np.float32)[None]
+
+    return model, sample
+
+
+GENERATORS = {"audio_stft": _audio_stft, "detector_800x608": _detector, "yolo_style": _yolo_style}
 
 
 def generated_model(name: str) -> tuple[Path, Path, Path]:

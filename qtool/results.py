@@ -110,6 +110,7 @@ class QuantizeResult:
     notes: list[str] = field(default_factory=list)
     placements: dict[str, int] = field(default_factory=dict)  # integer / storage / weight_only -> nodes
     kernels: dict[str, int] = field(default_factory=dict)  # kernel onnxruntime (CPU) is predicted to run -> nodes
+    boundaries: dict[str, int] = field(default_factory=dict)  # activation Q / DQ nodes no integer kernel absorbs
     search: SearchResult | None = None  # the sensitivity search, when a target SQNR was given
     placement_choice: PlacementChoice | None = None  # the measured choice of placement, with data
     data_files: list[str] = field(default_factory=list)  # external data written beside the output

@@ -46,6 +46,10 @@ class Rounds:
     minimum: int = 3
     warmup: int = 1  # untimed runs of each session first
     block_seconds: float = 0.0  # each sample: back-to-back runs lasting about this long, averaged
+    # with an ``unsettled`` test: past ``count`` rounds (or ``seconds``), keep going while it says the
+    # comparison that matters is still undecided, for at most this many more rounds and seconds
+    extra_count: int = 0
+    extra_seconds: float = 0.0
 
 
 def time_interleaved(
@@ -55,6 +59,7 @@ def time_interleaved(
     *,
     on_round: Callable[[int], None] | None = None,
     device: str | None = None,
+    unsettled: Callable[[dict[str, list[float]]], bool] | None = None,
 ) -> tuple[dict[str, list[float]], bool]:
     """Seconds per run of each session, one number per round, and whether the runs were device-bound.
 
@@ -68,6 +73,8 @@ def time_interleaved(
     ``rounds.block_seconds``: a round runs each session back to back enough times to last about this
     long (the slowest model's warm-up run sets the count, see :func:`runs_per_block`) and records the
     mean: a thread's wake-up or a cache miss in one short run no longer decides the sample.
+    ``unsettled``: asked after the planned rounds; while it returns True, timing goes on within
+    ``rounds.extra_count`` and ``rounds.extra_seconds`` (a slow model gets the rounds its decision needs).
     """
     names = list(sessions)
     for name in names:
@@ -81,9 +88,14 @@ def time_interleaved(
     repeat = runs_per_block(runners, rounds.block_seconds)
     times: dict[str, list[float]] = {name: [] for name in names}
     started = time.perf_counter()
-    for done in range(rounds.count):
-        if done >= rounds.minimum and time.perf_counter() - started > rounds.seconds:
-            break
+    done = 0
+    while True:
+        elapsed = time.perf_counter() - started
+        if done >= rounds.count or (done >= rounds.minimum and elapsed > rounds.seconds):
+            over = done >= rounds.count + rounds.extra_count or elapsed > rounds.seconds + rounds.extra_seconds
+            if unsettled is None or over or not unsettled(times):
+                break
+        done += 1
         for name in names:
             begin = time.perf_counter()
             for _ in range(repeat):

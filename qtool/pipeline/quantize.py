@@ -32,7 +32,7 @@ from qtool.pipeline.passes import BEFORE_QUANTIZATION, Awq, Equalize, PassInputs
 from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory
 from qtool.quantization.algorithms.node_inputs import NodeInputCollector
-from qtool.quantization.kernels import predict_kernels
+from qtool.quantization.kernels import float_boundaries, predict_kernels
 from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult, ModelFile, QuantizeResult
 from qtool.schemes import CPU_TARGETS
@@ -208,8 +208,9 @@ def _write(
         prepare=ws.report,
         rewrite=built.report,
         skipped=list(plan.skipped),
-        placements=dict(sorted(Counter(node.placement for node in plan.nodes).items())),
+        placements=dict(sorted(Counter(node.kind for node in plan.nodes).items())),
         kernels=dict(sorted(Counter(k.kernel for k in predict_kernels(ws.prepared, plan).values()).items())),
+        boundaries=float_boundaries(ws.prepared, plan) if plan.target in CPU_TARGETS else {},
         calibration_samples=stats.samples,
         search=choice.search if choice else None,
         placement_choice=choice,

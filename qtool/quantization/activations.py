@@ -38,6 +38,8 @@ def plan_activation_qparams(plan: QuantPlan, observers: Mapping[str, Observer]) 
     result = {}
     for tensor, scheme in plan.activations.items():
         observer = observers.get(tensor)
+        if tensor in plan.shared and (observer is None or observer.empty):
+            continue  # takes its source's qparams, below (its own statistics, when present, are still checked)
         if observer is None or observer.empty:
             raise QtoolError(
                 f"the statistics have no values for tensor '{tensor}'",
@@ -56,4 +58,9 @@ def plan_activation_qparams(plan: QuantPlan, observers: Mapping[str, Observer]) 
         except ValueError as e:  # hand-edited statistics: computed ranges are always sound
             raise QtoolError(f"the statistics for tensor '{tensor}': {e}", hint="re-run qtool calibrate") from None
         result[tensor] = activation_qparams(lo, hi, scheme, what=f"tensor {tensor}")
+    for tensor in plan.shared:
+        source = tensor
+        while source in plan.shared:  # a chain of pass-through ops: every output takes the first input's
+            source = plan.shared[source]
+        result[tensor] = result[source]
     return result

@@ -112,7 +112,7 @@ def inspect_plan(
                 elements,
                 float_bytes,
                 stored,
-                node.placement,
+                node.kind,
                 node.reason,
                 kernels[node.name].kernel,
                 kernels[node.name].reason,

@@ -17,6 +17,10 @@ and graph transformers (onnxruntime 1.2x-1.3x, CPU EP):
   MatMulNBits, when the block size is a power of two >= 16 - unless the 2-D
   MatMul + Add is fused into Gemm first.
 * 16-bit activations have no integer kernels on CPU.
+* Unweighted ops between integer kernels (:mod:`qtool.quantization.chains`): Add, Mul, Sigmoid,
+  LeakyRelu, Concat, AveragePool, GlobalAveragePool, Softmax -> their QLinear kernels; MaxPool,
+  Resize, Reshape, Transpose, Split, Slice, Flatten, Squeeze, Unsqueeze run on the 8-bit values
+  (the Q/DQ pair around them, one scale on both sides, is dropped).
 * ``mode: dynamic`` MatMul/Gemm: DynamicQuantizeLinear + MatMulInteger + Cast + Mul (+ bias Add)
   -> DynamicQuantizeMatMul; where several read one input, it is quantized once and each runs
   MatMulIntegerToFloat. A MatMul of two activations fuses the same way (its B quantized at run time).
@@ -40,6 +44,7 @@ import onnx
 
 from qtool.graph.index import GraphView
 from qtool.quantization.plan_types import NodePlan, QuantPlan
+from qtool.quantization.roles import CHAIN_OPS, FUSED_KERNELS
 from qtool.schemes import CPU_TARGETS
 
 
@@ -103,6 +108,36 @@ def predict_kernels(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, Kernel
     }
 
 
+def float_boundaries(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, int]:
+    """The activation QuantizeLinear / DequantizeLinear nodes no integer kernel absorbs (CPU targets).
+
+    A quantized tensor keeps its QuantizeLinear when a float node (or the caller) writes it, and
+    its DequantizeLinear when a float node (or the caller) reads it; between two integer kernels
+    both fuse away. Fewer boundaries mean fewer round trips to float.
+    """
+    view = GraphView(model)
+    integer = {p.name: p for p in plan.nodes if p.placement == "integer" and p.activations}
+    written_by_integer = {p.output for p in integer.values() if p.output}
+    quantize = dequantize = 0
+    for tensor in plan.activations:
+        producer = view.producer(tensor)
+        if tensor not in written_by_integer and not (producer is not None and producer.name in integer):
+            quantize += 1
+        readers = view.input_readers(tensor)
+        float_reader = any(n.name not in integer or tensor not in integer[n.name].activations for n in readers)
+        if float_reader or tensor in view.graph_outputs:
+            dequantize += 1
+    return {"QuantizeLinear": quantize, "DequantizeLinear": dequantize}
+
+
+def _predict_chain(p: NodePlan) -> KernelPrediction:
+    """An unweighted op between integer kernels (see :mod:`qtool.quantization.chains`)."""
+    if p.op_type in FUSED_KERNELS:
+        return KernelPrediction(p.name, FUSED_KERNELS[p.op_type], True, "DQ inputs, Q output: fused into one kernel")
+    why = "input and output share a scale: the Q/DQ pair is dropped"
+    return KernelPrediction(p.name, f"int8 {p.op_type}", True, why)
+
+
 def _predict_gpu(p: NodePlan, target: str) -> KernelPrediction:
     """What TensorRT, or onnxruntime's CUDA provider, makes of one node."""
     op = p.op_type
@@ -142,6 +177,8 @@ def _predict(
     dynamic_inputs: Counter[str],
 ) -> KernelPrediction:
     op = p.op_type
+    if op in CHAIN_OPS and p.weight is None:
+        return _predict_chain(p)
     fused_with_add = ranks.get(node.input[0]) == 2 and _gemm_fusable_add(node, consumers, constants, final_outputs)
     if p.placement == "storage":
         return KernelPrediction(p.name, f"float {op}", False, "placement storage: weights restored to float at load")

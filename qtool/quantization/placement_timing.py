@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import replace
 
 import onnx
@@ -15,8 +16,12 @@ from qtool.progress import ProgressFactory
 from qtool.quantization.placement_types import DECISIVE_CONFIDENCE, TIE, FloatModel, PlacementChoice
 from qtool.quantization.plan_types import QuantPlan
 
-TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are done
+TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are done ...
 MIN_ROUNDS = 5
+# ... unless a comparison the choice depends on is still undecided: then it goes on, up to this many more
+# rounds and seconds (a 200 ms model gets 5 rounds in 3 s, and 5 rounds' interval is their whole range)
+EXTRA_ROUNDS = 40
+EXTRA_SECONDS = 30.0
 TIMING_MAX_BYTES = 1 << 30  # the float model's bytes times the sessions timed together; past it, no timing
 
 
@@ -34,9 +39,44 @@ def decisively_faster(times: dict[str, list[float]], fast: str, slow: str) -> bo
     one sample, and the upper end of the median ratio's :data:`DECISIVE_CONFIDENCE` interval must
     lie below ``1 - TIE``. Too few rounds for that interval: not decisive.
     """
-    ratios = [f / s for f, s in zip(times.get(fast, []), times.get(slow, []), strict=False) if s > 0]
-    interval = median_interval(ratios, DECISIVE_CONFIDENCE)
+    interval = ratio_interval(times, fast, slow)
     return interval is not None and interval[1] < 1 - TIE
+
+
+def ratio_interval(times: dict[str, list[float]], fast: str, slow: str) -> tuple[float, float] | None:
+    """The :data:`DECISIVE_CONFIDENCE` interval of the median paired ratio ``fast / slow`` (None: too few rounds)."""
+    ratios = [f / s for f, s in zip(times.get(fast, []), times.get(slow, []), strict=False) if s > 0]
+    return median_interval(ratios, DECISIVE_CONFIDENCE)
+
+
+def decided(interval: tuple[float, float] | None) -> bool:
+    """Whether a ratio's interval lies wholly on one side of the decisive line ``1 - TIE``."""
+    return interval is not None and not interval[0] <= 1 - TIE <= interval[1]
+
+
+def undecided_comparisons(choice: PlacementChoice, names: list[str]) -> Callable[[dict[str, list[float]]], bool]:
+    """A test of timed rounds: whether a comparison the choice depends on is still undecided.
+
+    Those are each candidate reaching the target against every more accurate one that reaches it
+    (a faster one displaces it only when decisively faster), and "auto" against storage-only
+    (whether the sensitivity search may pay). A candidate that misses the target is never kept
+    for its speed, so its comparisons do not hold timing up.
+    """
+    listed = {c.name: c for c in choice.candidates if c.name in names}
+    ranked = sorted(listed.values(), key=lambda c: -c.sqnr_db)
+    pairs = [
+        (fast.name, accurate.name)
+        for i, accurate in enumerate(ranked)
+        for fast in ranked[i + 1 :]
+        if accurate.meets_target and fast.meets_target
+    ]
+    if "auto" in listed and "storage" in listed:
+        pairs.append(("auto", "storage"))
+
+    def unsettled(times: dict[str, list[float]]) -> bool:
+        return any(not decided(ratio_interval(times, fast, slow)) for fast, slow in pairs)
+
+    return unsettled
 
 
 def time_candidates(
@@ -58,8 +98,15 @@ def time_candidates(
     for name, (_, model) in plans.items():
         # Timed as written: weights embedded, so onnxruntime folds and prepacks them as it will at load.
         sessions[name] = create_session(weights.embedded(model), f"the '{name}' placement", threads=threads)
-    plan = Rounds(rounds, seconds=TIMING_SECONDS, minimum=min(MIN_ROUNDS, rounds))
-    times, _ = time_interleaved(sessions, feed, plan, on_round=factory("timing", rounds))
+    plan = Rounds(
+        rounds,
+        seconds=TIMING_SECONDS,
+        minimum=min(MIN_ROUNDS, rounds),
+        extra_count=EXTRA_ROUNDS,
+        extra_seconds=EXTRA_SECONDS,
+    )
+    unsettled = undecided_comparisons(choice, list(plans))
+    times, _ = time_interleaved(sessions, feed, plan, on_round=factory("timing", rounds), unsettled=unsettled)
     retimed = choice.fp32_ms is not None and any(c.name not in times for c in choice.candidates)
     choice.times = {**choice.times, **times}
     if not retimed:

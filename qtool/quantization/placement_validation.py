@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import onnx
 
@@ -18,11 +18,14 @@ def validate_choice(
     float_model: FloatModel,
     factory: ProgressFactory,
     scored: OutputScorer,
+    redecide: Callable[[frozenset[str]], bool],
 ) -> None:
-    """Score the kept placement on the validation samples; when its bound misses the target, try the most accurate.
+    """Score the kept placement on the validation samples; when its bound misses the target, decide again.
 
-    The most accurate placement that reached the target on the scored samples replaces the kept one
-    only when it reaches the target on the validation samples too (robust before fast).
+    ``redecide(missed)`` makes the choice again, by the same rule, without the candidates that
+    missed on the validation samples: the next fastest that reached the target on the scored
+    samples is validated next, not the most accurate one. When every candidate that reached the
+    target misses it here, the one with the best validation bound is kept.
     """
     assert samples.validation is not None  # checked by the caller
     scorer = OutputScorer(
@@ -43,15 +46,25 @@ def validate_choice(
         choice.validations.append(found)
         return found
 
-    kept = check(choice.chosen)
-    safer = [c for c in choice.candidates if c.meets_target and c.sqnr_db > choice.chosen_candidate.sqnr_db]
-    if not kept.meets_target and safer:
-        most_accurate = max(safer, key=lambda c: (c.sqnr_db, -choice.candidates.index(c)))
-        if check(most_accurate.name).meets_target:
-            choice.chosen = most_accurate.name
-            choice.reason = (
-                f"the most accurate placement that reaches {target:g} dB: the faster '{kept.candidate}' reached it on "
-                f"the scored samples but not on {len(kept.samples)} others ({kept.bound_db:.2f} dB, "
-                f"{choice.confidence:.0%} bound)"
-            )
+    first = check(choice.chosen)
+    missed: list[PlacementValidation] = []
+    found = first
+    while not found.meets_target:
+        missed.append(found)
+        if not redecide(frozenset(v.candidate for v in missed)):
+            break
+        found = check(choice.chosen)
+    if found.meets_target and missed:
+        names = ", ".join(f"'{v.candidate}' ({v.bound_db:.2f} dB)" for v in missed)
+        choice.reason = (
+            f"{choice.reason}; validated on {len(first.samples)} other samples, where {names} missed "
+            f"{target:g} dB ({choice.confidence:.0%} bound)"
+        )
+    elif not found.meets_target and len(missed) > 1:
+        best = max(missed, key=lambda v: (v.bound_db, -missed.index(v)))
+        choice.chosen = best.candidate
+        choice.reason = (
+            f"no placement reaches {target:g} dB on the validation samples ({choice.confidence:.0%} bound): "
+            f"'{best.candidate}' comes closest ({best.bound_db:.2f} dB)"
+        )
     scorer.release()

@@ -18,13 +18,14 @@ from onnx import TensorProto, helper
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.graph.index import GraphView, all_nodes, node_subgraphs
+from qtool.quantization.chains import plan_chains
 from qtool.quantization.matmul_nbits import check_layout
 from qtool.quantization.placement import isolated_integer_nodes, node_placement
 from qtool.quantization.plan_types import NodePlan, QuantPlan, WeightPlan
 from qtool.quantization.qparams import quant_type
 from qtool.quantization.roles import HANDLERS, LOOKUP_OPS, Roles, WeightRoles, node_macs, output_to_quantize
 from qtool.quantization.saturation import pair_layout
-from qtool.schemes import NodeScheme, TensorScheme, for_target
+from qtool.schemes import CPU_TARGETS, NodeScheme, TensorScheme, for_target
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,14 @@ def build_plan(
     ``view`` is the model's :class:`GraphView`, when the caller holds one.
     """
     g = view if view is not None else GraphView(model)
-    plan = _plan_nodes(model, config, g, elements, {})
-    demoted = isolated_integer_nodes(plan, g, elements) if elements is not None else {}
-    return _plan_nodes(model, config, g, elements, demoted) if demoted else plan
+    demoted: dict[str, str] = {}
+    while True:
+        plan = _plan_nodes(model, config, g, elements, demoted)
+        # a demoted node's chains go with it, which can leave a neighbour isolated in turn: plan again
+        newly = isolated_integer_nodes(plan, g, elements) if elements is not None else {}
+        if not newly:
+            return plan
+        demoted.update(newly)
 
 
 def _plan_nodes(
@@ -111,10 +117,22 @@ def _plan_nodes(
             continue
         nodes.append(planned)
         _claim_activations(activations, planned, scheme)
+    shared: dict[str, str] = {}
+    if config.target in CPU_TARGETS:
+        chained, shared = plan_chains(g, config, [n for n in nodes if n.placement == "integer" and n.activations])
+        nodes = _in_graph_order(g, [*nodes, *chained])
+        for chain_node in chained:
+            _claim_activations(activations, chain_node, chain_node.scheme)
+        shared = {out: source for out, source in shared.items() if out in activations and source in activations}
     if config.target == "tensorrt":
         residual = for_target(config.global_scheme, "tensorrt").activation
         _quantize_residual_inputs(model, g, nodes, activations, residual)
-    return QuantPlan(tuple(nodes), activations, tuple(skipped), config.target)
+    return QuantPlan(tuple(nodes), activations, tuple(skipped), config.target, shared)
+
+
+def _in_graph_order(g: GraphView, nodes: list[NodePlan]) -> list[NodePlan]:
+    position = {node.name: index for index, node in enumerate(g.nodes)}
+    return sorted(nodes, key=lambda n: position.get(n.name, len(position)))
 
 
 def _eligible(node: onnx.NodeProto, config: QConfig, g: GraphView) -> tuple[NodeScheme, Roles] | str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from qtool.quantization.roles import CHAIN_OPS
 from qtool.schemes import NodeScheme, TensorScheme
 
 # x86 CPUs without VNNI (AVX2; AVX-512 before Cascade Lake; AMD before Zen 4) multiply 8-bit activations
@@ -44,6 +45,16 @@ class NodePlan:
     pair_layout: str | None = None  # how the integer kernel pairs the weight (qtool.quantization.saturation)
 
     @property
+    def chained(self) -> bool:
+        """An unweighted op between integer kernels (see :mod:`qtool.quantization.chains`)."""
+        return self.weight is None and self.op_type in CHAIN_OPS
+
+    @property
+    def kind(self) -> str:
+        """How it runs, for counts: its placement, or "chained" for an op between integer kernels."""
+        return "chained" if self.chained else self.placement
+
+    @property
     def quantized_inputs(self) -> bool:
         """Whether the node's inputs are quantized (integer kernels, or quantized at run time)."""
         return self.placement == "dynamic" or (self.placement == "integer" and bool(self.activations))
@@ -81,3 +92,5 @@ class QuantPlan:
     activations: dict[str, TensorScheme]  # tensor -> scheme, in first-use order
     skipped: tuple[tuple[str, str], ...] = field(default=())  # (node, reason) left in float
     target: str = "cpu"  # the config's target (see qtool.config.for_target)
+    # a pass-through op's output -> the input whose scale and zero point it takes (see qtool.quantization.chains)
+    shared: dict[str, str] = field(default_factory=dict)

@@ -326,7 +326,7 @@ class _Rewriter:
                 self.store.release([plan_node.weight.name])  # a weight read from a file: its pages are no longer needed
             elif plan_node.placement == "dynamic":  # two activations, both quantized at run time
                 self.replacements[plan_node.name] = self.forms.dynamic_matmul(self.nodes[plan_node.name], None, False)
-            self.report.quantized_nodes.append(plan_node.name)
+            (self.report.chained_nodes if plan_node.chained else self.report.quantized_nodes).append(plan_node.name)
         self.report.passthrough = passthrough_ops(self.model, self.plan)
         copies = Counter(weight for weight, _ in self.copies)
         self.report.weight_copies = {weight: count for weight, count in copies.items() if count > 1}

@@ -12,6 +12,7 @@ class RewriteReport:
     """What :func:`insert_qdq` changed."""
 
     quantized_nodes: list[str] = field(default_factory=list)
+    chained_nodes: list[str] = field(default_factory=list)  # unweighted ops between integer kernels, in Q/DQ too
     quantized_weights: list[str] = field(default_factory=list)
     quantized_biases: list[str] = field(default_factory=list)
     quantized_activations: list[str] = field(default_factory=list)

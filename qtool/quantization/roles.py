@@ -15,6 +15,24 @@ from onnx import helper
 
 from qtool.graph.index import GraphView
 
+# op -> the kernel onnxruntime's QDQ transformers fuse DQ -> op -> Q into (CPU provider)
+FUSED_KERNELS = {
+    "Add": "QLinearAdd",
+    "Mul": "QLinearMul",
+    "Sigmoid": "QLinearSigmoid",
+    "LeakyRelu": "QLinearLeakyRelu",
+    "Concat": "QLinearConcat",
+    "AveragePool": "QLinearAveragePool",
+    "GlobalAveragePool": "QLinearGlobalAveragePool",
+    "Softmax": "QLinearSoftmax",
+}
+
+# ops with 8-bit kernels that only move or select values: DQ -> op -> Q with one scale becomes the op on integers
+PASS_THROUGH = frozenset(
+    {"MaxPool", "Resize", "Reshape", "Transpose", "Split", "Slice", "Flatten", "Squeeze", "Unsqueeze"}
+)
+
+CHAIN_OPS = frozenset(FUSED_KERNELS) | PASS_THROUGH
 # Ops whose output may be folded into the quantized node's output: onnxruntime
 # removes a Relu that feeds a QuantizeLinear with zero point at the type's minimum.
 _FUSABLE_ACTIVATIONS = {"Relu"}

@@ -42,7 +42,12 @@ from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.placement_decode import DecodeJudge, decode_bar, decoder_to_score
-from qtool.quantization.placement_timing import decisively_faster, faster_than_storage, time_candidates
+from qtool.quantization.placement_timing import (
+    decisively_faster,
+    faster_than_storage,
+    ratio_interval,
+    time_candidates,
+)
 from qtool.quantization.placement_types import (
     DECISIVE_CONFIDENCE,
     TIE,
@@ -148,7 +153,13 @@ def measure_placements(
     _decide(choice)
     if samples.validation is not None and len(samples.validation) > 0 and settings.target_sqnr_db is not None:
         validate_choice(
-            choice, {name: model for name, (_, model) in built.plans.items()}, samples, float_model, factory, scorer
+            choice,
+            {name: model for name, (_, model) in built.plans.items()},
+            samples,
+            float_model,
+            factory,
+            scorer,
+            redecide=lambda missed: _decide(choice, missed),
         )
     return built.configs[choice.chosen], choice
 
@@ -242,10 +253,22 @@ def _search_plan(choice: PlacementChoice, built: _Built, timed: bool) -> tuple[s
     auto_faster = not timed or choice.fp32_ms is None or faster_than_storage(choice, storage_name)
     if storage_meets:
         if not auto_faster:
-            choice.search_note = "no search: the integer kernels measured no faster than storage-only here"
+            choice.search_note = _not_faster_note(choice, storage_name)
             return None
         return "auto", FLOAT_ACTIVATIONS
     return ("auto" if auto_faster or storage_name is None else storage_name), FLOAT
+
+
+def _not_faster_note(choice: PlacementChoice, storage_name: str | None) -> str:
+    """Why no search runs when "auto" is not decisively faster than storage-only, true to the table's medians."""
+    interval = ratio_interval(choice.times, "auto", storage_name) if storage_name else None
+    if interval is None or interval[0] >= 1 - TIE:
+        return "no search: the integer kernels measured no faster than storage-only here"
+    return (
+        f"no search: the integer kernels were not decisively faster than storage-only here (auto / storage "
+        f"latency {interval[0]:.2f}-{interval[1]:.2f}, {DECISIVE_CONFIDENCE:.0%} interval over "
+        f"{len(choice.times.get('auto', []))} interleaved rounds; a {TIE:.0%} gain is needed)"
+    )
 
 
 def _search(
@@ -320,10 +343,16 @@ def _candidates(
     ]
 
 
-def _decide(choice: PlacementChoice) -> None:
-    """Set ``chosen`` and ``reason`` from the measurements."""
+def _decide(choice: PlacementChoice, missed: frozenset[str] = frozenset()) -> bool:
+    """Set ``chosen`` and ``reason`` from the measurements; False (nothing set) when ``missed`` leaves none.
+
+    ``missed``: candidates that reached the target on the scored samples but missed it on the
+    validation samples: the decision is made again without them, by the same rule.
+    """
     candidates = choice.candidates
-    meeting = [c for c in candidates if c.meets_target]
+    meeting = [c for c in candidates if c.meets_target and c.name not in missed]
+    if missed and not meeting:
+        return False
     # a candidate that could not win is not always timed (see _may_win): only the reaching ones must be
     timed = all(c.latency_ms is not None and c.name in choice.times for c in meeting)
     target = f"{choice.target_sqnr_db:g} dB"
@@ -358,3 +387,4 @@ def _decide(choice: PlacementChoice) -> None:
                 f"reaches {target} and measured more than {TIE:.0%} faster than the more accurate placements"
                 f" ({DECISIVE_CONFIDENCE:.0%} interval over {len(choice.times[best.name])} interleaved rounds)"
             )
+    return True

@@ -215,6 +215,7 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
             weights=rewrite.quantized_weights,
             biases=rewrite.quantized_biases,
             activations=rewrite.quantized_activations,
+            chained_nodes=rewrite.chained_nodes,
         ),
         skipped=[doc.Skipped(node=node, reason=reason) for node, reason in result.skipped],
         passthrough_ops=rewrite.passthrough,
@@ -228,6 +229,7 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
         ),
         placements=result.placements,
         predicted_kernels=result.kernels,
+        float_boundaries=result.boundaries,
         prepare=doc.Prepare(
             constants_to_initializers=prepare.constants_to_initializers,
             folded_batchnorms=prepare.folded_batchnorms,

@@ -304,7 +304,8 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
     console.print(
         f"[green]wrote[/green] {result.output.path}: {len(r.quantized_nodes)} nodes quantized "
         f"({len(r.quantized_weights)} weights, {len(r.quantized_biases)} biases, "
-        f"{len(r.quantized_activations)} activations), "
+        f"{len(r.quantized_activations)} activations"
+        f"{f', {len(r.chained_nodes)} ops chained between integer kernels' if r.chained_nodes else ''}), "
         f"{_bytes(result.source.size_bytes)} -> {_bytes(result.output.size_bytes)}, "
         f"compression [bold]{result.compression_ratio:.2f}x[/bold]"
     )
@@ -315,6 +316,10 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
     if result.kernels:
         listed = ", ".join(f"{count} {kernel}" for kernel, count in result.kernels.items())
         console.print(f"onnxruntime (CPU) is predicted to run: {listed}", highlight=False)
+    if result.boundaries and any(result.boundaries.values()):
+        q, dq = result.boundaries["QuantizeLinear"], result.boundaries["DequantizeLinear"]
+        left = f"float boundaries left: {q} QuantizeLinear, {dq} DequantizeLinear (activations)"
+        console.print(left, highlight=False)
     _render_algorithms(console, r)
     _render_weight_forms(console, r)
     p = result.prepare

@@ -522,7 +522,9 @@ def test_ops_qtool_does_not_quantize_pass_through_untouched_and_are_reported(tmp
     assert result.rewrite.quantized_nodes == ["mm", "mm2"]
     for name, op in [("softmax", "Softmax"), ("erf", "Erf"), ("topk", "TopK"), ("nonzero", "NonZero")]:
         assert _node(quantized, name).op_type == op  # untouched
-    assert result.rewrite.passthrough == {"Erf": 1, "Greater": 1, "NonZero": 1, "Softmax": 1, "TopK": 1}
+    # the Softmax between the two MatMuls runs as QLinearSoftmax: chained, no longer passed through
+    assert result.rewrite.chained_nodes == ["softmax"]
+    assert result.rewrite.passthrough == {"Erf": 1, "Greater": 1, "NonZero": 1, "TopK": 1}
     assert _sqnr(model, out, feeds) > 20  # y: Softmax's output quantized, then a MatMul on it
     assert quantize_to_dict(result)["passthrough_ops"] == result.rewrite.passthrough
     console = Console(record=True, width=200)

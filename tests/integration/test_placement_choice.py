@@ -69,7 +69,7 @@ def test_when_integer_kernels_measure_faster_the_fastest_accurate_placement_is_k
     result = qtool.quantize(sample("cnn"), tmp_path / "q.onnx", data_dir=calib_dir("cnn"), evaluation=None)
     choice = result.placement_choice
     assert choice is not None and choice.chosen == "integer" and choice.expects_speedup
-    assert result.placements == {"integer": 4}
+    assert result.placements == {"integer": 4, "chained": 4}
     assert choice.speedup(choice.chosen_candidate) == pytest.approx(2.0)
 
 
@@ -128,7 +128,8 @@ def test_choice_reports_the_spread_samples_and_its_accuracy_next_to_the_comparis
 
 def test_no_search_and_zero_latency_runs_turn_the_measurement_off(tmp_path):
     plain = qtool.quantize(sample("cnn"), tmp_path / "a.onnx", data_dir=calib_dir("cnn"), search=None, evaluation=None)
-    assert plain.placement_choice is None and plain.placements == {"integer": 3, "storage": 1}  # the MAC rules
+    assert plain.placement_choice is None  # the MAC rules:
+    assert plain.placements == {"integer": 3, "storage": 1, "chained": 2}
     untimed = qtool.quantize(
         sample("cnn"),
         tmp_path / "b.onnx",

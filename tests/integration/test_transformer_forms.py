@@ -158,7 +158,7 @@ def test_configs_that_need_no_statistics_quantize_without_data(tmp_path):
 
     static = tmp_path / "static.yaml"
     static.write_text("global: {placement: integer}\n")
-    with pytest.raises(QtoolError, match=r"16 activations are quantized statically: give --data"):
+    with pytest.raises(QtoolError, match=r"\d+ activations are quantized statically: give --data"):
         qtool.quantize(model, tmp_path / "static.onnx", config_path=static, search=None, evaluation=None)
     assert not (tmp_path / "static.onnx").exists()
 

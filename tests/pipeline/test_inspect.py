@@ -15,7 +15,7 @@ def test_the_predicted_size_is_what_quantize_writes_for_the_same_plan(tmp_path):
     result = inspect(ws, calib_dir("cnn"))
     out = tmp_path / "q.onnx"
     qtool.quantize(sample("cnn"), out, config_path=config, data_dir=calib_dir("cnn"), search=None, evaluation=None)
-    assert {row.placement for row in result.rows} == {"integer"}
+    assert {row.placement for row in result.rows} == {"integer", "chained"}  # the pools between the Convs chained
     assert abs(result.predicted_bytes - out.stat().st_size) <= 64  # only the scale values differ
 
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
+import pytest
+
 from qtool.evaluation.layers import LayerError
 from qtool.quantization.search import SearchResult, SearchStep, _stop_reason, rank_nodes
 from qtool.quantization.selection import PlacementCandidate, PlacementChoice, _may_win
@@ -42,3 +47,48 @@ def test_only_a_search_candidate_that_could_be_kept_is_timed_again():
     assert _may_win(choice(31.0, 32.0), "search")  # reaches the target
     assert not _may_win(choice(25.0, 32.0), "search")  # storage reaches it, the search does not
     assert _may_win(choice(25.0, 20.0), "search")  # none reaches it: the most accurate is kept
+
+
+def _fake_trials(gains: dict[str, float], start: float, target: float, price: dict[str, float]) -> list[str]:
+    """The nodes _try_in_float keeps when moving each node alone adds ``gains[node]`` decibels."""
+    from dataclasses import replace as copy
+
+    from qtool.config import load_config
+    from qtool.quantization.search import FLOAT, _try_in_float
+
+    config = load_config(None)
+    config = copy(config, accuracy=copy(config.accuracy, target_sqnr_db=target, max_float_nodes=4))
+    result = SearchResult(target, 4, 8, start, start, moves=FLOAT)
+    ranking = [_row(n, 0.0, 1.0, i) for i, n in enumerate(gains)]
+
+    class Scorer:
+        def score(self, model: object) -> object:
+            total = start + sum(gains[n] for n in model)  # type: ignore[attr-defined]
+            return type("Score", (), {"worst_db": total})()
+
+    def quantize(cfg: object) -> tuple[object, set[str]]:
+        return set(cfg.float_nodes), set()  # type: ignore[attr-defined]
+
+    _try_in_float(config, ranking, quantize, Scorer(), result, time.perf_counter(), lambda _: None, price)  # type: ignore[arg-type]
+    return result.float_nodes
+
+
+def test_a_node_kept_float_short_of_the_target_must_buy_a_gain_worth_its_size():
+    # 0.26 dB for a node that adds a fifth of the file (price 2 dB) is refused; 3 dB for it is kept
+    assert _fake_trials({"big": 0.26}, 21.0, 30.0, {"big": 2.0}) == []
+    assert _fake_trials({"big": 3.0}, 21.0, 30.0, {"big": 2.0}) == ["big"]
+    # a small node pays little; a node whose move reaches the target is kept whatever its size
+    assert _fake_trials({"small": 0.3}, 21.0, 30.0, {"small": 0.05}) == ["small"]
+    assert _fake_trials({"big": 1.0}, 29.5, 30.0, {"big": 2.0}) == ["big"]
+
+
+def test_size_prices_are_the_share_of_the_8_bit_weights_a_float_node_adds():
+    from qtool.quantization.search import DB_PER_SIZE, _size_prices
+    from tests.quantization.models import conv_chain
+
+    model = conv_chain(channels=16)
+    prices = _size_prices(model)
+    values = {i.name: int(np.prod(i.dims)) for i in model.graph.initializer}
+    total = sum(values.values())
+    assert prices["conv1"] == pytest.approx(DB_PER_SIZE * 3 * values["w1"] / total)
+    assert prices["relu0"] == 0.0

@@ -37,3 +37,77 @@ def test_when_none_reaches_the_target_the_most_accurate_is_kept():
     choice = _choice({"fp32": [1.0] * 9, "auto": [0.5] * 9, "storage": [1.0] * 9}, {"auto": 12.0, "storage": 20.0})
     _decide(choice)
     assert choice.chosen == "storage" and "no placement reaches" in choice.reason
+
+
+class _FakeScore:
+    def __init__(self, db: float) -> None:
+        self.worst_db = db
+
+    def worst_bound_db(self, confidence: float, signal: object) -> float:
+        return self.worst_db - 1.0  # the bound sits a decibel below the figure
+
+
+def _validate(choice: PlacementChoice, validation_db: dict[str, float], monkeypatch) -> list[str]:
+    """Run validate_choice with each candidate scoring ``validation_db`` there; returns the candidates checked."""
+    from qtool.quantization import placement_validation
+    from qtool.quantization.placement_types import Samples
+
+    checked: list[str] = []
+
+    class Scorer:
+        files = ("v0.npy", "v1.npy")
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def score(self, model: str, what: str = "") -> _FakeScore:
+            checked.append(model)
+            return _FakeScore(validation_db[model])
+
+        def release(self) -> None:
+            pass
+
+    monkeypatch.setattr(placement_validation, "OutputScorer", Scorer)
+    monkeypatch.setattr(placement_validation, "signal_means", lambda scorers: None)
+    float_model = type("F", (), {"prepared": None, "weights": None})()
+    samples = Samples(scored=[], ranked=[], validation=["v0", "v1"])  # type: ignore[arg-type]
+    models = {c.name: c.name for c in choice.candidates}
+    placement_validation.validate_choice(
+        choice, models, samples, float_model, lambda *_: lambda _: None, None, lambda missed: _decide(choice, missed)
+    )  # type: ignore[arg-type]
+    return checked
+
+
+def test_after_a_validation_miss_the_next_fastest_candidate_that_met_the_target_is_validated(monkeypatch):
+    # integer fastest, auto next (decisively faster than storage), storage the most accurate: as on a YOLOv8n
+    times = {"fp32": [1.0] * 9, "integer": [0.5] * 9, "auto": [0.6] * 9, "storage": [1.0] * 9}
+    choice = _choice(times, {"integer": 30.2, "auto": 37.0, "storage": 40.0})
+    _decide(choice)
+    assert choice.chosen == "integer"
+    checked = _validate(choice, {"integer": 29.0, "auto": 36.5, "storage": 40.0}, monkeypatch)
+    assert checked == ["integer", "auto"] and choice.chosen == "auto"  # not storage, the most accurate
+    assert "'integer' (28.00 dB) missed" in choice.reason
+
+
+def test_when_every_candidate_misses_on_validation_the_best_bound_is_kept(monkeypatch):
+    times = {"fp32": [1.0] * 9, "integer": [0.5] * 9, "auto": [0.6] * 9, "storage": [1.0] * 9}
+    choice = _choice(times, {"integer": 30.2, "auto": 31.0, "storage": 32.0})
+    _decide(choice)
+    checked = _validate(choice, {"integer": 25.0, "auto": 29.5, "storage": 28.0}, monkeypatch)
+    assert checked == ["integer", "auto", "storage"] and choice.chosen == "auto"
+    assert "comes closest" in choice.reason
+
+
+def test_timing_goes_on_only_while_a_comparison_that_matters_is_undecided():
+    from qtool.quantization.placement_timing import undecided_comparisons
+
+    choice = _choice({}, {"integer": 31.0, "auto": 33.0, "storage": 40.0})
+    unsettled = undecided_comparisons(choice, ["integer", "auto", "storage"])
+    clear = {"integer": [0.5] * 9, "auto": [0.6] * 9, "storage": [1.0] * 9}
+    assert not unsettled(clear)
+    noisy = {**clear, "auto": [0.6, 0.6, 0.6, 0.6, 1.0, 1.0, 1.0, 1.0, 0.6]}  # auto vs storage straddles the line
+    assert unsettled(noisy)
+    assert unsettled({name: values[:3] for name, values in clear.items()})  # too few rounds for an interval
+    # a candidate that misses the target holds nothing up (only auto vs storage still counts)
+    missing = _choice({}, {"integer": 20.0, "auto": 33.0, "storage": 40.0})
+    assert not undecided_comparisons(missing, ["integer", "auto", "storage"])({**clear, "integer": [0.5, 1.2] * 4})

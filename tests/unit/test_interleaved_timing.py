@@ -38,3 +38,17 @@ def test_no_session_runs_two_timed_blocks_in_a_row(count):
     timed = log[2 * count :]  # after the warm-up runs, one block of one run per session and round
     assert _blocks(timed) == names * 9
     assert all(t > 0 for name in names for t in times[name])
+
+
+def test_timing_goes_past_its_rounds_only_while_the_comparison_is_undecided_and_within_the_extra_budget():
+    log: list[str] = []
+    sessions = {name: _RecordingSession(name, log) for name in ("a", "b")}
+    feed = {"x": np.zeros(1, np.float32)}
+    plan = Rounds(5, minimum=5, warmup=0, extra_count=10)
+    settled_after = 8
+    times, _ = time_interleaved(sessions, feed, plan, unsettled=lambda t: len(t["a"]) < settled_after)  # type: ignore[arg-type]
+    assert len(times["a"]) == len(times["b"]) == settled_after  # 3 more rounds, then decided
+    times, _ = time_interleaved(sessions, feed, plan, unsettled=lambda t: True)  # type: ignore[arg-type]
+    assert len(times["a"]) == 15  # never decided: the 10 extra rounds, no more
+    times, _ = time_interleaved(sessions, feed, plan)  # type: ignore[arg-type]
+    assert len(times["a"]) == 5  # no test: the planned rounds

@@ -32,6 +32,8 @@ class Quantized(_Report):
     weights: list[str]
     biases: list[str]
     activations: list[str]
+    # unweighted ops (SiLU's Sigmoid and Mul, residual Adds, Concats, pools, reshapes) between integer kernels
+    chained_nodes: list[str] = Field(default_factory=list)
 
 
 class AlgorithmsReport(_Report):
@@ -178,6 +180,8 @@ class QuantizeReport(_Report):
     weight_forms: WeightForms
     placements: dict[str, int]
     predicted_kernels: dict[str, int]
+    # activation QuantizeLinear / DequantizeLinear nodes onnxruntime still runs (CPU targets; {} elsewhere)
+    float_boundaries: dict[str, int] = Field(default_factory=dict)
     prepare: Prepare
     sensitivity: SearchReport | None
     placement_choice: PlacementChoiceReport | None
