@@ -51,6 +51,8 @@ class QConfig:
     sensitive_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: activations kept float
     float_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: kept entirely float (weights too)
     auto_placement: str | None = None  # "integer" | "storage" | "dynamic": what every placement "auto" node becomes
+    chains: bool = True  # False: the ops placed "auto" between integer kernels stay float (qtool.quantization.chains)
+    activation_ranges: str = "observer"  # "observer" | "extremes" (see qtool.quantization.activations): the choice's
 
     @property
     def kv_cache(self) -> tuple[str, str] | None:
@@ -197,6 +199,8 @@ class QConfig:
             sensitive_nodes=self.sensitive_nodes,
             float_nodes=self.float_nodes,
             auto_placement=self.auto_placement,
+            chains=self.chains,
+            activation_ranges=self.activation_ranges,
         )
 
     def unmatched_node_patterns(self, node_names: list[str]) -> list[str]:

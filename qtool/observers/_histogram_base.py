@@ -83,6 +83,9 @@ class HistogramObserver(Observer):
         self.histogram = StreamingHistogram.from_state(state["histogram"])
         self.extremes.load_state(state)
 
+    def observed_range(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return self.extremes.observed_range() if self.histogram is not None else None
+
     def range(self, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
         if self.histogram is None:
             raise ValueError("range() called on an observer that saw no data")

@@ -103,6 +103,10 @@ class Observer(ABC):
     def range(self, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
         """The (min, max) range to quantize to ``bits`` bits; arrays per channel when ``axis`` is set."""
 
+    def observed_range(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The exact minimum and maximum seen, when this observer keeps them (None: it does not)."""
+        return None
+
     @classmethod
     def from_state(
         cls, state: dict[str, Any], axis: int | None = None, options: dict[str, Any] | None = None

@@ -72,6 +72,9 @@ class MinMaxObserver(Observer):
             raise ValueError("range() called on an observer that saw no data")
         return self.min, self.max
 
+    def observed_range(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return None if self.min is None or self.max is None else (self.min, self.max)
+
 
 @register_observer
 class MovingAverageObserver(Observer):

@@ -58,10 +58,10 @@ class Builder:
     def build(self, config: QConfig, *, keep: bool = False) -> Built:
         """The model of ``config``; with ``keep``, remembered so that a later build of its plan is free."""
         plan = self.plan(config)
-        key = repr(plan.nodes)
+        key = repr((plan.nodes, config.activation_ranges))
         if key in self._built:
             return self._built.pop(key)
-        built = self._rewrite(plan)
+        built = self._rewrite(plan, config.activation_ranges)
         if keep:
             self._built[key] = built
         return built
@@ -70,9 +70,9 @@ class Builder:
         """Drop the remembered models."""
         self._built.clear()
 
-    def _rewrite(self, plan: QuantPlan) -> Built:
+    def _rewrite(self, plan: QuantPlan, ranges: str) -> Built:
         ws, algorithms = self.ws, self.algorithms
-        act_qparams = plan_activation_qparams(plan, self.stats.tensors)
+        act_qparams = plan_activation_qparams(plan, self.stats.tensors, ranges)
         wanted = {} if algorithms is None else empirical_bias_nodes(plan, algorithms)
         if not wanted:
             model, report = insert_qdq(ws.prepared, plan, act_qparams, ws.weights, algorithms)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +93,8 @@ class Workspace:
         """
         config = config if config is not None else self.config
         sizes = tuple(sorted(elements.items())) if elements is not None else None
-        key = (self._revision, repr(config), sizes)
+        # the activation range rule changes the qparams, never the plan
+        key = (self._revision, repr(replace(config, activation_ranges="observer")), sizes)
         plan = self._plans.get(key)
         if plan is None:
             sizes_given = dict(elements) if elements is not None else None

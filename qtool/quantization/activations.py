@@ -29,8 +29,19 @@ def observer_bits(scheme: TensorScheme) -> int:
     return 8 if scheme.dtype in ("int8", "uint8") else 16
 
 
-def plan_activation_qparams(plan: QuantPlan, observers: Mapping[str, Observer]) -> dict[str, QParams]:
+OBSERVER_RANGES = "observer"  # each tensor's range as its observer chooses it (mse: the clipping with least error)
+OBSERVED_EXTREMES = "extremes"  # the exact minimum and maximum seen (no clipping), where the observer kept them
+RANGE_RULES = (OBSERVER_RANGES, OBSERVED_EXTREMES)
+
+
+def plan_activation_qparams(
+    plan: QuantPlan, observers: Mapping[str, Observer], ranges: str = OBSERVER_RANGES
+) -> dict[str, QParams]:
     """QParams of each activation the plan quantizes, from its observer's range at the scheme's bit width.
+
+    ``ranges``: :data:`OBSERVER_RANGES`, or :data:`OBSERVED_EXTREMES` for the unclipped range of every
+    8-bit integer activation whose observer kept its extremes (clipping minimises each tensor's own error,
+    but clipped values can carry what a network's later layers depend on: the placement choice measures both).
 
     Raises:
         QtoolError: a tensor the plan needs has no statistics (they came from another model or config).
@@ -55,6 +66,10 @@ def plan_activation_qparams(plan: QuantPlan, observers: Mapping[str, Observer]) 
         try:
             lo, hi = observer.range(bits, scheme.symmetric)  # a histogram observer checks its extremes first
             check_range(lo, hi, None)
+            unclipped = ranges == OBSERVED_EXTREMES and bits == 8 and scheme.observer is None  # a node's own: kept
+            extremes = observer.observed_range() if unclipped else None
+            if extremes is not None:
+                lo, hi = extremes
         except ValueError as e:  # hand-edited statistics: computed ranges are always sound
             raise QtoolError(f"the statistics for tensor '{tensor}': {e}", hint="re-run qtool calibrate") from None
         result[tensor] = activation_qparams(lo, hi, scheme, what=f"tensor {tensor}")

@@ -46,6 +46,8 @@ def chain_scheme(node: onnx.NodeProto, config: QConfig) -> NodeScheme | None:
         return None
     if scheme.placement not in ("auto", "integer") or scheme.activation.dtype not in _EIGHT_BIT:
         return None
+    if scheme.placement == "auto" and not config.chains:  # the placement choice's "unchained" candidate
+        return None
     return scheme
 
 

@@ -31,7 +31,7 @@ class Build(Protocol):
 class PlacementCandidate:
     """One placement the choice measured."""
 
-    name: str  # auto | integer | storage | dynamic | search
+    name: str  # auto | unchained | integer | storage | dynamic | search
     same_as: tuple[str, ...]  # other candidates that planned exactly this placement
     integer_nodes: int
     storage_nodes: int
@@ -39,6 +39,7 @@ class PlacementCandidate:
     meets_target: bool
     latency_ms: float | None = None  # median at the choice's thread count (None: not timed)
     decode_agreement: float | None = None  # decoders: greedy decode-step agreement through its own cache
+    chained_nodes: int = 0  # unweighted ops between its integer kernels run on 8-bit values
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,9 @@ class PlacementChoice:
     confidence: float = CONFIDENCE  # of the validation bounds
     decode_bar: float | None = None  # decoders: the dynamic placement's decode agreement, which a kept one reaches
     decode_steps: bool = False  # each file was scored as a prefill and as the decode step after it
+    # the activation range rule every candidate uses, and the all-integer placement's worst output under each rule
+    activation_ranges: str = "observer"
+    range_scores: dict[str, float] = field(default_factory=dict)
 
     @property
     def validation(self) -> PlacementValidation | None:

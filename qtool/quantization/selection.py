@@ -4,7 +4,10 @@ The MAC model of :mod:`qtool.quantization.placement` guesses where integer kerne
 whether they do depends on the CPU, onnxruntime's fusions and the shapes. So ``quantize``
 builds a few candidates and measures them:
 
-- ``auto``: the placement rules of the config;
+- ``auto``: the placement rules of the config, the ops between its integer kernels chained
+  (:mod:`qtool.quantization.chains`);
+- ``unchained``: ``auto`` with those ops in float (every integer kernel a float boundary), built when
+  ``auto`` chains any: more accurate, usually slower, never less than what ``auto`` gave before chains;
 - ``integer``: every ``placement: auto`` node an integer kernel (what fast int8 CPUs want);
 - ``storage``: every ``auto`` node storage-only (weights stored quantized, float compute);
 - ``dynamic``: ``auto`` with every integer MatMul/Gemm quantizing its input at run time
@@ -41,6 +44,7 @@ from qtool.calibration.decode_steps import has_decode_steps, prefills
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
+from qtool.quantization.activations import OBSERVED_EXTREMES, OBSERVER_RANGES
 from qtool.quantization.placement_decode import DecodeJudge, decode_bar, decoder_to_score
 from qtool.quantization.placement_timing import (
     decisively_faster,
@@ -124,12 +128,16 @@ def measure_placements(
         known=samples.known,
     )
     started = time.perf_counter()
-    built = _built_candidates(config, build, float_model, (dataset, threads))
+    decoder = decoder_to_score(float_model.prepared)
+    built = _Built()
+    config, range_scores = _choose_ranges(config, build, scorer, built) if decoder is None else (config, {})
+    _built_candidates(built, config, build, float_model, (dataset, threads))
     built.score(scorer, factory("placements", len(built.plans)))
     built.decode()
     files = samples.scored_files if samples.scored_files is not None else scorer.files
     choice = PlacementChoice(target, files, threads or 1, built.candidates(target), "auto", "")
     choice.decode_bar, choice.decode_steps = built.bar(), has_decode_steps(scorer.files)
+    choice.activation_ranges, choice.range_scores = config.activation_ranges, range_scores
     timed = settings.latency_runs > 0 and len(built.plans) > 1 and bool(scorer.samples)
 
     def time_all(names: list[str] | None = None) -> None:  # timed on the first scored sample
@@ -164,15 +172,46 @@ def measure_placements(
     return built.configs[choice.chosen], choice
 
 
+def _choose_ranges(
+    config: QConfig, build: Build, scorer: OutputScorer, built: _Built
+) -> tuple[QConfig, dict[str, float]]:
+    """The activation range rule every candidate is built with: the one the all-integer placement scores higher.
+
+    Clipping each tensor to its observer's range (mse: least error for that tensor) is usually right, but
+    where a network's later layers depend on the values it clips (a detector's residual SiLU stacks), the
+    observed extremes give the output more decibels; only a measurement tells. Ties keep the observer's.
+    An observer the config names (``calibration.observer``, or a node's ``activation.observer``) is taken at
+    its word: then there is no choice, and a node's own observer is never overridden.
+    The winner's all-integer model and score become the "integer" candidate in ``built`` (not built twice).
+    """
+    if "observer" in (config.raw.get("calibration") or {}):
+        return config, {}
+    scores: dict[str, float] = {}
+    kept: tuple[QConfig, QuantPlan, onnx.ModelProto] | None = None
+    for rule in (OBSERVER_RANGES, OBSERVED_EXTREMES):
+        integer = replace(config, auto_placement="integer", activation_ranges=rule)
+        plan, model = build(integer, keep=False)
+        if not any(s.dtype in ("int8", "uint8") for s in plan.activations.values()):
+            return config, {}  # no 8-bit activation: the rule changes nothing
+        scores[rule] = scorer.score(model, f"the all-integer placement ({rule} ranges)").worst_db
+        if kept is None or scores[rule] > scores[OBSERVER_RANGES]:
+            kept = (integer, plan, model)  # the other model is released
+        del model
+    assert kept is not None  # the loop ran
+    built.prebuilt["integer"] = (*kept, max(scores.values()))
+    return replace(config, activation_ranges=kept[0].activation_ranges), scores
+
+
 def _built_candidates(
-    config: QConfig, build: Build, float_model: FloatModel, scored: tuple[Dataset, int | None]
+    built: _Built, config: QConfig, build: Build, float_model: FloatModel, scored: tuple[Dataset, int | None]
 ) -> _Built:
     """auto, integer, storage and (MatMul-heavy models, decoders) dynamic; a decoder's also decode when scored."""
-    built = _Built()
-    built.add("auto", config, build)
+    auto = built.add("auto", config, build)
+    if any(n.chained and n.scheme.placement == "auto" for n in auto.nodes):  # an explicit placement never moves
+        built.add("unchained", replace(config, chains=False), build)
     integer = built.add("integer", replace(config, auto_placement="integer"), build)
     built.add("storage", replace(config, auto_placement="storage"), build)
-    decoder = decoder_to_score(float_model.prepared)
+    decoder = decoder_to_score(float_model.prepared)  # (cheap: reads the graph's inputs and outputs)
     if _matmul_heavy(integer) or decoder is not None:
         built.add("dynamic", replace(config, auto_placement="dynamic"), build)
     if decoder is not None:
@@ -193,6 +232,8 @@ class _Built:
     seen: dict[tuple[tuple[str, str], ...], str] = field(default_factory=dict)
     decodes: dict[str, float] = field(default_factory=dict)  # decoders: by distinct plan, decode agreement
     judge: DecodeJudge | None = None  # decoders: scores decode agreement
+    # built and scored before the candidates (the range choice's all-integer model): name -> config, plan, model, score
+    prebuilt: dict[str, tuple[QConfig, QuantPlan, onnx.ModelProto, float]] = field(default_factory=dict)
 
     def decode(self) -> None:
         """Decode with every distinct candidate not decoded yet (decoders only)."""
@@ -208,12 +249,15 @@ class _Built:
     def add(self, name: str, config: QConfig, build: Build) -> QuantPlan:
         """Build ``config``; a plan built before under another name only records the alias."""
         self.configs[name] = config
-        plan, model = build(config)
+        prebuilt = self.prebuilt.pop(name, None)
+        plan, model = (prebuilt[1], prebuilt[2]) if prebuilt is not None else build(config)
         first = self.seen.setdefault(_signature(plan), name)
         if first != name:
             self.aliases[first].append(name)
         else:
             self.plans[name], self.aliases[name] = (plan, model), []
+            if prebuilt is not None:
+                self.scores[name] = prebuilt[3]
         return plan
 
     def score(self, scorer: OutputScorer, advance: Callable[[int], None]) -> None:
@@ -334,10 +378,11 @@ def _candidates(
         PlacementCandidate(
             name,
             tuple(aliases[name]),
-            sum(1 for n in plan.nodes if n.placement in ("integer", "dynamic")),
+            sum(1 for n in plan.nodes if n.placement in ("integer", "dynamic") and not n.chained),
             sum(1 for n in plan.nodes if n.placement == "storage"),
             scores[name],
             meets(scores[name], target),
+            chained_nodes=sum(1 for n in plan.nodes if n.chained),
         )
         for name, (plan, _) in plans.items()
     ]
@@ -365,7 +410,7 @@ def _decide(choice: PlacementChoice, missed: frozenset[str] = frozenset()) -> bo
             " (of those that decode as well as dynamic int8)" if bar is not None else ""
         )
     elif not timed:
-        preference = ["search", "auto", "integer", "dynamic", "storage"]
+        preference = ["search", "auto", "unchained", "integer", "dynamic", "storage"]
         choice.chosen = min(meeting, key=lambda c: preference.index(c.name)).name
         choice.reason = f"reaches {target} (not timed: {choice.timing_note or 'timing is off'})"
     else:

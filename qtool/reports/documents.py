@@ -283,6 +283,8 @@ def _choice(c: PlacementChoice) -> doc.PlacementChoiceReport:
         confidence=c.confidence,
         decode_bar=c.decode_bar,
         decode_steps=c.decode_steps,
+        activation_ranges=c.activation_ranges,
+        range_scores={rule: round(db, 3) for rule, db in c.range_scores.items() if math.isfinite(db)},
         validations=[
             doc.PlacementValidationReport(
                 candidate=v.candidate,
@@ -299,6 +301,7 @@ def _choice(c: PlacementChoice) -> doc.PlacementChoiceReport:
                 same_as=list(k.same_as),
                 integer_nodes=k.integer_nodes,
                 storage_nodes=k.storage_nodes,
+                chained_nodes=k.chained_nodes,
                 sqnr_db=_finite(k.sqnr_db),
                 meets_target=k.meets_target,
                 latency_ms=k.latency_ms,

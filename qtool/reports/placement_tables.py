@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from qtool.options import DECODE_STEPS
+from qtool.quantization.placement_types import TIE
 from qtool.quantization.search import SearchResult
 from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult
@@ -48,11 +49,19 @@ def render_choice(console: Console, c: PlacementChoice, comparison: ComparisonRe
         caption_justify="left",
     )
     decodes = c.decode_bar is not None
-    columns = ["placement", "integer nodes", "storage nodes", "worst output dB", *(["decode"] if decodes else [])]
+    chains = any(k.chained_nodes for k in c.candidates)
+    columns = [
+        "placement",
+        "integer nodes",
+        *(["chained ops"] if chains else []),
+        "storage nodes",
+        "worst output dB",
+        *(["decode"] if decodes else []),
+    ]
     for column in [*columns, "median ms", "vs fp32"]:
         table.add_column(column, justify="left" if column == "placement" else "right")
     if c.fp32_ms is not None:
-        table.add_row("fp32", "", "", "", *([""] if decodes else []), f"{c.fp32_ms:.3f}", "1.00x")
+        table.add_row("fp32", *[""] * (len(columns) - 1), f"{c.fp32_ms:.3f}", "1.00x")
     for k in c.candidates:
         name = k.name + (f" (the same placement as {', '.join(k.same_as)})" if k.same_as else "")
         if k.name == c.chosen:
@@ -61,6 +70,7 @@ def render_choice(console: Console, c: PlacementChoice, comparison: ComparisonRe
         table.add_row(
             name,
             str(k.integer_nodes),
+            *([str(k.chained_nodes)] if chains else []),
             str(k.storage_nodes),
             f"[{'green' if k.meets_target else 'yellow'}]{k.sqnr_db:.2f}[/]",
             *([_decode_cell(k.decode_agreement, c.decode_bar)] if decodes else []),
@@ -68,6 +78,14 @@ def render_choice(console: Console, c: PlacementChoice, comparison: ComparisonRe
             "" if speedup is None else f"{speedup:.2f}x",
         )
     console.print(table)
+    if len(c.range_scores) == 2:
+        clipped, unclipped = c.range_scores["observer"], c.range_scores["extremes"]
+        kept = "the observed min/max" if c.activation_ranges == "extremes" else "the observer's (clipped) ranges"
+        console.print(
+            f"activation ranges: {kept}, as the all-integer placement scored {clipped:.2f} dB with the observer's "
+            f"ranges and {unclipped:.2f} dB with the observed min/max",
+            highlight=False,
+        )
     if c.decode_bar is not None:
         console.print(
             f"decode: agreement with fp32 over {DECODE_STEPS} greedy steps per sample through each placement's own "
@@ -84,9 +102,16 @@ def render_choice(console: Console, c: PlacementChoice, comparison: ComparisonRe
     if c.search_note:
         console.print(f"[yellow]note[/yellow] {c.search_note}", highlight=False)
     if not c.expects_speedup:
+        faster = [k.name for k in c.candidates if (c.speedup(k) or 0.0) > 1 + TIE and not k.meets_target]
+        why = (
+            f"the faster placements ({', '.join(faster)}) miss the target"
+            if faster
+            else "no integer kernel measured faster than fp32 here"
+        )
         console.print(
-            "[yellow]note[/yellow] no integer kernel measured faster than fp32 here: the model runs at fp32 speed "
-            "(no speed-up expected); its weights are stored quantized"
+            f"[yellow]note[/yellow] {why}: the model runs at fp32 speed (no speed-up expected); "
+            "its weights are stored quantized",
+            highlight=False,
         )
     if comparison is not None and comparison.outputs:
         worst = min(m.sqnr_db for m in comparison.outputs)

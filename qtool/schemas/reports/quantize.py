@@ -121,6 +121,7 @@ class PlacementCandidate(_Report):
     same_as: list[str]
     integer_nodes: int
     storage_nodes: int
+    chained_nodes: int = Field(0, description="unweighted ops between its integer kernels run on 8-bit values")
     sqnr_db: float | None
     meets_target: bool
     latency_ms: float | None
@@ -161,6 +162,12 @@ class PlacementChoiceReport(_Report):
     )
     decode_steps: bool = Field(
         False, description="decoders: each sample file was scored as a prefill and as the decode step after it"
+    )
+    activation_ranges: str = Field(
+        "observer", description="activation ranges every candidate uses: 'observer' (clipped) or 'extremes' (min/max)"
+    )
+    range_scores: dict[str, float] = Field(
+        default_factory=dict, description="the all-integer placement's worst output (dB) under each range rule"
     )
 
 
