@@ -8,7 +8,9 @@ quantizes in its own subprocess, ``--repeats`` times, alternating tools:
 - qtool: ``qtool quantize MODEL --data CALIB -o OUT.onnx --json R.json``, exactly what a user runs
   (calibration, the measured placement choice, and the comparison on the calibration data);
 - onnxruntime: ``quant_pre_process`` then ``quantize_static`` (QDQ, MinMax, per-channel int8
-  weights, uint8 activations) with a data reader over the same files.
+  weights, uint8 activations) with a data reader over the same files;
+- qtool ``--config integer``: every node an integer kernel with the ops between them chained, the model
+  that competes with onnxruntime's on speed (its accuracy and speed-ups are reported; its cost is not bounded).
 
 Reported per model: the median wall time and peak RSS of each tool and their ratios (the bounds:
 3x the time, 1.5x the memory), then both models' SQNR on the evaluation files (the worst output,
@@ -54,10 +56,11 @@ WORKER = r"""
 import json, sys, time
 tool, model, calib, out = sys.argv[1:5]
 start = time.perf_counter()
-if tool == "qtool":
+if tool.startswith("qtool"):
     from qtool.cli import main
+    config = ["--config", "integer"] if tool == "qtool-integer" else []
     try:
-        main(["quantize", model, "--data", calib, "-o", out, "--json", out + ".json"])
+        main(["quantize", model, "--data", calib, "-o", out, "--json", out + ".json", *config])
     except SystemExit as e:
         if e.code:
             raise
@@ -126,7 +129,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         for name, (model, calib, evaluation) in _models(args.models.split(",")).items():
-            results: dict[str, list[dict[str, object]]] = {"qtool": [], "onnxruntime": []}
+            results: dict[str, list[dict[str, object]]] = {"qtool": [], "onnxruntime": [], "qtool-integer": []}
             outputs = {tool: tmp / f"{name}.{tool}.onnx" for tool in results}
             for _ in range(args.repeats):
                 for tool in results:
@@ -174,12 +177,13 @@ def main() -> None:
         f"Bounds: time <= {TIME_BOUND:g}x, peak RSS <= {MEMORY_BOUND:g}x onnxruntime's.",
         "",
         "| model | ORT s | qtool s | time ratio | ORT MB | qtool MB | memory ratio | ORT worst dB | qtool worst dB | "
-        "ORT all dB | qtool all dB | ORT speed-up 1t / all | qtool speed-up 1t / all | qtool placement |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "ORT all dB | qtool all dB | ORT speed-up 1t / all | qtool speed-up 1t / all | qtool placement | "
+        "integer worst dB | integer speed-up 1t / all |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for row in rows:
-        q, o = row["qtool"], row["onnxruntime"]
-        assert isinstance(q, dict) and isinstance(o, dict)
+        q, o, i = row["qtool"], row["onnxruntime"], row["qtool-integer"]
+        assert isinstance(q, dict) and isinstance(o, dict) and isinstance(i, dict)
         time_ratio = q["seconds"] / o["seconds"] if q["seconds"] and o["seconds"] else None
         memory_ratio = q["peak_rss_mb"] / o["peak_rss_mb"] if q["peak_rss_mb"] and o["peak_rss_mb"] else None
 
@@ -203,11 +207,13 @@ def main() -> None:
             cell(o.get("speedup_1t"), ".2f") + "x / " + cell(o.get("speedup_all"), ".2f") + "x",
             cell(q.get("speedup_1t"), ".2f") + "x / " + cell(q.get("speedup_all"), ".2f") + "x",
             str(q.get("placement") or "-"),
+            cell(i.get("worst_output_db"), ".2f"),
+            cell(i.get("speedup_1t"), ".2f") + "x / " + cell(i.get("speedup_all"), ".2f") + "x",
         ]
         lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
-        for tool in ("onnxruntime", "qtool"):
+        for tool in ("onnxruntime", "qtool", "qtool-integer"):
             if row[tool]["error"]:  # type: ignore[index]
-                lines.append(f"| {row['model']} | {tool} failed: {row[tool]['error']} |||||||||||||")  # type: ignore[index]
+                lines.append(f"| {row['model']} | {tool} failed: {row[tool]['error']} |||||||||||||||")  # type: ignore[index]
     table = "\n".join(lines) + "\n"
     (args.out / "cost.md").write_text(table)
     print(table)

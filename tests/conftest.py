@@ -13,7 +13,7 @@ import qtool
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
 SAMPLE_NAMES = ("cnn", "mlp", "transformer")
-INTEGER = ROOT / "configs" / "integer.yaml"  # every node as an integer kernel (placement: integer)
+INTEGER = ROOT / "tests" / "fixtures" / "integer_nearest.yaml"  # every node integer, nearest rounding
 
 
 @pytest.fixture(autouse=True)

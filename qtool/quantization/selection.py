@@ -7,7 +7,8 @@ builds a few candidates and measures them:
 - ``auto``: the placement rules of the config, the ops between its integer kernels chained
   (:mod:`qtool.quantization.chains`);
 - ``unchained``: ``auto`` with those ops in float (every integer kernel a float boundary), built when
-  ``auto`` chains any: more accurate, usually slower, never less than what ``auto`` gave before chains;
+  ``auto`` chains an op that computes (Add, Mul, Sigmoid, ...): more accurate, usually slower, never less
+  than what ``auto`` gave before chains;
 - ``integer``: every ``placement: auto`` node an integer kernel (what fast int8 CPUs want);
 - ``storage``: every ``auto`` node storage-only (weights stored quantized, float compute);
 - ``dynamic``: ``auto`` with every integer MatMul/Gemm quantizing its input at run time
@@ -41,7 +42,7 @@ import onnx
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decode_steps import has_decode_steps, prefills
-from qtool.config import QConfig
+from qtool.config import QConfig, load_config
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.activations import OBSERVED_EXTREMES, OBSERVER_RANGES
@@ -64,7 +65,9 @@ from qtool.quantization.placement_types import (
 )
 from qtool.quantization.placement_validation import validate_choice
 from qtool.quantization.plan_types import QuantPlan
+from qtool.quantization.roles import FUSED_KERNELS
 from qtool.quantization.search import FLOAT, FLOAT_ACTIVATIONS, sensitivity_search
+from qtool.system.stages import stage
 
 DYNAMIC_MIN_SHARE = 0.5  # the dynamic candidate is built when weighted MatMul/Gemm do this share of the MACs
 SEARCH_COST_FACTOR = 2.0  # the search's time budget: this many times what the candidates cost to measure
@@ -117,27 +120,16 @@ def measure_placements(
         progress: receives progress updates.
     """
     settings = config.accuracy
-    target = settings.target_sqnr_db if settings.target_sqnr_db is not None else -math.inf
     factory = progress or noop_progress
-    dataset = samples.scored
     scorer = OutputScorer(
         float_model.prepared,
-        dataset,
+        samples.scored,
         weights=float_model.weights,
-        on_sample=factory("float outputs", len(dataset)),
+        on_sample=factory("float outputs", len(samples.scored)),
         known=samples.known,
     )
     started = time.perf_counter()
-    decoder = decoder_to_score(float_model.prepared)
-    built = _Built()
-    config, range_scores = _choose_ranges(config, build, scorer, built) if decoder is None else (config, {})
-    _built_candidates(built, config, build, float_model, (dataset, threads))
-    built.score(scorer, factory("placements", len(built.plans)))
-    built.decode()
-    files = samples.scored_files if samples.scored_files is not None else scorer.files
-    choice = PlacementChoice(target, files, threads or 1, built.candidates(target), "auto", "")
-    choice.decode_bar, choice.decode_steps = built.bar(), has_decode_steps(scorer.files)
-    choice.activation_ranges, choice.range_scores = config.activation_ranges, range_scores
+    config, built, choice = _scored_candidates(config, build, float_model, samples, scorer, (threads, factory))
     timed = settings.latency_runs > 0 and len(built.plans) > 1 and bool(scorer.samples)
 
     def time_all(names: list[str] | None = None) -> None:  # timed on the first scored sample
@@ -145,7 +137,8 @@ def measure_placements(
         time_candidates(choice, float_model, plans, settings.latency_runs, scorer.samples[0][1], factory)
 
     if timed:
-        time_all()
+        with stage("timing the candidates"):
+            time_all()
     search_plan = _search_plan(choice, built, timed) if settings.target_sqnr_db is not None else None
     if search_plan is not None:
         # The search may cost at most SEARCH_COST_FACTOR times what building, scoring and timing the
@@ -160,16 +153,37 @@ def measure_placements(
     scorer.release()
     _decide(choice)
     if samples.validation is not None and len(samples.validation) > 0 and settings.target_sqnr_db is not None:
-        validate_choice(
-            choice,
-            {name: model for name, (_, model) in built.plans.items()},
-            samples,
-            float_model,
-            factory,
-            scorer,
-            redecide=lambda missed: _decide(choice, missed),
-        )
+        models = {name: model for name, (_, model) in built.plans.items()}
+        redecide = lambda missed: _decide(choice, missed)  # noqa: E731 - the rule, again without some candidates
+        validate_choice(choice, models, samples, float_model, factory, scorer, redecide=redecide)
     return built.configs[choice.chosen], choice
+
+
+def _scored_candidates(
+    config: QConfig,
+    build: Build,
+    float_model: FloatModel,
+    samples: Samples,
+    scorer: OutputScorer,
+    run: tuple[int | None, ProgressFactory],
+) -> tuple[QConfig, _Built, PlacementChoice]:
+    """The activation range rule, then every candidate built and scored (a decoder's decoded too)."""
+    threads, factory = run
+    target = config.accuracy.target_sqnr_db
+    decoder = decoder_to_score(float_model.prepared)
+    built = _Built()
+    with stage("activation ranges (the all-integer placement, clipped and min/max)"):
+        config, range_scores = _choose_ranges(config, build, scorer, built) if decoder is None else (config, {})
+    with stage("candidate placements (build and score)"):
+        _built_candidates(built, config, build, float_model, (samples.scored, threads))
+        built.score(scorer, factory("placements", len(built.plans)))
+        built.decode()
+    files = samples.scored_files if samples.scored_files is not None else scorer.files
+    bar = target if target is not None else -math.inf
+    choice = PlacementChoice(bar, files, threads or 1, built.candidates(bar), "auto", "")
+    choice.decode_bar, choice.decode_steps = built.bar(), has_decode_steps(scorer.files)
+    choice.activation_ranges, choice.range_scores = config.activation_ranges, range_scores
+    return config, built, choice
 
 
 def _choose_ranges(
@@ -180,12 +194,16 @@ def _choose_ranges(
     Clipping each tensor to its observer's range (mse: least error for that tensor) is usually right, but
     where a network's later layers depend on the values it clips (a detector's residual SiLU stacks), the
     observed extremes give the output more decibels; only a measurement tells. Ties keep the observer's.
-    An observer the config names (``calibration.observer``, or a node's ``activation.observer``) is taken at
-    its word: then there is no choice, and a node's own observer is never overridden.
+    An observer the config names other than the default's (``calibration.observer``, or a node's
+    ``activation.observer``) is taken at its word: then there is no choice, and a node's own is never overridden.
     The winner's all-integer model and score become the "integer" candidate in ``built`` (not built twice).
     """
-    if "observer" in (config.raw.get("calibration") or {}):
-        return config, {}
+    default = load_config(None).calibration
+    if (config.calibration.observer, config.calibration.observer_options) != (
+        default.observer,
+        default.observer_options,
+    ):
+        return config, {}  # another observer than the default's (or other options): the user's choice
     scores: dict[str, float] = {}
     kept: tuple[QConfig, QuantPlan, onnx.ModelProto] | None = None
     for rule in (OBSERVER_RANGES, OBSERVED_EXTREMES):
@@ -207,7 +225,9 @@ def _built_candidates(
 ) -> _Built:
     """auto, integer, storage and (MatMul-heavy models, decoders) dynamic; a decoder's also decode when scored."""
     auto = built.add("auto", config, build)
-    if any(n.chained and n.scheme.placement == "auto" for n in auto.nodes):  # an explicit placement never moves
+    # Only an op that computes (QLinearAdd, QLinearSigmoid, ...) rounds anew; a pass-through op chained on its
+    # input's scale moves the same values, so "unchained" would plan the same accuracy, a speed at the margin
+    if any(n.chained and n.op_type in FUSED_KERNELS and n.scheme.placement == "auto" for n in auto.nodes):
         built.add("unchained", replace(config, chains=False), build)
     integer = built.add("integer", replace(config, auto_placement="integer"), build)
     built.add("storage", replace(config, auto_placement="storage"), build)

@@ -51,7 +51,7 @@ def test_when_integer_kernels_measure_slower_storage_is_kept_and_the_summary_say
     result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), evaluation=None)
     choice = result.placement_choice
     assert choice is not None and choice.chosen == "storage" and not choice.expects_speedup
-    assert {c.name for c in choice.candidates} == {"auto", "unchained", "integer", "storage"}
+    assert {c.name for c in choice.candidates} == {"auto", "integer", "storage"}
     assert all(c.meets_target for c in choice.candidates)  # all accurate: speed decides
     assert result.placements == {"storage": 4}
     model = onnx.load(str(out))
@@ -376,12 +376,33 @@ def test_when_even_storage_misses_the_target_the_search_keeps_whole_nodes_float(
 
 @pytest.mark.slow
 def test_the_same_quantize_five_times_writes_the_same_bytes_though_its_candidates_time_close_together(tmp_path):
-    # The sample CNN's candidates differ by one small Gemm and a few chained ops: auto, unchained and integer
-    # run within a few per cent of each other, so only the decision rule (not the noise) may pick among them.
-    digests = set()
+    # The sample transformer's "auto" and storage-only placements run within a few per cent of each other
+    # (0.99-1.05x fp32 both, measured), at the same accuracy: only the decision rule, not the noise, may pick.
+    # (A placement whose true speed-up sits right at the 5 % margin may still trade places: the sample CNN's
+    # all-integer one is 5-6 % faster than its rules' placement, and was kept in 1 run of 5 on a busy machine.)
+    digests, chosen = set(), []
     for run in range(5):
         out = tmp_path / f"q{run}.onnx"
-        result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), evaluation=None)
+        result = qtool.quantize(sample("transformer"), out, data_dir=calib_dir("transformer"), evaluation=None)
         assert result.placement_choice is not None
         digests.add(hashlib.sha256(out.read_bytes()).hexdigest())
-    assert len(digests) == 1
+        c = result.placement_choice
+        chosen.append((hashlib.sha256(out.read_bytes()).hexdigest()[:8], c.chosen, c.activation_ranges, c.range_scores))
+    assert len(digests) == 1, chosen
+
+
+def test_the_activation_ranges_are_chosen_by_measurement_unless_the_config_names_an_observer(tmp_path):
+    result = qtool.quantize(sample("cnn"), tmp_path / "a.onnx", data_dir=calib_dir("cnn"), evaluation=None)
+    choice = result.placement_choice
+    assert choice is not None and set(choice.range_scores) == {"observer", "extremes"}
+    scores = choice.range_scores
+    assert choice.activation_ranges == ("extremes" if scores["extremes"] > scores["observer"] else "observer")
+    document = json.loads((tmp_path / "a.json").read_text()) if (tmp_path / "a.json").exists() else None
+    assert document is None or document["placement_choice"]["activation_ranges"] == choice.activation_ranges
+    config = tmp_path / "minmax.yaml"
+    config.write_text("calibration: {observer: minmax}\n")
+    named = qtool.quantize(
+        sample("cnn"), tmp_path / "b.onnx", data_dir=calib_dir("cnn"), config_path=config, evaluation=None
+    )
+    assert named.placement_choice is not None and named.placement_choice.range_scores == {}
+    assert named.placement_choice.activation_ranges == "observer"

@@ -179,7 +179,9 @@ def test_calibrate_then_quantize_equals_quantize_with_data(tmp_path, quantized_s
     reread = qtool.CalibrationStats.read(stats_path)
     assert reread.to_json() == stats.to_json() and reread.samples == 64
     out = tmp_path / "cnn.onnx"
-    qtool.quantize(sample("cnn"), out, stats_path=stats_path, config_path=INTEGER)
+    # the same samples for the measured choice (its activation ranges): what --stats with --search-data does
+    search = qtool.SearchOptions(data_dir=calib_dir("cnn"))
+    qtool.quantize(sample("cnn"), out, stats_path=stats_path, config_path=INTEGER, search=search, evaluation=None)
     assert out.read_bytes() == quantized_samples["cnn"].read_bytes()
 
 
