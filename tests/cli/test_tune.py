@@ -195,7 +195,11 @@ def test_latency_objective_times_every_candidate_and_the_plot_is_written(tmp_pat
     doc = json.loads((tmp_path / "t.json").read_text())
     assert all(t["latency_ratio"] is not None and t["latency_ratio_interval"] for t in doc["trials"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert np.isfinite([t["sqnr_db"] for t in doc["trials"]]).all()
+    # every trial's SQNR is finite, but an all-float one's: exact, infinite, null in JSON (a trial the latency
+    # objective reaches when the timing is noisy, as on a loaded machine)
+    quantized = [t for t in doc["trials"] if set(t["allocation"].values()) != {"float"}]
+    assert quantized and np.isfinite([t["sqnr_db"] for t in quantized]).all()
+    assert all(t["sqnr_db"] is None for t in doc["trials"] if t not in quantized)
 
 
 def test_tensorrt_target_chooses_only_integer_nodes_or_float(tmp_path):
