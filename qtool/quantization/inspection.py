@@ -116,7 +116,7 @@ def inspect_plan(
                 node.reason,
                 kernels[node.name].kernel,
                 kernels[node.name].reason,
-                tuple(node.scheme.algorithms.names()),
+                () if node.chained else tuple(node.scheme.algorithms.names()),  # weight algorithms: no weight
             )
         )
     op_types = {n.name: n.op_type for n in prepared.graph.node}
