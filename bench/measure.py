@@ -88,11 +88,21 @@ def onnxruntime_quantize_static(
             f = next(self.it, None)
             return None if f is None else {name: np.load(f)[None]}
 
-    source, note = out + ".pre.onnx", ""
-    try:
-        quant_pre_process(model, source)
-    except Exception as e:  # noqa: BLE001 - onnxruntime's symbolic shape inference fails on many models
-        source, note = model, f"quant_pre_process failed ({type(e).__name__}); quantized without it"
+    import os
+    import tempfile
+
+    source, note = os.path.abspath(out + ".pre.onnx"), ""
+    model = os.path.abspath(model)
+    # quant_pre_process writes sym_shape_infer_temp.onnx into the working directory: run it in a scratch one
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="ort-pre-") as scratch:
+        os.chdir(scratch)
+        try:
+            quant_pre_process(model, source)
+        except Exception as e:  # noqa: BLE001 - onnxruntime's symbolic shape inference fails on many models
+            source, note = model, f"quant_pre_process failed ({type(e).__name__}); quantized without it"
+        finally:
+            os.chdir(here)
     quantize_static(
         source,
         out,

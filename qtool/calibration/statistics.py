@@ -214,6 +214,24 @@ class FloatPass:
     weights: Weights | None = None  # the values of the model's detached initializers
 
 
+def _exposing_session(
+    prepared: onnx.ModelProto, tensors: list[str], run: FloatPass, *, spinning: bool
+) -> ort.InferenceSession:
+    """A session of ``prepared`` that also returns ``tensors``.
+
+    ``spinning`` False when the observers run on threads of their own: onnxruntime's idle workers would
+    otherwise busy-wait through the observing between runs.
+    """
+    return create_session(
+        with_exposed_outputs(prepared, tensors),
+        "the prepared float model",
+        threads=run.threads,
+        level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        weights=run.weights,
+        spinning=spinning,
+    )
+
+
 def collect_statistics(
     prepared: onnx.ModelProto,
     tensors: Iterable[str],
@@ -245,15 +263,7 @@ def collect_statistics(
     observers = {name: create_observer(spec[0], None, spec[1]) for name, spec in specs.items()}
     observe = _BatchObserver([observers[name] for name in names], run.threads)
     try:
-        session = create_session(
-            with_exposed_outputs(prepared, [*names, *tapped]),
-            "the prepared float model",
-            threads=run.threads,
-            level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            weights=run.weights,
-            # onnxruntime's idle workers would otherwise busy-wait through the observing between runs
-            spinning=observe.threads == 1,
-        )
+        session = _exposing_session(prepared, [*names, *tapped], run, spinning=observe.threads == 1)
         seen = 0
         elements: dict[str, int] = {}
         graph_outputs = [o.name for o in prepared.graph.output] if outputs is not None else []

@@ -36,7 +36,7 @@ def configs(json_out: JsonOption = None) -> None:
     """List the configs installed with qtool: give one by name, as in --config accurate."""
 
     def action() -> None:
-        from qtool.config import packaged_configs
+        from qtool.config_files import packaged_configs
         from qtool.reports.documents import to_json
         from qtool.reports.terminal import printable
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qtool.calibration.statistics import CalibrationStats
-from qtool.config import resolve_config
+from qtool.config_files import resolve_config
 from qtool.distributed import EngineSpec, open_engine
 from qtool.options import CalibrationOptions
 from qtool.progress import ProgressFactory, noop_progress

@@ -18,7 +18,8 @@ import onnxruntime as ort
 from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.decoder import model_decoder
 from qtool.calibration.outputs import FloatOutputs
-from qtool.config import load_config, resolve_config
+from qtool.config import load_config
+from qtool.config_files import resolve_config
 from qtool.errors import QtoolError
 from qtool.evaluation.baseline import Snapshot, against_baseline, read_baseline, regression_gates
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates

@@ -184,6 +184,37 @@ def reference_runs(
     return runs
 
 
+@dataclass
+class _Decoded:
+    """The decode loops' tallies over the samples: tokens matched fed the reference's, and on the candidate's own."""
+
+    forced_same: int = 0
+    free_same: int = 0
+    generated: int = 0
+    prefixes: list[int] = field(default_factory=list)
+    by_sample: list[float] = field(default_factory=list)
+
+    def add(
+        self,
+        cand: _Model,
+        feed: Mapping[str, np.ndarray],
+        first: Mapping[str, np.ndarray],
+        continued: np.ndarray,
+        *,
+        forced: bool,
+        free: bool,
+    ) -> None:
+        """Decode one sample's continuation both ways (as asked) and count the tokens that match the reference's."""
+        if forced:
+            self.forced_same += int((_forced(cand, feed, first, continued) == continued).sum())
+        if free:
+            own = _greedy(cand, feed, first, continued.shape[1])
+            self.free_same += int((own == continued).sum())
+            self.by_sample.append(float((own == continued).mean()))
+            self.prefixes.extend(int(p) for p in _prefix(own, continued))
+        self.generated += continued.size
+
+
 def language_model_metrics(
     reference: ort.InferenceSession | None,
     candidate: ort.InferenceSession,
@@ -208,9 +239,7 @@ def language_model_metrics(
     cand = _Model(candidate, decoders[1], "candidate")
     nll_ref = nll_cand = 0.0
     scored = agree = positions = 0
-    forced_same = free_same = generated = 0
-    prefixes: list[int] = []
-    by_sample: list[float] = []
+    decoded = _Decoded()
     for index, run in enumerate(runs, start=1):
         feed = complete_feed(cand.decoder, run.sample)
         first = cand.run(feed)
@@ -221,14 +250,7 @@ def language_model_metrics(
         agree += int((run.argmax == logits.argmax(-1))[keep].sum())
         positions += int(keep.sum())
         if run.continued is not None:
-            if forced:
-                forced_same += int((_forced(cand, feed, first, run.continued) == run.continued).sum())
-            if free:
-                own = _greedy(cand, feed, first, run.continued.shape[1])
-                free_same += int((own == run.continued).sum())
-                by_sample.append(float((own == run.continued).mean()))
-                prefixes.extend(int(p) for p in _prefix(own, run.continued))
-            generated += run.continued.size
+            decoded.add(cand, feed, first, run.continued, forced=forced, free=free)
         if on_progress is not None:
             on_progress(index)
     samples = len(runs)
@@ -245,8 +267,8 @@ def language_model_metrics(
         candidate_perplexity=math.exp(nll_cand / max(1, scored)),
         next_token_agreement=agree / max(1, positions),
         decode_steps=steps,
-        decode_agreement=forced_same / generated if generated and forced else None,
-        free_running_agreement=free_same / generated if generated and free else None,
-        matched_prefix=float(np.mean(prefixes)) if prefixes else None,
-        free_running_by_sample=tuple(by_sample),
+        decode_agreement=decoded.forced_same / decoded.generated if decoded.generated and forced else None,
+        free_running_agreement=decoded.free_same / decoded.generated if decoded.generated and free else None,
+        matched_prefix=float(np.mean(decoded.prefixes)) if decoded.prefixes else None,
+        free_running_by_sample=tuple(decoded.by_sample),
     )

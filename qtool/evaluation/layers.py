@@ -20,8 +20,8 @@ import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.statistics import with_exposed_outputs
-from qtool.evaluation.metrics import ErrorAccumulator
-from qtool.evaluation.pairing import measured_tensors, pair_tensors
+from qtool.evaluation.metrics import ErrorAccumulator, ErrorMetrics
+from qtool.evaluation.pairing import Pairing, measured_tensors, pair_tensors
 from qtool.graph.session import create_session, run_session
 from qtool.graph.weights import Weights
 from qtool.progress import ProgressFactory, noop_progress
@@ -87,6 +87,11 @@ def layer_errors(
     for group in groups:
         _measure_group(reference, candidate, dataset, group, against, accumulators, threads, weights, advance)
     measured = {t: acc.metrics(t) for t, acc in accumulators.items() if acc.count}
+    return sorted(_rows(pairing, measured), key=lambda r: (_capped(r.sqnr_db), r.tensor))
+
+
+def _rows(pairing: Pairing, measured: dict[str, ErrorMetrics]) -> list[LayerError]:
+    """One row per measured pair: its error, and the drop from the worst input its candidate node reads."""
     graph_inputs = pairing.graph_inputs
 
     def received(name: str) -> float | None:
@@ -126,7 +131,7 @@ def layer_errors(
                 uncertain=pair.uncertain,
             )
         )
-    return sorted(rows, key=lambda r: (_capped(r.sqnr_db), r.tensor))
+    return rows
 
 
 def _groups(against: dict[str, str], elements: dict[str, int], budget: int) -> list[list[str]]:

@@ -178,6 +178,32 @@ class OutputComparison:
     boxes: list[BoxIoU] = field(default_factory=list)
 
 
+def _same_shape(name: str, reference: np.ndarray, candidate: np.ndarray, path: object) -> tuple[np.ndarray, np.ndarray]:
+    """The two values of one output as arrays, refused when their shapes differ."""
+    if np.shape(reference) != np.shape(candidate):
+        raise QtoolError(
+            f"output '{name}' has shape {list(np.shape(reference))} in the reference but "
+            f"{list(np.shape(candidate))} in the candidate (sample {path})",
+            hint="compare a quantized model with the float model it came from",
+        )
+    return np.asarray(reference), np.asarray(candidate)
+
+
+def _count_kind(
+    kind: str,
+    name: str,
+    values: tuple[np.ndarray, np.ndarray],
+    agreements: dict[str, _AgreementCounter],
+    ious: dict[str, _IouCounter],
+) -> None:
+    """Count one sample of an output toward its kind's figure: top-k agreement of class scores, IoU of boxes."""
+    ref, cand = values
+    if kind == "class_scores" and ref.ndim >= 1 and ref.shape[-1] >= 2:
+        agreements.setdefault(name, _AgreementCounter()).add(ref, cand)
+    elif kind == "boxes" and ref.ndim >= 1 and ref.shape[-1] == 4:
+        ious.setdefault(name, _IouCounter()).add(ref, cand)
+
+
 def output_metrics(
     reference: ort.InferenceSession,
     candidate: ort.InferenceSession,
@@ -213,21 +239,11 @@ def output_metrics(
         for name, r, c in zip(names, ref_values, cand_values, strict=True):
             if not is_float(r):
                 continue
-            if np.shape(r) != np.shape(c):
-                raise QtoolError(
-                    f"output '{name}' has shape {list(np.shape(r))} in the reference but {list(np.shape(c))} "
-                    f"in the candidate (sample {path})",
-                    hint="compare a quantized model with the float model it came from",
-                )
-            ref, cand = np.asarray(r), np.asarray(c)
+            ref, cand = _same_shape(name, r, c, path)
             per_output[name].add(ref, cand)
             if name not in kinds:
                 kinds[name] = decide_kind(sources.get(name, OutputSource(name, None)), ref, task)
-            kind = kinds[name].kind
-            if kind == "class_scores" and ref.ndim >= 1 and ref.shape[-1] >= 2:
-                agreements.setdefault(name, _AgreementCounter()).add(ref, cand)
-            elif kind == "boxes" and ref.ndim >= 1 and ref.shape[-1] == 4:
-                ious.setdefault(name, _IouCounter()).add(ref, cand)
+            _count_kind(kinds[name].kind, name, (ref, cand), agreements, ious)
         samples += 1
         if on_progress:
             on_progress(1)

@@ -210,7 +210,7 @@ def _write(
         skipped=list(plan.skipped),
         placements=dict(sorted(Counter(node.kind for node in plan.nodes).items())),
         kernels=dict(sorted(Counter(k.kernel for k in predict_kernels(ws.prepared, plan).values()).items())),
-        boundaries=float_boundaries(ws.prepared, plan) if plan.target in CPU_TARGETS else {},
+        boundaries=float_boundaries(ws.graph, plan) if plan.target in CPU_TARGETS else {},
         calibration_samples=stats.samples,
         search=choice.search if choice else None,
         placement_choice=choice,

@@ -47,6 +47,9 @@ from qtool.quantization.plan_types import NodePlan, QuantPlan
 from qtool.quantization.roles import CHAIN_OPS, FUSED_KERNELS
 from qtool.schemes import CPU_TARGETS
 
+# the kernels onnxruntime's CPU provider runs a weighted node in, on integers
+WEIGHTED_INTEGER_KERNELS = frozenset({"QLinearConv", "QGemm", "QLinearMatMul", "MatMulIntegerToFloat", "MatMulNBits"})
+
 
 @dataclass(frozen=True)
 class KernelPrediction:
@@ -108,14 +111,13 @@ def predict_kernels(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, Kernel
     }
 
 
-def float_boundaries(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, int]:
+def float_boundaries(view: GraphView, plan: QuantPlan) -> dict[str, int]:
     """The activation QuantizeLinear / DequantizeLinear nodes no integer kernel absorbs (CPU targets).
 
     A quantized tensor keeps its QuantizeLinear when a float node (or the caller) writes it, and
     its DequantizeLinear when a float node (or the caller) reads it; between two integer kernels
     both fuse away. Fewer boundaries mean fewer round trips to float.
     """
-    view = GraphView(model)
     integer = {p.name: p for p in plan.nodes if p.placement == "integer" and p.activations}
     written_by_integer = {p.output for p in integer.values() if p.output}
     quantize = dequantize = 0

@@ -19,7 +19,7 @@ from qtool.quantization.plan_types import QuantPlan
 TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are done ...
 MIN_ROUNDS = 5
 # ... unless a comparison the choice depends on is still undecided: then it goes on, up to this many more
-# rounds and seconds (a 200 ms model gets 5 rounds in 3 s, and 5 rounds' interval is their whole range)
+# rounds and seconds (a 200 ms model gets 5 rounds in 3 s, too few for a 99 % interval of their median)
 EXTRA_ROUNDS = 40
 EXTRA_SECONDS = 30.0
 TIMING_MAX_BYTES = 1 << 30  # the float model's bytes times the sessions timed together; past it, no timing

@@ -35,18 +35,18 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import onnx
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decode_steps import has_decode_steps, prefills
-from qtool.config import QConfig, load_config
+from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
-from qtool.quantization.activations import OBSERVED_EXTREMES, OBSERVER_RANGES
-from qtool.quantization.placement_decode import DecodeJudge, decode_bar, decoder_to_score
+from qtool.quantization.placement_candidates import BuiltCandidates
+from qtool.quantization.placement_decode import DecodeJudge, decoder_to_score
+from qtool.quantization.placement_ranges import choose_ranges
 from qtool.quantization.placement_timing import (
     decisively_faster,
     faster_than_storage,
@@ -58,7 +58,6 @@ from qtool.quantization.placement_types import (
     TIE,
     Build,
     FloatModel,
-    PlacementCandidate,
     PlacementChoice,
     Samples,
     meets,
@@ -81,10 +80,6 @@ def _matmul_heavy(plan: QuantPlan) -> bool:
     work = [(n.macs or 0, n.op_type in ("MatMul", "Gemm") and n.weight is not None) for n in plan.nodes]
     total = sum(macs for macs, _ in work)
     return total > 0 and sum(macs for macs, matmul in work if matmul) >= DYNAMIC_MIN_SHARE * total
-
-
-def _signature(plan: QuantPlan) -> tuple[tuple[str, str], ...]:
-    return tuple((n.name, n.placement) for n in plan.nodes)
 
 
 def _movable(plan: QuantPlan, moves: str = FLOAT_ACTIVATIONS) -> set[str]:
@@ -166,14 +161,17 @@ def _scored_candidates(
     samples: Samples,
     scorer: OutputScorer,
     run: tuple[int | None, ProgressFactory],
-) -> tuple[QConfig, _Built, PlacementChoice]:
+) -> tuple[QConfig, BuiltCandidates, PlacementChoice]:
     """The activation range rule, then every candidate built and scored (a decoder's decoded too)."""
     threads, factory = run
     target = config.accuracy.target_sqnr_db
     decoder = decoder_to_score(float_model.prepared)
-    built = _Built()
+    built = BuiltCandidates()
     with stage("activation ranges (the all-integer placement, clipped and min/max)"):
-        config, range_scores = _choose_ranges(config, build, scorer, built) if decoder is None else (config, {})
+        ranged = choose_ranges(config, build, scorer) if decoder is None else None
+    config, range_scores = (ranged.config, ranged.scores) if ranged is not None else (config, {})
+    if ranged is not None:
+        built.prebuilt["integer"] = ranged.integer  # the winner's all-integer model is not built twice
     with stage("candidate placements (build and score)"):
         _built_candidates(built, config, build, float_model, (samples.scored, threads))
         built.score(scorer, factory("placements", len(built.plans)))
@@ -186,43 +184,9 @@ def _scored_candidates(
     return config, built, choice
 
 
-def _choose_ranges(
-    config: QConfig, build: Build, scorer: OutputScorer, built: _Built
-) -> tuple[QConfig, dict[str, float]]:
-    """The activation range rule every candidate is built with: the one the all-integer placement scores higher.
-
-    Clipping each tensor to its observer's range (mse: least error for that tensor) is usually right, but
-    where a network's later layers depend on the values it clips (a detector's residual SiLU stacks), the
-    observed extremes give the output more decibels; only a measurement tells. Ties keep the observer's.
-    An observer the config names other than the default's (``calibration.observer``, or a node's
-    ``activation.observer``) is taken at its word: then there is no choice, and a node's own is never overridden.
-    The winner's all-integer model and score become the "integer" candidate in ``built`` (not built twice).
-    """
-    default = load_config(None).calibration
-    if (config.calibration.observer, config.calibration.observer_options) != (
-        default.observer,
-        default.observer_options,
-    ):
-        return config, {}  # another observer than the default's (or other options): the user's choice
-    scores: dict[str, float] = {}
-    kept: tuple[QConfig, QuantPlan, onnx.ModelProto] | None = None
-    for rule in (OBSERVER_RANGES, OBSERVED_EXTREMES):
-        integer = replace(config, auto_placement="integer", activation_ranges=rule)
-        plan, model = build(integer, keep=False)
-        if not any(s.dtype in ("int8", "uint8") for s in plan.activations.values()):
-            return config, {}  # no 8-bit activation: the rule changes nothing
-        scores[rule] = scorer.score(model, f"the all-integer placement ({rule} ranges)").worst_db
-        if kept is None or scores[rule] > scores[OBSERVER_RANGES]:
-            kept = (integer, plan, model)  # the other model is released
-        del model
-    assert kept is not None  # the loop ran
-    built.prebuilt["integer"] = (*kept, max(scores.values()))
-    return replace(config, activation_ranges=kept[0].activation_ranges), scores
-
-
 def _built_candidates(
-    built: _Built, config: QConfig, build: Build, float_model: FloatModel, scored: tuple[Dataset, int | None]
-) -> _Built:
+    built: BuiltCandidates, config: QConfig, build: Build, float_model: FloatModel, scored: tuple[Dataset, int | None]
+) -> BuiltCandidates:
     """auto, integer, storage and (MatMul-heavy models, decoders) dynamic; a decoder's also decode when scored."""
     auto = built.add("auto", config, build)
     # Only an op that computes (QLinearAdd, QLinearSigmoid, ...) rounds anew; a pass-through op chained on its
@@ -241,66 +205,7 @@ def _built_candidates(
     return built
 
 
-@dataclass
-class _Built:
-    """The candidates built so far: each name's config, the distinct plans, and which names planned the same."""
-
-    configs: dict[str, QConfig] = field(default_factory=dict)
-    plans: dict[str, tuple[QuantPlan, onnx.ModelProto]] = field(default_factory=dict)
-    aliases: dict[str, list[str]] = field(default_factory=dict)  # first name of a plan -> the others
-    scores: dict[str, float] = field(default_factory=dict)  # by distinct plan: the worst output's SQNR
-    seen: dict[tuple[tuple[str, str], ...], str] = field(default_factory=dict)
-    decodes: dict[str, float] = field(default_factory=dict)  # decoders: by distinct plan, decode agreement
-    judge: DecodeJudge | None = None  # decoders: scores decode agreement
-    # built and scored before the candidates (the range choice's all-integer model): name -> config, plan, model, score
-    prebuilt: dict[str, tuple[QConfig, QuantPlan, onnx.ModelProto, float]] = field(default_factory=dict)
-
-    def decode(self) -> None:
-        """Decode with every distinct candidate not decoded yet (decoders only)."""
-        if self.judge is not None:
-            for name, (_, model) in self.plans.items():
-                if name not in self.decodes:
-                    self.decodes[name] = self.judge.agreement(name, model)
-
-    def bar(self) -> float | None:
-        """The decode agreement a candidate must reach (None: not a decoder)."""
-        return decode_bar(self.decodes, self.aliases) if self.decodes else None
-
-    def add(self, name: str, config: QConfig, build: Build) -> QuantPlan:
-        """Build ``config``; a plan built before under another name only records the alias."""
-        self.configs[name] = config
-        prebuilt = self.prebuilt.pop(name, None)
-        plan, model = (prebuilt[1], prebuilt[2]) if prebuilt is not None else build(config)
-        first = self.seen.setdefault(_signature(plan), name)
-        if first != name:
-            self.aliases[first].append(name)
-        else:
-            self.plans[name], self.aliases[name] = (plan, model), []
-            if prebuilt is not None:
-                self.scores[name] = prebuilt[3]
-        return plan
-
-    def score(self, scorer: OutputScorer, advance: Callable[[int], None]) -> None:
-        """Score every distinct candidate not scored yet."""
-        for name, (_, model) in self.plans.items():
-            if name not in self.scores:
-                self.scores[name] = scorer.score(model, f"the '{name}' placement").worst_db
-                advance(1)
-
-    def candidates(self, target: float) -> list[PlacementCandidate]:
-        listed = _candidates(self.plans, self.aliases, self.scores, target)
-        bar = self.bar()
-        return [
-            replace(
-                c,
-                decode_agreement=self.decodes.get(c.name),
-                meets_target=c.meets_target and (bar is None or self.decodes.get(c.name, 0.0) >= bar),
-            )
-            for c in listed
-        ]
-
-
-def _search_plan(choice: PlacementChoice, built: _Built, timed: bool) -> tuple[str, str] | None:
+def _search_plan(choice: PlacementChoice, built: BuiltCandidates, timed: bool) -> tuple[str, str] | None:
     """Where the sensitivity search starts and how it moves nodes, or None when it cannot pay off.
 
     It runs when "auto" misses the target. When storage-only reaches it, the search gives float
@@ -337,7 +242,7 @@ def _not_faster_note(choice: PlacementChoice, storage_name: str | None) -> str:
 
 def _search(
     choice: PlacementChoice,
-    built: _Built,
+    built: BuiltCandidates,
     config: QConfig,
     build: Build,
     scorer: OutputScorer,
@@ -386,26 +291,6 @@ def _may_win(choice: PlacementChoice, name: str) -> bool:
     return not any(c.meets_target for c in choice.candidates) and candidate.sqnr_db >= max(
         c.sqnr_db for c in choice.candidates
     )
-
-
-def _candidates(
-    plans: dict[str, tuple[QuantPlan, onnx.ModelProto]],
-    aliases: dict[str, list[str]],
-    scores: dict[str, float],
-    target: float,
-) -> list[PlacementCandidate]:
-    return [
-        PlacementCandidate(
-            name,
-            tuple(aliases[name]),
-            sum(1 for n in plan.nodes if n.placement in ("integer", "dynamic") and not n.chained),
-            sum(1 for n in plan.nodes if n.placement == "storage"),
-            scores[name],
-            meets(scores[name], target),
-            chained_nodes=sum(1 for n in plan.nodes if n.chained),
-        )
-        for name, (plan, _) in plans.items()
-    ]
 
 
 def _decide(choice: PlacementChoice, missed: frozenset[str] = frozenset()) -> bool:

@@ -9,17 +9,11 @@ import onnxruntime as ort
 import pytest
 
 import qtool
+from qtool.quantization.kernels import WEIGHTED_INTEGER_KERNELS
 from qtool.quantization.roles import FUSED_KERNELS
 from tests.conftest import ROOT, calib_dir, sample
 
-INTEGER_KERNELS = {
-    "QLinearConv",
-    "QGemm",
-    "QLinearMatMul",
-    "MatMulIntegerToFloat",
-    "MatMulNBits",
-    *FUSED_KERNELS.values(),
-}
+INTEGER_KERNELS = WEIGHTED_INTEGER_KERNELS | set(FUSED_KERNELS.values())
 
 
 def actual_kernels(path, tmp_path) -> collections.Counter:

@@ -16,7 +16,7 @@ from qtool.calibration.dataset import Dataset, InputSpec
 from qtool.cli import app
 from qtool.options import EvaluationOptions, SearchOptions
 from qtool.quantization import placement_timing, selection
-from qtool.quantization.selection import PlacementCandidate, PlacementChoice
+from qtool.quantization.placement_types import PlacementCandidate, PlacementChoice
 from tests.conftest import calib_dir, eval_dir, run_model, sample
 
 # block1/conv and block2/conv with input ranges clipped at their 60th percentile: two bad layers
@@ -291,7 +291,10 @@ def test_noisy_rounds_never_let_speed_displace_accuracy():
     # is 10 % lower, but the interval of the paired ratios reaches above 0.95, so accuracy decides.
     fast, slow = [0.9e-3] * 5 + [1.3e-3] * 4, [1.0e-3] * 9
     assert not selection.decisively_faster({"integer": fast, "storage": slow}, "integer", "storage")
-    assert selection.decisively_faster({"integer": [0.8e-3] * 8 + [2e-3], "storage": slow}, "integer", "storage")
+    # one disturbed round in 12 (the 99 % interval needs 12 rounds to leave one out): still decisive
+    slow12 = [1.0e-3] * 12
+    assert selection.decisively_faster({"integer": [0.8e-3] * 11 + [2e-3], "storage": slow12}, "integer", "storage")
+    assert not selection.decisively_faster({"integer": [0.8e-3] * 8 + [2e-3], "storage": slow}, "integer", "storage")
     assert not selection.decisively_faster({"integer": [0.5e-3] * 3, "storage": [1e-3] * 3}, "integer", "storage")
     candidates = [
         PlacementCandidate("integer", (), 4, 0, 33.0, True, 0.9),
@@ -376,14 +379,14 @@ def test_when_even_storage_misses_the_target_the_search_keeps_whole_nodes_float(
 
 @pytest.mark.slow
 def test_the_same_quantize_five_times_writes_the_same_bytes_though_its_candidates_time_close_together(tmp_path):
-    # The sample transformer's "auto" and storage-only placements run within a few per cent of each other
-    # (0.99-1.05x fp32 both, measured), at the same accuracy: only the decision rule, not the noise, may pick.
-    # (A placement whose true speed-up sits right at the 5 % margin may still trade places: the sample CNN's
-    # all-integer one is 5-6 % faster than its rules' placement, and was kept in 1 run of 5 on a busy machine.)
+    # The sample CNN's all-integer placement runs 3-4 % faster than its rules' placement (interleaved medians
+    # on an Intel Xeon with VNNI), inside the 5 % a faster placement must beat: only the decision rule, not the
+    # noise, may pick. (With a 90 % interval, 9 early rounds once called that gain decisive: 1 run of 8 kept
+    # the all-integer model on a busy machine; the 99 % interval and the rounds it waits for keep it out.)
     digests, chosen = set(), []
     for run in range(5):
         out = tmp_path / f"q{run}.onnx"
-        result = qtool.quantize(sample("transformer"), out, data_dir=calib_dir("transformer"), evaluation=None)
+        result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), evaluation=None)
         assert result.placement_choice is not None
         digests.add(hashlib.sha256(out.read_bytes()).hexdigest())
         c = result.placement_choice

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from qtool.evaluation.layers import LayerError
+from qtool.quantization.placement_types import PlacementCandidate, PlacementChoice
 from qtool.quantization.search import SearchResult, SearchStep, _stop_reason, rank_nodes
-from qtool.quantization.selection import PlacementCandidate, PlacementChoice, _may_win
+from qtool.quantization.selection import _may_win
 
 
 def _row(node: str, sqnr: float, source: float, position: int) -> LayerError:

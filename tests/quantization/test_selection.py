@@ -3,7 +3,8 @@ decisively faster on paired, interleaved rounds."""
 
 from __future__ import annotations
 
-from qtool.quantization.selection import PlacementCandidate, PlacementChoice, _decide, decisively_faster
+from qtool.quantization.placement_types import PlacementCandidate, PlacementChoice
+from qtool.quantization.selection import _decide, decisively_faster
 
 
 def _choice(times: dict[str, list[float]], sqnr: dict[str, float], target: float = 30.0) -> PlacementChoice:

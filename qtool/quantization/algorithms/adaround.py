@@ -21,6 +21,14 @@ because the budget here is a few hundred exact steps: on synthetic correlated la
 step (``lr=0.5`` on ``V``) with a strong regulariser (``reg_weight=1`` against a reconstruction
 loss in grid units) reaches in 200 steps what the paper's settings reach in thousands, and
 ``lr=2`` already overshoots into the saturated ends of ``h`` where the gradient vanishes.
+
+Cost: one [rows, K] x [K, K] float32 product per step, ``2 * iterations * rows * K^2`` flops in all
+(GPTQ's whole run costs about one step), and the memory a few float32 copies of at most
+:data:`TILE_ELEMENTS` weights besides the inputs. Measured on 2 CPU cores (about 18 GFLOP/s) at 200
+steps: K=576 (a 3x3 Conv over 64 channels) with 128 rows takes 5-7 s, K=4608 with 512 rows about 5
+minutes (GPTQ: 0.3 s and 50 s). Callers should keep AdaRound to layers with K up to about 1024 (a
+``max_k`` setting) and give the rest to GPTQ, or pass ``work``: the schedule is then shortened to
+fit, and a few dozen steps still help.
 """
 
 from __future__ import annotations
@@ -100,13 +108,7 @@ def adaround(
 ) -> AdaRoundResult:
     """Integer codes for ``weight_rows`` that minimise the output error on inputs with ``hessian``.
 
-    The cost is one [rows, K] x [K, K] float32 product per step, ``2 * iterations * rows * K^2``
-    flops in all (GPTQ's whole run costs about one step), and the memory a few float32 copies of
-    at most :data:`TILE_ELEMENTS` weights besides the inputs. Measured on 2 CPU cores (about 18
-    GFLOP/s) at 200 steps: K=576 (a 3x3 Conv over 64 channels) with 128 rows takes 5-7 s, K=4608
-    with 512 rows about 5 minutes (GPTQ: 0.3 s and 50 s). Callers should keep AdaRound to
-    layers with K up to about 1024 (a ``max_k`` setting) and give the rest to GPTQ, or pass
-    ``work``: the schedule is then shortened to fit, and a few dozen steps still help.
+    Its cost is in the module's docstring (keep it to K up to about 1024, or pass ``work``).
 
     Args:
         weight_rows: the float weight as [rows, K] (see :func:`~.gptq.weight_rows`).
