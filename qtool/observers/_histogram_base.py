@@ -30,6 +30,9 @@ class HistogramObserver(Observer):
         self.bins = int(bins)
         self.histogram: StreamingHistogram | None = None
         self.extremes = MinMaxObserver(axis)
+        # ranges chosen so far, by (bits, symmetric): choosing costs milliseconds per tensor, and the placement
+        # choice plans the same tensors for every candidate (cleared whenever the data changes)
+        self._chosen: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray]] = {}
 
     def options(self) -> dict[str, Any]:
         return {"bins": self.bins}
@@ -37,6 +40,7 @@ class HistogramObserver(Observer):
     def observe(self, batch: np.ndarray) -> None:
         if batch.size == 0:
             return
+        self._chosen.clear()
         if self.axis is None:
             if self.histogram is None:
                 self.histogram = StreamingHistogram(self.bins)
@@ -60,6 +64,7 @@ class HistogramObserver(Observer):
         assert isinstance(other, HistogramObserver)
         if other.histogram is None:
             return
+        self._chosen.clear()
         if self.histogram is None:
             self.load_state(other.state())
             return
@@ -80,6 +85,7 @@ class HistogramObserver(Observer):
         return {"histogram": self.histogram.state(), **self.extremes.state()}
 
     def load_state(self, state: dict[str, Any]) -> None:
+        self._chosen.clear()
         self.histogram = StreamingHistogram.from_state(state["histogram"])
         self.extremes.load_state(state)
 
@@ -93,6 +99,15 @@ class HistogramObserver(Observer):
         check_range(lo, hi, self.axis)  # a hand-edited file's extremes: one clear error, not a crash below
         if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
             return lo, hi  # compute_qparams reports the non-finite range with the tensor's name
+        key = (int(bits), bool(symmetric))
+        if key not in self._chosen:
+            self._chosen[key] = self._choose(lo, hi, bits, symmetric)
+        low, high = self._chosen[key]
+        return low.copy(), high.copy()
+
+    def _choose(self, lo: np.ndarray, hi: np.ndarray, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The range of each histogram (one, or one per channel) within the exact extremes ``lo``/``hi``."""
+        assert self.histogram is not None  # checked by range()
         counts = self.histogram.counts
         width = self.histogram.width
         if self.axis is None:

@@ -25,11 +25,11 @@ EXTRA_SECONDS = 30.0
 TIMING_MAX_BYTES = 1 << 30  # the float model's bytes times the sessions timed together; past it, no timing
 
 
-def faster_than_storage(choice: PlacementChoice, storage_name: str | None) -> bool:
-    """Whether "auto" measured decisively faster than storage-only (True when untimed)."""
-    if storage_name is None or "auto" not in choice.times or storage_name not in choice.times:
+def faster_than_storage(choice: PlacementChoice, storage_name: str | None, name: str = "auto") -> bool:
+    """Whether candidate ``name`` measured decisively faster than storage-only (True when untimed)."""
+    if storage_name is None or name not in choice.times or storage_name not in choice.times:
         return True
-    return decisively_faster(choice.times, "auto", storage_name)
+    return decisively_faster(choice.times, name, storage_name)
 
 
 def decisively_faster(times: dict[str, list[float]], fast: str, slow: str) -> bool:
@@ -58,8 +58,8 @@ def undecided_comparisons(choice: PlacementChoice, names: list[str]) -> Callable
     """A test of timed rounds: whether a comparison the choice depends on is still undecided.
 
     Those are each candidate reaching the target against every more accurate one that reaches it
-    (a faster one displaces it only when decisively faster), and "auto" against storage-only
-    (whether the sensitivity search may pay). A candidate that misses the target is never kept
+    (a faster one displaces it only when decisively faster), and "auto" and "unchained" against
+    storage-only (where the sensitivity search may start). A candidate that misses the target is never kept
     for its speed, so its comparisons do not hold timing up.
     """
     listed = {c.name: c for c in choice.candidates if c.name in names}
@@ -70,8 +70,8 @@ def undecided_comparisons(choice: PlacementChoice, names: list[str]) -> Callable
         for fast in ranked[i + 1 :]
         if accurate.meets_target and fast.meets_target
     ]
-    if "auto" in listed and "storage" in listed:
-        pairs.append(("auto", "storage"))
+    if "storage" in listed:
+        pairs += [(name, "storage") for name in ("auto", "unchained") if name in listed]
 
     def unsettled(times: dict[str, list[float]]) -> bool:
         return any(not decided(ratio_interval(times, fast, slow)) for fast, slow in pairs)

@@ -6,7 +6,9 @@ here is greedy and deterministic. One per-layer pass ranks the integer nodes by
 the SQNR drop they introduce (:mod:`qtool.evaluation.layers`, the quantization of
 a node's inputs counted as its own); then the nodes are tried in that order, each
 moved to float activations (its weights stay stored quantized) and scored on the
-model's outputs only (:mod:`qtool.evaluation.scoring`, float outputs computed once).
+model's outputs only (:mod:`qtool.evaluation.scoring`, float outputs computed once), until the
+worst output and its lower confidence bound over those samples both reach the target (the choice
+validates on other samples against that bound).
 A node whose fallback does not raise the worst output by :data:`MIN_GAIN_DB` is
 quantized again. The search stops when the target is met, the node budget is
 spent, :data:`PATIENCE` candidates in a row did not help, the target is out of reach
@@ -64,6 +66,13 @@ class SearchResult:
     stopped: str = ""  # why the search ended
     moves: str = FLOAT_ACTIVATIONS  # what a kept node becomes: FLOAT_ACTIVATIONS or FLOAT
     start: str = "auto"  # the candidate placement the search started from
+    # the lower confidence bound of the final worst output over the search's samples: the search goes on until
+    # it reaches the target too, so that the choice's validation on other samples does not miss it by a hair
+    final_bound_db: float = -math.inf
+
+    def reached_at(self, sqnr: float) -> bool:
+        """Whether the search's current worst output ``sqnr`` and its bound both reach the target."""
+        return sqnr >= self.target_sqnr_db and self.final_bound_db >= self.target_sqnr_db
 
     @property
     def float_nodes(self) -> list[str]:
@@ -71,7 +80,7 @@ class SearchResult:
 
     @property
     def reached(self) -> bool:
-        return self.final_sqnr_db >= self.target_sqnr_db
+        return self.reached_at(self.final_sqnr_db)
 
 
 def rank_nodes(rows: list[LayerError], movable: set[str]) -> list[LayerError]:
@@ -127,7 +136,7 @@ def sensitivity_search(
         return config, None
     result = SearchResult(target_sqnr_db, max_nodes, len(scorer.samples), sqnr, sqnr, moves=moves)
     if sqnr >= target_sqnr_db:
-        result.stopped = "target reached"
+        result.stopped, result.final_bound_db = "target reached", sqnr  # the start reached it: nothing to refine
         return config, result
     rows = layer_errors(
         reference,
@@ -164,6 +173,7 @@ def _try_in_float(
     ``price``: by node, the gain in decibels a node kept entirely float must buy when it does not reach the target.
     """
     sqnr, seconds = result.initial_sqnr_db, config.accuracy.search_seconds
+    target = result.target_sqnr_db
     rejected_in_a_row, best_gain = 0, -math.inf
     result.stopped = "no node left to try"
     for candidate in ranking:
@@ -173,22 +183,22 @@ def _try_in_float(
             break
         trial = _moved(config, candidate.node, result.moves)
         trial_model, _ = quantize(trial)
-        trial_sqnr = scorer.score(trial_model).worst_db
+        score = scorer.score(trial_model)
         del trial_model
+        trial_sqnr = score.worst_db
         best_gain = max(best_gain, trial_sqnr - sqnr)
-        needed = (
-            MIN_GAIN_DB if trial_sqnr >= result.target_sqnr_db else max(MIN_GAIN_DB, price.get(candidate.node, 0.0))
-        )
+        needed = MIN_GAIN_DB if trial_sqnr >= target else max(MIN_GAIN_DB, price.get(candidate.node, 0.0))
         kept = trial_sqnr >= sqnr + needed
         result.steps.append(
             SearchStep(candidate.node, candidate.op_type, candidate.drop_with_inputs_db, trial_sqnr, kept)
         )
         if kept:
             config, sqnr = trial, trial_sqnr
+            result.final_bound_db = score.worst_bound_db()
         rejected_in_a_row = 0 if kept else rejected_in_a_row + 1
         advance(1)
     else:
-        if sqnr >= result.target_sqnr_db:
+        if result.reached_at(sqnr):
             result.stopped = "target reached"
     return config, sqnr
 
@@ -215,8 +225,8 @@ def _stop_reason(
     result: SearchResult, sqnr: float, rejected_in_a_row: int, elapsed: float, seconds: float, best_gain: float
 ) -> str:
     """Why the search stops before its next node ("" to go on)."""
-    if sqnr >= result.target_sqnr_db:
-        return "target reached"
+    if result.reached_at(sqnr):
+        return "target reached (its lower confidence bound too)"
     left = result.max_nodes - len(result.float_nodes)
     if left <= 0:
         return f"{result.max_nodes} nodes in float (accuracy.max_float_nodes)"

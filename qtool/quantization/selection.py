@@ -208,24 +208,34 @@ def _built_candidates(
 def _search_plan(choice: PlacementChoice, built: BuiltCandidates, timed: bool) -> tuple[str, str] | None:
     """Where the sensitivity search starts and how it moves nodes, or None when it cannot pay off.
 
-    It runs when "auto" misses the target. When storage-only reaches it, the search gives float
-    activations to the integer nodes that cost the most (its model runs between "auto" and storage,
-    so only when "auto" measured faster than storage). When even storage-only misses it, the weights'
-    rounding is part of the error: the search keeps whole nodes float, starting from "auto" when that
-    measured faster than storage, else from storage.
+    It runs when "auto" misses the target, from the most accurate integer candidate that misses it
+    ("auto", or "unchained": auto with its chained ops float) and measured faster than storage-only:
+    the nearest to the target of those worth refining. When storage-only reaches the target, the
+    search gives float activations to the integer nodes that cost the most (its model runs between
+    its start and storage); with none faster than storage it does not run. When even storage-only
+    misses it, the weights' rounding is part of the error: the search keeps whole nodes float,
+    starting from storage when no integer candidate was faster.
     """
     target = choice.target_sqnr_db
     storage_name = next((n for n, a in built.aliases.items() if n == "storage" or "storage" in a), None)
     if meets(built.scores["auto"], target):
         return None
     storage_meets = storage_name is None or meets(built.scores[storage_name], target)
-    auto_faster = not timed or choice.fp32_ms is None or faster_than_storage(choice, storage_name)
+    untimed = not timed or choice.fp32_ms is None
+    starts = [
+        name
+        for name in ("auto", "unchained")
+        if name in built.plans
+        and not meets(built.scores[name], target)
+        and (untimed or faster_than_storage(choice, storage_name, name))
+    ]
+    start = max(starts, key=lambda name: built.scores[name], default=None)
     if storage_meets:
-        if not auto_faster:
+        if start is None:
             choice.search_note = _not_faster_note(choice, storage_name)
             return None
-        return "auto", FLOAT_ACTIVATIONS
-    return ("auto" if auto_faster or storage_name is None else storage_name), FLOAT
+        return start, FLOAT_ACTIVATIONS
+    return (start or storage_name or "auto"), FLOAT
 
 
 def _not_faster_note(choice: PlacementChoice, storage_name: str | None) -> str:

@@ -65,7 +65,7 @@ def _fake_trials(gains: dict[str, float], start: float, target: float, price: di
     class Scorer:
         def score(self, model: object) -> object:
             total = start + sum(gains[n] for n in model)  # type: ignore[attr-defined]
-            return type("Score", (), {"worst_db": total})()
+            return type("Score", (), {"worst_db": total, "worst_bound_db": lambda self: total})()
 
     def quantize(cfg: object) -> tuple[object, set[str]]:
         return set(cfg.float_nodes), set()  # type: ignore[attr-defined]
@@ -93,3 +93,58 @@ def test_size_prices_are_the_share_of_the_8_bit_weights_a_float_node_adds():
     total = sum(values.values())
     assert prices["conv1"] == pytest.approx(DB_PER_SIZE * 3 * values["w1"] / total)
     assert prices["relu0"] == 0.0
+
+
+def _start(scores: dict[str, float], ratios: dict[str, float]) -> tuple[str, str] | None:
+    """Where _search_plan starts with these scores, each candidate timed at ``ratios[name]`` x storage."""
+    from qtool.quantization.placement_candidates import BuiltCandidates
+    from qtool.quantization.selection import _search_plan
+
+    built = BuiltCandidates()
+    for name, db in scores.items():
+        built.plans[name], built.aliases[name], built.scores[name] = (None, None), [], db  # type: ignore[assignment]
+    times = {name: [ratios.get(name, 1.0) * 1e-3 * (1 + 0.001 * i) for i in range(12)] for name in scores}
+    candidates = [PlacementCandidate(n, (), 1, 0, db, db >= 30.0, ratios.get(n, 1.0)) for n, db in scores.items()]
+    choice = PlacementChoice(30.0, [], 1, candidates, "auto", "", fp32_ms=1.0, times=times)
+    return _search_plan(choice, built, timed=True)
+
+
+def test_the_search_starts_from_the_most_accurate_integer_candidate_faster_than_storage():
+    scores = {"auto": 26.3, "unchained": 29.4, "storage": 34.0}
+    # both decisively faster: the one nearest the target ("auto" with its chained ops float)
+    assert _start(scores, {"auto": 0.7, "unchained": 0.8}) == ("unchained", "float activations")
+    # "unchained" no faster than storage: refining it cannot pay; "auto" can
+    assert _start(scores, {"auto": 0.7, "unchained": 0.95}) == ("auto", "float activations")
+    # neither: no search (a note says why)
+    assert _start(scores, {"auto": 0.95, "unchained": 0.97}) is None
+    # a start that already reaches the target needs no search: the other one is refined
+    assert _start({**scores, "unchained": 31.0}, {"auto": 0.7, "unchained": 0.8}) == ("auto", "float activations")
+    # storage misses too: whole nodes float, from the faster integer candidate, else from storage
+    assert _start({**scores, "storage": 28.0}, {"auto": 0.7, "unchained": 0.8}) == ("unchained", "float")
+    assert _start({**scores, "storage": 28.0}, {"auto": 0.95, "unchained": 0.97}) == ("storage", "float")
+
+
+def test_the_search_goes_on_until_the_bound_of_its_samples_reaches_the_target():
+    from dataclasses import replace as copy
+
+    from qtool.config import load_config
+    from qtool.quantization.search import FLOAT_ACTIVATIONS, _try_in_float
+
+    config = load_config(None)
+    config = copy(config, accuracy=copy(config.accuracy, target_sqnr_db=30.0, max_float_nodes=4))
+    gains = {"a": 1.0, "b": 0.5, "c": 0.5}
+    result = SearchResult(30.0, 4, 8, 29.0, 29.0, moves=FLOAT_ACTIVATIONS)
+
+    class Scorer:  # the bound sits 0.6 dB under the worst output
+        def score(self, model: object) -> object:
+            total = 29.0 + sum(gains[n] for n in model)  # type: ignore[attr-defined]
+            return type("Score", (), {"worst_db": total, "worst_bound_db": lambda self: total - 0.6})()
+
+    def quantize(cfg: object) -> tuple[object, set[str]]:
+        return set(cfg.sensitive_nodes), set()  # type: ignore[attr-defined]
+
+    ranking = [_row(n, 0.0, 1.0, i) for i, n in enumerate(gains)]
+    _, sqnr = _try_in_float(config, ranking, quantize, Scorer(), result, time.perf_counter(), lambda _: None, {})  # type: ignore[arg-type]
+    # "a" reaches 30 dB, its bound 29.4 does not: "b" brings the bound to 29.9, "c" to 30.4
+    assert result.float_nodes == ["a", "b", "c"] and result.reached_at(sqnr) and sqnr == pytest.approx(31.0)
+    assert result.final_bound_db == pytest.approx(30.4)

@@ -108,7 +108,7 @@ class SearchReport(_Report):
         description="nodes kept entirely float: chosen when even storage-only misses the target, so the weights' "
         "rounding costs accuracy too"
     )
-    start: str = Field(description="the candidate placement the search started from (auto, or storage)")
+    start: str = Field(description="the candidate placement the search started from (auto, unchained, or storage)")
     steps: list[SearchStep]
     ranked_on_samples: int
     stopped: str
