@@ -112,7 +112,11 @@ FACTOR_STEPS = 9  # scale factors tried per column, evenly from 1 (clip the offe
 
 
 def fit_pairs(
-    values: np.ndarray, qp: QParams, layout: str, round_codes: Callable[[QParams], np.ndarray]
+    values: np.ndarray,
+    qp: QParams,
+    layout: str,
+    round_codes: Callable[[QParams], np.ndarray],
+    round_fitted: Callable[[QParams], np.ndarray] | None = None,
 ) -> tuple[QParams, np.ndarray, PairFit]:
     """The qparams and int8 codes of ``values`` (symmetric, zero point 0) with no pair above :data:`PAIR_LIMIT`.
 
@@ -122,7 +126,9 @@ def fit_pairs(
     codes are rounded at that scale and every pair still over the limit gives its excess back on
     its two codes (see :func:`_give_way`). Each column keeps the factor with the least squared
     error: a coarser scale when many pairs are too large, a few clipped pairs when only those are.
-    The readers' rounding then runs at the chosen scales (:func:`codes_within_limit`).
+    The readers' rounding then runs at the chosen scales (:func:`codes_within_limit`): ``round_fitted``
+    when given (GPTQ keeping the pairs within the limit itself, compensating the few it clips), else
+    ``round_codes``.
     """
     codes = round_codes(qp)
     index = kernel_rows(np.arange(codes.size).reshape(codes.shape), layout)
@@ -137,7 +143,7 @@ def fit_pairs(
     scale = np.asarray(qp.scale, np.float64)
     scale = scale * (factor.reshape(scale.shape) if per_channel else factor.max())
     fitted = QParams(scale.astype(np.float32), qp.zero_point, qp.qtype, qp.axis, qp.block_size, qp.narrow)
-    codes, nudged = codes_within_limit(values, fitted, layout, round_codes)
+    codes, nudged = codes_within_limit(values, fitted, layout, round_fitted or round_codes)
     rescaled = int(np.count_nonzero(factor > 1.0))
     return fitted, codes, PairFit(index.shape[0], overflowing, rescaled, float(np.max(factor)), nudged)
 
@@ -146,7 +152,9 @@ def codes_within_limit(
     values: np.ndarray, qp: QParams, layout: str, round_codes: Callable[[QParams], np.ndarray]
 ) -> tuple[np.ndarray, int]:
     """``values`` rounded onto ``qp`` by ``round_codes``, every pair then brought within the limit; and the steps."""
-    codes = np.array(round_codes(qp), copy=True)
+    # C order: the nudges land through a flat view (a rounding algorithm's codes of a MatMul weight come transposed,
+    # and the flat reshape of those would be a copy, dropping every nudge)
+    codes = np.array(round_codes(qp), copy=True, order="C")
     index = kernel_rows(np.arange(codes.size).reshape(codes.shape), layout)
     if index is None or index.size == 0:
         return codes, 0

@@ -117,8 +117,14 @@ class WeightCodes:
         grid again each time would cost most of a rewrite. Only the grid is kept (the scales and what the fit
         did), not the codes: rounding onto it again is cheap, and a large model's codes would hold memory.
         """
-        if self.algorithms is not None:
-            return fit_pairs(values, qp, layout, lambda grid: self._round(use, values, grid))
+        if self.algorithms is not None:  # at the fitted scales GPTQ keeps the pairs within the limit itself
+            return fit_pairs(
+                values,
+                qp,
+                layout,
+                lambda grid: self._round(use, values, grid),
+                lambda grid: self._round(use, values, grid, layout),
+            )
         key = (
             hashlib.blake2b(np.ascontiguousarray(values).tobytes(), digest_size=16).hexdigest(),
             values.shape,
@@ -162,11 +168,14 @@ class WeightCodes:
             floor = np.asarray(floor.max())
         return floor
 
-    def _round(self, use: WeightUse, values: np.ndarray, qp: QParams) -> np.ndarray:
-        """The copy's integers: nearest rounding, or what the readers' rounding algorithm chose."""
+    def _round(self, use: WeightUse, values: np.ndarray, qp: QParams, pair_layout: str | None = None) -> np.ndarray:
+        """The copy's integers: nearest rounding, or what the readers' rounding algorithm chose.
+
+        ``pair_layout``: the integer kernel's weight pairs, when they must stay within the pair limit.
+        """
         if self.algorithms is None:
             return quantize(values, qp)
-        rounded = self.algorithms.round(use.weight, values, qp, self.readers(use))
+        rounded = self.algorithms.round(use.weight, values, qp, self.readers(use), pair_layout)
         self._rounded[(use.weight, use.copy)] = (rounded.method, rounded.reason)
         return rounded.codes if rounded.codes is not None else quantize(values, qp)
 

@@ -186,4 +186,4 @@ def test_the_shipped_integer_config_rounds_with_gptq_and_beats_nearest_rounding_
             r, c = reference.run(None, feed)[0].astype(np.float64), candidate.run(None, feed)[0].astype(np.float64)
             signal, noise = signal + float((r * r).sum()), noise + float(((r - c) ** 2).sum())
         scores[name] = 10 * np.log10(signal / noise)
-    assert scores["shipped"] > scores["nearest"] + 2.0, scores  # measured: 36.5 against 30.7 dB
+    assert scores["shipped"] > scores["nearest"] + 2.0, scores  # measured: 37.0 against 30.7 dB

@@ -104,3 +104,59 @@ def test_codes_rounded_past_the_limit_give_way_one_step_at_a_time():
     assert np.all(np.maximum(pairs, 0).sum(1) <= PAIR_LIMIT) and np.all(np.minimum(pairs, 0).sum(1) >= -PAIR_LIMIT)
     assert fit.nudged >= 1
     assert overflowing_columns(codes, COLUMNS) == 0
+
+
+@pytest.mark.parametrize(
+    ("shape", "layout", "kind", "axis"), [((32, 16, 3, 3), CONV, "Conv", 0), ((96, 40), COLUMNS, "MatMul", 1)]
+)
+def test_gptq_keeps_the_pairs_within_the_limit_when_that_errs_less_than_nudging_its_codes(shape, layout, kind, axis):
+    from qtool.quantization.algorithms.gptq import (
+        RowGrid,
+        gptq_round,
+        hessian_factors,
+        output_error,
+        pair_partners,
+        qparams_rows,
+        rows_to_weight,
+        weight_rows,
+    )
+    from qtool.quantization.algorithms.node_inputs import NodeInput
+    from qtool.quantization.algorithms.weight_rounding import _paired
+
+    rng = np.random.default_rng(3)
+    weight = rng.normal(size=shape).astype(np.float32)
+    rows = weight_rows(weight, kind)
+    k = rows.shape[1]
+    inputs = rng.normal(size=(4 * k, k)) @ rng.normal(size=(k, k)) * 0.3
+    hessian = inputs.T @ inputs / len(inputs)  # correlated inputs: where GPTQ's compensation counts
+    partners = pair_partners(weight.shape, kind, kernel_rows(np.arange(weight.size).reshape(shape), layout))
+    assert partners is not None and (partners >= 0).sum() == k // 2
+    qp = _per_channel(weight, axis)
+    fitted, _, fit = fit_pairs(weight, qp, layout, lambda grid: quantize(weight, grid))
+    assert fit.rescaled > 0
+    scale, zero = qparams_rows(fitted, weight, kind)
+    grid = RowGrid(scale, zero, fitted.qmin, fitted.qtype.qmax)
+    factors = hessian_factors(hessian)
+    free = gptq_round(rows, hessian, grid, factors=factors).codes
+    assert overflowing_columns(rows_to_weight(free, shape, kind), layout) > 0  # GPTQ alone passes the limit
+    inside = gptq_round(rows, hessian, RowGrid(scale, zero, -127, 127, None, partners, PAIR_LIMIT)).codes
+    assert overflowing_columns(rows_to_weight(inside, shape, kind), layout) == 0  # kept within it in the loop
+    layout_of = NodeInput("node", kind, "input", None)  # type: ignore[arg-type]
+    chosen = _paired(weight, fitted, (rows, hessian, grid, factors), free, (partners, layout, layout_of))
+    assert overflowing_columns(rows_to_weight(chosen, shape, kind), layout) == 0
+    nearest = weight_rows(fit_pairs(weight, qp, layout, lambda grid: quantize(weight, grid))[1], kind)
+    chosen_error, inside_error = (output_error(rows, c, grid, hessian) for c in (chosen, inside))
+    assert chosen_error <= inside_error and chosen_error < output_error(rows, nearest, grid, hessian)
+
+
+def test_codes_a_rounding_returns_transposed_are_still_brought_within_the_limit():
+    # GPTQ's codes of a MatMul weight come back as a transposed view: the nudges must land in them all the same
+    from qtool.quantization.saturation import codes_within_limit
+
+    rng = np.random.default_rng(4)
+    weight = rng.normal(size=(96, 40)).astype(np.float32)
+    qp = _per_channel(weight, 1)
+    transposed = np.asfortranarray(quantize(weight, qp).astype(np.int64))
+    assert overflowing_columns(transposed, COLUMNS) > 0 and not transposed.flags["C_CONTIGUOUS"]
+    codes, nudged = codes_within_limit(weight, qp, COLUMNS, lambda _: transposed)
+    assert nudged > 0 and overflowing_columns(codes, COLUMNS) == 0

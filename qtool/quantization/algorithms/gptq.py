@@ -96,6 +96,11 @@ class RowGrid:
     qmin: int  # the smallest code (``QParams.qmin``, which honours a narrow range)
     qmax: int  # the largest code
     block_size: int | None = None  # the block length along K of a per-block scale [rows, ceil(K / block_size)]
+    # the integer kernel's weight pairs (see qtool.quantization.saturation): for each column k, the earlier column
+    # whose code it is added to in int16 (-1: none), so that GPTQ keeps every pair's same-signed part within
+    # ``pair_limit`` itself and pushes what that clipping costs onto the columns not yet rounded
+    partners: np.ndarray | None = None
+    pair_limit: int | None = None
 
     def per_element(self, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Scale and zero point as [rows, K]."""
@@ -138,6 +143,7 @@ def gptq_round(
     scale_full, zero_full = grid.per_element(rows, k)
     qmin, qmax = grid.qmin, grid.qmax
     codes = round_nearest(w, scale_full, zero_full, qmin, qmax)
+    pairs = None if grid.partners is None or grid.pair_limit is None else (grid.partners, grid.pair_limit)
     upper, damps, dead = factors.upper, factors.damps, factors.dead
     ok = ~np.isnan(damps)
     shape = (groups, rows // groups, k)
@@ -150,6 +156,7 @@ def gptq_round(
             qmin,
             qmax,
             block,
+            pairs,
         )
         grouped = codes.reshape(shape)
         # A dead column is independent of the others (H is block diagonal there); nearest rounding makes that exact.
@@ -219,9 +226,21 @@ def _damped_factor(h: np.ndarray, relative: float) -> np.ndarray:
 
 
 def _gptq_columns(
-    w: np.ndarray, upper: np.ndarray, scale: np.ndarray, zero: np.ndarray, qmin: int, qmax: int, block: int
+    w: np.ndarray,
+    upper: np.ndarray,
+    scale: np.ndarray,
+    zero: np.ndarray,
+    qmin: int,
+    qmax: int,
+    block: int,
+    pairs: tuple[np.ndarray, int] | None = None,
 ) -> np.ndarray:
-    """The GPTQ loop over [groups, rows, K] weights with [groups, K, K] factors -> codes of that shape."""
+    """The GPTQ loop over [groups, rows, K] weights with [groups, K, K] factors -> codes of that shape.
+
+    ``pairs``: each column's earlier pair partner (-1: none) and the limit of a pair's same-signed sum
+    of codes (relative to the zero point): a code that would pass it is clipped, and its error is
+    compensated like any rounding error.
+    """
     work = w.astype(np.float64)
     k = work.shape[2]
     codes = np.empty(work.shape, np.int64)
@@ -233,6 +252,8 @@ def _gptq_columns(
         for i in range(stop - start):
             column = start + i
             q = round_nearest(chunk[:, :, i], scale[:, :, column], zero[:, :, column], qmin, qmax)
+            if pairs is not None and pairs[0][column] >= 0:
+                q = _within_pair_limit(q, codes[:, :, pairs[0][column]], zero[:, :, column], pairs[1])
             codes[:, :, column] = q
             dequantized = ((q - zero[:, :, column]).astype(np.float32) * scale[:, :, column]).astype(np.float64)
             error = (chunk[:, :, i] - dequantized) / u[:, i, i, None]
@@ -240,3 +261,44 @@ def _gptq_columns(
             errors[:, :, i] = error
         work[:, :, stop:] -= errors @ upper[:, start:stop, stop:]
     return codes
+
+
+def output_error(weight_rows: np.ndarray, codes: np.ndarray, grid: RowGrid, hessian: np.ndarray) -> float:
+    """``tr(E H E^T)`` of the dequantized ``codes`` against ``weight_rows`` ([rows, K]): what GPTQ minimises."""
+    rows, k = weight_rows.shape
+    scale, zero = grid.per_element(rows, k)
+    error = (codes - zero).astype(np.float64) * scale - weight_rows
+    h = np.asarray(hessian, np.float64)
+    h = h[None] if h.ndim == 2 else h
+    grouped = error.reshape(len(h), rows // len(h), k)
+    return float(np.einsum("grk,gkl,grl->", grouped, h, grouped))
+
+
+def _within_pair_limit(q: np.ndarray, partner: np.ndarray, zero: np.ndarray, limit: int) -> np.ndarray:
+    """Codes ``q`` clipped so that with their partner's codes no same-signed pair passes ``limit`` (steps from zero)."""
+    steps, other = q - zero, partner - zero
+    steps = np.where((steps > 0) & (other > 0), np.minimum(steps, limit - other), steps)
+    steps = np.where((steps < 0) & (other < 0), np.maximum(steps, -limit - other), steps)
+    return steps + zero
+
+
+def pair_partners(
+    shape: tuple[int, ...], kind: WeightKind, kernel_rows_of: np.ndarray, *, trans_b: bool = False
+) -> np.ndarray | None:
+    """For each column of :func:`weight_rows`' K order, its earlier partner in the kernel's pairs (-1: none).
+
+    ``kernel_rows_of``: the weight's flat element indices (``arange(size).reshape(shape)``) in the integer
+    kernel's [columns, K] order, whose adjacent K entries 2j and 2j+1 form its pairs. None when the two
+    orders do not hold the same elements in their first row (a layout this does not know).
+    """
+    index = np.arange(int(np.prod(shape))).reshape(shape)
+    ours = weight_rows(index, kind, trans_b=trans_b)[0]
+    kernel = kernel_rows_of[0]
+    if ours.shape != kernel.shape or not np.array_equal(np.sort(ours), np.sort(kernel)):
+        return None
+    position = np.empty(int(ours.max()) + 1, np.int64)
+    position[ours] = np.arange(ours.size)
+    pairs = position[kernel[: kernel.size - kernel.size % 2]].reshape(-1, 2)
+    partners = np.full(ours.size, -1, np.int64)
+    partners[pairs.max(axis=1)] = pairs.min(axis=1)
+    return partners

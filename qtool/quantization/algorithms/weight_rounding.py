@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -20,6 +20,8 @@ from qtool.quantization.algorithms.gptq import (
     RowGrid,
     gptq_round,
     hessian_factors,
+    output_error,
+    pair_partners,
     qparams_rows,
     rows_to_weight,
     weight_rows,
@@ -27,6 +29,7 @@ from qtool.quantization.algorithms.gptq import (
 from qtool.quantization.algorithms.node_inputs import NodeInput, NodeInputs
 from qtool.quantization.plan_types import NodePlan
 from qtool.quantization.qparams import QParams, dequantize
+from qtool.quantization.saturation import PAIR_LIMIT, codes_within_limit, kernel_rows
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +58,14 @@ class WeightAlgorithms:
     # measured bias shifts by plan, and why some nodes could not be measured
     shifts: dict[str, tuple[dict[str, np.ndarray], dict[str, str]]] = field(default_factory=dict)
 
-    def round(self, weight: str, values: np.ndarray, qp: QParams, readers: list[NodePlan]) -> Rounded:
-        """The codes of ``weight`` on ``qp``'s grid for ``readers`` (the nodes that read this copy)."""
+    def round(
+        self, weight: str, values: np.ndarray, qp: QParams, readers: list[NodePlan], pair_layout: str | None = None
+    ) -> Rounded:
+        """The codes of ``weight`` on ``qp``'s grid for ``readers`` (the nodes that read this copy).
+
+        ``pair_layout``: the integer kernel's weight pairs (a :mod:`qtool.quantization.saturation` layout), when
+        they must stay within the pair limit: GPTQ then keeps them there itself, compensating what it clips.
+        """
         asked = sorted({r.scheme.algorithms.rounding for r in readers} - {"nearest"})
         if not asked:
             return Rounded(None, "nearest")
@@ -75,7 +84,10 @@ class WeightAlgorithms:
         # AdaRound refines GPTQ's codes; on long reductions it would take minutes, so GPTQ's stay
         method = "adaround" if "adaround" in asked and rows.shape[1] <= ADAROUND_MAX_K else "gptq"
         scale, zero = qparams_rows(qp, values, layout.kind, trans_b=layout.trans_b)
-        key = _key(weight, method, values, scale, zero, qp, [r.name for r in readers])
+        kernel = kernel_rows(np.arange(values.size).reshape(values.shape), pair_layout) if pair_layout else None
+        partners = None if kernel is None else pair_partners(values.shape, layout.kind, kernel, trans_b=layout.trans_b)
+        paired = f"{method}/pairs:{pair_layout}" if partners is not None else method
+        key = _key(weight, paired, values, scale, zero, qp, [r.name for r in readers])
         if key not in self.cache:
             names = tuple(sorted(r.name for r in readers))
             hessian = np.mean([self.inputs.stats[n].hessian() for n in names], axis=0)
@@ -84,6 +96,9 @@ class WeightAlgorithms:
             grid = RowGrid(scale, zero, qp.qmin, qp.qtype.qmax)
             result = gptq_round(rows, hessian, grid, factors=self.factors[names])
             chosen = result.codes
+            if partners is not None and pair_layout is not None:
+                problem = (rows, hessian, grid, self.factors[names])
+                chosen = _paired(values, qp, problem, chosen, (partners, pair_layout, layout))
             if method == "adaround":  # row by row, never worse than GPTQ's codes
                 chosen = adaround(rows, hessian, grid, init=result.codes, work=ADAROUND_WORK, schedule=ADAROUND).codes
             codes = rows_to_weight(chosen, values.shape, layout.kind, trans_b=layout.trans_b)
@@ -105,6 +120,28 @@ class WeightAlgorithms:
     def _shape_of(layout: NodeInput) -> tuple[str, bool, object]:
         group = getattr(layout.geometry, "group", 1)
         return layout.kind, layout.trans_b, group
+
+
+def _paired(
+    values: np.ndarray,
+    qp: QParams,
+    problem: tuple[np.ndarray, np.ndarray, RowGrid, HessianFactors],
+    free: np.ndarray,
+    pairs: tuple[np.ndarray, str, NodeInput],
+) -> np.ndarray:
+    """Codes within the pair limit: GPTQ keeping the pairs itself, or its free codes nudged, whichever errs less.
+
+    Inside the loop a pair's second code takes the whole excess but the error is compensated; nudged
+    afterwards, the excess is split between both codes but nothing compensates it: either can win.
+    """
+    rows, hessian, grid, factors = problem
+    partners, pair_layout, layout = pairs
+    limited = replace(grid, partners=partners, pair_limit=PAIR_LIMIT)
+    inside = gptq_round(rows, hessian, limited, factors=factors).codes
+    as_weight = rows_to_weight(free, values.shape, layout.kind, trans_b=layout.trans_b).astype(np.int64)
+    nudged, _ = codes_within_limit(values, qp, pair_layout, lambda _: as_weight)
+    after = weight_rows(nudged, layout.kind, trans_b=layout.trans_b)
+    return min((inside, after), key=lambda codes: output_error(rows, codes, grid, hessian))
 
 
 def _key(
