@@ -94,7 +94,7 @@ class QConfig:
             # its input is quantized at run time.
             return replace(scheme, mode="dynamic", rule="choice:dynamic"), rule
         if self.auto_placement and scheme.placement == "auto" and not scheme.weight_only:
-            # A candidate of the placement choice (see qtool.quantization.selection).
+            # A candidate of the placement choice (see qtool.choice.selection).
             return replace(scheme, placement=self.auto_placement, rule=f"choice:{self.auto_placement}"), rule
         return scheme, rule
 

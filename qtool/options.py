@@ -86,7 +86,7 @@ class TuneOptions:
     confidence: float = 0.9  # one-sided: the promise is the validated figure's lower bound at this confidence
     latency_runs: int = 30  # timed rounds per candidate when latency matters
     threads: int | None = None  # onnxruntime intra-op threads
-    cache: bool = True  # keep and reuse the per-node sensitivity between runs (qtool.quantization.tune.cache)
+    cache: bool = True  # keep and reuse the per-node sensitivity between runs (qtool.choice.tune.cache)
     cache_dir: Path | str | None = None  # where (None: $QTOOL_CACHE_DIR, else ~/.cache/qtool)
 
 

@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qtool.choice.search import SearchResult
+from qtool.choice.selection import PlacementChoice
+from qtool.choice.tune.candidates import Validation, ValidationRound
+from qtool.choice.tune.loop import Trial
+from qtool.choice.tune.sensitivity import Sensitivity
 from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.gates import LANGUAGE_MODEL_METRICS, GateResult
 from qtool.evaluation.language_model import LanguageModelScore
@@ -16,11 +21,6 @@ from qtool.graph.model_files import files_sha256, model_files
 from qtool.graph.prepare import PrepareReport
 from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exported
 from qtool.quantization.rewrite_report import RewriteReport
-from qtool.quantization.search import SearchResult
-from qtool.quantization.selection import PlacementChoice
-from qtool.quantization.tune.candidates import Validation, ValidationRound
-from qtool.quantization.tune.loop import Trial
-from qtool.quantization.tune.sensitivity import Sensitivity
 
 
 @dataclass(frozen=True)

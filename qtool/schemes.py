@@ -100,7 +100,7 @@ class CalibrationSettings:
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """The sensitivity search ``quantize`` runs when it has samples (see :mod:`qtool.quantization.search`)."""
+    """The sensitivity search ``quantize`` runs when it has samples (see :mod:`qtool.choice.search`)."""
 
     target_sqnr_db: float | None  # None: no search
     max_float_nodes: int

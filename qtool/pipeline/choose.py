@@ -10,6 +10,8 @@ import onnx
 
 from qtool.calibration.decode_steps import with_decode_steps
 from qtool.calibration.outputs import FloatOutputs
+from qtool.choice.decode import decoder_to_score
+from qtool.choice.selection import FloatModel, PlacementChoice, Samples, measure_placements
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.evaluation.split import split_samples, spread_subset
@@ -18,9 +20,7 @@ from qtool.options import EvaluationOptions, SearchOptions
 from qtool.pipeline.build import Builder
 from qtool.pipeline.data import spread_dataset
 from qtool.progress import ProgressFactory
-from qtool.quantization.placement_decode import decoder_to_score
 from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.selection import FloatModel, PlacementChoice, Samples, measure_placements
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
 from qtool.schemes import SearchSettings
 

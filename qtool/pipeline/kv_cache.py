@@ -6,13 +6,13 @@ from pathlib import Path
 
 import onnx
 
+from qtool.choice.decode import decoder_to_score
 from qtool.errors import QtoolError
 from qtool.graph.session import create_session
 from qtool.pipeline.data import full_dataset
 from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.kv_cache import RANGE_STEPS, cache_nodes, cache_ranges, quantize_cache
-from qtool.quantization.placement_decode import decoder_to_score
 from qtool.system.stages import stage
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from qtool._version import __version__
 from qtool.calibration.outputs import FloatOutputs
 from qtool.calibration.statistics import CalibrationStats
+from qtool.choice.selection import PlacementChoice
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare
@@ -33,7 +34,6 @@ from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory
 from qtool.quantization.algorithms.node_inputs import NodeInputCollector
 from qtool.quantization.kernels import float_boundaries, predict_kernels
-from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult, ModelFile, QuantizeResult
 from qtool.schemes import CPU_TARGETS
 from qtool.system.stages import stage

@@ -4,7 +4,7 @@ Calibrates once on the calibration samples and splits EVAL in two (:mod:`qtool.e
 a decoder's halves also hold the decode step after each prefill (:mod:`qtool.calibration.decode_steps`);
 the selection half measures what each tuned node (every node with a constant weight) adds to the
 output error at each precision its target allows, one node at a time, and verifies the
-allocations made for a noise budget (see :mod:`qtool.quantization.tune`); the validation half,
+allocations made for a noise budget (see :mod:`qtool.choice.tune`); the validation half,
 which no choice saw, scores the chosen allocation. The promise is the lower confidence bound of
 that validated figure; when it misses the target, the selection raises its margin by the shortfall
 and chooses again. Every candidate is built by the workspace's :class:`~qtool.pipeline.build.Builder`.
@@ -23,6 +23,19 @@ import numpy as np
 
 from qtool.calibration.decode_steps import with_decode_steps
 from qtool.calibration.outputs import FloatOutputs
+from qtool.choice.decode import DecodeJudge, decoder_to_score
+from qtool.choice.tune.cache import cache_key, default_cache_dir, load_sensitivity, save_sensitivity
+from qtool.choice.tune.candidates import Candidates
+from qtool.choice.tune.metric import read_labels
+from qtool.choice.tune.sensitivity import Sensitivity, measure
+from qtool.choice.tune.space import (
+    GPTQ,
+    MEASURED,
+    Option,
+    for_objective,
+    options_for,
+    without_algorithms,
+)
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.evaluation.scoring import OutputScorer
@@ -38,19 +51,6 @@ from qtool.pipeline.tune_write import write_chosen
 from qtool.pipeline.workspace import Workspace, open_workspace
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
-from qtool.quantization.placement_decode import DecodeJudge, decoder_to_score
-from qtool.quantization.tune.cache import cache_key, default_cache_dir, load_sensitivity, save_sensitivity
-from qtool.quantization.tune.candidates import Candidates
-from qtool.quantization.tune.metric import read_labels
-from qtool.quantization.tune.sensitivity import Sensitivity, measure
-from qtool.quantization.tune.space import (
-    GPTQ,
-    MEASURED,
-    Option,
-    for_objective,
-    options_for,
-    without_algorithms,
-)
 from qtool.results import TuneResult
 from qtool.system.environment import cpu_info, files_digest, versions
 from qtool.system.stages import stage

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qtool.choice.tune.candidates import Goal
+from qtool.choice.tune.metric import load_metric
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.evaluation.language_model import MAX_DECODE_STEPS
 from qtool.graph.model_files import same_file
 from qtool.options import TuneOptions
-from qtool.quantization.tune.candidates import Goal
-from qtool.quantization.tune.metric import load_metric
 
 
 def tune_goal(options: TuneOptions) -> Goal:

@@ -7,17 +7,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from qtool.errors import QtoolError
-from qtool.pipeline.tune_state import Outcome, Tuning, timed
-from qtool.progress import ProgressFactory
-from qtool.quantization.tune.allocation import allocate, cheaper_moves, costlier_moves, predicted_nsr
-from qtool.quantization.tune.candidates import Candidates, Goal, Validation, ValidationRound, node_costs
-from qtool.quantization.tune.loop import Margins, Search, Trial, best_trial, refine, search_budgets
-from qtool.quantization.tune.sensitivity import Sensitivity, nsr
-from qtool.quantization.tune.space import (
+from qtool.choice.tune.allocation import allocate, cheaper_moves, costlier_moves, predicted_nsr
+from qtool.choice.tune.candidates import Candidates, Goal, Validation, ValidationRound, node_costs
+from qtool.choice.tune.loop import Margins, Search, Trial, best_trial, refine, search_budgets
+from qtool.choice.tune.sensitivity import Sensitivity, nsr
+from qtool.choice.tune.space import (
     OPTIONS,
     W4,
 )
+from qtool.errors import QtoolError
+from qtool.pipeline.tune_state import Outcome, Tuning, timed
+from qtool.progress import ProgressFactory
 from qtool.system.stages import stage
 
 REFINE_TRIALS_PER_NODE = 3  # verifications the refinement (descent and restarts) may spend, per tuned node

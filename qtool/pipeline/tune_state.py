@@ -9,18 +9,18 @@ from pathlib import Path
 import onnx
 
 from qtool.calibration.dataset import Dataset
+from qtool.choice.tune.candidates import Goal, Validation, ValidationRound
+from qtool.choice.tune.loop import Trial
+from qtool.choice.tune.space import (
+    OPTIONS,
+    Option,
+)
 from qtool.evaluation.scoring import OutputScorer
 from qtool.evaluation.split import SampleSplit
 from qtool.options import CalibrationOptions, TuneOptions
 from qtool.pipeline.build import Builder
 from qtool.pipeline.workspace import Workspace
 from qtool.quantization.plan_types import NodePlan
-from qtool.quantization.tune.candidates import Goal, Validation, ValidationRound
-from qtool.quantization.tune.loop import Trial
-from qtool.quantization.tune.space import (
-    OPTIONS,
-    Option,
-)
 
 FINAL_BUILD_SHARE = 1.5  # the final build (calibration again) is set aside as this many times the first one
 

@@ -12,6 +12,9 @@ import onnx
 from qtool._version import __version__
 from qtool.calibration.decode_steps import has_decode_steps
 from qtool.calibration.feeds import sample_directory
+from qtool.choice.tune.candidates import Candidates, Validation
+from qtool.choice.tune.configs import allocation_document, config_text
+from qtool.choice.tune.sensitivity import Sensitivity, nsr
 from qtool.config import load_config
 from qtool.graph.model_io import write_text
 from qtool.options import DEFAULT_OUTPUT, DEFAULT_SEARCH
@@ -19,9 +22,6 @@ from qtool.pipeline.quantize import QuantizeRequest, quantize
 from qtool.pipeline.tune_state import Outcome, TuneRequest, Tuning
 from qtool.pipeline.workspace import open_workspace
 from qtool.progress import ProgressFactory
-from qtool.quantization.tune.candidates import Candidates, Validation
-from qtool.quantization.tune.configs import allocation_document, config_text
-from qtool.quantization.tune.sensitivity import Sensitivity, nsr
 from qtool.results import ModelFile, TuneResult
 from qtool.system.stages import stage
 

@@ -1,1 +1,1 @@
-"""Statistics + config -> rewritten model: the plan, qparams math, Q/DQ rewrite, kernel prediction, search."""
+"""Statistics + config -> rewritten model: the plan, qparams math, Q/DQ rewrite, kernel prediction."""

@@ -9,13 +9,13 @@ from typing import Any
 
 from qtool._version import __version__
 from qtool.calibration.statistics import CalibrationStats
+from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, SearchResult
+from qtool.choice.selection import PlacementChoice
 from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.language_model import LanguageModelScore
 from qtool.evaluation.layers import LayerError, largest_drop
 from qtool.evaluation.metrics import ErrorMetrics, LatencyComparison, LatencyStats
 from qtool.quantization.inspection import Inspection
-from qtool.quantization.search import FLOAT, FLOAT_ACTIVATIONS, SearchResult
-from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult, QuantizeResult
 from qtool.schemas import reports as doc
 from qtool.system.doctor import Doctor

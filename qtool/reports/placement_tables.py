@@ -5,10 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from qtool.choice.records import TIE
+from qtool.choice.search import SearchResult
+from qtool.choice.selection import PlacementChoice
 from qtool.options import DECODE_STEPS
-from qtool.quantization.placement_types import TIE
-from qtool.quantization.search import SearchResult
-from qtool.quantization.selection import PlacementChoice
 from qtool.results import ComparisonResult
 
 

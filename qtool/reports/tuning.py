@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from qtool._version import __version__
+from qtool.choice.tune.candidates import Validation
+from qtool.choice.tune.loop import Trial, pareto
+from qtool.choice.tune.space import DESCRIPTIONS
 from qtool.graph.model_io import atomic_writer
-from qtool.quantization.tune.candidates import Validation
-from qtool.quantization.tune.loop import Trial, pareto
-from qtool.quantization.tune.space import DESCRIPTIONS
 from qtool.results import TuneResult
 from qtool.schemas import tune as doc
 

@@ -203,9 +203,9 @@ def test_a_judge_runs_only_the_decode_loop_it_is_asked_for(tmp_path: Path) -> No
     # gives the figures both together give, and leaves the other unmeasured
     from qtool.calibration.dataset import Dataset
     from qtool.calibration.dataset_types import model_inputs
+    from qtool.choice.decode import DecodeJudge
     from qtool.graph.session import create_session
     from qtool.graph.weights import Weights
-    from qtool.quantization.placement_decode import DecodeJudge
 
     out = tmp_path / "int4.onnx"
     qtool.quantize(sample("decoder"), out, config_path=INT4, data_dir=calib_dir("decoder"), evaluation=None)

@@ -13,10 +13,11 @@ from typer.testing import CliRunner
 
 import qtool
 from qtool.calibration.dataset import Dataset, InputSpec
+from qtool.choice import selection
+from qtool.choice import timing as placement_timing
+from qtool.choice.records import PlacementCandidate, PlacementChoice
 from qtool.cli import app
 from qtool.options import EvaluationOptions, SearchOptions
-from qtool.quantization import placement_timing, selection
-from qtool.quantization.placement_types import PlacementCandidate, PlacementChoice
 from tests.conftest import calib_dir, eval_dir, run_model, sample
 
 # block1/conv and block2/conv with input ranges clipped at their 60th percentile: two bad layers

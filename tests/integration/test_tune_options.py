@@ -8,10 +8,10 @@ import pytest
 from onnx import numpy_helper
 
 from qtool import api
+from qtool.choice.tune.candidates import node_costs
+from qtool.choice.tune.configs import allocation_document
 from qtool.config import load_config
 from qtool.options import EvaluationOptions
-from qtool.quantization.tune.candidates import node_costs
-from qtool.quantization.tune.configs import allocation_document
 from tests.conftest import calib_dir, eval_dir, sample
 
 

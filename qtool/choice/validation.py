@@ -6,9 +6,9 @@ from collections.abc import Callable, Mapping
 
 import onnx
 
+from qtool.choice.records import FloatModel, PlacementChoice, PlacementValidation, Samples, meets
 from qtool.evaluation.scoring import OutputScorer, signal_means
 from qtool.progress import ProgressFactory
-from qtool.quantization.placement_types import FloatModel, PlacementChoice, PlacementValidation, Samples, meets
 
 
 def validate_choice(

@@ -23,8 +23,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from qtool.choice.tune.sensitivity import Sensitivity
 from qtool.errors import QtoolError
-from qtool.quantization.tune.sensitivity import Sensitivity
 from qtool.system.files import read_json
 
 log = logging.getLogger(__name__)

@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
+from qtool.choice.records import PlacementCandidate, PlacementChoice
+from qtool.choice.search import SearchResult, SearchStep, _stop_reason, rank_nodes
+from qtool.choice.selection import _may_win
 from qtool.evaluation.layers import LayerError
-from qtool.quantization.placement_types import PlacementCandidate, PlacementChoice
-from qtool.quantization.search import SearchResult, SearchStep, _stop_reason, rank_nodes
-from qtool.quantization.selection import _may_win
 
 
 def _row(node: str, sqnr: float, source: float, position: int) -> LayerError:
@@ -54,8 +54,8 @@ def _fake_trials(gains: dict[str, float], start: float, target: float, price: di
     """The nodes _try_in_float keeps when moving each node alone adds ``gains[node]`` decibels."""
     from dataclasses import replace as copy
 
+    from qtool.choice.search import FLOAT, _try_in_float
     from qtool.config import load_config
-    from qtool.quantization.search import FLOAT, _try_in_float
 
     config = load_config(None)
     config = copy(config, accuracy=copy(config.accuracy, target_sqnr_db=target, max_float_nodes=4))
@@ -84,7 +84,7 @@ def test_a_node_kept_float_short_of_the_target_must_buy_a_gain_worth_its_size():
 
 
 def test_size_prices_are_the_share_of_the_8_bit_weights_a_float_node_adds():
-    from qtool.quantization.search import DB_PER_SIZE, _size_prices
+    from qtool.choice.search import DB_PER_SIZE, _size_prices
     from tests.quantization.models import conv_chain
 
     model = conv_chain(channels=16)
@@ -97,8 +97,8 @@ def test_size_prices_are_the_share_of_the_8_bit_weights_a_float_node_adds():
 
 def _start(scores: dict[str, float], ratios: dict[str, float]) -> tuple[str, str] | None:
     """Where _search_plan starts with these scores, each candidate timed at ``ratios[name]`` x storage."""
-    from qtool.quantization.placement_candidates import BuiltCandidates
-    from qtool.quantization.selection import _search_plan
+    from qtool.choice.candidates import BuiltCandidates
+    from qtool.choice.selection import _search_plan
 
     built = BuiltCandidates()
     for name, db in scores.items():
@@ -127,8 +127,8 @@ def test_the_search_starts_from_the_most_accurate_integer_candidate_faster_than_
 def test_the_search_goes_on_until_the_bound_of_its_samples_reaches_the_target():
     from dataclasses import replace as copy
 
+    from qtool.choice.search import FLOAT_ACTIVATIONS, _try_in_float
     from qtool.config import load_config
-    from qtool.quantization.search import FLOAT_ACTIVATIONS, _try_in_float
 
     config = load_config(None)
     config = copy(config, accuracy=copy(config.accuracy, target_sqnr_db=30.0, max_float_nodes=4))

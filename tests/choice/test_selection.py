@@ -3,8 +3,8 @@ decisively faster on paired, interleaved rounds."""
 
 from __future__ import annotations
 
-from qtool.quantization.placement_types import PlacementCandidate, PlacementChoice
-from qtool.quantization.selection import _decide, decisively_faster
+from qtool.choice.records import PlacementCandidate, PlacementChoice
+from qtool.choice.selection import _decide, decisively_faster
 
 
 def _choice(times: dict[str, list[float]], sqnr: dict[str, float], target: float = 30.0) -> PlacementChoice:
@@ -50,8 +50,8 @@ class _FakeScore:
 
 def _validate(choice: PlacementChoice, validation_db: dict[str, float], monkeypatch) -> list[str]:
     """Run validate_choice with each candidate scoring ``validation_db`` there; returns the candidates checked."""
-    from qtool.quantization import placement_validation
-    from qtool.quantization.placement_types import Samples
+    from qtool.choice import validation as placement_validation
+    from qtool.choice.records import Samples
 
     checked: list[str] = []
 
@@ -100,7 +100,7 @@ def test_when_every_candidate_misses_on_validation_the_best_bound_is_kept(monkey
 
 
 def test_timing_goes_on_only_while_a_comparison_that_matters_is_undecided():
-    from qtool.quantization.placement_timing import undecided_comparisons
+    from qtool.choice.timing import undecided_comparisons
 
     choice = _choice({}, {"integer": 31.0, "auto": 33.0, "storage": 40.0})
     unsettled = undecided_comparisons(choice, ["integer", "auto", "storage"])

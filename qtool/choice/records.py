@@ -11,11 +11,11 @@ import onnx
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.outputs import FloatOutputs
+from qtool.choice.search import SearchResult
 from qtool.config import QConfig
 from qtool.evaluation.confidence import CONFIDENCE
 from qtool.graph.weights import Weights
 from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.search import SearchResult
 
 # A candidate must be more than 10 % faster to displace a more accurate one. The bar sits beyond what load on
 # the other core does to a ratio (the sample CNN's all-integer model, 3-4 % faster than "auto" when the machine

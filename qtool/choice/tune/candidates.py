@@ -1,7 +1,7 @@
 """Scoring the models ``tune`` builds: SQNR (or the user's metric), size and, when it matters, latency.
 
 Candidates are selected on one part of the evaluation samples and the chosen one is validated on
-the other part, which no choice ever saw (see :mod:`qtool.quantization.tune.split`). Both judge the
+the other part, which no choice ever saw (see :mod:`qtool.choice.tune.split`). Both judge the
 lower confidence bound of the figure, not the figure itself. The float model's outputs are computed
 once per sample set and reused by every candidate (see :class:`qtool.evaluation.scoring.OutputScorer`);
 the float session used for timing is created once.
@@ -19,16 +19,16 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from qtool.choice.decode import DecodeJudge
+from qtool.choice.tune.loop import Trial
+from qtool.choice.tune.metric import MetricFunction, score_metric
+from qtool.choice.tune.sensitivity import sqnr_db
+from qtool.choice.tune.space import BLOCK_SIZE
 from qtool.evaluation.confidence import CONFIDENCE, mean_bound
 from qtool.evaluation.metrics import LatencyRun, measure_latency
 from qtool.evaluation.scoring import OutputScorer, signal_means
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
-from qtool.quantization.placement_decode import DecodeJudge
-from qtool.quantization.tune.loop import Trial
-from qtool.quantization.tune.metric import MetricFunction, score_metric
-from qtool.quantization.tune.sensitivity import sqnr_db
-from qtool.quantization.tune.space import BLOCK_SIZE
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
+from qtool.choice.decode import DecodeJudge, decode_bar
+from qtool.choice.records import Build, PlacementCandidate, meets
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
-from qtool.quantization.placement_decode import DecodeJudge, decode_bar
-from qtool.quantization.placement_types import Build, PlacementCandidate, meets
 from qtool.quantization.plan_types import QuantPlan
 
 

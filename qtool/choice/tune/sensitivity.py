@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from qtool.choice.tune.space import FP16_NSR, INT16_GAIN, MEASURED, Option
 from qtool.errors import QtoolError
-from qtool.quantization.tune.space import FP16_NSR, INT16_GAIN, MEASURED, Option
 
 
 def nsr(sqnr_db: float) -> float:
@@ -40,7 +40,7 @@ class Sensitivity:
     builds: int = 0
     seconds: float = 0.0
     complete: bool = True  # False when the time budget stopped the measurement
-    cache_file: str | None = None  # where it was read from or kept (see qtool.quantization.tune.cache)
+    cache_file: str | None = None  # where it was read from or kept (see qtool.choice.tune.cache)
     cached: bool = False  # read from cache_file instead of measured in this run
     samples: list[str] = field(default_factory=list)  # the evaluation sample files measured on
 

@@ -14,10 +14,10 @@ builds a few candidates and measures them:
 - ``dynamic``: ``auto`` with every integer MatMul/Gemm quantizing its input at run time
   (``mode: dynamic``), built when such nodes do most of the model's work (transformers);
 - ``search``: ``auto`` plus the float activations the sensitivity search chose
-  (:mod:`qtool.quantization.search`), when ``auto`` misses the target.
+  (:mod:`qtool.choice.search`), when ``auto`` misses the target.
 
 For a decoder, ``dynamic`` is always built, and every candidate also decodes greedily through its
-own key/value cache (:mod:`qtool.quantization.placement_decode`): one that agrees with the float
+own key/value cache (:mod:`qtool.choice.decode`): one that agrees with the float
 model less often than ``dynamic`` does counts as missing the target, whatever its SQNR.
 
 Each distinct candidate is scored on the same samples (the worst output's SQNR), then the
@@ -41,19 +41,10 @@ import onnx
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decode_steps import has_decode_steps, prefills
-from qtool.config import QConfig
-from qtool.evaluation.scoring import OutputScorer
-from qtool.progress import ProgressFactory, noop_progress
-from qtool.quantization.placement_candidates import BuiltCandidates
-from qtool.quantization.placement_decode import DecodeJudge, decoder_to_score
-from qtool.quantization.placement_ranges import choose_ranges
-from qtool.quantization.placement_timing import (
-    decisively_faster,
-    faster_than_storage,
-    ratio_interval,
-    time_candidates,
-)
-from qtool.quantization.placement_types import (
+from qtool.choice.candidates import BuiltCandidates
+from qtool.choice.decode import DecodeJudge, decoder_to_score
+from qtool.choice.ranges import choose_ranges
+from qtool.choice.records import (
     DECISIVE_CONFIDENCE,
     TIE,
     Build,
@@ -62,10 +53,19 @@ from qtool.quantization.placement_types import (
     Samples,
     meets,
 )
-from qtool.quantization.placement_validation import validate_choice
+from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, sensitivity_search
+from qtool.choice.timing import (
+    decisively_faster,
+    faster_than_storage,
+    ratio_interval,
+    time_candidates,
+)
+from qtool.choice.validation import validate_choice
+from qtool.config import QConfig
+from qtool.evaluation.scoring import OutputScorer
+from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.roles import FUSED_KERNELS
-from qtool.quantization.search import FLOAT, FLOAT_ACTIVATIONS, sensitivity_search
 from qtool.system.stages import stage
 
 DYNAMIC_MIN_SHARE = 0.5  # the dynamic candidate is built when weighted MatMul/Gemm do this share of the MACs

@@ -89,7 +89,7 @@ DESCRIPTIONS = {
     "float": "left float",
 }
 OPTIONS = {o.name: o for o in (W2, W4, W4_GPTQ, W8, W8_GPTQ, W8_BLOCKS, W8_BLOCKS_GPTQ, W8A8, W8A16, FP16, FLOAT)}
-# Measured one node at a time; the others are derived (see qtool.quantization.tune.sensitivity).
+# Measured one node at a time; the others are derived (see qtool.choice.tune.sensitivity).
 # int2 is measured too: with 3 levels most weights round to zero, far from the uniform noise that
 # would scale int4's error by 49 (derived so, it misled PP-OCR det's allocation: 2.54x at 30 dB,
 # against 2.89x with int2 left out).

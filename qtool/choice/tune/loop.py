@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from qtool.quantization.tune.allocation import Allocation
+from qtool.choice.tune.allocation import Allocation
 
 
 @dataclass(frozen=True)

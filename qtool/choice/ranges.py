@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 
 import onnx
 
+from qtool.choice.records import Build
 from qtool.config import QConfig, load_config
 from qtool.evaluation.scoring import OutputScorer
 from qtool.quantization.activations import OBSERVED_EXTREMES, OBSERVER_RANGES
-from qtool.quantization.placement_types import Build
 from qtool.quantization.plan_types import QuantPlan
 
 

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from qtool.quantization.tune.allocation import allocate, predicted_nsr
-from qtool.quantization.tune.loop import Trial, best_trial, pareto, search_budgets
-from qtool.quantization.tune.sensitivity import Sensitivity, measure, nsr, sqnr_db
-from qtool.quantization.tune.space import FP16_NSR, INT16_GAIN, options_for
+from qtool.choice.tune.allocation import allocate, predicted_nsr
+from qtool.choice.tune.loop import Trial, best_trial, pareto, search_budgets
+from qtool.choice.tune.sensitivity import Sensitivity, measure, nsr, sqnr_db
+from qtool.choice.tune.space import FP16_NSR, INT16_GAIN, options_for
 
 OPTIONS = ["w4", "w8", "fp16", "float"]
 BYTES = {"w4": 0.625, "w8": 1.0, "fp16": 2.0, "float": 4.0}
@@ -121,8 +121,8 @@ def test_the_budget_moves_until_the_largest_that_meets_is_pinned_down():
 
 
 def test_refinement_keeps_cheaper_steps_only_while_the_target_holds():
-    from qtool.quantization.tune.allocation import cheaper_moves
-    from qtool.quantization.tune.loop import refine
+    from qtool.choice.tune.allocation import cheaper_moves
+    from qtool.choice.tune.loop import refine
 
     names, costs, sens = _instance(3, nodes=6)
     start_allocation = {n: "fp16" for n in names}
@@ -154,7 +154,7 @@ def test_refinement_keeps_cheaper_steps_only_while_the_target_holds():
 
 
 def test_size_alone_never_measures_options_that_only_add_activation_noise():
-    from qtool.quantization.tune.space import for_objective
+    from qtool.choice.tune.space import for_objective
 
     cpu = options_for("cpu")
     sized = [o.name for o in for_objective(cpu, timed=False)]
@@ -165,8 +165,8 @@ def test_size_alone_never_measures_options_that_only_add_activation_noise():
 
 
 def test_a_node_whose_best_step_breaks_the_target_offers_its_next_one():
-    from qtool.quantization.tune.allocation import cheaper_moves
-    from qtool.quantization.tune.loop import refine
+    from qtool.choice.tune.allocation import cheaper_moves
+    from qtool.choice.tune.loop import refine
 
     # w4 saves the most per unit of noise but breaks the 5e-4 budget; w8 saves less and fits
     costs = {"a": {"w4": 25.0, "w8": 100.0, "fp16": 200.0}}
@@ -205,8 +205,8 @@ def test_a_missed_allocation_is_never_chosen_again_however_small_the_slack():
 
 
 def test_a_restart_from_one_node_made_more_accurate_finds_what_the_descent_could_not():
-    from qtool.quantization.tune.allocation import cheaper_moves, costlier_moves
-    from qtool.quantization.tune.loop import refine
+    from qtool.choice.tune.allocation import cheaper_moves, costlier_moves
+    from qtool.choice.tune.loop import refine
 
     # "a" is small and noisy at int8; "b" and "c" are large: each fits at int4 only once "a" is fp16
     costs = {"a": {"w8": 10.0, "fp16": 20.0}, "b": {"w4": 25.0, "w8": 100.0}, "c": {"w4": 25.0, "w8": 100.0}}
@@ -238,7 +238,7 @@ def test_a_restart_from_one_node_made_more_accurate_finds_what_the_descent_could
 
 
 def test_the_margin_rises_by_the_shortfall_then_bisects_between_a_miss_and_a_pass():
-    from qtool.quantization.tune.loop import Margins
+    from qtool.choice.tune.loop import Margins
 
     margins = Margins(step=0.25, resolution=0.5)
     assert margins.margin == 0.0
@@ -271,7 +271,7 @@ def test_the_margin_rises_by_the_shortfall_then_bisects_between_a_miss_and_a_pas
 
 
 def test_a_metric_goal_raises_its_bar_by_the_selection_margin():
-    from qtool.quantization.tune.candidates import Goal
+    from qtool.choice.tune.candidates import Goal
 
     decode = Goal(metric_name="free-running agreement (16 steps)", target_metric=0.9, decode_steps=16)
     assert decode.by_metric and decode.describe() == "free-running agreement (16 steps) >= 0.9"

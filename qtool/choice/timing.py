@@ -9,11 +9,11 @@ from dataclasses import replace
 import onnx
 
 from qtool.calibration.dataset import Feed
+from qtool.choice.records import DECISIVE_CONFIDENCE, TIE, FloatModel, PlacementChoice
 from qtool.evaluation.intervals import median_interval
 from qtool.evaluation.timing import Rounds, time_interleaved
 from qtool.graph.session import create_session
 from qtool.progress import ProgressFactory
-from qtool.quantization.placement_types import DECISIVE_CONFIDENCE, TIE, FloatModel, PlacementChoice
 from qtool.quantization.plan_types import QuantPlan
 
 TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are done ...

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from qtool.quantization.tune.sensitivity import Sensitivity
+from qtool.choice.tune.sensitivity import Sensitivity
 
 Allocation = dict[str, str]  # node -> option name
 

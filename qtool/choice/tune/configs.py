@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from qtool.quantization.tune.space import OPTIONS, Option
+from qtool.choice.tune.space import OPTIONS, Option
 
 
 def allocation_document(
