@@ -23,10 +23,11 @@ from qtool.schemas.config import FP8_DTYPES, ConfigDocument, NodeSettings
 from qtool.schemas.config_checks import compiled_pattern, validate_document
 from qtool.schemes import (
     TARGETS,
+    AccuracySettings,
     Algorithms,
+    AutoPlacement,
     CalibrationSettings,
     NodeScheme,
-    SearchSettings,
     TensorScheme,
     for_target,
 )
@@ -43,7 +44,7 @@ class QConfig:
     node_name: dict[str, NodeSettings | None]
     exclude: tuple[str, ...]
     calibration: CalibrationSettings
-    accuracy: SearchSettings
+    accuracy: AccuracySettings
     preprocess: dict[str, Any] | None
     source: str
     document: ConfigDocument = field(repr=False)  # the validated, merged document: what the fields above come from
@@ -51,7 +52,7 @@ class QConfig:
     target: str = "cpu"  # cpu | cpu_vnni | cuda | tensorrt: whose rules the schemes follow (see :func:`for_target`)
     sensitive_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: activations kept float
     float_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: kept entirely float (weights too)
-    auto_placement: str | None = None  # "integer" | "storage" | "dynamic": what every placement "auto" node becomes
+    auto_placement: AutoPlacement | None = None  # what every placement "auto" node becomes (a choice's candidate)
     chains: bool = True  # False: the ops placed "auto" between integer kernels stay float (qtool.quantization.chains)
     activation_ranges: str = "observer"  # "observer" | "extremes" (see qtool.quantization.activations): the choice's
 
@@ -89,13 +90,14 @@ class QConfig:
         if node_name in self.sensitive_nodes and not scheme.weight_only:
             # Float activations, weights still stored quantized: the accuracy of float, most of the size gain.
             return replace(scheme, placement="storage", rule="sensitivity"), "sensitivity"
-        if self.auto_placement == "dynamic" and scheme.placement == "auto" and not scheme.weight_only:
-            # The dynamic candidate of the placement choice: where "auto" places an integer MatMul/Gemm,
-            # its input is quantized at run time.
-            return replace(scheme, mode="dynamic", rule="choice:dynamic"), rule
-        if self.auto_placement and scheme.placement == "auto" and not scheme.weight_only:
+        chosen = self.auto_placement
+        if chosen is not None and scheme.placement == "auto" and not scheme.weight_only:
+            if chosen == "dynamic":
+                # The dynamic candidate of the placement choice: where "auto" places an integer MatMul/Gemm,
+                # its input is quantized at run time.
+                return replace(scheme, mode="dynamic", rule="choice:dynamic"), rule
             # A candidate of the placement choice (see qtool.choice.selection).
-            return replace(scheme, placement=self.auto_placement, rule=f"choice:{self.auto_placement}"), rule
+            return replace(scheme, placement=chosen, rule=f"choice:{chosen}"), rule
         return scheme, rule
 
     @property
@@ -349,7 +351,7 @@ def _from_document(document: ConfigDocument, raw: dict[str, Any], source: str) -
         exclude=tuple(document.exclude or ()),
         preprocess=document.preprocess.model_dump(exclude_unset=True) if document.preprocess is not None else None,
         calibration=CalibrationSettings(observer, cal.batch_size, cal.limit, observer_options),
-        accuracy=SearchSettings(
+        accuracy=AccuracySettings(
             target_sqnr_db=acc.target_sqnr_db,
             max_float_nodes=acc.max_float_nodes,
             samples=acc.samples,

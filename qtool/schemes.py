@@ -7,7 +7,22 @@ each value comes from the config (configs/default.yaml under the user's file), n
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
+
+# One word per concept, each defined once (mypy's strict equality checks every comparison against them).
+RulePlacement = Literal["auto", "integer", "storage"]
+"""What a config rule asks of a node: integer kernels, storage-only compression, or decided per node."""
+NodePlacement = Literal["integer", "dynamic", "storage", "weight_only", "lookup"]
+"""How a planned node runs: integer kernels (Q/DQ), inputs quantized at run time, weights restored to float
+at load, weight-only (4/2-bit or fp16 weights, float activations), or a Gather reading dequantized rows."""
+NodeKind = Literal["integer", "dynamic", "storage", "weight_only", "lookup", "chained"]
+"""How a planned node runs, for counts and reports: its placement, or "chained" for an unweighted op between
+integer kernels (see qtool.quantization.chains)."""
+AutoPlacement = Literal["integer", "storage", "dynamic"]
+"""What the placement choice makes of every node a rule placed "auto", one candidate each."""
+Saturation = Literal["auto", "uint8", "reduce_range", "ignore", "fit"]
+"""``weight.saturation`` as written (auto | uint8 | reduce_range | ignore), and ``fit``: what ``auto`` becomes
+for a node whose int8 weight pairs are fitted to the AVX2 limit (see qtool.quantization.saturation)."""
 
 
 @dataclass(frozen=True)
@@ -22,7 +37,7 @@ class TensorScheme:
     block_size: int | None = None  # per_block only
     axis: int | None = None  # overrides the op's natural channel / block axis
     observer: str | dict[str, Any] | None = None  # activations: overrides calibration.observer
-    saturation: str | None = None  # weights: uint8 | reduce_range | ignore (see quantization.plan.guard_saturation)
+    saturation: Saturation | None = None  # weights (see quantization.plan.guard_saturation)
     final_layer_int8: bool | None = None  # weights: a weight-only final projection keeps int8 when 4/2-bit is asked
     format: str | None = None  # weights: qdq (DequantizeLinear) | matmul_nbits (onnxruntime's MatMulNBits, MatMul only)
     accuracy_level: int | None = None  # weights, matmul_nbits: the op's compute precision (0 float, 4 int8 activations)
@@ -83,7 +98,7 @@ class NodeScheme:
     activation: TensorScheme
     weight_only: bool
     rule: str  # global, op_type:<type>, node_name:<pattern>, ... (see QConfig.resolve)
-    placement: str  # integer kernels, storage-only compression, or decided per node
+    placement: RulePlacement
     algorithms: Algorithms
     mode: str  # "dynamic": integer MatMul/Gemm quantize their inputs at run time
 
@@ -99,8 +114,8 @@ class CalibrationSettings:
 
 
 @dataclass(frozen=True)
-class SearchSettings:
-    """The sensitivity search ``quantize`` runs when it has samples (see :mod:`qtool.choice.search`)."""
+class AccuracySettings:
+    """The `accuracy:` section: the target of the placement choice and the budgets of its sensitivity search."""
 
     target_sqnr_db: float | None  # None: no search
     max_float_nodes: int

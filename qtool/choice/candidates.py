@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 import onnx
 
 from qtool.choice.decode import DecodeJudge, decode_bar
-from qtool.choice.records import Build, PlacementCandidate, meets
+from qtool.choice.records import CandidateBuilder, CandidateName, PlacementCandidate, meets
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.quantization.plan_types import QuantPlan
@@ -23,15 +23,15 @@ def signature(plan: QuantPlan) -> tuple[tuple[str, str], ...]:
 class BuiltCandidates:
     """The candidates built so far: each name's config, the distinct plans, and which names planned the same."""
 
-    configs: dict[str, QConfig] = field(default_factory=dict)
-    plans: dict[str, tuple[QuantPlan, onnx.ModelProto]] = field(default_factory=dict)
-    aliases: dict[str, list[str]] = field(default_factory=dict)  # first name of a plan -> the others
-    scores: dict[str, float] = field(default_factory=dict)  # by distinct plan: the worst output's SQNR
-    seen: dict[tuple[tuple[str, str], ...], str] = field(default_factory=dict)
-    decodes: dict[str, float] = field(default_factory=dict)  # decoders: by distinct plan, decode agreement
+    configs: dict[CandidateName, QConfig] = field(default_factory=dict)
+    plans: dict[CandidateName, tuple[QuantPlan, onnx.ModelProto]] = field(default_factory=dict)
+    aliases: dict[CandidateName, list[CandidateName]] = field(default_factory=dict)  # first of a plan -> the others
+    scores: dict[CandidateName, float] = field(default_factory=dict)  # by distinct plan: the worst output's SQNR
+    seen: dict[tuple[tuple[str, str], ...], CandidateName] = field(default_factory=dict)
+    decodes: dict[CandidateName, float] = field(default_factory=dict)  # decoders: by distinct plan, decode agreement
     judge: DecodeJudge | None = None  # decoders: scores decode agreement
     # built and scored before the candidates (the range choice's all-integer model): name -> config, plan, model, score
-    prebuilt: dict[str, tuple[QConfig, QuantPlan, onnx.ModelProto, float]] = field(default_factory=dict)
+    prebuilt: dict[CandidateName, tuple[QConfig, QuantPlan, onnx.ModelProto, float]] = field(default_factory=dict)
 
     def decode(self) -> None:
         """Decode with every distinct candidate not decoded yet (decoders only)."""
@@ -44,7 +44,7 @@ class BuiltCandidates:
         """The decode agreement a candidate must reach (None: not a decoder)."""
         return decode_bar(self.decodes, self.aliases) if self.decodes else None
 
-    def add(self, name: str, config: QConfig, build: Build) -> QuantPlan:
+    def add(self, name: CandidateName, config: QConfig, build: CandidateBuilder) -> QuantPlan:
         """Build ``config``; a plan built before under another name only records the alias."""
         self.configs[name] = config
         prebuilt = self.prebuilt.pop(name, None)
@@ -79,9 +79,9 @@ class BuiltCandidates:
 
 
 def candidate_records(
-    plans: dict[str, tuple[QuantPlan, onnx.ModelProto]],
-    aliases: dict[str, list[str]],
-    scores: dict[str, float],
+    plans: dict[CandidateName, tuple[QuantPlan, onnx.ModelProto]],
+    aliases: dict[CandidateName, list[CandidateName]],
+    scores: dict[CandidateName, float],
     target: float,
 ) -> list[PlacementCandidate]:
     """One record per distinct plan: its node counts, its score and whether it reaches ``target``."""

@@ -17,6 +17,7 @@ import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decoder import DecoderInterface, model_decoder
+from qtool.choice.records import CandidateName
 from qtool.errors import QtoolError
 from qtool.evaluation.language_model import LanguageModelScore, language_model_metrics, reference_runs
 from qtool.graph.session import create_session
@@ -68,7 +69,9 @@ class DecodeJudge:
         return score.decode_agreement if score.decode_agreement is not None else 0.0
 
 
-def decode_bar(agreements: Mapping[str, float], aliases: Mapping[str, list[str]]) -> float | None:
+def decode_bar(
+    agreements: Mapping[CandidateName, float], aliases: Mapping[CandidateName, list[CandidateName]]
+) -> float | None:
     """The dynamic placement's agreement (it may share its plan with another candidate's name)."""
     for name, others in aliases.items():
         if (name == BAR or BAR in others) and name in agreements:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import onnx
 
-from qtool.choice.records import Build
+from qtool.choice.records import CandidateBuilder
 from qtool.config import QConfig, load_config
 from qtool.evaluation.scoring import OutputScorer
 from qtool.quantization.activations import OBSERVED_EXTREMES, OBSERVER_RANGES
@@ -27,7 +27,7 @@ class RangeChoice:
     integer: tuple[QConfig, QuantPlan, onnx.ModelProto, float]  # the winner's config, plan, model and score
 
 
-def choose_ranges(config: QConfig, build: Build, scorer: OutputScorer) -> RangeChoice | None:
+def choose_ranges(config: QConfig, build: CandidateBuilder, scorer: OutputScorer) -> RangeChoice | None:
     """The rule the all-integer placement scores higher with (ties keep the observer's); None: no choice.
 
     An observer the config names other than the default's (``calibration.observer``, or a node's

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import onnx
 
@@ -28,7 +28,12 @@ TIE = 0.10
 DECISIVE_CONFIDENCE = 0.99
 
 
-class Build(Protocol):
+CandidateName = Literal["auto", "unchained", "integer", "storage", "dynamic", "search"]
+"""The placement choice's candidates: the rules' placement ("auto"), auto with its chained ops float, every node
+an integer kernel, every weight stored (float compute), dynamic int8 MatMul/Gemm, and the search's mixed placement."""
+
+
+class CandidateBuilder(Protocol):
     """Plans and rewrites the model of a config; ``keep``: remembered, so writing it later costs nothing."""
 
     def __call__(self, config: QConfig, /, keep: bool = True) -> tuple[QuantPlan, onnx.ModelProto]: ...
@@ -38,7 +43,7 @@ class Build(Protocol):
 class PlacementCandidate:
     """One placement the choice measured."""
 
-    name: str  # auto | unchained | integer | storage | dynamic | search
+    name: CandidateName
     same_as: tuple[str, ...]  # other candidates that planned exactly this placement
     integer_nodes: int
     storage_nodes: int
@@ -53,7 +58,7 @@ class PlacementCandidate:
 class PlacementValidation:
     """A placement scored on samples the choice never scored: the figure it promises."""
 
-    candidate: str
+    candidate: CandidateName
     samples: list[str]
     sqnr_db: float  # worst output, the validation samples pooled
     bound_db: float  # its lower confidence bound (per-sample spread)
@@ -68,7 +73,7 @@ class PlacementChoice:
     samples: list[str]  # the files scored, spread over the data
     threads: int
     candidates: list[PlacementCandidate]
-    chosen: str
+    chosen: CandidateName
     reason: str
     fp32_ms: float | None = None
     timing_note: str = ""

@@ -47,7 +47,8 @@ from qtool.choice.ranges import choose_ranges
 from qtool.choice.records import (
     DECISIVE_CONFIDENCE,
     TIE,
-    Build,
+    CandidateBuilder,
+    CandidateName,
     FloatModel,
     PlacementChoice,
     Samples,
@@ -98,7 +99,7 @@ def _movable(plan: QuantPlan, moves: str = FLOAT_ACTIVATIONS) -> set[str]:
 def measure_placements(
     float_model: FloatModel,
     config: QConfig,
-    build: Build,
+    build: CandidateBuilder,
     samples: Samples,
     *,
     threads: int | None,
@@ -127,7 +128,7 @@ def measure_placements(
     config, built, choice = _scored_candidates(config, build, float_model, samples, scorer, (threads, factory))
     timed = settings.latency_runs > 0 and len(built.plans) > 1 and bool(scorer.samples)
 
-    def time_all(names: list[str] | None = None) -> None:  # timed on the first scored sample
+    def time_all(names: list[CandidateName] | None = None) -> None:  # timed on the first scored sample
         plans = built.plans if names is None else {n: built.plans[n] for n in names}
         time_candidates(choice, float_model, plans, settings.latency_runs, scorer.samples[0][1], factory)
 
@@ -156,7 +157,7 @@ def measure_placements(
 
 def _scored_candidates(
     config: QConfig,
-    build: Build,
+    build: CandidateBuilder,
     float_model: FloatModel,
     samples: Samples,
     scorer: OutputScorer,
@@ -185,7 +186,11 @@ def _scored_candidates(
 
 
 def _built_candidates(
-    built: BuiltCandidates, config: QConfig, build: Build, float_model: FloatModel, scored: tuple[Dataset, int | None]
+    built: BuiltCandidates,
+    config: QConfig,
+    build: CandidateBuilder,
+    float_model: FloatModel,
+    scored: tuple[Dataset, int | None],
 ) -> BuiltCandidates:
     """auto, integer, storage and (MatMul-heavy models, decoders) dynamic; a decoder's also decode when scored."""
     auto = built.add("auto", config, build)
@@ -205,7 +210,7 @@ def _built_candidates(
     return built
 
 
-def _search_plan(choice: PlacementChoice, built: BuiltCandidates, timed: bool) -> tuple[str, str] | None:
+def _search_plan(choice: PlacementChoice, built: BuiltCandidates, timed: bool) -> tuple[CandidateName, str] | None:
     """Where the sensitivity search starts and how it moves nodes, or None when it cannot pay off.
 
     It runs when "auto" misses the target, from the most accurate integer candidate that misses it
@@ -222,7 +227,7 @@ def _search_plan(choice: PlacementChoice, built: BuiltCandidates, timed: bool) -
         return None
     storage_meets = storage_name is None or meets(built.scores[storage_name], target)
     untimed = not timed or choice.fp32_ms is None
-    starts = [
+    starts: list[CandidateName] = [
         name
         for name in ("auto", "unchained")
         if name in built.plans
@@ -254,12 +259,12 @@ def _search(
     choice: PlacementChoice,
     built: BuiltCandidates,
     config: QConfig,
-    build: Build,
+    build: CandidateBuilder,
     scorer: OutputScorer,
     samples: Samples,
     float_model: FloatModel,
     progress: ProgressFactory | None,
-    plan: tuple[str, str],
+    plan: tuple[CandidateName, str],
 ) -> bool:
     """Run the sensitivity search from the start ``plan`` names; True when it added a "search" candidate."""
     start, moves = plan
@@ -303,7 +308,7 @@ def _may_win(choice: PlacementChoice, name: str) -> bool:
     )
 
 
-def _decide(choice: PlacementChoice, missed: frozenset[str] = frozenset()) -> bool:
+def _decide(choice: PlacementChoice, missed: frozenset[CandidateName] = frozenset()) -> bool:
     """Set ``chosen`` and ``reason`` from the measurements; False (nothing set) when ``missed`` leaves none.
 
     ``missed``: candidates that reached the target on the scored samples but missed it on the

@@ -9,7 +9,7 @@ from dataclasses import replace
 import onnx
 
 from qtool.calibration.dataset import Feed
-from qtool.choice.records import DECISIVE_CONFIDENCE, TIE, FloatModel, PlacementChoice
+from qtool.choice.records import DECISIVE_CONFIDENCE, TIE, CandidateName, FloatModel, PlacementChoice
 from qtool.evaluation.intervals import median_interval
 from qtool.evaluation.timing import Rounds, time_interleaved
 from qtool.graph.session import create_session
@@ -82,7 +82,7 @@ def undecided_comparisons(choice: PlacementChoice, names: list[str]) -> Callable
 def time_candidates(
     choice: PlacementChoice,
     float_model: FloatModel,
-    plans: dict[str, tuple[QuantPlan, onnx.ModelProto]],
+    plans: dict[CandidateName, tuple[QuantPlan, onnx.ModelProto]],
     rounds: int,
     feed: Feed,
     factory: ProgressFactory,

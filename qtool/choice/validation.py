@@ -6,19 +6,19 @@ from collections.abc import Callable, Mapping
 
 import onnx
 
-from qtool.choice.records import FloatModel, PlacementChoice, PlacementValidation, Samples, meets
+from qtool.choice.records import CandidateName, FloatModel, PlacementChoice, PlacementValidation, Samples, meets
 from qtool.evaluation.scoring import OutputScorer, signal_means
 from qtool.progress import ProgressFactory
 
 
 def validate_choice(
     choice: PlacementChoice,
-    models: Mapping[str, onnx.ModelProto],
+    models: Mapping[CandidateName, onnx.ModelProto],
     samples: Samples,
     float_model: FloatModel,
     factory: ProgressFactory,
     scored: OutputScorer,
-    redecide: Callable[[frozenset[str]], bool],
+    redecide: Callable[[frozenset[CandidateName]], bool],
 ) -> None:
     """Score the kept placement on the validation samples; when its bound misses the target, decide again.
 
@@ -38,7 +38,7 @@ def validate_choice(
     target = choice.target_sqnr_db
     signal = signal_means([scored, scorer])  # the float outputs' energy over every sample at hand
 
-    def check(name: str) -> PlacementValidation:
+    def check(name: CandidateName) -> PlacementValidation:
         score = scorer.score(models[name], f"the '{name}' placement")
         bound = score.worst_bound_db(choice.confidence, signal)
         files = samples.validation_files if samples.validation_files is not None else scorer.files

@@ -22,7 +22,7 @@ from qtool.pipeline.data import spread_dataset
 from qtool.progress import ProgressFactory
 from qtool.quantization.plan_types import QuantPlan
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
-from qtool.schemes import SearchSettings
+from qtool.schemes import AccuracySettings
 
 RANK_SAMPLES = 4  # samples of the sensitivity search's one per-layer pass (spread over the data)
 
@@ -39,9 +39,9 @@ def check_search(search: SearchOptions) -> None:
         raise QtoolError(f"--latency-runs must be an integer from 0 to {MAX_LATENCY_RUNS}")
 
 
-def accuracy_settings(given: SearchSettings, search: SearchOptions) -> SearchSettings:
+def accuracy_settings(given: AccuracySettings, search: SearchOptions) -> AccuracySettings:
     """The config's ``accuracy:`` section with the options given on the command line (or in code) over it."""
-    return SearchSettings(
+    return AccuracySettings(
         target_sqnr_db=given.target_sqnr_db if search.target_sqnr_db is None else search.target_sqnr_db,
         max_float_nodes=given.max_float_nodes if search.max_float_nodes is None else search.max_float_nodes,
         samples=given.samples if search.samples is None else search.samples,

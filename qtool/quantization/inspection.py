@@ -13,6 +13,7 @@ from qtool.quantization.kernels import predict_kernels
 from qtool.quantization.plan import passthrough_ops
 from qtool.quantization.plan_types import NodePlan, QuantPlan
 from qtool.quantization.qparams import quant_type
+from qtool.schemes import NodeKind
 
 _FLOAT_BYTES = 4
 
@@ -29,7 +30,7 @@ class NodeRow:
     weight_elements: int
     float_bytes: int
     quantized_bytes: int
-    placement: str = "integer"  # integer | dynamic | storage | weight_only | lookup
+    placement: NodeKind = "integer"
     reason: str = ""
     kernel: str = ""  # what onnxruntime's CPU provider is predicted to run
     kernel_reason: str = ""

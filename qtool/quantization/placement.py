@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import onnx
 
 from qtool.graph.index import GraphView
 from qtool.quantization.plan_types import QuantPlan
 from qtool.quantization.roles import Roles, is_depthwise, node_macs
 from qtool.schemes import NodeScheme
+
+Decision = Literal["integer", "storage", "float"]  # what the rules make of one node ("float": not quantized)
 
 # A node runs as an integer kernel under placement "auto" only when it does at least this many
 # multiply-accumulates per sample: below it, onnxruntime spends more on Quantize/DequantizeLinear and
@@ -25,8 +29,8 @@ AUTO_MIN_INTENSITY = 48
 
 def node_placement(
     node: onnx.NodeProto, roles: Roles, scheme: NodeScheme, g: GraphView, elements: dict[str, int] | None
-) -> tuple[str, str]:
-    """("integer" | "storage" | "float", why) for one node."""
+) -> tuple[Decision, str]:
+    """(what the node becomes, why) for one node."""
     if scheme.placement == "integer":
         return "integer", f"placement: integer ({scheme.rule})"
     if scheme.placement == "storage":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from qtool.quantization.roles import CHAIN_OPS
-from qtool.schemes import NodeScheme, TensorScheme
+from qtool.schemes import NodeKind, NodePlacement, NodeScheme, TensorScheme
 
 # x86 CPUs without VNNI (AVX2; AVX-512 before Cascade Lake; AMD before Zen 4) multiply 8-bit activations
 # by int8 weights with VPMADDUBSW, which adds two products in int16 and saturates: 255 x 127 x 2
@@ -38,8 +38,7 @@ class NodePlan:
     weight: WeightPlan | None
     bias: str | None  # 1-D initializer quantized to int32 (needs activations[0] and weight)
     output: str | None  # tensor quantized after the node (after a folded Relu)
-    placement: str = "integer"  # "integer" (Q/DQ), "dynamic" (input quantized at run time), "storage"
-    # (restored to float at load), "weight_only" or "lookup" (a Gather: the rows read are dequantized)
+    placement: NodePlacement = "integer"
     reason: str = ""  # why this placement
     macs: int | None = None  # multiply-accumulates per sample (integer nodes, when sizes are known)
     pair_layout: str | None = None  # how the integer kernel pairs the weight (qtool.quantization.saturation)
@@ -50,7 +49,7 @@ class NodePlan:
         return self.weight is None and self.op_type in CHAIN_OPS
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> NodeKind:
         """How it runs, for counts: its placement, or "chained" for an op between integer kernels."""
         return "chained" if self.chained else self.placement
 

@@ -30,6 +30,7 @@ import onnx
 from qtool.graph.index import GraphView
 from qtool.quantization.qparams import QParams
 from qtool.quantization.roles import Roles, node_group
+from qtool.schemes import Saturation
 
 PAIR_LIMIT = 32767 // 255  # 128: the largest same-signed pair sum of int8 codes that 0..255 codes cannot overflow
 
@@ -247,7 +248,9 @@ REDUCED = "int8 reduced"  # [-64, 63]
 UNGUARDED = "int8 unguarded"  # weight.saturation: ignore (VNNI / ARM deployments)
 
 
-def weight_form(saturation: str | None, dtype: str, reduced: bool, layout: str | None, fit: PairFit | None) -> str:
+def weight_form(
+    saturation: Saturation | None, dtype: str, reduced: bool, layout: str | None, fit: PairFit | None
+) -> str:
     """How an integer kernel's 8-bit weight was stored, in the words the reports use."""
     if dtype == "uint8":
         return AS_UINT8

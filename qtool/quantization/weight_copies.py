@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from qtool.quantization.plan_types import NodePlan
 from qtool.quantization.qparams import quant_type
@@ -22,14 +23,14 @@ CopyKey = tuple[int | None, int | None, str, bool, str]
 # axis, block size, dtype, symmetric, range ("full", "reduced" or "fit" for the kernel's pairs): what the
 # stored integers of one copy depend on
 
-DEQUANTIZED, RESTORED, FP16, INTEGERS, GATHERED, NBITS = (
-    "dequantized",
-    "restored",
-    "fp16",
-    "integers",
-    "gathered",
-    "matmul_nbits",
-)
+WeightForm = Literal["dequantized", "restored", "fp16", "integers", "gathered", "matmul_nbits"]
+"""How a node reads its stored weight (see :class:`WeightUse`)."""
+DEQUANTIZED: WeightForm = "dequantized"
+RESTORED: WeightForm = "restored"
+FP16: WeightForm = "fp16"
+INTEGERS: WeightForm = "integers"
+GATHERED: WeightForm = "gathered"
+NBITS: WeightForm = "matmul_nbits"
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class WeightUse:
 
     weight: str
     copy: CopyKey
-    form: str  # DEQUANTIZED (DequantizeLinear), RESTORED (Cast/Mul folded at load), FP16 (Cast) or
+    form: WeightForm  # DEQUANTIZED (DequantizeLinear), RESTORED (Cast/Mul folded at load), FP16 (Cast) or
     # INTEGERS (the stored integers themselves, read by a dynamically quantized MatMulInteger) or
     # GATHERED (the stored rows a Gather reads, dequantized after it) or NBITS (packed into onnxruntime's
     # MatMulNBits, which replaces the MatMul)
