@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from bench.measure import run_worker  # noqa: E402
 from bench.real_data import MODELS as REAL_MODELS  # noqa: E402
 from bench.real_data import RegistryUnavailable, real_model  # noqa: E402
-from qtool.quantization.kernels import WEIGHTED_INTEGER_KERNELS  # noqa: E402
+from qtool.quantization.plan.kernels import WEIGHTED_INTEGER_KERNELS  # noqa: E402
 from qtool.system.environment import cpu_info  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

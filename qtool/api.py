@@ -36,7 +36,7 @@ from qtool.pipeline.choose import check_search
 from qtool.pipeline.feeds import accepts_feeds
 from qtool.pipeline.tune_checks import check_tunable, check_tune_outputs, tune_goal
 from qtool.pipeline.workspace import open_workspace
-from qtool.quantization.inspection import Inspection
+from qtool.quantization.plan.inspection import Inspection
 from qtool.results import ProgressFactory, QuantizeResult, TuneResult
 
 ConfigSource = Path | str | Mapping[str, Any] | None  # a YAML file, a parsed document, or None: the default

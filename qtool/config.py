@@ -53,8 +53,12 @@ class QConfig:
     sensitive_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: activations kept float
     float_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: kept entirely float (weights too)
     auto_placement: AutoPlacement | None = None  # what every placement "auto" node becomes (a choice's candidate)
-    chains: bool = True  # False: the ops placed "auto" between integer kernels stay float (qtool.quantization.chains)
-    activation_ranges: str = "observer"  # "observer" | "extremes" (see qtool.quantization.activations): the choice's
+    chains: bool = (
+        True  # False: the ops placed "auto" between integer kernels stay float (qtool.quantization.plan.chains)
+    )
+    activation_ranges: str = (
+        "observer"  # "observer" | "extremes" (see qtool.quantization.plan.activations): the choice's
+    )
 
     @property
     def kv_cache(self) -> tuple[str, str] | None:

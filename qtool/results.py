@@ -20,7 +20,7 @@ from qtool.evaluation.output_kinds import OutputKind
 from qtool.graph.model_files import files_sha256, model_files
 from qtool.graph.prepare import PrepareReport
 from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exported
-from qtool.quantization.rewrite_report import RewriteReport
+from qtool.quantization.emit.report import RewriteReport
 
 
 @dataclass(frozen=True)

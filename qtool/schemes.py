@@ -17,12 +17,12 @@ NodePlacement = Literal["integer", "dynamic", "storage", "weight_only", "lookup"
 at load, weight-only (4/2-bit or fp16 weights, float activations), or a Gather reading dequantized rows."""
 NodeKind = Literal["integer", "dynamic", "storage", "weight_only", "lookup", "chained"]
 """How a planned node runs, for counts and reports: its placement, or "chained" for an unweighted op between
-integer kernels (see qtool.quantization.chains)."""
+integer kernels (see qtool.quantization.plan.chains)."""
 AutoPlacement = Literal["integer", "storage", "dynamic"]
 """What the placement choice makes of every node a rule placed "auto", one candidate each."""
 Saturation = Literal["auto", "uint8", "reduce_range", "ignore", "fit"]
 """``weight.saturation`` as written (auto | uint8 | reduce_range | ignore), and ``fit``: what ``auto`` becomes
-for a node whose int8 weight pairs are fitted to the AVX2 limit (see qtool.quantization.saturation)."""
+for a node whose int8 weight pairs are fitted to the AVX2 limit (see qtool.quantization.numerics.saturation)."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from qtool.choice.decode import DecodeJudge, decode_bar
 from qtool.choice.records import CandidateBuilder, CandidateName, PlacementCandidate, meets
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
-from qtool.quantization.plan_types import QuantPlan
+from qtool.quantization.plan.records import QuantPlan
 
 
 def signature(plan: QuantPlan) -> tuple[tuple[str, str], ...]:

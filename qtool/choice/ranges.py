@@ -14,8 +14,8 @@ import onnx
 from qtool.choice.records import CandidateBuilder
 from qtool.config import QConfig, load_config
 from qtool.evaluation.scoring import OutputScorer
-from qtool.quantization.activations import OBSERVED_EXTREMES, OBSERVER_RANGES
-from qtool.quantization.plan_types import QuantPlan
+from qtool.quantization.plan.activations import OBSERVED_EXTREMES, OBSERVER_RANGES
+from qtool.quantization.plan.records import QuantPlan
 
 
 @dataclass(frozen=True)

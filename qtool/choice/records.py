@@ -15,7 +15,7 @@ from qtool.choice.search import SearchResult
 from qtool.config import QConfig
 from qtool.evaluation.confidence import CONFIDENCE
 from qtool.graph.weights import Weights
-from qtool.quantization.plan_types import QuantPlan
+from qtool.quantization.plan.records import QuantPlan
 
 # A candidate must be more than 10 % faster to displace a more accurate one. The bar sits beyond what load on
 # the other core does to a ratio (the sample CNN's all-integer model, 3-4 % faster than "auto" when the machine

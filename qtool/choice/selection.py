@@ -1,11 +1,11 @@
 """The placement a model ships with, chosen by measurement: accuracy on samples, then latency.
 
-The MAC model of :mod:`qtool.quantization.placement` guesses where integer kernels pay off;
+The MAC model of :mod:`qtool.quantization.plan.placement` guesses where integer kernels pay off;
 whether they do depends on the CPU, onnxruntime's fusions and the shapes. So ``quantize``
 builds a few candidates and measures them:
 
 - ``auto``: the placement rules of the config, the ops between its integer kernels chained
-  (:mod:`qtool.quantization.chains`);
+  (:mod:`qtool.quantization.plan.chains`);
 - ``unchained``: ``auto`` with those ops in float (every integer kernel a float boundary), built when
   ``auto`` chains an op that computes (Add, Mul, Sigmoid, ...): more accurate, usually slower, never less
   than what ``auto`` gave before chains;
@@ -65,8 +65,8 @@ from qtool.choice.validation import validate_choice
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
-from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.roles import FUSED_KERNELS
+from qtool.quantization.plan.records import QuantPlan
+from qtool.quantization.plan.roles import FUSED_KERNELS
 from qtool.system.stages import stage
 
 DYNAMIC_MIN_SHARE = 0.5  # the dynamic candidate is built when weighted MatMul/Gemm do this share of the MACs

@@ -14,7 +14,7 @@ from qtool.evaluation.intervals import median_interval
 from qtool.evaluation.timing import Rounds, time_interleaved
 from qtool.graph.session import create_session
 from qtool.progress import ProgressFactory
-from qtool.quantization.plan_types import QuantPlan
+from qtool.quantization.plan.records import QuantPlan
 
 TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are done ...
 MIN_ROUNDS = 5

@@ -9,7 +9,7 @@ import numpy as np
 from qtool.observers._histogram_base import HistogramObserver
 from qtool.observers.base import register_observer
 from qtool.observers.histogram import DEFAULT_BINS
-from qtool.quantization.qparams import QuantType, compute_qparams
+from qtool.quantization.numerics.qparams import QuantType, compute_qparams
 
 
 def _grid_type(bits: int, symmetric: bool) -> QuantType:

@@ -19,13 +19,13 @@ from qtool.config import QConfig
 from qtool.options import CalibrationOptions
 from qtool.pipeline.data import tapped_pass
 from qtool.pipeline.workspace import Workspace
-from qtool.quantization.activations import plan_activation_qparams
-from qtool.quantization.algorithms.empirical_bias import measure_shifts, measured_layers
-from qtool.quantization.algorithms.node_inputs import NodeInput, NodeInputCollector, node_input
-from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
-from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.rewrite import insert_qdq
-from qtool.quantization.rewrite_report import RewriteReport
+from qtool.quantization.algorithms.rounding.empirical_bias import measure_shifts, measured_layers
+from qtool.quantization.algorithms.rounding.node_inputs import NodeInput, NodeInputCollector, node_input
+from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
+from qtool.quantization.emit.report import RewriteReport
+from qtool.quantization.emit.rewrite import insert_qdq
+from qtool.quantization.plan.activations import plan_activation_qparams
+from qtool.quantization.plan.records import QuantPlan
 
 log = logging.getLogger(__name__)
 

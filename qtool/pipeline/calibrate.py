@@ -18,8 +18,8 @@ from qtool.pipeline.data import calibration_dataset, sample_count
 from qtool.pipeline.passes import BEFORE_CALIBRATION, PassInputs, run_passes
 from qtool.pipeline.workspace import Workspace, open_workspace
 from qtool.progress import ProgressFactory, noop_progress
-from qtool.quantization.algorithms.graph_transforms import smoothing_nodes
-from qtool.quantization.algorithms.node_inputs import NodeInputCollector
+from qtool.quantization.algorithms.rounding.node_inputs import NodeInputCollector
+from qtool.quantization.algorithms.transforms.graph_transforms import smoothing_nodes
 from qtool.system.stages import stage
 
 

@@ -20,7 +20,7 @@ from qtool.options import EvaluationOptions, SearchOptions
 from qtool.pipeline.build import Builder
 from qtool.pipeline.data import spread_dataset
 from qtool.progress import ProgressFactory
-from qtool.quantization.plan_types import QuantPlan
+from qtool.quantization.plan.records import QuantPlan
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
 from qtool.schemes import AccuracySettings
 

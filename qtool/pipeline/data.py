@@ -10,7 +10,7 @@ from qtool.calibration.statistics import BatchTap, FloatPass, Observing, collect
 from qtool.errors import QtoolError
 from qtool.options import CalibrationOptions
 from qtool.pipeline.workspace import Workspace
-from qtool.quantization.algorithms.node_inputs import NodeInputCollector
+from qtool.quantization.algorithms.rounding.node_inputs import NodeInputCollector
 from qtool.system.stages import stage
 
 

@@ -11,12 +11,12 @@ from qtool._version import __version__
 from qtool.options import CalibrationOptions
 from qtool.pipeline.calibrate import observe
 from qtool.pipeline.workspace import Workspace
-from qtool.quantization.activations import activation_qparams
-from qtool.quantization.inspection import Inspection, inspect_plan
-from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.rewrite import insert_qdq
-from qtool.quantization.rewrite_report import RewriteReport
-from qtool.quantization.saturation import FITTED
+from qtool.quantization.emit.report import RewriteReport
+from qtool.quantization.emit.rewrite import insert_qdq
+from qtool.quantization.numerics.saturation import FITTED
+from qtool.quantization.plan.activations import activation_qparams
+from qtool.quantization.plan.inspection import Inspection, inspect_plan
+from qtool.quantization.plan.records import QuantPlan
 from qtool.schemes import CPU_TARGETS
 
 

@@ -12,7 +12,7 @@ from qtool.graph.session import create_session
 from qtool.pipeline.data import full_dataset
 from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory, noop_progress
-from qtool.quantization.kv_cache import RANGE_STEPS, cache_nodes, cache_ranges, quantize_cache
+from qtool.quantization.emit.kv_cache import RANGE_STEPS, cache_nodes, cache_ranges, quantize_cache
 from qtool.system.stages import stage
 
 

@@ -32,8 +32,8 @@ from qtool.pipeline.kv_cache import apply_kv_cache, check_kv_cache
 from qtool.pipeline.passes import BEFORE_QUANTIZATION, Awq, Equalize, PassInputs, SmoothQuant, run_passes
 from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory
-from qtool.quantization.algorithms.node_inputs import NodeInputCollector
-from qtool.quantization.kernels import float_boundaries, predict_kernels
+from qtool.quantization.algorithms.rounding.node_inputs import NodeInputCollector
+from qtool.quantization.plan.kernels import float_boundaries, predict_kernels
 from qtool.results import ComparisonResult, ModelFile, QuantizeResult
 from qtool.schemes import CPU_TARGETS
 from qtool.system.stages import stage

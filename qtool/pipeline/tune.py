@@ -50,7 +50,7 @@ from qtool.pipeline.tune_state import TuneRequest, Tuning, timed
 from qtool.pipeline.tune_write import write_chosen
 from qtool.pipeline.workspace import Workspace, open_workspace
 from qtool.progress import ProgressFactory, noop_progress
-from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
+from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
 from qtool.results import TuneResult
 from qtool.system.environment import cpu_info, files_digest, versions
 from qtool.system.stages import stage

@@ -20,7 +20,7 @@ from qtool.evaluation.split import SampleSplit
 from qtool.options import CalibrationOptions, TuneOptions
 from qtool.pipeline.build import Builder
 from qtool.pipeline.workspace import Workspace
-from qtool.quantization.plan_types import NodePlan
+from qtool.quantization.plan.records import NodePlan
 
 FINAL_BUILD_SHARE = 1.5  # the final build (calibration again) is set aside as this many times the first one
 

@@ -27,10 +27,10 @@ from qtool.graph.opsets import choose_opset, runtime_qdq_limit
 from qtool.graph.prepare import PrepareReport, default_opset, prepare_model, refuse_quantized
 from qtool.graph.session import check_runtime_support
 from qtool.graph.weights import Weights
-from qtool.quantization.algorithms.smoothing import SmoothedGroup
-from qtool.quantization.plan import build_plan
-from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.roles import static_elements
+from qtool.quantization.algorithms.transforms.smoothing import SmoothedGroup
+from qtool.quantization.plan.planner import build_plan
+from qtool.quantization.plan.records import QuantPlan
+from qtool.quantization.plan.roles import static_elements
 from qtool.results import ModelFile
 from qtool.system.stages import stage
 

@@ -15,7 +15,7 @@ from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.language_model import LanguageModelScore
 from qtool.evaluation.layers import LayerError, largest_drop
 from qtool.evaluation.metrics import ErrorMetrics, LatencyComparison, LatencyStats
-from qtool.quantization.inspection import Inspection
+from qtool.quantization.plan.inspection import Inspection
 from qtool.results import ComparisonResult, QuantizeResult
 from qtool.schemas import reports as doc
 from qtool.system.doctor import Doctor

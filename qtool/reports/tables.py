@@ -11,8 +11,8 @@ from rich.table import Table
 
 from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.layers import LayerError, largest_drop, layer_drop, layer_op
-from qtool.quantization.inspection import Inspection
-from qtool.quantization.rewrite_report import RewriteReport
+from qtool.quantization.emit.report import RewriteReport
+from qtool.quantization.plan.inspection import Inspection
 from qtool.reports.ci import improved
 from qtool.reports.placement_tables import render_choice, render_search
 from qtool.reports.terminal import for_terminal, printable

@@ -12,8 +12,8 @@ import pytest
 import qtool
 from qtool.calibration.statistics import CalibrationStats
 from qtool.errors import QtoolError
-from qtool.quantization.algorithms.node_inputs import MAX_REDUCTION, NodeInput, NodeInputCollector
-from qtool.quantization.algorithms.patches import MatMulGeometry
+from qtool.quantization.algorithms.rounding.node_inputs import MAX_REDUCTION, NodeInput, NodeInputCollector
+from qtool.quantization.algorithms.rounding.patches import MatMulGeometry
 from tests.conftest import calib_dir, eval_dir, run_model, sample
 
 INTEGER = "global: {placement: integer}\n"
@@ -333,7 +333,7 @@ def test_bias_correction_with_no_measurable_layer_in_a_candidate_does_not_crash(
 
 def test_measuring_bias_shifts_of_no_layer_measures_nothing():
     from qtool.graph.weights import Weights
-    from qtool.quantization.algorithms.empirical_bias import measure_shifts
+    from qtool.quantization.algorithms.rounding.empirical_bias import measure_shifts
 
     model = onnx.load(str(sample("mlp")))
     assert measure_shifts(model, Weights(), [], [{"input": np.zeros((1, 64), np.float32)}]) == ({}, {})

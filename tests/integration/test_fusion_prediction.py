@@ -9,8 +9,8 @@ import onnxruntime as ort
 import pytest
 
 import qtool
-from qtool.quantization.kernels import WEIGHTED_INTEGER_KERNELS
-from qtool.quantization.roles import FUSED_KERNELS
+from qtool.quantization.plan.kernels import WEIGHTED_INTEGER_KERNELS
+from qtool.quantization.plan.roles import FUSED_KERNELS
 from tests.conftest import ROOT, calib_dir, sample
 
 INTEGER_KERNELS = WEIGHTED_INTEGER_KERNELS | set(FUSED_KERNELS.values())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.observers import create_observer
-from qtool.quantization.activations import OBSERVED_EXTREMES, OBSERVER_RANGES, plan_activation_qparams
-from qtool.quantization.plan_types import QuantPlan
+from qtool.quantization.plan.activations import OBSERVED_EXTREMES, OBSERVER_RANGES, plan_activation_qparams
+from qtool.quantization.plan.records import QuantPlan
 from qtool.schemes import TensorScheme
 
 

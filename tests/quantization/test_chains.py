@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qtool
 from qtool.graph.index import GraphView
-from qtool.quantization.roles import FUSED_KERNELS, PASS_THROUGH
+from qtool.quantization.plan.roles import FUSED_KERNELS, PASS_THROUGH
 
 SIZE, CHANNELS = 16, 8
 

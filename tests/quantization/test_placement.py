@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from qtool.config import load_config
-from qtool.quantization.placement import AUTO_MIN_MACS
-from qtool.quantization.plan import build_plan
-from qtool.quantization.roles import static_elements
+from qtool.quantization.plan.placement import AUTO_MIN_MACS
+from qtool.quantization.plan.planner import build_plan
+from qtool.quantization.plan.roles import static_elements
 from tests.quantization.models import conv_chain, prepared
 
 

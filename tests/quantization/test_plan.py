@@ -7,8 +7,8 @@ import pytest
 from qtool.config import load_config
 from qtool.errors import QtoolError
 from qtool.graph.index import GraphView
-from qtool.quantization.plan import build_plan, final_weighted_nodes
-from qtool.quantization.roles import static_elements
+from qtool.quantization.plan.planner import build_plan, final_weighted_nodes
+from qtool.quantization.plan.roles import static_elements
 from tests.quantization.models import conv_chain, prepared
 
 

@@ -9,9 +9,9 @@ import pytest
 
 from qtool.config import load_config
 from qtool.errors import QtoolError
-from qtool.quantization.activations import activation_qparams
-from qtool.quantization.plan import build_plan
-from qtool.quantization.rewrite import insert_qdq
+from qtool.quantization.emit.rewrite import insert_qdq
+from qtool.quantization.plan.activations import activation_qparams
+from qtool.quantization.plan.planner import build_plan
 from tests.quantization.models import conv_chain, prepared
 
 

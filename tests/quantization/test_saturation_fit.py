@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qtool.quantization.qparams import QParams, dequantize, quant_type, quantize
-from qtool.quantization.saturation import (
+from qtool.quantization.numerics.qparams import QParams, dequantize, quant_type, quantize
+from qtool.quantization.numerics.saturation import (
     COLUMNS,
     CONV,
     DEPTHWISE,
@@ -110,7 +110,7 @@ def test_codes_rounded_past_the_limit_give_way_one_step_at_a_time():
     ("shape", "layout", "kind", "axis"), [((32, 16, 3, 3), CONV, "Conv", 0), ((96, 40), COLUMNS, "MatMul", 1)]
 )
 def test_gptq_keeps_the_pairs_within_the_limit_when_that_errs_less_than_nudging_its_codes(shape, layout, kind, axis):
-    from qtool.quantization.algorithms.gptq import (
+    from qtool.quantization.algorithms.rounding.gptq import (
         RowGrid,
         gptq_round,
         hessian_factors,
@@ -120,8 +120,8 @@ def test_gptq_keeps_the_pairs_within_the_limit_when_that_errs_less_than_nudging_
         rows_to_weight,
         weight_rows,
     )
-    from qtool.quantization.algorithms.node_inputs import NodeInput
-    from qtool.quantization.algorithms.weight_rounding import _paired
+    from qtool.quantization.algorithms.rounding.node_inputs import NodeInput
+    from qtool.quantization.algorithms.rounding.weight_rounding import _paired
 
     rng = np.random.default_rng(3)
     weight = rng.normal(size=shape).astype(np.float32)
@@ -151,7 +151,7 @@ def test_gptq_keeps_the_pairs_within_the_limit_when_that_errs_less_than_nudging_
 
 def test_codes_a_rounding_returns_transposed_are_still_brought_within_the_limit():
     # GPTQ's codes of a MatMul weight come back as a transposed view: the nudges must land in them all the same
-    from qtool.quantization.saturation import codes_within_limit
+    from qtool.quantization.numerics.saturation import codes_within_limit
 
     rng = np.random.default_rng(4)
     weight = rng.normal(size=(96, 40)).astype(np.float32)

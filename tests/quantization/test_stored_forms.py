@@ -7,8 +7,15 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from qtool.quantization.qparams import QUANT_TYPES, QParams, compute_qparams, dequantize, quantize, weight_range
-from qtool.quantization.stored_forms import Names, StoredForms
+from qtool.quantization.emit.stored_forms import Names, StoredForms
+from qtool.quantization.numerics.qparams import (
+    QUANT_TYPES,
+    QParams,
+    compute_qparams,
+    dequantize,
+    quantize,
+    weight_range,
+)
 
 
 def _evaluate(forms: StoredForms, prologue: list[onnx.NodeProto], output: str, opset: int = 21) -> np.ndarray:

@@ -23,7 +23,7 @@ from qtool import config as qconfig
 from qtool.calibration import preprocess
 from qtool.errors import QtoolError
 from qtool.observers.base import builtin_observers, observer_options
-from qtool.quantization.qparams import (
+from qtool.quantization.numerics.qparams import (
     QUANT_TYPES,
     QParams,
     QuantType,

@@ -19,7 +19,7 @@ from qtool.observers import (
     observer_class,
 )
 from qtool.observers._reduce import reduce_min_max
-from qtool.quantization.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize
+from qtool.quantization.numerics.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize
 
 ALL = ["entropy", "mean_std", "minmax", "moving_average", "mse", "percentile"]
 EXACT_MERGE = ["entropy", "mean_std", "minmax", "mse", "percentile"]

@@ -7,7 +7,14 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from qtool.quantization.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize, quantize_bias, weight_range
+from qtool.quantization.numerics.qparams import (
+    QUANT_TYPES,
+    compute_qparams,
+    dequantize,
+    quantize,
+    quantize_bias,
+    weight_range,
+)
 
 INT8, UINT8 = QUANT_TYPES["int8"], QUANT_TYPES["uint8"]
 

@@ -9,7 +9,7 @@ from qtool.errors import QtoolError
 from qtool.pipeline.data import tapped_pass
 from qtool.pipeline.passes.base import PassInputs, PassResult
 from qtool.pipeline.workspace import Workspace
-from qtool.quantization.algorithms.graph_transforms import ChannelMaxima, apply_smoothing, smoothing_nodes
+from qtool.quantization.algorithms.transforms.graph_transforms import ChannelMaxima, apply_smoothing, smoothing_nodes
 from qtool.system.stages import stage
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,15 @@
 
 from __future__ import annotations
 
-from qtool.quantization.algorithms.bias_correction import bias_correction
-from qtool.quantization.algorithms.gptq import GptqResult, gptq_round, qparams_rows, rows_to_weight, weight_rows
-from qtool.quantization.algorithms.patches import ConvGeometry, InputStats, MatMulGeometry, input_stats
+from qtool.quantization.algorithms.rounding.bias_correction import bias_correction
+from qtool.quantization.algorithms.rounding.gptq import (
+    GptqResult,
+    gptq_round,
+    qparams_rows,
+    rows_to_weight,
+    weight_rows,
+)
+from qtool.quantization.algorithms.rounding.patches import ConvGeometry, InputStats, MatMulGeometry, input_stats
 
 __all__ = [
     "ConvGeometry",

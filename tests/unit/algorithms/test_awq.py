@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qtool.quantization.algorithms.awq import MEAN_FLOOR, channel_scales
-from qtool.quantization.algorithms.graph_transforms import AwqReader, InputMoments, choose_awq_scales
+from qtool.quantization.algorithms.transforms.awq import MEAN_FLOOR, channel_scales
+from qtool.quantization.algorithms.transforms.graph_transforms import AwqReader, InputMoments, choose_awq_scales
 from qtool.schemes import TensorScheme
 
 

@@ -7,7 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights, is_detached
-from qtool.quantization.algorithms.equalization import EqualizedPair, equalize
+from qtool.quantization.algorithms.transforms.equalization import EqualizedPair, equalize
 
 
 def _everything(name: str) -> bool:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from qtool.errors import QtoolError
-from qtool.quantization.algorithms.patches import (
+from qtool.quantization.algorithms.rounding.patches import (
     ConvGeometry,
     MatMulGeometry,
     input_stats,

@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 
 from qtool.config import QConfig
-from qtool.quantization.kernels import predict_kernels
-from qtool.quantization.plan import passthrough_ops
-from qtool.quantization.plan_types import NodePlan, QuantPlan
-from qtool.quantization.qparams import quant_type
+from qtool.quantization.numerics.qparams import quant_type
+from qtool.quantization.plan.kernels import predict_kernels
+from qtool.quantization.plan.planner import passthrough_ops
+from qtool.quantization.plan.records import NodePlan, QuantPlan
 from qtool.schemes import NodeKind
 
 _FLOAT_BYTES = 4

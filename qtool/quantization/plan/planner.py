@@ -18,13 +18,20 @@ from onnx import TensorProto, helper
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.graph.index import GraphView, all_nodes, node_subgraphs
-from qtool.quantization.chains import plan_chains
-from qtool.quantization.matmul_nbits import check_layout
-from qtool.quantization.placement import isolated_integer_nodes, node_placement
-from qtool.quantization.plan_types import NodePlan, QuantPlan, WeightPlan
-from qtool.quantization.qparams import quant_type
-from qtool.quantization.roles import HANDLERS, LOOKUP_OPS, Roles, WeightRoles, node_macs, output_to_quantize
-from qtool.quantization.saturation import pair_layout
+from qtool.quantization.numerics.matmul_nbits import check_layout
+from qtool.quantization.numerics.qparams import quant_type
+from qtool.quantization.plan.chains import plan_chains
+from qtool.quantization.plan.placement import isolated_integer_nodes, node_placement
+from qtool.quantization.plan.records import NodePlan, QuantPlan, WeightPlan
+from qtool.quantization.plan.roles import (
+    HANDLERS,
+    LOOKUP_OPS,
+    Roles,
+    WeightRoles,
+    node_macs,
+    output_to_quantize,
+    pair_layout,
+)
 from qtool.schemes import CPU_TARGETS, NodeScheme, TensorScheme, for_target
 
 log = logging.getLogger(__name__)
@@ -34,7 +41,7 @@ def guard_saturation(scheme: NodeScheme, layout: str | None) -> NodeScheme:
     """The scheme an integer-placed node is quantized with, given ``weight.saturation``.
 
     ``auto`` (default) becomes ``fit`` where qtool knows how the node's kernel pairs its weights
-    (``layout``, see :mod:`qtool.quantization.saturation`) and the weights are symmetric int8: the
+    (``layout``, see :mod:`qtool.quantization.numerics.saturation`) and the weights are symmetric int8: the
     rewrite then keeps full-range int8 where no pair can saturate and fits the channels that could.
     Elsewhere it falls back to ``uint8``, which stores int8 weights as uint8 with the same levels, so
     onnxruntime runs its exact uint8 x uint8 kernels on every CPU (slower on VNNI CPUs). With int8
@@ -352,7 +359,7 @@ def _bodies_left_float(node: onnx.NodeProto, bodies: list[onnx.GraphProto]) -> s
 
     Calibration can only observe tensors of the main graph (a body's tensors cannot be graph
     outputs), so qtool quantizes no node inside a body; what a body reads from the outer scope
-    stays available in float (see :mod:`qtool.quantization.rewrite`).
+    stays available in float (see :mod:`qtool.quantization.emit.rewrite`).
     """
     count = sum(len(all_nodes(body)) for body in bodies)
     where = f"{node.op_type} {'bodies' if len(bodies) > 1 else 'body'}"

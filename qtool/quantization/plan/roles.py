@@ -14,6 +14,7 @@ import onnx
 from onnx import helper
 
 from qtool.graph.index import GraphView
+from qtool.quantization.numerics.saturation import COLUMNS, CONV, DEPTHWISE, ROWS
 
 # op -> the kernel onnxruntime's QDQ transformers fuse DQ -> op -> Q into (CPU provider)
 FUSED_KERNELS = {
@@ -228,3 +229,21 @@ def static_elements(model: onnx.ModelProto) -> dict[str, int]:
         if len(known) == len(dims):
             counts[value.name] = int(np.prod(known)) if known else 1
     return counts
+
+
+def pair_layout(node: onnx.NodeProto, roles: Roles, g: GraphView) -> str | None:
+    """How onnxruntime's integer kernel for ``node`` pairs its weight, or None when qtool does not know it."""
+    if roles.weight is None:
+        return None
+    weight = g.initializers.get(roles.weight.name)
+    if weight is None:
+        return None
+    dims = list(weight.dims)
+    if node.op_type == "Conv" and len(dims) >= 3:
+        group = node_group(node)
+        return DEPTHWISE if dims[1] == 1 and dims[0] == group else CONV
+    if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] == roles.weight.name and len(dims) >= 2:
+        return COLUMNS
+    if node.op_type == "Gemm" and len(dims) == 2:
+        return ROWS if roles.weight.channel_axis == 0 else COLUMNS
+    return None  # ConvTranspose, a MatMul whose constant is its first input: not analysed

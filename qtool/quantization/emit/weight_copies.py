@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from qtool.quantization.plan_types import NodePlan
-from qtool.quantization.qparams import quant_type
+from qtool.quantization.numerics.qparams import quant_type
+from qtool.quantization.plan.records import NodePlan
 
 CopyKey = tuple[int | None, int | None, str, bool, str]
 # axis, block size, dtype, symmetric, range ("full", "reduced" or "fit" for the kernel's pairs): what the

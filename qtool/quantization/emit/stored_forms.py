@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from qtool.errors import QtoolError
 from qtool.graph.index import all_nodes
 from qtool.graph.names import fresh_name
-from qtool.quantization.matmul_nbits import make_matmul_nbits, pack_codes
-from qtool.quantization.qparams import QParams, quant_type, to_tensor_proto
+from qtool.quantization.numerics.matmul_nbits import make_matmul_nbits, pack_codes
+from qtool.quantization.numerics.qparams import QParams, quant_type, to_tensor_proto
 from qtool.schemes import TensorScheme
 
 
@@ -63,7 +63,7 @@ class StoredForms:
     def integers(self, name: str, values: np.ndarray, qp: QParams) -> str:
         """Store quantized ``values`` (4- and 2-bit packed) as an initializer; returns its name.
 
-        One stored tensor may feed several of the forms below (see :mod:`qtool.quantization.weight_copies`).
+        One stored tensor may feed several of the forms below (see :mod:`qtool.quantization.emit.weight_copies`).
         """
         stored = self.names.new(f"{name}/quantized")
         self.graph.initializer.append(to_tensor_proto(values, qp.qtype, stored))

@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 from qtool.graph.index import GraphView, all_nodes
 from qtool.graph.names import fresh_name
 from qtool.graph.weights import Weights
-from qtool.quantization.algorithms.equalization_pairs import Layer, candidates, channels_problem, layer
+from qtool.quantization.algorithms.transforms.equalization_pairs import Layer, candidates, channels_problem, layer
 
 MAX_SCALE = 1e4  # one sweep's scale stays within [1 / MAX_SCALE, MAX_SCALE]
 _SHIFT_SAFE = {"Relu", "MaxPool", "Identity"}  # relu(y) - c == relu(y - c) once y >= c >= 0; max and identity commute

@@ -16,6 +16,7 @@ import numpy as np
 from onnx import TensorProto
 
 from qtool.errors import QtoolError
+from qtool.schemes import TensorScheme
 
 
 @dataclass(frozen=True)
@@ -360,3 +361,36 @@ def _mse_range(groups: np.ndarray, qtype: QuantType, symmetric: bool, candidates
         best_err = np.where(better, err, best_err)
         best_lo, best_hi = np.where(better, lo, best_lo), np.where(better, hi, best_hi)
     return best_lo, best_hi
+
+
+def weight_qparams(
+    weight: np.ndarray,
+    scheme: TensorScheme,
+    axis: int | None,
+    what: str,
+    block_size: int | None = None,
+    *,
+    reduce_range: bool = False,
+) -> QParams:
+    """Scale / zero point of a weight from its own values (symmetric weights use the narrow range).
+
+    8-bit weights use their min/max; 4- and 2-bit weights the MSE-optimal clipping range.
+    ``reduce_range`` halves the integer range (see :meth:`QuantType.reduced_range`).
+    """
+    qtype = quant_type(scheme.dtype)
+    if reduce_range:
+        qtype = qtype.reduced_range()
+    if qtype.bits <= 4:
+        lo, hi = mse_weight_range(weight, qtype, symmetric=scheme.symmetric, axis=axis, block_size=block_size)
+    else:
+        lo, hi = weight_range(weight, axis, block_size)
+    qp = compute_qparams(
+        lo,
+        hi,
+        qtype,
+        symmetric=scheme.symmetric,
+        narrow_range=scheme.symmetric,
+        axis=axis,
+        what=what,
+    )
+    return QParams(qp.scale, qp.zero_point, qp.qtype, axis, block_size, qp.narrow)

@@ -17,7 +17,7 @@ and graph transformers (onnxruntime 1.2x-1.3x, CPU EP):
   MatMulNBits, when the block size is a power of two >= 16 - unless the 2-D
   MatMul + Add is fused into Gemm first.
 * 16-bit activations have no integer kernels on CPU.
-* Unweighted ops between integer kernels (:mod:`qtool.quantization.chains`): Add, Mul, Sigmoid,
+* Unweighted ops between integer kernels (:mod:`qtool.quantization.plan.chains`): Add, Mul, Sigmoid,
   LeakyRelu, Concat, AveragePool, GlobalAveragePool, Softmax -> their QLinear kernels; MaxPool,
   Resize, Reshape, Transpose, Split, Slice, Flatten, Squeeze, Unsqueeze run on the 8-bit values
   (the Q/DQ pair around them, one scale on both sides, is dropped).
@@ -43,8 +43,8 @@ import numpy as np
 import onnx
 
 from qtool.graph.index import GraphView
-from qtool.quantization.plan_types import NodePlan, QuantPlan
-from qtool.quantization.roles import CHAIN_OPS, FUSED_KERNELS
+from qtool.quantization.plan.records import NodePlan, QuantPlan
+from qtool.quantization.plan.roles import CHAIN_OPS, FUSED_KERNELS
 from qtool.schemes import CPU_TARGETS
 
 # the kernels onnxruntime's CPU provider runs a weighted node in, on integers
@@ -133,7 +133,7 @@ def float_boundaries(view: GraphView, plan: QuantPlan) -> dict[str, int]:
 
 
 def _predict_chain(p: NodePlan) -> KernelPrediction:
-    """An unweighted op between integer kernels (see :mod:`qtool.quantization.chains`)."""
+    """An unweighted op between integer kernels (see :mod:`qtool.quantization.plan.chains`)."""
     if p.op_type in FUSED_KERNELS:
         return KernelPrediction(p.name, FUSED_KERNELS[p.op_type], True, "DQ inputs, Q output: fused into one kernel")
     why = "input and output share a scale: the Q/DQ pair is dropped"

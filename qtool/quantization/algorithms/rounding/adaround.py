@@ -42,7 +42,7 @@ from typing import Literal
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.quantization.algorithms.gptq import RowGrid, round_nearest
+from qtool.quantization.algorithms.rounding.gptq import RowGrid, round_nearest
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from typing import Literal
 import onnx
 
 from qtool.graph.index import GraphView
-from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.roles import Roles, is_depthwise, node_macs
+from qtool.quantization.plan.records import QuantPlan
+from qtool.quantization.plan.roles import Roles, is_depthwise, node_macs
 from qtool.schemes import NodeScheme
 
 Decision = Literal["integer", "storage", "float"]  # what the rules make of one node ("float": not quantized)

@@ -20,8 +20,14 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from qtool.quantization.algorithms.gptq import WeightKind
-from qtool.quantization.algorithms.patches import ConvGeometry, Geometry, InputStats, MatMulGeometry, input_stats
+from qtool.quantization.algorithms.rounding.gptq import WeightKind
+from qtool.quantization.algorithms.rounding.patches import (
+    ConvGeometry,
+    Geometry,
+    InputStats,
+    MatMulGeometry,
+    input_stats,
+)
 
 POSITIONS_PER_NODE = 32_768  # at most this many patches are summed into one node's Hessian over the whole pass
 POSITIONS_PER_INPUT = 32  # ... and at most this many per Hessian row: a K x K estimate needs a few times K

@@ -16,12 +16,11 @@ import onnx
 from onnx import helper
 
 from qtool.graph.weights import Weights
-from qtool.quantization.algorithms.awq import channel_scales
-from qtool.quantization.algorithms.smoothing import SmoothingReport, smooth
-from qtool.quantization.algorithms.smoothing_scales import channel_absmax
-from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.qparams import dequantize, quantize
-from qtool.quantization.weight_codes import weight_qparams
+from qtool.quantization.algorithms.transforms.awq import channel_scales
+from qtool.quantization.algorithms.transforms.smoothing import SmoothingReport, smooth
+from qtool.quantization.algorithms.transforms.smoothing_scales import channel_absmax
+from qtool.quantization.numerics.qparams import dequantize, quantize, weight_qparams
+from qtool.quantization.plan.records import QuantPlan
 from qtool.schemes import TensorScheme
 
 

@@ -32,7 +32,7 @@ from qtool.errors import QtoolError
 from qtool.graph.index import GraphView, subgraph_reads
 from qtool.graph.names import fresh_name
 from qtool.graph.weights import Weights, is_detached, mark_detached
-from qtool.quantization.algorithms.smoothing_scales import (
+from qtool.quantization.algorithms.transforms.smoothing_scales import (
     DEFAULT_MIN_OUTLIER_RATIO,
     absmax_along,
     along,

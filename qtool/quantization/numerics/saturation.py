@@ -25,11 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
-from qtool.graph.index import GraphView
-from qtool.quantization.qparams import QParams
-from qtool.quantization.roles import Roles, node_group
+from qtool.quantization.numerics.qparams import QParams
 from qtool.schemes import Saturation
 
 PAIR_LIMIT = 32767 // 255  # 128: the largest same-signed pair sum of int8 codes that 0..255 codes cannot overflow
@@ -39,24 +36,6 @@ COLUMNS = "columns"  # [..., K, N]: MatMul B, Gemm B without transB
 ROWS = "rows"  # [N, K]: Gemm B with transB
 CONV = "conv"  # [M, C/group, *kernel]: K = (kernel position, channel), channel minor
 DEPTHWISE = "depthwise"  # one input and one output channel per group: an exact kernel, no pairs
-
-
-def pair_layout(node: onnx.NodeProto, roles: Roles, g: GraphView) -> str | None:
-    """How onnxruntime's integer kernel for ``node`` pairs its weight, or None when qtool does not know it."""
-    if roles.weight is None:
-        return None
-    weight = g.initializers.get(roles.weight.name)
-    if weight is None:
-        return None
-    dims = list(weight.dims)
-    if node.op_type == "Conv" and len(dims) >= 3:
-        group = node_group(node)
-        return DEPTHWISE if dims[1] == 1 and dims[0] == group else CONV
-    if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] == roles.weight.name and len(dims) >= 2:
-        return COLUMNS
-    if node.op_type == "Gemm" and len(dims) == 2:
-        return ROWS if roles.weight.channel_axis == 0 else COLUMNS
-    return None  # ConvTranspose, a MatMul whose constant is its first input: not analysed
 
 
 def kernel_rows(array: np.ndarray, layout: str) -> np.ndarray | None:

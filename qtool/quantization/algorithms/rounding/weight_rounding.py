@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from qtool.quantization.algorithms.adaround import AdaRoundSchedule, adaround
-from qtool.quantization.algorithms.bias_correction import bias_correction
-from qtool.quantization.algorithms.gptq import (
+from qtool.quantization.algorithms.rounding.adaround import AdaRoundSchedule, adaround
+from qtool.quantization.algorithms.rounding.bias_correction import bias_correction
+from qtool.quantization.algorithms.rounding.gptq import (
     HessianFactors,
     RowGrid,
     gptq_round,
@@ -26,10 +26,10 @@ from qtool.quantization.algorithms.gptq import (
     rows_to_weight,
     weight_rows,
 )
-from qtool.quantization.algorithms.node_inputs import NodeInput, NodeInputs
-from qtool.quantization.plan_types import NodePlan
-from qtool.quantization.qparams import QParams, dequantize
-from qtool.quantization.saturation import PAIR_LIMIT, codes_within_limit, kernel_rows
+from qtool.quantization.algorithms.rounding.node_inputs import NodeInput, NodeInputs
+from qtool.quantization.numerics.qparams import QParams, dequantize
+from qtool.quantization.numerics.saturation import PAIR_LIMIT, codes_within_limit, kernel_rows
+from qtool.quantization.plan.records import NodePlan
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,9 @@ class WeightAlgorithms:
     ) -> Rounded:
         """The codes of ``weight`` on ``qp``'s grid for ``readers`` (the nodes that read this copy).
 
-        ``pair_layout``: the integer kernel's weight pairs (a :mod:`qtool.quantization.saturation` layout), when
-        they must stay within the pair limit: GPTQ then keeps them there itself, compensating what it clips.
+        ``pair_layout``: the integer kernel's weight pairs (a :mod:`qtool.quantization.numerics.saturation`
+        layout), when they must stay within the pair limit: GPTQ then keeps them there itself, compensating
+        what it clips.
         """
         asked = sorted({r.scheme.algorithms.rounding for r in readers} - {"nearest"})
         if not asked:

@@ -20,8 +20,8 @@ import onnx
 
 from qtool.config import QConfig
 from qtool.graph.index import GraphView
-from qtool.quantization.plan_types import NodePlan
-from qtool.quantization.roles import CHAIN_OPS, FUSED_KERNELS, PASS_THROUGH
+from qtool.quantization.plan.records import NodePlan
+from qtool.quantization.plan.roles import CHAIN_OPS, FUSED_KERNELS, PASS_THROUGH
 from qtool.schemes import NodeScheme
 
 _ALL_INPUTS = frozenset({"Add", "Mul", "Concat"})  # every input carries data; the others read data at input 0

@@ -14,50 +14,20 @@ import numpy as np
 import onnx
 
 from qtool.graph.weights import Weights
-from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
-from qtool.quantization.plan_types import NodePlan, QuantPlan
-from qtool.quantization.qparams import QParams, compute_qparams, mse_weight_range, quant_type, quantize, weight_range
-from qtool.quantization.rewrite_report import RewriteReport
-from qtool.quantization.saturation import PairFit, codes_within_limit, fit_pairs
-from qtool.quantization.weight_copies import CopyKey, WeightUse, copy_key
-from qtool.schemes import TensorScheme
+from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
+from qtool.quantization.emit.report import RewriteReport
+from qtool.quantization.emit.weight_copies import CopyKey, WeightUse, copy_key
+from qtool.quantization.numerics.qparams import (
+    QParams,
+    quantize,
+    weight_qparams,
+)
+from qtool.quantization.numerics.saturation import PairFit, codes_within_limit, fit_pairs
+from qtool.quantization.plan.records import NodePlan, QuantPlan
 
 _INT32_MAX = float(np.iinfo(np.int32).max)
 _FITS: dict[tuple[object, ...], tuple[QParams, PairFit]] = {}  # fitted grids by weight content (nearest rounding)
 _FITS_KEPT = 256
-
-
-def weight_qparams(
-    weight: np.ndarray,
-    scheme: TensorScheme,
-    axis: int | None,
-    what: str,
-    block_size: int | None = None,
-    *,
-    reduce_range: bool = False,
-) -> QParams:
-    """Scale / zero point of a weight from its own values (symmetric weights use the narrow range).
-
-    8-bit weights use their min/max; 4- and 2-bit weights the MSE-optimal clipping range.
-    ``reduce_range`` halves the integer range (see :meth:`QuantType.reduced_range`).
-    """
-    qtype = quant_type(scheme.dtype)
-    if reduce_range:
-        qtype = qtype.reduced_range()
-    if qtype.bits <= 4:
-        lo, hi = mse_weight_range(weight, qtype, symmetric=scheme.symmetric, axis=axis, block_size=block_size)
-    else:
-        lo, hi = weight_range(weight, axis, block_size)
-    qp = compute_qparams(
-        lo,
-        hi,
-        qtype,
-        symmetric=scheme.symmetric,
-        narrow_range=scheme.symmetric,
-        axis=axis,
-        what=what,
-    )
-    return QParams(qp.scale, qp.zero_point, qp.qtype, axis, block_size, qp.narrow)
 
 
 class WeightCodes:

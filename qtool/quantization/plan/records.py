@@ -1,10 +1,10 @@
-"""The plan's records: what each node, weight and activation becomes (built by :mod:`qtool.quantization.plan`)."""
+"""The plan's records: what each node, weight and activation becomes (built by :mod:`.planner`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qtool.quantization.roles import CHAIN_OPS
+from qtool.quantization.plan.roles import CHAIN_OPS
 from qtool.schemes import NodeKind, NodePlacement, NodeScheme, TensorScheme
 
 # x86 CPUs without VNNI (AVX2; AVX-512 before Cascade Lake; AMD before Zen 4) multiply 8-bit activations
@@ -41,11 +41,11 @@ class NodePlan:
     placement: NodePlacement = "integer"
     reason: str = ""  # why this placement
     macs: int | None = None  # multiply-accumulates per sample (integer nodes, when sizes are known)
-    pair_layout: str | None = None  # how the integer kernel pairs the weight (qtool.quantization.saturation)
+    pair_layout: str | None = None  # how the integer kernel pairs the weight (qtool.quantization.numerics.saturation)
 
     @property
     def chained(self) -> bool:
-        """An unweighted op between integer kernels (see :mod:`qtool.quantization.chains`)."""
+        """An unweighted op between integer kernels (see :mod:`qtool.quantization.plan.chains`)."""
         return self.weight is None and self.op_type in CHAIN_OPS
 
     @property
@@ -91,5 +91,5 @@ class QuantPlan:
     activations: dict[str, TensorScheme]  # tensor -> scheme, in first-use order
     skipped: tuple[tuple[str, str], ...] = field(default=())  # (node, reason) left in float
     target: str = "cpu"  # the config's target (see qtool.config.for_target)
-    # a pass-through op's output -> the input whose scale and zero point it takes (see qtool.quantization.chains)
+    # a pass-through op's output -> the input whose scale and zero point it takes (see qtool.quantization.plan.chains)
     shared: dict[str, str] = field(default_factory=dict)

@@ -7,7 +7,7 @@ output) reads the dequantized value under the original name. Weights become
 integer initializers ``W/quantized`` whose DequantizeLinear writes ``W``. One
 Q/DQ pair exists per tensor, shared by all its consumers; a weight is stored once
 per quantization grid, whatever placement its readers get (see
-:mod:`qtool.quantization.weight_copies`). Every generated name is derived from
+:mod:`qtool.quantization.emit.weight_copies`). Every generated name is derived from
 tensor names, so the same inputs give the same graph.
 """
 
@@ -24,19 +24,11 @@ from onnx import helper
 from qtool.errors import QtoolError
 from qtool.graph.index import GraphView, subgraph_reads
 from qtool.graph.weights import Weights
-from qtool.quantization.algorithms.weight_rounding import WeightAlgorithms
-from qtool.quantization.matmul_nbits import DOMAIN as CONTRIB_DOMAIN
-from qtool.quantization.plan import passthrough_ops
-from qtool.quantization.plan_types import NodePlan, QuantPlan
-from qtool.quantization.qparams import (
-    QParams,
-    quantize_bias,
-)
-from qtool.quantization.rewrite_report import RewriteReport
-from qtool.quantization.saturation import weight_form
-from qtool.quantization.stored_forms import Names, StoredForms
-from qtool.quantization.weight_codes import WeightCodes
-from qtool.quantization.weight_copies import (
+from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
+from qtool.quantization.emit.report import RewriteReport
+from qtool.quantization.emit.stored_forms import Names, StoredForms
+from qtool.quantization.emit.weight_codes import WeightCodes
+from qtool.quantization.emit.weight_copies import (
     FP16,
     GATHERED,
     INTEGERS,
@@ -46,6 +38,14 @@ from qtool.quantization.weight_copies import (
     WeightUse,
     weight_uses,
 )
+from qtool.quantization.numerics.matmul_nbits import DOMAIN as CONTRIB_DOMAIN
+from qtool.quantization.numerics.qparams import (
+    QParams,
+    quantize_bias,
+)
+from qtool.quantization.numerics.saturation import weight_form
+from qtool.quantization.plan.planner import passthrough_ops
+from qtool.quantization.plan.records import NodePlan, QuantPlan
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ class _Rewriter:
 
     # -- driver -------------------------------------------------------------
     def _record_form(self, node: NodePlan) -> None:
-        """Note how an integer kernel's 8-bit weight is stored (see :mod:`qtool.quantization.saturation`)."""
+        """Note how an integer kernel's 8-bit weight is stored (see :mod:`qtool.quantization.numerics.saturation`)."""
         spec = node.scheme.weight
         if not node.quantized_inputs or spec.dtype not in ("int8", "uint8"):
             return

@@ -9,8 +9,8 @@ import numpy as np
 from qtool.errors import QtoolError
 from qtool.observers import Observer
 from qtool.observers.base import check_range
-from qtool.quantization.plan_types import QuantPlan
-from qtool.quantization.qparams import QParams, compute_qparams, quant_type
+from qtool.quantization.numerics.qparams import QParams, compute_qparams, quant_type
+from qtool.quantization.plan.records import QuantPlan
 from qtool.schemes import TensorScheme
 
 

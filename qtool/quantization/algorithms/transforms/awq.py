@@ -5,8 +5,8 @@ is its rounding error times its input: rows read by large activations matter mos
 row ``k`` by ``s_k > 1`` and dividing input channel ``k`` by it leaves ``Y`` unchanged in exact
 arithmetic, but makes that row a larger share of its block's range, so it is rounded with a
 smaller relative error. :func:`channel_scales` gives ``s`` for one ``alpha``; the search over
-``alpha`` and the graph edit are :func:`~qtool.quantization.algorithms.graph_transforms.choose_awq_scales`
-and :func:`~qtool.quantization.algorithms.graph_transforms.apply_awq`.
+``alpha`` and the graph edit are :func:`~qtool.quantization.algorithms.transforms.graph_transforms.choose_awq_scales`
+and :func:`~qtool.quantization.algorithms.transforms.graph_transforms.apply_awq`.
 """
 
 from __future__ import annotations

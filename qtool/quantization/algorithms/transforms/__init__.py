@@ -1,0 +1,1 @@
+"""Graph transforms that change the float model before calibration: equalization, SmoothQuant, AWQ."""
