@@ -22,7 +22,7 @@ AutoPlacement = Literal["integer", "storage", "dynamic"]
 """What the placement choice makes of every node a rule placed "auto", one candidate each."""
 Saturation = Literal["auto", "uint8", "reduce_range", "ignore", "fit"]
 """``weight.saturation`` as written (auto | uint8 | reduce_range | ignore), and ``fit``: what ``auto`` becomes
-for a node whose int8 weight pairs are fitted to the AVX2 limit (see qtool.quantization.numerics.saturation)."""
+for a node whose int8 weight pairs are fitted to the AVX2 limit (see qtool.numerics.saturation)."""
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ def run_command(
     if threading.current_thread() is threading.main_thread():
         previous = {signum: signal.signal(signum, on_signal) for signum in _STOP_SIGNALS}
     try:
+        _load_native_modules()
         known_inputs = _with_data_files(inputs)
         check_outputs(files, known_inputs)
         with transaction(keep_on=(CheckFailedError,)), warnings.catch_warnings():  # failed gates keep reports
@@ -95,6 +96,23 @@ def run_command(
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     raise AssertionError("unreachable")
+
+
+def _load_native_modules() -> None:
+    """Import onnx with the stop signals held back.
+
+    A KeyboardInterrupt raised while onnx's native module initialises ends in C++'s terminate (the process
+    aborts with no message and no cleanup); held back for that fraction of a second, the signal arrives just
+    after the import, where the handlers above deal with it as with any other. (onnxruntime's native module
+    turns one into an error of its own, which :func:`_internal_error` reports as the interruption it is.)
+    """
+    mask = getattr(signal, "pthread_sigmask", None)  # (Windows has no signal masks)
+    previous = mask(signal.SIG_BLOCK, set(_STOP_SIGNALS)) if mask is not None else None
+    try:
+        import onnx  # noqa: F401
+    finally:
+        if mask is not None and previous is not None:
+            mask(signal.SIG_SETMASK, previous)
 
 
 def _internal_error(stopped: list[int], files: dict[str, Path | str | None], started: int) -> NoReturn:

@@ -1,7 +1,7 @@
 """The observer contract and the registry that finds observers by name.
 
 An observer only collects statistics of the tensors it is shown; turning its
-range into scale and zero point is :func:`qtool.quantization.numerics.qparams.compute_qparams`'s job.
+range into scale and zero point is :func:`qtool.numerics.qparams.compute_qparams`'s job.
 
 Contract (what a third-party observer implements):
 

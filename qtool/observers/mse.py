@@ -6,10 +6,11 @@ from typing import Any
 
 import numpy as np
 
+from qtool.numerics.qparams import QuantType
+from qtool.numerics.ranges import least_error_range
 from qtool.observers._histogram_base import HistogramObserver
 from qtool.observers.base import register_observer
 from qtool.observers.histogram import DEFAULT_BINS
-from qtool.quantization.numerics.qparams import QuantType, compute_qparams
 
 
 def _grid_type(bits: int, symmetric: bool) -> QuantType:
@@ -51,16 +52,19 @@ class MseObserver(HistogramObserver):
         centres = (occupied - self.bins + 0.5) * width
         centres = np.clip(centres, lo, hi)
         weights = counts[occupied].astype(np.float64)
-        fractions = np.linspace(self.min_fraction, 1.0, self.candidates)
+        fractions = np.linspace(self.min_fraction, 1.0, self.candidates)[:, None]
         if symmetric:
             absmax = max(-lo, hi)
             lows, highs = -fractions * absmax, fractions * absmax
         else:
             lows, highs = fractions * min(lo, 0.0), fractions * max(hi, 0.0)
-        qtype = _grid_type(bits, symmetric)
-        qp = compute_qparams(lows, highs, qtype, symmetric=symmetric)
-        scale, zero = qp.scale.astype(np.float64)[:, None], qp.zero_point.astype(np.float64)[:, None]
-        q = np.clip(np.rint(centres[None, :] / scale) + zero, qtype.qmin, qtype.qmax)
-        errors = (((q - zero) * scale - centres[None, :]) ** 2 * weights[None, :]).sum(axis=1)
-        best = int(np.argmin(errors))
-        return (max(lo, float(lows[best])), min(hi, float(highs[best])))
+        best = least_error_range(
+            centres[None, :],
+            lows,
+            highs,
+            _grid_type(bits, symmetric),
+            symmetric=symmetric,
+            narrow_range=False,
+            counts=weights,
+        )
+        return (max(lo, float(best[0][0])), min(hi, float(best[1][0])))

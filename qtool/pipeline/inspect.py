@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from qtool._version import __version__
+from qtool.numerics.saturation import FITTED
 from qtool.options import CalibrationOptions
 from qtool.pipeline.calibrate import observe
 from qtool.pipeline.workspace import Workspace
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.emit.rewrite import insert_qdq
-from qtool.quantization.numerics.saturation import FITTED
 from qtool.quantization.plan.activations import activation_qparams
 from qtool.quantization.plan.inspection import Inspection, inspect_plan
 from qtool.quantization.plan.records import QuantPlan

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import qtool
-from qtool.quantization.numerics.qparams import QUANT_TYPES, QParams, dequantize, to_tensor_proto
+from qtool.numerics.qparams import QUANT_TYPES, QParams, dequantize, to_tensor_proto
 from tests.conftest import ROOT, SAMPLE_NAMES, calib_dir, eval_dir, run_model, sample
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))

@@ -13,8 +13,8 @@ from onnx.reference import ReferenceEvaluator
 
 import qtool
 from qtool.calibration.dataset import Dataset, model_inputs
+from qtool.numerics.saturation import CONV, ROWS, overflowing_columns
 from qtool.options import CalibrationOptions, EvaluationOptions
-from qtool.quantization.numerics.saturation import CONV, ROWS, overflowing_columns
 from tests.conftest import INTEGER, SAMPLE_NAMES, calib_dir, eval_dir, run_model, sample
 
 SQNR_FLOOR_DB = {"cnn": 30.0, "mlp": 30.0, "transformer": 25.0}

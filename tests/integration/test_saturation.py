@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import qtool
 from qtool.cli import app
-from qtool.quantization.numerics.saturation import COLUMNS, overflowing_columns
+from qtool.numerics.saturation import COLUMNS, overflowing_columns
 from qtool.system.environment import cpu_info, int8_kernels_saturate
 
 runner = CliRunner()

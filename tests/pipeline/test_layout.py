@@ -68,7 +68,10 @@ def test_plans_are_built_only_by_the_workspace():
 
 
 # package -> the qtool packages it must never import: each floor imports only the floors below it
+_ABOVE_OBSERVERS = ("calibration", "quantization", "evaluation", "choice", "pipeline", "reports", "cli")
 BELOW_ONLY = {
+    "qtool.numerics": ("graph", "observers", *_ABOVE_OBSERVERS),
+    "qtool.observers": _ABOVE_OBSERVERS,
     "qtool.quantization": ("evaluation", "choice", "pipeline", "reports", "cli"),
     "qtool.evaluation": ("choice", "pipeline", "reports", "cli"),
     "qtool.choice": ("pipeline", "reports", "cli"),

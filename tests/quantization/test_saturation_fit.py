@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qtool.quantization.numerics.qparams import QParams, dequantize, quant_type, quantize
-from qtool.quantization.numerics.saturation import (
+from qtool.numerics.qparams import QParams, dequantize, quant_type, quantize
+from qtool.numerics.saturation import (
     COLUMNS,
     CONV,
     DEPTHWISE,
@@ -151,7 +151,7 @@ def test_gptq_keeps_the_pairs_within_the_limit_when_that_errs_less_than_nudging_
 
 def test_codes_a_rounding_returns_transposed_are_still_brought_within_the_limit():
     # GPTQ's codes of a MatMul weight come back as a transposed view: the nudges must land in them all the same
-    from qtool.quantization.numerics.saturation import codes_within_limit
+    from qtool.numerics.saturation import codes_within_limit
 
     rng = np.random.default_rng(4)
     weight = rng.normal(size=(96, 40)).astype(np.float32)

@@ -7,8 +7,7 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from qtool.quantization.emit.stored_forms import Names, StoredForms
-from qtool.quantization.numerics.qparams import (
+from qtool.numerics.qparams import (
     QUANT_TYPES,
     QParams,
     compute_qparams,
@@ -16,6 +15,7 @@ from qtool.quantization.numerics.qparams import (
     quantize,
     weight_range,
 )
+from qtool.quantization.emit.stored_forms import Names, StoredForms
 
 
 def _evaluate(forms: StoredForms, prologue: list[onnx.NodeProto], output: str, opset: int = 21) -> np.ndarray:

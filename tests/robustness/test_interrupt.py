@@ -35,11 +35,26 @@ DRIVER = r"""
 import os, sys, time
 point, marker = sys.argv[1], sys.argv[2]
 
-def wait_here():
+def wait_here(seconds=120):
     open(marker, "w").close()
-    time.sleep(120)  # the SIGINT arrives during this sleep
+    time.sleep(seconds)  # the SIGINT arrives during this sleep
 
-if point == "onnxruntime-init":
+if point == "onnx-init":
+    import builtins
+    loading = []
+    class Watch:  # notes when onnx's native module starts loading
+        def find_spec(self, name, path=None, target=None):
+            if name == "onnx.onnx_cpp2py_export":
+                loading.append(name)
+    sys.meta_path.insert(0, Watch())
+    real_import = builtins.__import__
+    def watched_import(name, *args, **kwargs):
+        if loading and not name.startswith("onnx"):  # Python code its initialisation runs (enum, typing)
+            loading.clear()
+            wait_here(3)  # held back, the SIGINT arrives when the import is done
+        return real_import(name, *args, **kwargs)
+    builtins.__import__ = watched_import
+elif point == "onnxruntime-init":
     import builtins
     loading = []
     class Watch:  # notes when onnxruntime's native module starts loading
@@ -226,6 +241,15 @@ def test_sigint_while_onnxruntime_loads_is_an_interruption(tmp_path):
     assert not out.exists() and _leftovers(tmp_path) == []
     # numpy's C import machinery prints the KeyboardInterrupt it saw inside the native module's init;
     # qtool's own verdict is the last line, and it is an interruption, not an internal error.
+    assert code == 130 and "internal error" not in stderr, f"exit code {code}:\n{stderr}"
+    assert stderr.strip().splitlines()[-1] == "interrupted (SIGINT): no output was written", stderr
+
+
+def test_sigint_while_onnx_loads_is_an_interruption(tmp_path):
+    # a KeyboardInterrupt inside onnx's native initialisation would abort the process (C++ terminate, exit -6)
+    out = tmp_path / "model.int8.onnx"
+    code, stderr = _run_to("onnx-init", _quantize_args(out), tmp_path)
+    assert not out.exists() and _leftovers(tmp_path) == []
     assert code == 130 and "internal error" not in stderr, f"exit code {code}:\n{stderr}"
     assert stderr.strip().splitlines()[-1] == "interrupted (SIGINT): no output was written", stderr
 

@@ -22,19 +22,18 @@ from onnx.reference import ReferenceEvaluator
 from qtool import config as qconfig
 from qtool.calibration import preprocess
 from qtool.errors import QtoolError
-from qtool.observers.base import builtin_observers, observer_options
-from qtool.quantization.numerics.qparams import (
+from qtool.numerics.qparams import (
     QUANT_TYPES,
     QParams,
     QuantType,
-    _grouped,
     compute_qparams,
     dequantize,
-    mse_weight_range,
     quantize,
     to_tensor_proto,
     weight_range,
 )
+from qtool.numerics.ranges import _grouped, mse_weight_range
+from qtool.observers.base import builtin_observers, observer_options
 from qtool.schemas import config as schema
 from tests.conftest import ROOT
 

@@ -7,15 +7,15 @@ import pytest
 from onnx import TensorProto, helper
 
 from qtool.errors import QtoolError
-from qtool.quantization.algorithms.rounding.gptq import RowGrid, gptq_round, round_nearest, weight_rows
-from qtool.quantization.numerics.matmul_nbits import (
+from qtool.numerics.matmul_nbits import (
     DOMAIN,
     NBitsWeight,
     check_layout,
     make_matmul_nbits,
     pack_codes,
 )
-from qtool.quantization.numerics.qparams import weight_qparams
+from qtool.numerics.ranges import weight_qparams
+from qtool.quantization.algorithms.rounding.gptq import RowGrid, gptq_round, round_nearest, weight_rows
 from qtool.schemes import TensorScheme
 
 ROWS = 5  # rows of A

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from qtool.errors import QtoolError
+from qtool.numerics.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize
 from qtool.observers import (
     EntropyObserver,
     MeanStdObserver,
@@ -19,7 +20,6 @@ from qtool.observers import (
     observer_class,
 )
 from qtool.observers._reduce import reduce_min_max
-from qtool.quantization.numerics.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize
 
 ALL = ["entropy", "mean_std", "minmax", "moving_average", "mse", "percentile"]
 EXACT_MERGE = ["entropy", "mean_std", "minmax", "mse", "percentile"]

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from qtool.quantization.numerics.qparams import (
+from qtool.numerics.qparams import (
     QUANT_TYPES,
     compute_qparams,
     dequantize,

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from qtool.errors import QtoolError
-from qtool.quantization.numerics.qparams import (
+from qtool.numerics.qparams import (
     QUANT_TYPES,
     compute_qparams,
     dequantize,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qtool.quantization.numerics.saturation import PairFit
+from qtool.numerics.saturation import PairFit
 
 
 @dataclass
@@ -24,4 +24,4 @@ class RewriteReport:
     pair_fits: dict[str, PairFit] = field(default_factory=dict)  # node -> how its int8 weight was fitted to the
     # kernel's pair limit (weight.saturation: auto)
     weight_forms: dict[str, str] = field(default_factory=dict)  # integer node -> how its 8-bit weight is stored
-    # (qtool.quantization.numerics.saturation: "int8", "int8 fitted", "uint8" ...)
+    # (qtool.numerics.saturation: "int8", "int8 fitted", "uint8" ...)

@@ -24,6 +24,12 @@ from onnx import helper
 from qtool.errors import QtoolError
 from qtool.graph.index import GraphView, subgraph_reads
 from qtool.graph.weights import Weights
+from qtool.numerics.matmul_nbits import DOMAIN as CONTRIB_DOMAIN
+from qtool.numerics.qparams import (
+    QParams,
+    quantize_bias,
+)
+from qtool.numerics.saturation import weight_form
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.emit.stored_forms import Names, StoredForms
@@ -38,12 +44,6 @@ from qtool.quantization.emit.weight_copies import (
     WeightUse,
     weight_uses,
 )
-from qtool.quantization.numerics.matmul_nbits import DOMAIN as CONTRIB_DOMAIN
-from qtool.quantization.numerics.qparams import (
-    QParams,
-    quantize_bias,
-)
-from qtool.quantization.numerics.saturation import weight_form
 from qtool.quantization.plan.planner import passthrough_ops
 from qtool.quantization.plan.records import NodePlan, QuantPlan
 
@@ -287,7 +287,7 @@ class _Rewriter:
 
     # -- driver -------------------------------------------------------------
     def _record_form(self, node: NodePlan) -> None:
-        """Note how an integer kernel's 8-bit weight is stored (see :mod:`qtool.quantization.numerics.saturation`)."""
+        """Note how an integer kernel's 8-bit weight is stored (see :mod:`qtool.numerics.saturation`)."""
         spec = node.scheme.weight
         if not node.quantized_inputs or spec.dtype not in ("int8", "uint8"):
             return

@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from qtool.errors import QtoolError
 from qtool.graph.index import all_nodes
 from qtool.graph.names import fresh_name
-from qtool.quantization.numerics.matmul_nbits import make_matmul_nbits, pack_codes
-from qtool.quantization.numerics.qparams import QParams, quant_type, to_tensor_proto
+from qtool.numerics.matmul_nbits import make_matmul_nbits, pack_codes
+from qtool.numerics.qparams import QParams, quant_type, to_tensor_proto
 from qtool.schemes import TensorScheme
 
 

@@ -14,15 +14,12 @@ import numpy as np
 import onnx
 
 from qtool.graph.weights import Weights
+from qtool.numerics.qparams import QParams, quantize
+from qtool.numerics.ranges import weight_qparams
+from qtool.numerics.saturation import PairFit, codes_within_limit, fit_pairs
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.emit.weight_copies import CopyKey, WeightUse, copy_key
-from qtool.quantization.numerics.qparams import (
-    QParams,
-    quantize,
-    weight_qparams,
-)
-from qtool.quantization.numerics.saturation import PairFit, codes_within_limit, fit_pairs
 from qtool.quantization.plan.records import NodePlan, QuantPlan
 
 _INT32_MAX = float(np.iinfo(np.int32).max)

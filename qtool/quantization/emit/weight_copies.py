@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from qtool.quantization.numerics.qparams import quant_type
+from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.records import NodePlan
 
 CopyKey = tuple[int | None, int | None, str, bool, str]

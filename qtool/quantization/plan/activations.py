@@ -7,9 +7,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from qtool.errors import QtoolError
+from qtool.numerics.qparams import QParams, compute_qparams, quant_type
 from qtool.observers import Observer
 from qtool.observers.base import check_range
-from qtool.quantization.numerics.qparams import QParams, compute_qparams, quant_type
 from qtool.quantization.plan.records import QuantPlan
 from qtool.schemes import TensorScheme
 

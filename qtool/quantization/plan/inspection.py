@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 
 from qtool.config import QConfig
-from qtool.quantization.numerics.qparams import quant_type
+from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.kernels import predict_kernels
 from qtool.quantization.plan.planner import passthrough_ops
 from qtool.quantization.plan.records import NodePlan, QuantPlan

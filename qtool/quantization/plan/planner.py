@@ -18,8 +18,8 @@ from onnx import TensorProto, helper
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.graph.index import GraphView, all_nodes, node_subgraphs
-from qtool.quantization.numerics.matmul_nbits import check_layout
-from qtool.quantization.numerics.qparams import quant_type
+from qtool.numerics.matmul_nbits import check_layout
+from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.chains import plan_chains
 from qtool.quantization.plan.placement import isolated_integer_nodes, node_placement
 from qtool.quantization.plan.records import NodePlan, QuantPlan, WeightPlan
@@ -41,7 +41,7 @@ def guard_saturation(scheme: NodeScheme, layout: str | None) -> NodeScheme:
     """The scheme an integer-placed node is quantized with, given ``weight.saturation``.
 
     ``auto`` (default) becomes ``fit`` where qtool knows how the node's kernel pairs its weights
-    (``layout``, see :mod:`qtool.quantization.numerics.saturation`) and the weights are symmetric int8: the
+    (``layout``, see :mod:`qtool.numerics.saturation`) and the weights are symmetric int8: the
     rewrite then keeps full-range int8 where no pair can saturate and fits the channels that could.
     Elsewhere it falls back to ``uint8``, which stores int8 weights as uint8 with the same levels, so
     onnxruntime runs its exact uint8 x uint8 kernels on every CPU (slower on VNNI CPUs). With int8

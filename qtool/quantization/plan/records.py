@@ -41,7 +41,7 @@ class NodePlan:
     placement: NodePlacement = "integer"
     reason: str = ""  # why this placement
     macs: int | None = None  # multiply-accumulates per sample (integer nodes, when sizes are known)
-    pair_layout: str | None = None  # how the integer kernel pairs the weight (qtool.quantization.numerics.saturation)
+    pair_layout: str | None = None  # how the integer kernel pairs the weight (qtool.numerics.saturation)
 
     @property
     def chained(self) -> bool:

@@ -14,7 +14,7 @@ import onnx
 from onnx import helper
 
 from qtool.graph.index import GraphView
-from qtool.quantization.numerics.saturation import COLUMNS, CONV, DEPTHWISE, ROWS
+from qtool.numerics.saturation import COLUMNS, CONV, DEPTHWISE, ROWS
 
 # op -> the kernel onnxruntime's QDQ transformers fuse DQ -> op -> Q into (CPU provider)
 FUSED_KERNELS = {

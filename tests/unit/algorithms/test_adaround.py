@@ -6,10 +6,7 @@ import numpy as np
 import pytest
 
 from qtool.errors import QtoolError
-from qtool.quantization.algorithms.rounding import adaround as adaround_module
-from qtool.quantization.algorithms.rounding.adaround import AdaRoundSchedule, adaround
-from qtool.quantization.algorithms.rounding.gptq import RowGrid, gptq_round, rows_to_weight, weight_rows
-from qtool.quantization.numerics.qparams import (
+from qtool.numerics.qparams import (
     QUANT_TYPES,
     QParams,
     compute_qparams,
@@ -17,6 +14,9 @@ from qtool.quantization.numerics.qparams import (
     quantize,
     weight_range,
 )
+from qtool.quantization.algorithms.rounding import adaround as adaround_module
+from qtool.quantization.algorithms.rounding.adaround import AdaRoundSchedule, adaround
+from qtool.quantization.algorithms.rounding.gptq import RowGrid, gptq_round, rows_to_weight, weight_rows
 
 INT4, INT8, UINT8 = QUANT_TYPES["int4"], QUANT_TYPES["int8"], QUANT_TYPES["uint8"]
 

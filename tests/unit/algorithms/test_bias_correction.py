@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from qtool.errors import QtoolError
+from qtool.numerics.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize, weight_range
 from qtool.quantization.algorithms.rounding.bias_correction import bias_correction
 from qtool.quantization.algorithms.rounding.gptq import weight_rows
 from qtool.quantization.algorithms.rounding.patches import ConvGeometry, MatMulGeometry, input_stats
-from qtool.quantization.numerics.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize, weight_range
 from tests.unit.algorithms.brute import conv
 
 INT4 = QUANT_TYPES["int4"]

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from qtool.errors import QtoolError
-from qtool.quantization.algorithms.rounding.gptq import RowGrid, gptq_round, qparams_rows, rows_to_weight, weight_rows
-from qtool.quantization.numerics.qparams import (
+from qtool.numerics.qparams import (
     QUANT_TYPES,
     QParams,
     compute_qparams,
@@ -15,6 +14,7 @@ from qtool.quantization.numerics.qparams import (
     quantize,
     weight_range,
 )
+from qtool.quantization.algorithms.rounding.gptq import RowGrid, gptq_round, qparams_rows, rows_to_weight, weight_rows
 
 INT4, UINT8 = QUANT_TYPES["int4"], QUANT_TYPES["uint8"]
 

@@ -10,9 +10,9 @@ from onnx import TensorProto, helper, numpy_helper
 from qtool.errors import QtoolError
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights, is_detached
+from qtool.numerics.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize, weight_range
 from qtool.quantization.algorithms.transforms.smoothing import SmoothingReport, smooth
 from qtool.quantization.algorithms.transforms.smoothing_scales import channel_absmax, outlier_ratio, smoothing_scales
-from qtool.quantization.numerics.qparams import QUANT_TYPES, compute_qparams, dequantize, quantize, weight_range
 from tests.conftest import calib_dir, sample
 
 UINT8, INT8 = QUANT_TYPES["uint8"], QUANT_TYPES["int8"]

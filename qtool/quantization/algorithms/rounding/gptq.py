@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.quantization.numerics.qparams import QParams
+from qtool.numerics.qparams import QParams
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class RowGrid:
     qmin: int  # the smallest code (``QParams.qmin``, which honours a narrow range)
     qmax: int  # the largest code
     block_size: int | None = None  # the block length along K of a per-block scale [rows, ceil(K / block_size)]
-    # the integer kernel's weight pairs (see qtool.quantization.numerics.saturation): for each column k, the
+    # the integer kernel's weight pairs (see qtool.numerics.saturation): for each column k, the
     # earlier column whose code it is added to in int16 (-1: none), so that GPTQ keeps every pair's same-signed
     # part within ``pair_limit`` itself and pushes what that clipping costs onto the columns not yet rounded
     partners: np.ndarray | None = None

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from qtool.numerics.qparams import QParams, dequantize
+from qtool.numerics.saturation import PAIR_LIMIT, codes_within_limit, kernel_rows
 from qtool.quantization.algorithms.rounding.adaround import AdaRoundSchedule, adaround
 from qtool.quantization.algorithms.rounding.bias_correction import bias_correction
 from qtool.quantization.algorithms.rounding.gptq import (
@@ -27,8 +29,6 @@ from qtool.quantization.algorithms.rounding.gptq import (
     weight_rows,
 )
 from qtool.quantization.algorithms.rounding.node_inputs import NodeInput, NodeInputs
-from qtool.quantization.numerics.qparams import QParams, dequantize
-from qtool.quantization.numerics.saturation import PAIR_LIMIT, codes_within_limit, kernel_rows
 from qtool.quantization.plan.records import NodePlan
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class WeightAlgorithms:
     ) -> Rounded:
         """The codes of ``weight`` on ``qp``'s grid for ``readers`` (the nodes that read this copy).
 
-        ``pair_layout``: the integer kernel's weight pairs (a :mod:`qtool.quantization.numerics.saturation`
+        ``pair_layout``: the integer kernel's weight pairs (a :mod:`qtool.numerics.saturation`
         layout), when they must stay within the pair limit: GPTQ then keeps them there itself, compensating
         what it clips.
         """

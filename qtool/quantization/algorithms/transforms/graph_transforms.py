@@ -16,10 +16,11 @@ import onnx
 from onnx import helper
 
 from qtool.graph.weights import Weights
+from qtool.numerics.qparams import dequantize, quantize
+from qtool.numerics.ranges import weight_qparams
 from qtool.quantization.algorithms.transforms.awq import channel_scales
 from qtool.quantization.algorithms.transforms.smoothing import SmoothingReport, smooth
 from qtool.quantization.algorithms.transforms.smoothing_scales import channel_absmax
-from qtool.quantization.numerics.qparams import dequantize, quantize, weight_qparams
 from qtool.quantization.plan.records import QuantPlan
 from qtool.schemes import TensorScheme
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qtool.quantization.numerics.qparams import QParams
+from qtool.numerics.qparams import QParams
 from qtool.schemes import Saturation
 
 PAIR_LIMIT = 32767 // 255  # 128: the largest same-signed pair sum of int8 codes that 0..255 codes cannot overflow
