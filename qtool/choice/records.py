@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -14,6 +15,7 @@ from qtool.calibration.outputs import FloatOutputs
 from qtool.choice.search import SearchResult
 from qtool.config import QConfig
 from qtool.evaluation.confidence import CONFIDENCE
+from qtool.evaluation.scoring import OutputScorer
 from qtool.graph.weights import Weights
 from qtool.quantization.plan.records import QuantPlan
 
@@ -119,6 +121,10 @@ class FloatModel:
     prepared: onnx.ModelProto  # the prepared model the candidates were built from
     weights: Weights  # the detached values the models use
     elements: dict[str, int]  # per-sample element counts of tensors
+
+    def scorer(self, dataset: Dataset, known: FloatOutputs | None, on_sample: Callable[[int], None]) -> OutputScorer:
+        """Scores candidates on ``dataset`` against this model (``known``: float outputs calibration kept)."""
+        return OutputScorer(self.prepared, dataset, weights=self.weights, on_sample=on_sample, known=known)
 
 
 @dataclass(frozen=True)

@@ -126,16 +126,12 @@ def sensitivity_search(
     """
     settings = config.accuracy
     assert settings.target_sqnr_db is not None  # the search runs only toward a target
-    target_sqnr_db, max_nodes = settings.target_sqnr_db, settings.max_float_nodes
-    if initial is None:
-        model, movable = quantize(config)
-        sqnr = scorer.score(model).worst_db if movable else -math.inf
-    else:
-        model, movable, sqnr = initial
+    model, movable, sqnr = initial if initial is not None else _measured_start(config, quantize, scorer)
     if not movable:  # no node the search may move: nothing to measure
         return config, None
-    result = SearchResult(target_sqnr_db, max_nodes, len(scorer.samples), sqnr, sqnr, moves=moves)
-    if sqnr >= target_sqnr_db:
+    result = SearchResult(settings.target_sqnr_db, settings.max_float_nodes, len(scorer.samples), sqnr, sqnr)
+    result.moves = moves
+    if sqnr >= settings.target_sqnr_db:
         result.stopped, result.final_bound_db = "target reached", sqnr  # the start reached it: nothing to refine
         return config, result
     rows = layer_errors(
@@ -150,12 +146,20 @@ def sensitivity_search(
     result.ranked_on = len(rank_dataset)
     del model
     ranking = rank_nodes(rows, movable)
-    advance = (progress or noop_progress)("sensitivity", min(len(ranking), max_nodes + PATIENCE))
+    advance = (progress or noop_progress)("sensitivity", min(len(ranking), settings.max_float_nodes + PATIENCE))
     # the time budget is for the trials: the one per-layer pass that ranks the nodes is what makes them worth it
     price = _size_prices(reference) if moves == FLOAT else {}
     config, sqnr = _try_in_float(config, ranking, quantize, scorer, result, time.perf_counter(), advance, price)
     result.final_sqnr_db = sqnr
     return config, result
+
+
+def _measured_start(
+    config: QConfig, quantize: Callable[[QConfig], tuple[onnx.ModelProto, set[str]]], scorer: OutputScorer
+) -> tuple[onnx.ModelProto, set[str], float]:
+    """``config``'s model, the nodes the search may move in it, and its worst output (scored only when any may)."""
+    model, movable = quantize(config)
+    return model, movable, scorer.score(model).worst_db if movable else -math.inf
 
 
 def _try_in_float(

@@ -117,13 +117,7 @@ def measure_placements(
     """
     settings = config.accuracy
     factory = progress or noop_progress
-    scorer = OutputScorer(
-        float_model.prepared,
-        samples.scored,
-        weights=float_model.weights,
-        on_sample=factory("float outputs", len(samples.scored)),
-        known=samples.known,
-    )
+    scorer = float_model.scorer(samples.scored, samples.known, factory("float outputs", len(samples.scored)))
     started = time.perf_counter()
     config, built, choice = _scored_candidates(config, build, float_model, samples, scorer, (threads, factory))
     timed = settings.latency_runs > 0 and len(built.plans) > 1 and bool(scorer.samples)

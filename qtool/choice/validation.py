@@ -28,12 +28,8 @@ def validate_choice(
     target misses it here, the one with the best validation bound is kept.
     """
     assert samples.validation is not None  # checked by the caller
-    scorer = OutputScorer(
-        float_model.prepared,
-        samples.validation,
-        weights=float_model.weights,
-        on_sample=factory("validation samples", len(samples.validation)),
-        known=samples.known,
+    scorer = float_model.scorer(
+        samples.validation, samples.known, factory("validation samples", len(samples.validation))
     )
     target = choice.target_sqnr_db
     signal = signal_means([scored, scorer])  # the float outputs' energy over every sample at hand

@@ -162,7 +162,22 @@ def compute_qparams(
             f"{what}: observed range is not finite (min={np.min(lo)}, max={np.max(hi)})",
             hint="the float model produces inf/NaN on the calibration data; check the data or keep this node in float",
         )
+    scale32, zero = _scale_and_zero(lo, hi, qtype, symmetric=symmetric, narrow_range=narrow_range)
+    return QParams(
+        scale=scale32,
+        zero_point=zero.astype(qtype.numpy_dtype),
+        qtype=qtype,
+        axis=axis,
+        narrow=bool(symmetric and narrow_range and qtype.signed and not qtype.float8),
+    )
+
+
+def _scale_and_zero(
+    lo: np.ndarray, hi: np.ndarray, qtype: QuantType, *, symmetric: bool, narrow_range: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 scale and the zero point (float64, on the grid) of a range that includes 0."""
     qmin, qmax = qtype.qmin, qtype.qmax
+    zero: np.ndarray | None
     if symmetric:
         absmax = np.maximum(-lo, hi)
         if qtype.signed:
@@ -182,13 +197,7 @@ def compute_qparams(
     scale32 = np.maximum(scale32, np.finfo(np.float32).tiny)
     if zero is None:
         zero = np.clip(np.rint(qmin - lo / scale32.astype(np.float64)), qmin, qmax)
-    return QParams(
-        scale=scale32,
-        zero_point=zero.astype(qtype.numpy_dtype),
-        qtype=qtype,
-        axis=axis,
-        narrow=bool(symmetric and narrow_range and qtype.signed and not qtype.float8),
-    )
+    return scale32, zero
 
 
 def _expanded(qp: QParams, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

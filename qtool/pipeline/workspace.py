@@ -27,7 +27,7 @@ from qtool.graph.opsets import choose_opset, runtime_qdq_limit
 from qtool.graph.prepare import PrepareReport, default_opset, prepare_model, refuse_quantized
 from qtool.graph.session import check_runtime_support
 from qtool.graph.weights import Weights
-from qtool.quantization.algorithms.transforms.smoothing import SmoothedGroup
+from qtool.quantization.algorithms.transforms.smoothing_records import SmoothedGroup
 from qtool.quantization.plan.planner import build_plan
 from qtool.quantization.plan.records import QuantPlan
 from qtool.quantization.plan.roles import static_elements

@@ -38,6 +38,12 @@ def _decode_cell(agreement: float | None, bar: float | None) -> str:
 
 def render_choice(console: Console, c: PlacementChoice, comparison: ComparisonResult | None) -> None:
     """The placement choice: each candidate scored, decoded and timed, the one kept and its validation."""
+    console.print(_candidates_table(c))
+    _choice_notes(console, c, comparison)
+
+
+def _candidates_table(c: PlacementChoice) -> Table:
+    """One row per candidate (and fp32): its nodes, worst output, decode agreement and latency."""
     listed = ", ".join(c.samples[:4]) + (f", ... ({len(c.samples)} in all)" if len(c.samples) > 4 else "")
     listed += ", each as a prefill and as the decode step after it" if c.decode_steps else ""
     table = Table(
@@ -77,7 +83,11 @@ def render_choice(console: Console, c: PlacementChoice, comparison: ComparisonRe
             "" if k.latency_ms is None else f"{k.latency_ms:.3f}",
             "" if speedup is None else f"{speedup:.2f}x",
         )
-    console.print(table)
+    return table
+
+
+def _choice_notes(console: Console, c: PlacementChoice, comparison: ComparisonResult | None) -> None:
+    """The lines under the table: the range rule, decoding, validation, why no speed-up, the scored samples."""
     if len(c.range_scores) == 2:
         clipped, unclipped = c.range_scores["observer"], c.range_scores["extremes"]
         kept = "the observed min/max" if c.activation_ranges == "extremes" else "the observer's (clipped) ranges"

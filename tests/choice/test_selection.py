@@ -68,9 +68,8 @@ def _validate(choice: PlacementChoice, validation_db: dict[str, float], monkeypa
         def release(self) -> None:
             pass
 
-    monkeypatch.setattr(placement_validation, "OutputScorer", Scorer)
     monkeypatch.setattr(placement_validation, "signal_means", lambda scorers: None)
-    float_model = type("F", (), {"prepared": None, "weights": None})()
+    float_model = type("F", (), {"scorer": lambda self, *args: Scorer()})()
     samples = Samples(scored=[], ranked=[], validation=["v0", "v1"])  # type: ignore[arg-type]
     models = {c.name: c.name for c in choice.candidates}
     placement_validation.validate_choice(

@@ -39,36 +39,29 @@ def wait_here(seconds=120):
     open(marker, "w").close()
     time.sleep(seconds)  # the SIGINT arrives during this sleep
 
+def wait_inside_native_init(module, inside, seconds=120):
+    # waits at the first import inside(name) accepts while the native module initializes
+    import builtins
+    loading = []
+    class Watch:  # notes when the native module starts loading
+        def find_spec(self, name, path=None, target=None):
+            if name == module:
+                loading.append(name)
+    sys.meta_path.insert(0, Watch())
+    real_import = builtins.__import__
+    def watched_import(name, *args, **kwargs):
+        if loading and inside(name):
+            loading.clear()
+            wait_here(seconds)
+        return real_import(name, *args, **kwargs)
+    builtins.__import__ = watched_import
+
 if point == "onnx-init":
-    import builtins
-    loading = []
-    class Watch:  # notes when onnx's native module starts loading
-        def find_spec(self, name, path=None, target=None):
-            if name == "onnx.onnx_cpp2py_export":
-                loading.append(name)
-    sys.meta_path.insert(0, Watch())
-    real_import = builtins.__import__
-    def watched_import(name, *args, **kwargs):
-        if loading and not name.startswith("onnx"):  # Python code its initialisation runs (enum, typing)
-            loading.clear()
-            wait_here(3)  # held back, the SIGINT arrives when the import is done
-        return real_import(name, *args, **kwargs)
-    builtins.__import__ = watched_import
+    # at Python code its initialisation runs (enum, typing); held back, the SIGINT arrives when the import is done
+    wait_inside_native_init("onnx.onnx_cpp2py_export", lambda name: not name.startswith("onnx"), seconds=3)
 elif point == "onnxruntime-init":
-    import builtins
-    loading = []
-    class Watch:  # notes when onnxruntime's native module starts loading
-        def find_spec(self, name, path=None, target=None):
-            if name == "onnxruntime.capi.onnxruntime_pybind11_state":
-                loading.append(name)
-    sys.meta_path.insert(0, Watch())
-    real_import = builtins.__import__
-    def watched_import(name, *args, **kwargs):
-        if loading and name.startswith("numpy"):  # the native module imports numpy while it initializes
-            loading.clear()
-            wait_here()
-        return real_import(name, *args, **kwargs)
-    builtins.__import__ = watched_import
+    # the native module imports numpy while it initializes
+    wait_inside_native_init("onnxruntime.capi.onnxruntime_pybind11_state", lambda name: name.startswith("numpy"))
 elif point == "inference":
     import onnxruntime
     run = onnxruntime.InferenceSession.run

@@ -136,31 +136,7 @@ def refine(
     the best model less than ``min_gain`` (a fraction of its size) smaller, it stops (``stalled``).
     """
     search = Search()
-    seen: dict[tuple[tuple[str, str], ...], Trial] = {}
-    best_sizes = [start.size_bytes]  # the smallest meeting size after each verification
-
-    def check(allocation: Allocation) -> Trial | None:
-        """The allocation's trial (verified once); None when trials, time or gains have run out."""
-        key = tuple(sorted(allocation.items()))
-        if key in seen:
-            return seen[key]
-        if len(search.trials) >= max_trials:
-            return None
-        if time.monotonic() > deadline:
-            search.out_of_time = True
-            return None
-        if (
-            len(best_sizes) > stall_trials
-            and best_sizes[-stall_trials - 1] - best_sizes[-1] < min_gain * best_sizes[-1]
-        ):
-            search.stalled = True
-            return None
-        seen[key] = trial = verify(allocation)
-        search.trials.append(trial)
-        best_sizes.append(min(best_sizes[-1], trial.size_bytes) if trial.meets else best_sizes[-1])
-        return trial
-
-    seen[tuple(sorted(start.allocation.items()))] = start
+    check = _Verifier(search, verify, (deadline, max_trials), (stall_trials, min_gain), start)
     best = _descend(start, moves, check, set(), max_trials)
     while upgrades is not None and restart_trials > 0:
         for node, option in upgrades(best.allocation)[:RESTARTS]:
@@ -176,6 +152,42 @@ def refine(
         else:
             return search
     return search
+
+
+class _Verifier:
+    """Verifies each allocation once, while trials, time and gains last (see :func:`refine`)."""
+
+    def __init__(
+        self,
+        search: Search,
+        verify: Callable[[Allocation], Trial],
+        limits: tuple[float, int],
+        stall: tuple[int, float],
+        start: Trial,
+    ) -> None:
+        self.search, self.verify = search, verify
+        (self.deadline, self.max_trials), (self.stall_trials, self.min_gain) = limits, stall
+        self.seen: dict[tuple[tuple[str, str], ...], Trial] = {tuple(sorted(start.allocation.items())): start}
+        self.best_sizes = [start.size_bytes]  # the smallest meeting size after each verification
+
+    def __call__(self, allocation: Allocation) -> Trial | None:
+        """The allocation's trial (verified once); None when trials, time or gains have run out."""
+        key = tuple(sorted(allocation.items()))
+        if key in self.seen:
+            return self.seen[key]
+        if len(self.search.trials) >= self.max_trials:
+            return None
+        if time.monotonic() > self.deadline:
+            self.search.out_of_time = True
+            return None
+        sizes, stall = self.best_sizes, self.stall_trials
+        if len(sizes) > stall and sizes[-stall - 1] - sizes[-1] < self.min_gain * sizes[-1]:
+            self.search.stalled = True
+            return None
+        self.seen[key] = trial = self.verify(allocation)
+        self.search.trials.append(trial)
+        sizes.append(min(sizes[-1], trial.size_bytes) if trial.meets else sizes[-1])
+        return trial
 
 
 def _descend(

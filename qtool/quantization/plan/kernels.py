@@ -192,33 +192,44 @@ def _predict(
             return KernelPrediction(p.name, "MatMulIntegerToFloat", True, why)
         why = "input quantized at run time, 8-bit weights (bias Add fused)"
         return KernelPrediction(p.name, "DynamicQuantizeMatMul", True, why)
-    spec = p.scheme.weight
     if p.placement == "weight_only":
-        if spec.fp16:
-            return KernelPrediction(p.name, f"float {op}", False, "fp16 weights are cast to float at load")
-        if spec.format == "matmul_nbits":
-            block = p.weight.block_size if p.weight else None
-            level = f", accuracy_level {spec.accuracy_level}" if spec.accuracy_level else ""
-            why = f"written as MatMulNBits: {spec.dtype} blocks of {block} along K{level}"
-            return KernelPrediction(p.name, "MatMulNBits", True, why)
+        return _predict_weight_only(p, fused_with_add)
+    return _predict_integer(p, fused_with_add)
+
+
+def _predict_weight_only(p: NodePlan, fused_with_add: bool) -> KernelPrediction:
+    """A weight-only node: fp16, MatMulNBits, or DequantizeLinear before a float op."""
+    op, spec = p.op_type, p.scheme.weight
+    if spec.fp16:
+        return KernelPrediction(p.name, f"float {op}", False, "fp16 weights are cast to float at load")
+    if spec.format == "matmul_nbits":
         block = p.weight.block_size if p.weight else None
-        if op == "MatMul" and block is not None:
-            if block < 16 or block & (block - 1):
-                return KernelPrediction(
-                    p.name, "float MatMul", False, f"MatMulNBits needs a power-of-two block_size >= 16, not {block}"
-                )
-            if p.weight is not None and p.weight.axis != 0:
-                return KernelPrediction(p.name, "float MatMul", False, "MatMulNBits needs blocks along K (axis 0)")
-            if fused_with_add:
-                return KernelPrediction(
-                    p.name,
-                    "float Gemm",
-                    False,
-                    "2-D MatMul + bias Add is fused into Gemm before MatMulNBits can apply; "
-                    "DequantizeLinear runs on every call",
-                )
-            return KernelPrediction(p.name, "MatMulNBits", True, f"{spec.dtype} blocks of {block} along K")
-        return KernelPrediction(p.name, f"float {op}", False, "weight-only: DequantizeLinear runs on every call")
+        level = f", accuracy_level {spec.accuracy_level}" if spec.accuracy_level else ""
+        why = f"written as MatMulNBits: {spec.dtype} blocks of {block} along K{level}"
+        return KernelPrediction(p.name, "MatMulNBits", True, why)
+    block = p.weight.block_size if p.weight else None
+    if op == "MatMul" and block is not None:
+        if block < 16 or block & (block - 1):
+            return KernelPrediction(
+                p.name, "float MatMul", False, f"MatMulNBits needs a power-of-two block_size >= 16, not {block}"
+            )
+        if p.weight is not None and p.weight.axis != 0:
+            return KernelPrediction(p.name, "float MatMul", False, "MatMulNBits needs blocks along K (axis 0)")
+        if fused_with_add:
+            return KernelPrediction(
+                p.name,
+                "float Gemm",
+                False,
+                "2-D MatMul + bias Add is fused into Gemm before MatMulNBits can apply; "
+                "DequantizeLinear runs on every call",
+            )
+        return KernelPrediction(p.name, "MatMulNBits", True, f"{spec.dtype} blocks of {block} along K")
+    return KernelPrediction(p.name, f"float {op}", False, "weight-only: DequantizeLinear runs on every call")
+
+
+def _predict_integer(p: NodePlan, fused_with_add: bool) -> KernelPrediction:
+    """A node placed integer on the CPU: which kernel onnxruntime fuses it into, if any."""
+    op, spec = p.op_type, p.scheme.weight
     if p.scheme.activation.fp8 or spec.fp8:
         return KernelPrediction(
             p.name, f"float {op}", False, f"fp8 Q/DQ run around a float {op} (no fp8 kernels on CPU)"

@@ -32,6 +32,7 @@ from qtool.errors import QtoolError
 from qtool.graph.index import GraphView, subgraph_reads
 from qtool.graph.names import fresh_name
 from qtool.graph.weights import Weights, is_detached, mark_detached
+from qtool.quantization.algorithms.transforms.smoothing_records import SmoothedGroup, SmoothingReport
 from qtool.quantization.algorithms.transforms.smoothing_scales import (
     DEFAULT_MIN_OUTLIER_RATIO,
     absmax_along,
@@ -45,41 +46,6 @@ log = logging.getLogger(__name__)
 
 _SHAPE_READERS = {"Shape", "Size"}  # read only the shape, which smoothing keeps
 _ONNX_DOMAINS = ("", "ai.onnx")
-
-
-@dataclass(frozen=True)
-class SmoothedGroup:
-    """One activation tensor smoothed for the MatMul/Gemm nodes in ``nodes``, which share one ``s``.
-
-    ``folded_into`` is the tensor's producer when ``1/s`` went into its parameters (``folded_chain``
-    lists every node whose constants changed, producer first: an Add of a bias, then its MatMul);
-    both are empty when a Mul node was inserted instead.
-    """
-
-    tensor: str
-    nodes: tuple[str, ...]
-    folded_into: str
-    folded_chain: tuple[str, ...]
-    alpha: float
-    outlier_ratio: float
-
-
-@dataclass(frozen=True)
-class SmoothingReport:
-    """What :func:`smooth` changed, and the tensors it left alone with the reason."""
-
-    groups: tuple[SmoothedGroup, ...]
-    # (tensor, reason). A tensor can be both smoothed and listed here, for a selected reader that is
-    # not smoothable (its reason names the node); that reader keeps seeing the original tensor.
-    skipped: tuple[tuple[str, str], ...]
-
-    @property
-    def folded(self) -> tuple[SmoothedGroup, ...]:
-        return tuple(g for g in self.groups if g.folded_into)
-
-    @property
-    def inserted(self) -> tuple[SmoothedGroup, ...]:
-        return tuple(g for g in self.groups if not g.folded_into)
 
 
 def smooth(
