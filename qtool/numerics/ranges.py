@@ -103,6 +103,8 @@ def least_error_range(
     """
     narrow = symmetric if narrow_range is None else narrow_range
     qmin = -qtype.qmax if narrow and symmetric and qtype.signed else qtype.qmin
+    if len(values) == 1:  # one group (an observer's histogram): every candidate at once
+        return _least_error_of_one(values, lows, highs, qtype, symmetric, narrow, qmin, counts)
     best_err = np.full(len(values), np.inf)
     best_lo, best_hi = lows[-1].copy(), highs[-1].copy()
     for lo, hi in zip(lows, highs, strict=True):
@@ -149,3 +151,31 @@ def weight_qparams(
         what=what,
     )
     return QParams(qp.scale, qp.zero_point, qp.qtype, axis, block_size, qp.narrow)
+
+
+def _least_error_of_one(
+    values: np.ndarray,
+    lows: np.ndarray,
+    highs: np.ndarray,
+    qtype: QuantType,
+    symmetric: bool,
+    narrow: bool,
+    qmin: int,
+    counts: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`least_error_range` of a single group, its candidates scored a block at a time (the same sums)."""
+    lo_all, hi_all = lows[:, 0], highs[:, 0]
+    errors = np.empty(len(lo_all))
+    step = max(1, CHUNK_ELEMENTS // max(1, values.shape[1]))
+    for start in range(0, len(lo_all), step):
+        qp = compute_qparams(
+            lo_all[start : start + step], hi_all[start : start + step], qtype, symmetric=symmetric, narrow_range=narrow
+        )
+        scale = qp.scale.astype(values.dtype)[:, None]
+        zero = qp.zero_point.astype(values.dtype)[:, None]
+        q = np.clip(np.rint(values / scale) + zero, qmin, qtype.qmax)
+        squared = ((q - zero) * scale - values) ** 2
+        errors[start : start + step] = (squared if counts is None else squared * counts).sum(axis=1)
+    finite = np.where(np.isnan(errors), np.inf, errors)
+    best = int(np.argmin(finite)) if np.isfinite(finite).any() else len(errors) - 1
+    return lows[best].copy(), highs[best].copy()

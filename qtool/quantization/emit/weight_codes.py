@@ -23,8 +23,10 @@ from qtool.quantization.emit.weight_copies import CopyKey, WeightUse, copy_key
 from qtool.quantization.plan.records import NodePlan, QuantPlan
 
 _INT32_MAX = float(np.iinfo(np.int32).max)
-_FITS: dict[tuple[object, ...], tuple[QParams, PairFit]] = {}  # fitted grids by weight content (nearest rounding)
+# fitted grids and their codes by weight content (nearest rounding), the codes up to a memory budget
+_FITS: dict[tuple[object, ...], tuple[QParams, PairFit, np.ndarray | None]] = {}
 _FITS_KEPT = 256
+_CODES_KEPT_BYTES = 128 << 20
 
 
 class WeightCodes:
@@ -81,8 +83,8 @@ class WeightCodes:
         """:func:`fit_pairs` of one copy; for nearest rounding its grid is chosen once per process.
 
         The placement choice rewrites the model once per candidate and search trial: choosing the same weight's
-        grid again each time would cost most of a rewrite. Only the grid is kept (the scales and what the fit
-        did), not the codes: rounding onto it again is cheap, and a large model's codes would hold memory.
+        grid and rounding it again each time would cost most of a rewrite. The grid is kept, and its codes while
+        they fit a memory budget (past it they are rounded again: a large model's codes would hold memory).
         """
         if self.algorithms is not None:  # at the fitted scales GPTQ keeps the pairs within the limit itself
             return fit_pairs(
@@ -102,13 +104,14 @@ class WeightCodes:
         )
         nearest = partial(quantize, values)
         if key in _FITS:
-            fitted, fit = _FITS[key]
-            codes, _ = codes_within_limit(values, fitted, layout, nearest)
+            fitted, fit, kept = _FITS[key]
+            codes = kept.copy() if kept is not None else codes_within_limit(values, fitted, layout, nearest)[0]
             return fitted, codes, fit
         if len(_FITS) >= _FITS_KEPT:
             _FITS.pop(next(iter(_FITS)))
         fitted, codes, fit = fit_pairs(values, qp, layout, nearest)
-        _FITS[key] = (fitted, fit)
+        held = sum(c.nbytes for _, _, c in _FITS.values() if c is not None)
+        _FITS[key] = (fitted, fit, codes.copy() if held + codes.nbytes <= _CODES_KEPT_BYTES else None)
         return fitted, codes, fit
 
     def readers(self, use: WeightUse) -> list[NodePlan]:
