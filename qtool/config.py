@@ -20,7 +20,7 @@ from qtool.config_files import resolve_config
 from qtool.errors import QtoolError
 from qtool.located_yaml import LocatedYaml
 from qtool.schemas.config import FP8_DTYPES, ConfigDocument, NodeSettings
-from qtool.schemas.config_checks import compiled_pattern, validate_document
+from qtool.schemas.config_checks import check_merged_rules, compiled_pattern, validate_document
 from qtool.schemes import (
     TARGETS,
     AccuracySettings,
@@ -59,6 +59,7 @@ class QConfig:
     activation_ranges: str = (
         "observer"  # "observer" | "extremes" (see qtool.quantization.plan.activations): the choice's
     )
+    located: LocatedYaml | None = field(default=None, repr=False, compare=False)  # the user's file: where keys are
 
     @property
     def kv_cache(self) -> tuple[str, str] | None:
@@ -86,10 +87,11 @@ class QConfig:
         rule, most_specific = matches[-1]
         if most_specific is None:  # the most specific rule that matches says "keep in float"
             return None, rule
+        layers = [(name, layer.model_dump(exclude_unset=True)) for name, layer in matches if layer is not None]
+        check_merged_rules(layers, self.located, node_name)
         merged: dict[str, Any] = {}
-        for _, layer in matches:
-            if layer is not None:
-                merged = _deep_merge(merged, layer.model_dump(exclude_unset=True))
+        for _, values in layers:
+            merged = _deep_merge(merged, values)
         scheme = for_target(_node_scheme(merged, rule), self.target)
         if node_name in self.sensitive_nodes and not scheme.weight_only:
             # Float activations, weights still stored quantized: the accuracy of float, most of the size gain.
@@ -203,6 +205,7 @@ class QConfig:
         built = _from_document(document, self.raw, self.source)  # raw: the base as written (for keys and text)
         return replace(
             built,
+            located=self.located,
             sensitive_nodes=self.sensitive_nodes,
             float_nodes=self.float_nodes,
             auto_placement=self.auto_placement,
@@ -284,15 +287,14 @@ def load_config(path: Path | str | Mapping[str, Any] | None = None) -> QConfig:
         doc = LocatedYaml("<config mapping>", text)
         _check_document(doc)
         user = _without_default_nulls({k: v for k, v in doc.value.items() if v is not None})
-        return _build(_deep_merge(merged, user), "<config mapping>")
+        return replace(_build(_deep_merge(merged, user), "<config mapping>"), located=doc)
     if path is not None:
         path = resolve_config(path)
         text = read_text(path, "config file", CONFIG_MAX_BYTES)
         doc = LocatedYaml(str(path), text)
         _check_document(doc)
         user = _without_default_nulls({k: v for k, v in doc.value.items() if v is not None})
-        merged = _deep_merge(merged, user)
-        source = str(path)
+        return replace(_build(_deep_merge(merged, user), str(path)), located=doc)
     return _build(merged, source)
 
 

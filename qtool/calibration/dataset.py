@@ -130,6 +130,7 @@ class Dataset:
         self.inputs = inputs
         self.skip_nonfinite = skip_nonfinite
         self.skipped: list[Path] = []
+        self._ignored_noted = False
         if not self.directory.exists():
             raise QtoolError(f"data directory not found: {self.directory}")
         if not self.directory.is_dir():
@@ -205,18 +206,31 @@ class Dataset:
         return feed
 
     def _validate(self, path: Path, feed: Feed) -> Feed | None:
+        expected = {spec.name for spec in self.inputs}
+        extra = sorted(set(feed) - expected)
+        if extra:  # one folder for several variants of a model: keys a model does not take are left out
+            self._note_ignored(path, extra)
+            feed = {name: array for name, array in feed.items() if name in expected}
         if self.decoder is not None and self.decoder.input_ids in feed:
-            if np.asarray(feed[self.decoder.input_ids]).size == 0:
+            ids = np.asarray(feed[self.decoder.input_ids])
+            if ids.size == 0:
                 raise QtoolError(
                     f"{path}: '{self.decoder.input_ids}' holds no token", hint="give each sample 1 or more"
                 )
+            if ids.ndim not in (1, 2):
+                raise QtoolError(
+                    f"{path}: '{self.decoder.input_ids}' has shape {list(ids.shape)}: token ids are [length] "
+                    "or [batch, length]",
+                    hint="save each sample's token ids as a 1-D or 2-D integer array",
+                )
             feed = complete_feed(self.decoder, feed)
-        expected = {spec.name for spec in self.inputs}
-        missing, extra = expected - set(feed), set(feed) - expected
-        if missing or extra:
+        missing = sorted(expected - set(feed))
+        if missing:
+            held = ", ".join(sorted(feed)) or "nothing"
             raise QtoolError(
-                f"{path}: sample keys {sorted(feed)} do not match the model inputs {sorted(expected)}",
-                hint="name each array (or TensorProto) after a model input",
+                f"{path}: the sample has no {', '.join(repr(m) for m in missing)} "
+                f"(the model takes {', '.join(sorted(expected))}; the sample holds {held})",
+                hint="save one array per model input, each under the input's name",
             )
         out: Feed = {}
         for spec in self.inputs:
@@ -257,6 +271,17 @@ class Dataset:
                 )
             out[spec.name] = array
         return out
+
+    def _note_ignored(self, path: Path, keys: list[str]) -> None:
+        """Say once per dataset which sample keys the model does not take (they are left out; the log escapes names)."""
+        if self._ignored_noted:
+            return
+        self._ignored_noted = True
+        log.warning(
+            "%s: keys %s are not inputs of this model: left out (here and in any other sample holding them)",
+            path,
+            ", ".join(keys),
+        )
 
     def samples(self) -> Iterator[tuple[Path, Feed]]:
         """Yield (file, feed) for every usable sample, each with a batch dimension."""

@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset
-from qtool.calibration.decoder import DecoderInterface, complete_feed, next_step_feed
+from qtool.calibration.decoder import DecoderInterface, complete_feed, last_token_scores, next_step_feed
 from qtool.calibration.outputs import FloatOutputs
 from qtool.graph.session import run_session
 
@@ -40,7 +40,7 @@ def with_decode_steps(
         prefill = complete_feed(decoder, sample)
         results = dict(zip(names, run_session(session, None, prefill, f"the float model on {path}"), strict=True))
         assert decoder.logits is not None  # decoders scored this way have logits (placement_decode)
-        token = results[decoder.logits][:, -1].argmax(-1)
+        token = last_token_scores(results[decoder.logits]).argmax(-1)
         step = next_step_feed(decoder, prefill, results, token)
         stem = path.name.rsplit(".", 1)[0]
         arrays: dict[str, Any] = dict(step)

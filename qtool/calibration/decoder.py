@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+from onnx import helper
 
 from qtool.calibration.dataset_types import Feed, InputSpec, model_inputs
 
@@ -47,9 +48,14 @@ class DecoderInterface:
     attention_mask: str | None
     position_ids: str | None
     cache: tuple[CacheInput, ...]
-    logits: str | None  # the next-token scores [batch, sequence, vocab]
+    logits: str | None  # the next-token scores: [batch, sequence, vocab], or [batch, vocab] for the last token only
     cache_position: str | None = None  # [sequence]: the positions of the new tokens (newer transformers exports)
     cache_branch: str | None = None  # optimum's merged decoders: a bool [1], true once the cache holds tokens
+    dtypes: Mapping[str, np.dtype] = field(default_factory=dict)  # the integer inputs qtool fills, by name
+
+    def integers(self, name: str) -> np.dtype:
+        """The dtype the model takes for ``name``, an integer input qtool fills (int64 when it does not say)."""
+        return self.dtypes.get(name, np.dtype(np.int64))
 
     @property
     def filled(self) -> set[str]:
@@ -76,11 +82,15 @@ def _present_name(past: str, outputs: Sequence[str]) -> str | None:
     return None
 
 
-def find_decoder(inputs: Sequence[InputSpec], outputs: Sequence[str] = ()) -> DecoderInterface | None:
+def find_decoder(inputs: Sequence[InputSpec], outputs: Sequence[InputSpec | str] = ()) -> DecoderInterface | None:
     """The model's decoder interface, or None when it takes no token ids or no rank-4 past cache.
 
     A cache input needs fixed head and head-size dimensions (dims 1 and 3), as every exporter writes them.
+    ``outputs``: the model's outputs, as specs (their dtypes and shapes find the logits: see
+    :func:`logits_output`) or as names alone.
     """
+    specs = [o if isinstance(o, InputSpec) else InputSpec(o, np.dtype(np.float32), None) for o in outputs]
+    output_names = [o.name for o in specs]
     ids = _ids_input(inputs)
     if ids is None:
         return None
@@ -92,26 +102,77 @@ def find_decoder(inputs: Sequence[InputSpec], outputs: Sequence[str] = ()) -> De
         heads, head_dim = shape[1], shape[3]
         if not isinstance(heads, int) or not isinstance(head_dim, int):
             continue
-        cache.append(CacheInput(spec.name, _present_name(spec.name, outputs), heads, head_dim, spec.dtype))
+        cache.append(CacheInput(spec.name, _present_name(spec.name, output_names), heads, head_dim, spec.dtype))
     if not cache:
         return None
     names = {spec.name for spec in inputs}
     presents = {c.present for c in cache}
-    logits = next((o for o in outputs if o == "logits"), None) or next((o for o in outputs if o not in presents), None)
+    integers = {s.name: s.dtype for s in inputs if s.name in _FILLED_INTEGERS and np.issubdtype(s.dtype, np.integer)}
     return DecoderInterface(
         ids.name,
         "attention_mask" if "attention_mask" in names else None,
         "position_ids" if "position_ids" in names else None,
         tuple(cache),
-        logits,
+        logits_output([o for o in specs if o.name not in presents]),
         cache_position="cache_position" if "cache_position" in names else None,
         cache_branch="use_cache_branch" if "use_cache_branch" in names else None,
+        dtypes=integers,
     )
+
+
+_FILLED_INTEGERS = ("attention_mask", "position_ids", "cache_position")
+
+
+def logits_output(outputs: Sequence[InputSpec]) -> str | None:
+    """Of a decoder's outputs other than its cache, the next-token scores: by role, wherever they are listed.
+
+    Logits are floating point, of rank 3 ([batch, sequence, vocab]) or 2 (the last token's only); an
+    output named ``logits`` (or holding the word) is taken first, then the one with the widest fixed
+    last dimension (the vocabulary), then the first that fits. None: no output can be the logits.
+    """
+    fitting = [
+        o for o in outputs if np.issubdtype(o.dtype, np.floating) and (o.shape is None or len(o.shape) in (2, 3))
+    ]
+    for chosen in (
+        [o for o in fitting if o.name == "logits"],
+        [o for o in fitting if "logit" in o.name.lower()],
+        sorted(
+            (o for o in fitting if o.shape is not None and isinstance(o.shape[-1], int)),
+            key=lambda o: -int(o.shape[-1]) if o.shape is not None and isinstance(o.shape[-1], int) else 0,
+        ),
+        fitting,
+    ):
+        if chosen:
+            return chosen[0].name
+    return None
+
+
+def last_token_scores(logits: np.ndarray) -> np.ndarray:
+    """The last position's scores [batch, vocab], whether the model returns every position's or the last's only."""
+    return logits[:, -1] if logits.ndim == 3 else logits
+
+
+def model_outputs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The graph's outputs as specs (dtype float32 and any shape where the model does not say)."""
+    specs = []
+    for value in model.graph.output:
+        tensor_type = value.type.tensor_type
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        except (KeyError, TypeError, ValueError):
+            dtype = np.dtype(np.float32)
+        shape = None
+        if tensor_type.HasField("shape"):
+            shape = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim
+            )
+        specs.append(InputSpec(value.name, dtype, shape))
+    return specs
 
 
 def model_decoder(model: onnx.ModelProto) -> DecoderInterface | None:
     """:func:`find_decoder` on a model's own inputs and outputs."""
-    return find_decoder(model_inputs(model), [o.name for o in model.graph.output])
+    return find_decoder(model_inputs(model), model_outputs(model))
 
 
 def past_length(decoder: DecoderInterface, feed: Mapping[str, np.ndarray]) -> int:
@@ -135,13 +196,12 @@ def complete_feed(decoder: DecoderInterface, feed: Mapping[str, np.ndarray]) -> 
     for cache in decoder.cache:
         out.setdefault(cache.past, cache.empty(batch))
     if decoder.attention_mask is not None and decoder.attention_mask not in out:
-        out[decoder.attention_mask] = np.ones((batch, past + length), dtype=np.int64)
+        out[decoder.attention_mask] = np.ones((batch, past + length), dtype=decoder.integers(decoder.attention_mask))
     if decoder.position_ids is not None and decoder.position_ids not in out:
-        out[decoder.position_ids] = np.broadcast_to(
-            np.arange(past, past + length, dtype=np.int64), (batch, length)
-        ).copy()
+        positions = np.arange(past, past + length, dtype=decoder.integers(decoder.position_ids))
+        out[decoder.position_ids] = np.broadcast_to(positions, (batch, length)).copy()
     if decoder.cache_position is not None and decoder.cache_position not in out:
-        out[decoder.cache_position] = np.arange(past, past + length, dtype=np.int64)
+        out[decoder.cache_position] = np.arange(past, past + length, dtype=decoder.integers(decoder.cache_position))
     if decoder.cache_branch is not None and decoder.cache_branch not in out:
         out[decoder.cache_branch] = np.array([past > 0])
     return out
@@ -177,3 +237,19 @@ def next_step_feed(
     if decoder.cache_branch is not None:
         feed[decoder.cache_branch] = np.array([True])
     return feed
+
+
+def prefix_feed(decoder: DecoderInterface, feed: Mapping[str, np.ndarray], tokens: int) -> Feed:
+    """The prefill ``feed`` cut to its first ``tokens`` new tokens (mask, positions and cache positions with them)."""
+    out = dict(feed)
+    ids = feed[decoder.input_ids]
+    new = ids.shape[1]
+    out[decoder.input_ids] = ids[:, :tokens]
+    if decoder.attention_mask is not None and decoder.attention_mask in feed:
+        mask = feed[decoder.attention_mask]
+        out[decoder.attention_mask] = mask[:, : mask.shape[1] - new + tokens]
+    if decoder.position_ids is not None and decoder.position_ids in feed:
+        out[decoder.position_ids] = feed[decoder.position_ids][:, :tokens]
+    if decoder.cache_position is not None and decoder.cache_position in feed:
+        out[decoder.cache_position] = feed[decoder.cache_position][:tokens]
+    return out

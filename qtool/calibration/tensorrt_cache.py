@@ -14,10 +14,14 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import numpy as np
 
 from qtool.errors import QtoolError
+from qtool.graph.float16 import float32_names
+from qtool.graph.model_io import load_model
+from qtool.graph.weights import Weights
 from qtool.observers import Observer
 
 CALIBRATOR = "EntropyCalibration2"
@@ -64,15 +68,39 @@ def scale_hex(scale: float) -> str:
     return format(struct.unpack(">I", struct.pack(">f", scale))[0], "08x")
 
 
-def tensorrt_cache_text(observers: Mapping[str, Observer], version: str) -> str:
-    """The cache text for every observed per-tensor activation, in name order.
+def model_tensor_names(path: Path | str) -> dict[str, str]:
+    """The model's tensor names (graph inputs, node outputs), by the name its statistics give each.
+
+    The statistics of a float16 model are of its float32 form, whose inputs and outputs are renamed
+    (``x`` computes as ``x/float32``, the same values): the cache names the model's own tensors.
+    """
+    model = load_model(path, Weights())
+    own = [value.name for value in model.graph.input]
+    own += [name for node in model.graph.node for name in node.output if name]
+    names = {name: name for name in own}
+    names |= {inner: name for name, inner in float32_names(model.graph).items()}
+    return names
+
+
+def tensorrt_cache_text(
+    observers: Mapping[str, Observer], version: str, names: Mapping[str, str] | None = None
+) -> tuple[str, list[str]]:
+    """The cache text for every observed per-tensor activation, in name order; and the tensors left out.
+
+    ``names``: :func:`model_tensor_names` of the model the cache describes: each statistics tensor is
+    written under its name there, and one the model does not have is left out (None: as named).
 
     Raises:
         QtoolError: no tensor has statistics, or the version is malformed.
     """
     lines = [f"TRT-{tensorrt_version_number(version)}-{CALIBRATOR}"]
-    for name, observer in sorted(observers.items()):
+    left_out = []
+    for key, observer in sorted(observers.items(), key=lambda item: (names or {}).get(item[0], item[0])):
         if observer.empty or observer.axis is not None:
+            continue
+        name = key if names is None else names.get(key)
+        if name is None:
+            left_out.append(key)
             continue
         check_cache_name(name)
         lo, hi = observer.range(8, True)
@@ -81,4 +109,4 @@ def tensorrt_cache_text(observers: Mapping[str, Observer], version: str) -> str:
         lines.append(f"{name}: {scale_hex(scale)}")
     if len(lines) == 1:
         raise QtoolError("the statistics hold no activation ranges to write into a TensorRT cache")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", left_out

@@ -82,6 +82,7 @@ def calibrate(
             DEFAULT_VERSION,
             check_cache_names,
             installed_tensorrt_version,
+            model_tensor_names,
             tensorrt_cache_text,
             tensorrt_version_number,
         )
@@ -115,13 +116,20 @@ def calibrate(
                 target=target,
                 input_shapes=parse_input_shapes(input_shapes) if input_shapes else None,
             )
-        cache_text = tensorrt_cache_text(stats.tensors, version) if tensorrt_cache is not None else None
+        cache_text, left_out = None, list[str]()
+        if tensorrt_cache is not None:
+            cache_text, left_out = tensorrt_cache_text(stats.tensors, version, model_tensor_names(model))
         write_stats(stats, output)
         if tensorrt_cache is not None and cache_text is not None:
             from qtool.graph.model_io import write_text
 
             write_text(tensorrt_cache, cache_text)
         console = summary_console(json_out)
+        if left_out:
+            console.print(
+                f"[yellow]note[/yellow] {len(left_out)} observed tensors are not tensors of {printable(str(model))} "
+                f"(first: {printable(left_out[0])}): left out of the TensorRT cache"
+            )
         if stats.skipped:
             console.print(f"[yellow]skipped[/yellow] {stats.skipped} samples holding NaN or Inf")
         console.print(

@@ -49,12 +49,19 @@ class SampleEnergies:
 
 
 def ratio_db(signal: float, noise: float) -> float:
-    """10 log10(signal / noise), with an exact match +inf and a silent reference -inf."""
+    """10 log10(signal / noise), with an exact match +inf and a silent reference -inf.
+
+    Energies that are not finite (outputs past float range, or NaN) give no figure to vouch for:
+    -inf, unless the signal alone is infinite over a finite noise (+inf).
+    """
     if noise == 0.0:
         return math.inf
     if signal == 0.0:
         return -math.inf
-    return 10.0 * math.log10(signal / noise)
+    ratio = signal / noise
+    if not 0.0 < ratio < math.inf:
+        return math.inf if ratio == math.inf and math.isfinite(noise) else -math.inf
+    return 10.0 * math.log10(ratio)
 
 
 def mean_bound(values: Sequence[float], confidence: float = CONFIDENCE, *, lower_is_better: bool = False) -> float:

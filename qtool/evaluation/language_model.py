@@ -25,7 +25,14 @@ import numpy as np
 import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset
-from qtool.calibration.decoder import DecoderInterface, complete_feed, next_step_feed
+from qtool.calibration.dataset_types import Feed
+from qtool.calibration.decoder import (
+    DecoderInterface,
+    complete_feed,
+    last_token_scores,
+    next_step_feed,
+    prefix_feed,
+)
 from qtool.errors import QtoolError
 from qtool.evaluation.confidence import CONFIDENCE, mean_bound
 from qtool.graph.session import run_session
@@ -110,6 +117,44 @@ class _Model:
         assert self.decoder.logits is not None  # checked by language_model_metrics
         return results[self.decoder.logits]
 
+    def next_scores(self, results: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The scores of the token after the last one run: [batch, vocab]."""
+        return last_token_scores(self.logits(results))
+
+    def prefill(self, feed: Feed) -> tuple[Feed, dict[str, np.ndarray], np.ndarray]:
+        """Run a prefill: (the feed a decode step follows, its outputs, the scores after every position).
+
+        The scores are [batch, length, vocab]. A model that returns the last position's only is fed the
+        sample one token at a time through its own cache (teacher-forced), as such models are run.
+        """
+        length = feed[self.decoder.input_ids].shape[1]
+        results = self.run(feed)
+        logits = self.logits(results)
+        if logits.ndim == 3 and logits.shape[1] == length:
+            return feed, results, logits
+        if length == 1:
+            return feed, results, last_token_scores(logits)[:, None]
+        return self._stepped(feed, length)
+
+    def _stepped(self, feed: Feed, length: int) -> tuple[Feed, dict[str, np.ndarray], np.ndarray]:
+        """:meth:`prefill` one token at a time: through the cache, or as growing prefills where none is returned."""
+        ids = feed[self.decoder.input_ids]
+        through_cache = all(c.present is not None for c in self.decoder.cache)
+        step = prefix_feed(self.decoder, feed, 1)
+        results = self.run(step)
+        scores = [self.next_scores(results)]
+        for position in range(1, length):
+            if through_cache:
+                step = next_step_feed(self.decoder, step, results, ids[:, position])
+                if self.decoder.attention_mask is not None:  # the sample's own mask, where it gave one
+                    mask = feed[self.decoder.attention_mask]
+                    step[self.decoder.attention_mask] = mask[:, : mask.shape[1] - length + position + 1]
+            else:
+                step = prefix_feed(self.decoder, feed, position + 1)
+            results = self.run(step)
+            scores.append(self.next_scores(results))
+        return step, results, np.stack(scores, axis=1)
+
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
     z = logits.astype(np.float64)
@@ -127,11 +172,11 @@ def _nll(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> tuple[float, 
 
 def _greedy(model: _Model, feed: Mapping[str, np.ndarray], results: Mapping[str, np.ndarray], steps: int) -> np.ndarray:
     """The model's own greedy continuation after the prefill ``feed`` (which gave ``results``): [batch, steps]."""
-    tokens = [model.logits(results)[:, -1].argmax(-1)]
+    tokens = [model.next_scores(results).argmax(-1)]
     for _ in range(steps - 1):
         feed = next_step_feed(model.decoder, feed, results, tokens[-1])
         results = model.run(feed)
-        tokens.append(model.logits(results)[:, -1].argmax(-1))
+        tokens.append(model.next_scores(results).argmax(-1))
     return np.stack(tokens, axis=1)
 
 
@@ -139,11 +184,11 @@ def _forced(
     model: _Model, feed: Mapping[str, np.ndarray], results: Mapping[str, np.ndarray], given: np.ndarray
 ) -> np.ndarray:
     """The model's next token at each step when fed ``given`` [batch, steps] through its cache."""
-    predicted = [model.logits(results)[:, -1].argmax(-1)]
+    predicted = [model.next_scores(results).argmax(-1)]
     for step in range(given.shape[1] - 1):
         feed = next_step_feed(model.decoder, feed, results, given[:, step])
         results = model.run(feed)
-        predicted.append(model.logits(results)[:, -1].argmax(-1))
+        predicted.append(model.next_scores(results).argmax(-1))
     return np.stack(predicted, axis=1)
 
 
@@ -176,8 +221,7 @@ def reference_runs(
         feed = complete_feed(decoder, sample)
         ids = feed[decoder.input_ids]
         mask = feed.get(decoder.attention_mask or "", np.ones_like(ids))[:, -ids.shape[1] :]
-        first = ref.run(feed)
-        logits = ref.logits(first)
+        feed, first, logits = ref.prefill(feed)
         nll, scored = _nll(logits, ids, mask)
         continued = _greedy(ref, feed, first, steps) if steps > 0 else None
         runs.append(ReferenceRun(sample, ids, mask, nll, scored, logits.argmax(-1), continued))
@@ -242,8 +286,7 @@ def language_model_metrics(
     decoded = _Decoded()
     for index, run in enumerate(runs, start=1):
         feed = complete_feed(cand.decoder, run.sample)
-        first = cand.run(feed)
-        logits = cand.logits(first)
+        feed, first, logits = cand.prefill(feed)
         nll_ref, scored = nll_ref + run.nll, scored + run.scored
         nll_cand += _nll(logits, run.ids, run.mask)[0]
         keep = run.mask.astype(bool)

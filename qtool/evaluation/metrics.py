@@ -12,6 +12,7 @@ import onnxruntime as ort
 from qtool.calibration.dataset import Dataset, Feed
 from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
+from qtool.evaluation.confidence import ratio_db
 from qtool.evaluation.intervals import median_interval
 from qtool.evaluation.output_kinds import OutputKind, OutputSource, decide_kind, task_note
 from qtool.evaluation.providers import GPU_PROVIDERS
@@ -57,10 +58,15 @@ class ErrorAccumulator:
         for start in range(0, r.size, _CHUNK):
             rs, cs = r[start : start + _CHUNK], c[start : start + _CHUNK]
             e = np.subtract(rs, cs, out=err[: rs.size])
-            self.sum_ref_sq += float(np.dot(rs, rs))
-            self.sum_cand_sq += float(np.dot(cs, cs))
-            self.sum_dot += float(np.dot(rs, cs))
-            self.sum_err_sq += float(np.dot(e, e))
+            sums = (float(np.dot(rs, rs)), float(np.dot(cs, cs)), float(np.dot(rs, cs)), float(np.dot(e, e)))
+            if not all(map(math.isfinite, sums)):  # past float32's range (outputs of 1e20 and more): in float64
+                r64, c64 = rs.astype(np.float64), cs.astype(np.float64)
+                e = r64 - c64
+                sums = (float(np.dot(r64, r64)), float(np.dot(c64, c64)), float(np.dot(r64, c64)), float(np.dot(e, e)))
+            self.sum_ref_sq += sums[0]
+            self.sum_cand_sq += sums[1]
+            self.sum_dot += sums[2]
+            self.sum_err_sq += sums[3]
             self.max_abs = max(self.max_abs, float(np.abs(e, out=e).max()))
         self.count += r.size
 
@@ -79,7 +85,7 @@ class ErrorAccumulator:
         elif self.sum_ref_sq == 0.0:
             sqnr = -math.inf
         else:
-            sqnr = 10.0 * math.log10(self.sum_ref_sq / self.sum_err_sq)
+            sqnr = ratio_db(self.sum_ref_sq, self.sum_err_sq)
         norms = math.sqrt(self.sum_ref_sq) * math.sqrt(self.sum_cand_sq)
         if norms > 0:
             cosine = self.sum_dot / norms

@@ -31,6 +31,8 @@ def has_float16(graph: onnx.GraphProto) -> bool:
         return True
     if any(init.data_type == FLOAT16 for init in graph.initializer):
         return True
+    if any(sparse.values.data_type == FLOAT16 for g in _graphs(graph) for sparse in g.sparse_initializer):
+        return True
     return any(_float16_attribute(a) for g in _graphs(graph) for n in g.node for a in n.attribute)
 
 
@@ -44,6 +46,9 @@ def upcast_float16(graph: onnx.GraphProto, weights: Weights) -> list[str]:
                 init.data_type = FLOAT
                 weights.replace(init, values)
                 widened.append(init.name)
+        for sparse in sub.sparse_initializer:
+            if sparse.values.data_type == FLOAT16:
+                sparse.values.CopyFrom(_widened(sparse.values))
         for value in [
             *sub.value_info,
             *(sub.input if sub is not graph else []),
@@ -102,13 +107,21 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
 def _float16_attribute(attribute: onnx.AttributeProto) -> bool:
     if attribute.type == onnx.AttributeProto.TENSOR:
         return attribute.t.data_type == FLOAT16
+    if attribute.type == onnx.AttributeProto.SPARSE_TENSOR:
+        return attribute.sparse_tensor.values.data_type == FLOAT16
     return attribute.type == onnx.AttributeProto.INT and attribute.name in _TYPE_ATTRIBUTES and attribute.i == FLOAT16
 
 
+def _widened(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name)
+
+
 def _widen_attribute(attribute: onnx.AttributeProto) -> None:
+    """float16 -> float32 in a constant's tensor (dense or sparse: its values) or a type attribute (Cast's ``to``)."""
     if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == FLOAT16:
-        wide = numpy_helper.from_array(numpy_helper.to_array(attribute.t).astype(np.float32), attribute.t.name)
-        attribute.t.CopyFrom(wide)
+        attribute.t.CopyFrom(_widened(attribute.t))
+    elif attribute.type == onnx.AttributeProto.SPARSE_TENSOR and attribute.sparse_tensor.values.data_type == FLOAT16:
+        attribute.sparse_tensor.values.CopyFrom(_widened(attribute.sparse_tensor.values))
     elif attribute.type == onnx.AttributeProto.INT and attribute.name in _TYPE_ATTRIBUTES and attribute.i == FLOAT16:
         attribute.i = FLOAT
 
@@ -129,11 +142,12 @@ def _cast_interface(graph: onnx.GraphProto, weights: Weights) -> None:
 
     An output that is a weight (a constant the model returns) is renamed like a node's output.
     """
-    taken = {t for n in graph.node for t in [*n.input, *n.output]} | {v.name for v in [*graph.input, *graph.output]}
-    taken |= {n.name for n in graph.node} | {i.name for i in graph.initializer}
+    taken = _taken(graph)
     inputs = {v.name for v in graph.input if v.type.tensor_type.elem_type == FLOAT16}
-    outputs = {v.name for v in graph.output if v.type.tensor_type.elem_type == FLOAT16} - inputs
-    inner = {name: fresh_name(f"{name}/float32", taken) for name in sorted(inputs | outputs)}
+    inner = float32_names(graph)
+    outputs = set(inner) - inputs
+    for name in inner.values():
+        taken.add(name)
     annotations = [v for v in graph.value_info if v.name not in inner]  # those names are the interface's again
     del graph.value_info[:]
     graph.value_info.extend(annotations)
@@ -158,3 +172,20 @@ def _cast_interface(graph: onnx.GraphProto, weights: Weights) -> None:
     nodes = list(graph.node)
     del graph.node[:]
     graph.node.extend([*front, *nodes, *back])
+
+
+def _taken(graph: onnx.GraphProto) -> set[str]:
+    taken = {t for n in graph.node for t in [*n.input, *n.output]} | {v.name for v in [*graph.input, *graph.output]}
+    return taken | {n.name for n in graph.node} | {i.name for i in graph.initializer}
+
+
+def float32_names(graph: onnx.GraphProto) -> dict[str, str]:
+    """The name :func:`upcast_float16` gives inside to each float16 input and output of ``graph``, by its own name.
+
+    Statistics of a float16 model are of its float32 form: a file written for another tool names
+    the model's own tensors, so those names are mapped back through this.
+    """
+    taken = _taken(graph)
+    inputs = {v.name for v in graph.input if v.type.tensor_type.elem_type == FLOAT16}
+    outputs = {v.name for v in graph.output if v.type.tensor_type.elem_type == FLOAT16} - inputs
+    return {name: fresh_name(f"{name}/float32", taken) for name in sorted(inputs | outputs)}

@@ -94,7 +94,9 @@ def session_options(
     for the next one, so that work done between runs (observing activations) has the cores.
     """
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    # fatal only: onnxruntime logs a failed run (a token id past the vocabulary, a wrong shape) as a raw, coloured
+    # line before raising it, and qtool reports the raised error itself, naming the sample
+    options.log_severity_level = 4
     options.graph_optimization_level = level
     if threads:
         options.intra_op_num_threads = threads

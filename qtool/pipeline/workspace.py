@@ -35,6 +35,7 @@ from qtool.results import ModelFile
 from qtool.system.stages import stage
 
 log = logging.getLogger(__name__)
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Workspace:
         self._revision = 0
         self._graph: GraphView | None = None  # the view of ``prepared`` at this revision
         self._plans: dict[tuple[int, str, tuple[tuple[str, int], ...] | None], QuantPlan] = {}
+        self._finite: set[str] = set()  # weights checked finite
 
     @property
     def path(self) -> Path:
@@ -99,9 +101,30 @@ class Workspace:
         if plan is None:
             sizes_given = dict(elements) if elements is not None else None
             plan = build_plan(self.prepared, config, sizes_given, view=self.graph)
+            self._check_weights(plan)
             self._plans[key] = plan
             self.plans_built += 1
         return plan
+
+    def _check_weights(self, plan: QuantPlan) -> None:
+        """Refuse a weight the plan quantizes that holds NaN or Inf, by name (before anything is calibrated).
+
+        Weights mapped from external data are left to the rewrite (their range names them too): reading them
+        all here would bring every page of a large model into memory at once.
+        """
+        for node in plan.nodes:
+            if node.weight is None or node.weight.name in self._finite:
+                continue
+            init = self.graph.initializers.get(node.weight.name)
+            if init is None or init.data_type not in _FLOATS or init.name in self.weights.regions:
+                continue
+            if not np.isfinite(self.weights.value(init)).all():
+                raise QtoolError(
+                    f"{self.path}: weight '{node.weight.name}' of node '{node.name}' holds NaN or Inf values: "
+                    "it has no quantization range (and the float model computes NaN or Inf from it)",
+                    hint="fix the weight in the model, or keep the node float with an exclude: rule in the config",
+                )
+            self._finite.add(node.weight.name)
 
     def sizes(self, stats: CalibrationStats | None = None) -> dict[str, int]:
         """Per-sample element counts: the static shapes, then what calibration saw."""

@@ -17,6 +17,7 @@ import re2
 from pydantic import BaseModel, ValidationError
 
 from qtool.errors import QtoolError
+from qtool.located_yaml import LocatedYaml
 from qtool.schemas.config import (
     ACTIVATION_DTYPES,
     CONFIG_VERSION,
@@ -141,6 +142,50 @@ def _check_fp8(value: dict[str, Any], error: Callable[..., QtoolError]) -> None:
                 if found is not None and found[1] == bad:
                     rule = ":".join(path)
                     raise error(found[0], f"rule {rule} asks for {dtype[1]} {role}s, which are {fp8_is}", hint=fix)
+
+
+def merged_fp8_conflict(layers: list[tuple[str, dict[str, Any]]]) -> tuple[str, str, str, Any, str, str] | None:
+    """What a node's rules, laid over each other, ask that fp8 cannot be: one rule's fp8 meeting another's setting.
+
+    ``layers``: (rule, its settings as written), from ``global`` to the most specific. Returns (the rule of the
+    setting, role, key, value, the rule that gave fp8, what fp8 is), or None. The static check of each rule
+    (above) cannot see these: which ``op_type`` rule a ``node_name`` rule is laid over depends on the node.
+    """
+
+    def last(role: str, key: str) -> tuple[str, Any] | None:
+        for rule, values in reversed(layers):
+            section = values.get(role)
+            if isinstance(section, dict) and key in section:
+                return rule, section[key]
+        return None
+
+    for role in ("weight", "activation"):
+        dtype = last(role, "dtype")
+        if dtype is None or dtype[1] not in FP8_DTYPES:
+            continue
+        for (key, bad), (fp8_is, _) in _FP8_CONFLICTS.items():
+            found = last(role, key)
+            if found is not None and found[1] == bad:
+                return found[0], role, key, bad, dtype[0], fp8_is
+    return None
+
+
+def check_merged_rules(layers: list[tuple[str, dict[str, Any]]], located: LocatedYaml | None, node: str) -> None:
+    """Refuse what a node's rules ask together and fp8 cannot be, at the YAML line of the setting the user wrote."""
+    conflict = merged_fp8_conflict(layers)
+    if conflict is None or located is None:
+        return
+    rule, role, key, value, fp8_rule, fp8_is = conflict
+    path = (*rule.split(":", 1), role, key)
+    if path not in located.marks:  # the built-in default's (activation.symmetric: false): fp8 ignores it
+        return
+    fix = next(fix for (k, _), (_, fix) in _FP8_CONFLICTS.items() if k == key)
+    raise located.error(
+        path,
+        f"node '{node}' takes fp8 {role}s from rule {fp8_rule}, which are {fp8_is}; "
+        f"rule {rule} asks for {key}: {value}",
+        hint=f"{fix} in rule {rule}, or give it a {role} dtype of its own",
+    )
 
 
 def _rule_setting(

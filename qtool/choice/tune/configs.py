@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from qtool.choice.tune.space import OPTIONS, Option
+from qtool.schemas.config import FP8_DTYPES
 
 
 def allocation_document(
@@ -31,7 +32,31 @@ def allocation_document(
     document["node_name"] = rules
     document["exclude"] = []
     document["accuracy"] = {**dict(document.get("accuracy") or {}), "target_sqnr_db": None}
+    _fp8_written_symmetric(document)
     return document
+
+
+def _fp8_written_symmetric(document: dict[str, Any]) -> None:
+    """Write ``symmetric: true`` where ``global`` is fp8 over the built-in default's ``false`` (the same model).
+
+    fp8 is symmetric whatever the default says, but a config *file* that says ``false`` beside fp8 is refused
+    when read: the config written must read back. Rules that give the role another dtype keep ``false``.
+    """
+    base = document.get("global")
+    for role in ("weight", "activation"):
+        section = base.get(role) if isinstance(base, dict) else None
+        if (
+            not isinstance(section, dict)
+            or section.get("dtype") not in FP8_DTYPES
+            or section.get("symmetric") is not False
+        ):
+            continue
+        section["symmetric"] = True
+        for rules in (document.get("op_type"), document.get("node_name")):
+            for entry in (rules or {}).values():
+                own = entry.get(role) if isinstance(entry, dict) else None
+                if isinstance(own, dict) and own.get("dtype") not in (None, *FP8_DTYPES):
+                    own.setdefault("symmetric", False)
 
 
 def config_text(document: Mapping[str, Any], header: str) -> str:

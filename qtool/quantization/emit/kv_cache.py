@@ -21,7 +21,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from qtool.calibration.dataset import Dataset
-from qtool.calibration.decoder import DecoderInterface, complete_feed, next_step_feed
+from qtool.calibration.decoder import DecoderInterface, complete_feed, last_token_scores, next_step_feed
 from qtool.graph.session import run_session
 
 RANGE_STEPS = 8  # greedy decode steps after each calibration prefill whose cache the ranges include
@@ -70,7 +70,7 @@ def cache_ranges(
                 value = np.abs(results[name]).max(axis=(0, 2))
                 largest[name] = np.maximum(largest[name], value) if name in largest else value
             if step < RANGE_STEPS and decoder.logits is not None:
-                feed = next_step_feed(decoder, feed, results, results[decoder.logits][:, -1].argmax(-1))
+                feed = next_step_feed(decoder, feed, results, last_token_scores(results[decoder.logits]).argmax(-1))
         if on_sample is not None:
             on_sample(1)
     return largest
