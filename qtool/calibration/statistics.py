@@ -97,7 +97,10 @@ class CalibrationStats:
                     entry.observer, entry.axis, entry.options or {}, allow_import=entry.observer in trusted
                 )
                 if entry.state:
-                    observer.load_state(entry.state)  # its range is checked where it is used
+                    observer.load_state(entry.state)
+                    # the whole file is checked when read, whatever the plan later uses (cheap: a histogram
+                    # observer checks its extremes and histograms, not the range it would choose)
+                    observer.check()
             except QtoolError as e:
                 raise QtoolError(f"{source}: tensor {name!r}: {e.message}", hint=e.hint) from e
             except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:

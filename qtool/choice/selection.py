@@ -50,6 +50,7 @@ from qtool.choice.records import (
     CandidateBuilder,
     CandidateName,
     FloatModel,
+    PlacementCandidate,
     PlacementChoice,
     Samples,
     meets,
@@ -302,6 +303,16 @@ def _may_win(choice: PlacementChoice, name: str) -> bool:
     )
 
 
+def _why_untimed(choice: PlacementChoice, meeting: list[PlacementCandidate]) -> str:
+    """Why the candidates that reach the target were not all timed, as the run decided it."""
+    if choice.timing_note:
+        return choice.timing_note
+    if choice.fp32_ms is None:
+        return "timing is off"
+    untimed = [c.name for c in meeting if c.latency_ms is None or c.name not in choice.times]
+    return f"{', '.join(untimed)} measured after the timing"
+
+
 def _decide(choice: PlacementChoice, missed: frozenset[CandidateName] = frozenset()) -> bool:
     """Set ``chosen`` and ``reason`` from the measurements; False (nothing set) when ``missed`` leaves none.
 
@@ -326,7 +337,7 @@ def _decide(choice: PlacementChoice, missed: frozenset[CandidateName] = frozense
     elif not timed:
         preference = ["search", "auto", "unchained", "integer", "dynamic", "storage"]
         choice.chosen = min(meeting, key=lambda c: preference.index(c.name)).name
-        choice.reason = f"reaches {target} (not timed: {choice.timing_note or 'timing is off'})"
+        choice.reason = f"reaches {target} (not timed: {_why_untimed(choice, meeting)})"
     else:
         best = max(meeting, key=lambda c: (c.sqnr_db, -candidates.index(c)))
         start = best

@@ -75,22 +75,27 @@ class BaselineComparison:
         return any(c.regressed for c in self.changes)
 
 
+class StaleBaselineError(QtoolError):
+    """A baseline report another qtool version wrote, in a schema this one does not read."""
+
+
 def read_baseline(path: Path | str) -> CompareReport:
     """A ``qtool compare --json`` report, validated; a QtoolError names the file and the field."""
     data = read_json(path, "baseline report", REPORT_MAX_BYTES)
     if not isinstance(data, dict) or "schema_version" not in data or "latency" not in data:
         raise QtoolError(f"{path} is not a 'qtool compare --json' report", hint="pass a report written by --json")
     if data.get("schema_version") != 3:
-        raise QtoolError(
+        raise StaleBaselineError(
             f"{path}: compare report schema version {data.get('schema_version')!r}, this qtool reads 3",
-            hint="write the baseline again with this qtool version",
+            hint="write the baseline again with this qtool version (in CI: accept the change once, and the "
+            "default branch's next report replaces it)",
         )
     try:
         return CompareReport.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise QtoolError(f"{path}: field '{where}': {first['msg']}") from None
+        raise QtoolError(f"{path}: field '{where}': {str(first['msg']).removeprefix('Value error, ')}") from None
 
 
 @dataclass(frozen=True)

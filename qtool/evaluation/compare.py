@@ -21,7 +21,7 @@ from qtool.calibration.outputs import FloatOutputs
 from qtool.config import load_config
 from qtool.config_files import resolve_config
 from qtool.errors import QtoolError
-from qtool.evaluation.baseline import Snapshot, against_baseline, read_baseline, regression_gates
+from qtool.evaluation.baseline import Snapshot, StaleBaselineError, against_baseline, read_baseline, regression_gates
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
 from qtool.evaluation.language_model import MAX_DECODE_STEPS, LanguageModelScore, language_model_metrics
 from qtool.evaluation.layers import layer_errors
@@ -111,10 +111,17 @@ def _checked(
     if not 0 <= options.decode_steps <= MAX_DECODE_STEPS:
         raise QtoolError(f"--decode-steps must be an integer from 0 to {MAX_DECODE_STEPS}")
     check_measurable(gates, runs=options.runs, task=options.task, decode_steps=options.decode_steps)
-    earlier = read_baseline(baseline) if baseline is not None else None
-    if fail_on_regression and earlier is None:
+    if fail_on_regression and baseline is None:
         raise QtoolError("--fail-on-regression needs --baseline REPORT.json")
-    return earlier
+    try:
+        return read_baseline(baseline) if baseline is not None else None
+    except StaleBaselineError as e:
+        if fail_on_regression:  # a gate on it cannot be judged: the user must accept the change on purpose
+            raise
+        # shown for information only: a report of another qtool version is passed over, so that an accepted
+        # change (a qtool upgrade) can write the report that replaces it
+        log.warning("%s: not compared with this report (%s)", e.message, e.hint)
+        return None
 
 
 def _dataset(

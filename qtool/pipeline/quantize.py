@@ -34,6 +34,7 @@ from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory
 from qtool.quantization.algorithms.rounding.node_inputs import NodeInputCollector
 from qtool.quantization.plan.kernels import float_boundaries, predict_kernels
+from qtool.quantization.plan.records import QuantPlan
 from qtool.results import ComparisonResult, ModelFile, QuantizeResult
 from qtool.schemes import CPU_TARGETS
 from qtool.system.stages import stage
@@ -219,7 +220,22 @@ def _write(
     result.notes += [check_note] if check_note else []
     relu_note = fp8_relu_note(quantized)
     result.notes += [relu_note] if relu_note else []
+    result.notes += _static_instead_of_dynamic(plan)
     return result
+
+
+def _static_instead_of_dynamic(plan: QuantPlan) -> list[str]:
+    """Say which nodes a ``mode: dynamic`` rule asked for but run statically quantized (calibrated), and why."""
+    static = Counter(
+        node.op_type for node in plan.nodes if node.scheme.mode == "dynamic" and node.placement == "integer"
+    )
+    if not static:
+        return []
+    counted = ", ".join(f"{count} {op}" for op, count in sorted(static.items()))
+    return [
+        f"mode: dynamic applies to MatMul and Gemm with a constant int8 weight: {counted} quantized statically "
+        "instead (their activation ranges come from the calibration data)"
+    ]
 
 
 def preparation_notes(ws: Workspace) -> list[str]:

@@ -40,6 +40,7 @@ from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.evaluation.scoring import OutputScorer
 from qtool.evaluation.split import SampleSplit, output_energies, split_samples, spread_subset
+from qtool.graph.prepare import default_opset
 from qtool.graph.session import create_session
 from qtool.options import TuneOptions
 from qtool.pipeline.build import Builder, input_collector
@@ -143,9 +144,11 @@ def _tune(
 def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | None, started: float) -> Tuning:
     """The workspace at the widest option's opset, calibrated once (with the GPTQ inputs when the space has GPTQ)."""
     space = for_objective(options_for(config.target), timed(request.options))
-    # Candidates are built at the opset the widest option needs (int2 weights: 25), so each one loads.
-    opset = max(config.with_rules(global_=o.entry).opset_requirement()[0] for o in space if o.entry)
-    ws = open_workspace(request.model_path, config, opset, request.input_shapes)
+    # Candidates are built at the opset the widest option needs (int2 weights: 25), so each one loads; a newer
+    # model keeps its own (as quantize does: lowering it can fail where nothing needs it lower)
+    widest = max(config.with_rules(global_=o.entry).opset_requirement()[0] for o in space if o.entry)
+    ws = open_workspace(request.model_path, config, None, request.input_shapes, at_least=(widest, "tune's precisions"))
+    opset = default_opset(ws.prepared)
     if request.goal.decode_steps is not None and decoder_to_score(ws.prepared) is None:
         raise QtoolError(
             f"{request.model_path}: --target-decode needs a decoder (input_ids in, logits and its present key/value "

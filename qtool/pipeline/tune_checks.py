@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from qtool.choice.tune.candidates import Goal
@@ -42,6 +43,13 @@ def tune_goal(options: TuneOptions) -> Goal:
         raise QtoolError(f"--confidence {options.confidence:g} must be at least 0.5 and below 1 (e.g. 0.9)")
     if options.target_sqnr_db is not None and not 0 < options.target_sqnr_db < 200:
         raise QtoolError(f"--target-sqnr {options.target_sqnr_db:g} dB is outside (0, 200)")
+    if options.target_metric is not None and not math.isfinite(options.target_metric):
+        raise QtoolError(
+            f"--target-metric {options.target_metric:g} is not a number a metric can reach",
+            hint="give the finite value the mean --metric must reach",
+        )
+    if not 1 <= options.decode_steps <= MAX_DECODE_STEPS:  # whichever goal: a value out of range is a typo
+        raise QtoolError(f"--decode-steps must be between 1 and {MAX_DECODE_STEPS}, got {options.decode_steps}")
     if options.target_decode is not None:
         return _decode_goal(options)
     metric = load_metric(options.metric) if options.metric is not None else None
@@ -64,8 +72,6 @@ def _decode_goal(options: TuneOptions) -> Goal:
             f"--target-decode {options.target_decode:g} is a share of generated tokens: above 0 and at most 1",
             hint="e.g. --target-decode 0.9 (90 % of the greedy tokens as the float model's)",
         )
-    if not 1 <= options.decode_steps <= MAX_DECODE_STEPS:
-        raise QtoolError(f"--decode-steps must be between 1 and {MAX_DECODE_STEPS}, got {options.decode_steps}")
     return Goal(
         metric_name=f"free-running agreement ({options.decode_steps} steps)",
         target_metric=options.target_decode,

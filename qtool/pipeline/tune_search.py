@@ -65,7 +65,7 @@ def _search(
                 allocate_for,
                 lambda allocation, budget: verify(allocation),
                 goal.slack_db,
-                deadline=tuning.deadline,
+                deadline=tuning.search_deadline,
             )
             search.trials += found.trials
             search.out_of_time = search.out_of_time or found.out_of_time
@@ -78,7 +78,7 @@ def _search(
                 best,
                 lambda allocation, rejected: cheaper_moves(allocation, option_names, costs, sens, rejected),
                 verify,
-                deadline=tuning.deadline,
+                deadline=tuning.search_deadline,
                 max_trials=refine_trials * len(names) + 10,
                 upgrades=lambda allocation: costlier_moves(allocation, option_names, costs, sens),
                 restart_trials=len(names),
@@ -124,8 +124,10 @@ def search_and_validate(
     def verify(allocation: dict[str, str]) -> Trial:
         key = tuple(sorted(allocation.items()))
         if key not in verified:
+            begun = time.monotonic()
             model = tuning.build(allocation)
             verified[key] = candidates.verify(model, allocation, predicted_nsr(allocation, sens))
+            tuning.scored(time.monotonic() - begun)
             advance(1)
         return candidates.judged(verified[key])
 
@@ -191,9 +193,12 @@ def _validate_choices(
                 break
             key = tuple(sorted(chosen.allocation.items()))
             if key not in validated:
-                if len(rounds) >= VALIDATION_ROUNDS or (rounds and time.monotonic() > tuning.deadline):
+                late = time.monotonic() + tuning.scoring_seconds > tuning.deadline  # a round would overrun
+                if len(rounds) >= VALIDATION_ROUNDS or (rounds and late):
                     break
+                begun = time.monotonic()
                 validated[key] = candidates.validate(tuning.build(chosen.allocation))
+                tuning.scored(time.monotonic() - begun)
                 rounds.append(ValidationRound(trials.index(chosen), margin, validated[key]))
             validation = validated[key]
             if validation.meets and chosen.meets and (kept is None or _better(chosen, kept[0], objective)):

@@ -58,11 +58,21 @@ class Tuning:
     opset: int  # the widest option's: every candidate is built at it
     started: float
     prepare_seconds: float  # calibration (and the GPTQ inputs): the final build does it again
+    scoring_seconds: float = 0.0  # the longest build and scoring of one candidate on half of EVAL so far
 
     @property
     def deadline(self) -> float:
-        """When the search must stop: the budget less what the final build will take."""
-        return self.started + self.request.options.time_budget - FINAL_BUILD_SHARE * self.prepare_seconds
+        """When the search must stop: the budget less what the final build and its two scorings will take."""
+        final = FINAL_BUILD_SHARE * self.prepare_seconds + 2 * self.scoring_seconds
+        return self.started + self.request.options.time_budget - final
+
+    def search_deadline(self) -> float:
+        """When the search may start no more candidates: one more build and scoring must fit before :attr:`deadline`."""
+        return self.deadline - self.scoring_seconds
+
+    def scored(self, seconds: float) -> None:
+        """Count one candidate's build and scoring (the estimate of what one more costs)."""
+        self.scoring_seconds = max(self.scoring_seconds, seconds)
 
     @property
     def names(self) -> list[str]:

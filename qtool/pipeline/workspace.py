@@ -144,8 +144,12 @@ def open_workspace(
     config: QConfig,
     opset: int | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    at_least: tuple[int, str] | None = None,
 ) -> Workspace:
-    """Load, check and prepare ``model_path`` for ``config`` (at ``opset``, or the one it needs)."""
+    """Load, check and prepare ``model_path`` for ``config`` (at ``opset``, or the one it needs).
+
+    ``at_least``: an opset the caller needs beyond the config's (and why), the model's own kept when newer.
+    """
     weights = Weights()
     with stage(f"load {model_path}"):
         model = load_model(model_path, weights)
@@ -154,7 +158,8 @@ def open_workspace(
     if input_shapes:
         fix_input_shapes(model, input_shapes, str(model_path))
     limit = runtime_qdq_limit(*config.quantized_dtypes())
-    target = choose_opset(default_opset(model), config.opset_requirement(), limit, opset, source=str(model_path))
+    required = max(config.opset_requirement(), at_least or (0, ""))
+    target = choose_opset(default_opset(model), required, limit, opset, source=str(model_path))
     check_runtime_support(model, str(model_path), target)
     with stage("prepare the graph"):
         prepared, report = prepare_model(model, weights, target_opset=target, source=str(model_path))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from qtool.choice.records import TIE
+from qtool.choice.records import TIE, PlacementCandidate
 from qtool.choice.search import SearchResult
 from qtool.choice.selection import PlacementChoice
 from qtool.options import DECODE_STEPS
@@ -69,7 +69,7 @@ def _candidates_table(c: PlacementChoice) -> Table:
     if c.fp32_ms is not None:
         table.add_row("fp32", *[""] * (len(columns) - 1), f"{c.fp32_ms:.3f}", "1.00x")
     for k in c.candidates:
-        name = k.name + (f" (the same placement as {', '.join(k.same_as)})" if k.same_as else "")
+        name = k.name + _same_as(k, c)
         if k.name == c.chosen:
             name = f"[bold green]> {name}[/bold green]"
         speedup = c.speedup(k)
@@ -112,17 +112,7 @@ def _choice_notes(console: Console, c: PlacementChoice, comparison: ComparisonRe
     if c.search_note:
         console.print(f"[yellow]note[/yellow] {c.search_note}", highlight=False)
     if not c.expects_speedup:
-        faster = [k.name for k in c.candidates if (c.speedup(k) or 0.0) > 1 + TIE and not k.meets_target]
-        why = (
-            f"the faster placements ({', '.join(faster)}) miss the target"
-            if faster
-            else "no integer kernel measured faster than fp32 here"
-        )
-        console.print(
-            f"[yellow]note[/yellow] {why}: the model runs at fp32 speed (no speed-up expected); "
-            "its weights are stored quantized",
-            highlight=False,
-        )
+        console.print(f"[yellow]note[/yellow] {_no_speedup_note(c)}", highlight=False)
     if comparison is not None and comparison.outputs:
         worst = min(m.sqnr_db for m in comparison.outputs)
         console.print(
@@ -130,3 +120,33 @@ def _choice_notes(console: Console, c: PlacementChoice, comparison: ComparisonRe
             f"{worst:.2f} dB on the {comparison.samples} samples compared below",
             highlight=False,
         )
+
+
+def _no_speedup_note(c: PlacementChoice) -> str:
+    """Why the kept placement runs at fp32 speed, from the same figures as the table above it."""
+    missed = {v.candidate for v in c.validations if not v.meets_target}
+    faster = [(k, c.speedup(k) or 0.0) for k in c.candidates if k.name != c.chosen and (c.speedup(k) or 0.0) > 1 + TIE]
+    if faster:
+        why = "the faster placements miss the target: " + ", ".join(
+            f"{k.name} {ratio:.2f}x ({'on the validation samples' if k.name in missed else 'on the scored samples'})"
+            for k, ratio in faster
+        )
+    else:
+        why = f"no placement measured more than {TIE:.0%} faster than fp32 here"
+    chosen = c.chosen_candidate
+    if chosen.storage_nodes:
+        kept = "its weights are stored quantized"
+    elif chosen.integer_nodes:
+        kept = "its integer nodes run at about fp32 speed"
+    else:
+        kept = "no node is quantized"
+    return f"{why}: the model runs at fp32 speed (no speed-up expected); {kept}"
+
+
+def _same_as(k: PlacementCandidate, c: PlacementChoice) -> str:
+    """The other candidates that planned exactly ``k``'s placement, in words true to the nodes."""
+    if not k.same_as:
+        return ""
+    if len(c.candidates) == 1:  # the others were the same model, merged into it
+        return " (every placement plans this same model: no node's placement is left to choose)"
+    return f" (the same placement as {', '.join(k.same_as)})"

@@ -15,6 +15,7 @@ from qtool.choice.tune.candidates import Validation
 from qtool.choice.tune.loop import Trial, pareto
 from qtool.choice.tune.space import DESCRIPTIONS
 from qtool.graph.model_io import atomic_writer
+from qtool.reports.terminal import for_terminal
 from qtool.results import TuneResult
 from qtool.schemas import tune as doc
 
@@ -32,9 +33,13 @@ def _finite(value: float | None) -> float | None:
 
 def render_tune(console: Console, result: TuneResult) -> None:
     """Every verified candidate, the Pareto front marked, then the validation, the promise and the files."""
-    front = {id(t) for t in pareto(result.trials)}
+    on_front = {id(t) for t in pareto(result.trials)}
+    front = {i for i, t in enumerate(result.trials) if id(t) in on_front}
+    chosen = next((i for i, t in enumerate(result.trials) if t is result.chosen), None)
+    result = for_terminal(result)  # node and file names from the user's files: no raw control characters or markup
     table = Table(
-        title=f"qtool tune {result.source.path}: {result.goal}, objective {result.objective}", title_justify="left"
+        title=f"qtool tune {result.source.path}: {result.goal}, objective {result.objective}",
+        title_justify="left",
     )
     metric = any(t.metric is not None for t in result.trials)
     timed = any(t.latency_ratio is not None for t in result.trials)
@@ -46,8 +51,8 @@ def render_tune(console: Console, result: TuneResult) -> None:
     for column in columns:
         table.add_column(column, justify="left" if column in ("precisions (nodes)", "verdict") else "right")
     for index, t in enumerate(result.trials, start=1):
-        verdict = ("meets" if t.meets else t.note) + (", Pareto" if id(t) in front else "")
-        verdict = f"[bold]chosen[/bold], {verdict}" if t is result.chosen else verdict
+        verdict = ("meets" if t.meets else t.note) + (", Pareto" if index - 1 in front else "")
+        verdict = f"[bold]chosen[/bold], {verdict}" if index - 1 == chosen else verdict
         row = [
             str(index),
             f"{t.predicted_db:.1f}",

@@ -252,10 +252,11 @@ def located_error(e: ValidationError, error: Callable[..., QtoolError]) -> Qtool
             return error(path, f"unsupported {parent} dtype {shown}", hint=hint)
         if field == "granularity" and parent == "activation":
             return error(path, "activations can only be quantized per_tensor")
+        # the choices of this field's own type (kv_cache takes fewer granularities than a weight)
+        expected = str(first.get("ctx", {}).get("expected", "")).replace("'", "").replace(" or ", ", ")
         if field in _CHOICES:
             words, choices = _CHOICES[field]
-            return error(path, f"{words} {shown}", hint=f"choose one of: {', '.join(choices)}")
-        expected = str(first.get("ctx", {}).get("expected", "")).replace("'", "").replace(" or ", ", ")
+            return error(path, f"{words} {shown}", hint=f"choose one of: {expected or ', '.join(choices)}")
         return error(path, f"expected one of {expected}, got {shown}")
     for name in (field, parent):
         if name in _FIELD_MESSAGES:

@@ -155,3 +155,34 @@ def test_a_change_made_on_purpose_is_gated_until_accepted_then_becomes_the_basel
     assert kept["baseline"]["regressed"] is True
     assert kept["size"]["candidate_bytes"] > baseline["size"]["candidate_bytes"]
     assert "Regress" in (tmp_path / "report.md").read_text() or "regress" in (tmp_path / "report.md").read_text()
+
+
+def test_runs_0_measures_and_gates_no_latency_even_with_a_latency_ratio_set(tmp_path):
+    env = {**_sample_env(), "MIN_SQNR_DB": "0", "MIN_COSINE": "0", "MIN_COMPRESSION": "1", "RUNS": "0"}
+    results = {name: (code, output) for name, code, output in _run_steps(tmp_path, env)}
+    assert results["Compare and gate"][0] == 0, results["Compare and gate"][1][-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["latency"] == [] and all(g["metric"] != "latency_ratio" for g in report["gates"]["results"])
+
+
+@pytest.mark.slow
+def test_a_qtool_upgrade_is_accepted_once_and_its_report_replaces_the_old_baseline(tmp_path):
+    loose = {**_sample_env(), "MIN_SQNR_DB": "0", "MIN_COSINE": "0", "MIN_COMPRESSION": "1", "RUNS": "0"}
+    assert all(code == 0 for _, code, _ in _run_steps(tmp_path, loose))
+    old = json.loads((tmp_path / "baseline" / "report.json").read_text())
+    old["schema_version"] = 2  # as an older qtool wrote it
+    (tmp_path / "baseline" / "report.json").write_text(json.dumps(old))
+    # not accepted: the gate against it cannot be judged, and the message says how to go on
+    steps = {name: (code, output) for name, code, output in _run_steps(tmp_path, loose)}
+    code, output = steps["Compare and gate"]
+    assert code == 2 and "schema version 2" in output and "accept the change" in output
+    assert json.loads((tmp_path / "baseline" / "report.json").read_text())["schema_version"] == 2
+    # accepted by the trailer: compared for information, passed over with a warning, and replaced
+    accepted = {**loose, "MESSAGE": "Upgrade qtool\n\nQtool-Accept-Change: yes"}
+    steps = {name: (code, output) for name, code, output in _run_steps(tmp_path, accepted)}
+    assert steps["Compare and gate"][0] == 0 and "not compared" in steps["Compare and gate"][1]
+    assert steps["Keep this report as main's baseline"][0] == 0
+    assert json.loads((tmp_path / "baseline" / "report.json").read_text())["schema_version"] == 3
+    # and the next run compares against the new baseline again
+    assert all(code == 0 for _, code, _ in _run_steps(tmp_path, loose))
+    assert json.loads((tmp_path / "report.json").read_text())["baseline"] is not None

@@ -51,13 +51,23 @@ class Search:
     stalled: bool = False  # the refinement stopped: its last verifications no longer paid for themselves
 
 
+# When a search must stop (a ``time.monotonic()`` value), or a function giving it as it moves (an estimate of
+# what the work after the search costs grows as candidates are timed)
+Deadline = float | Callable[[], float]
+
+
+def past(deadline: Deadline) -> bool:
+    """Whether ``deadline`` has passed."""
+    return time.monotonic() > (deadline() if callable(deadline) else deadline)
+
+
 def search_budgets(
     first_budget: float,
     allocate: Callable[[float], Allocation],
     verify: Callable[[Allocation, float], Trial],
     slack_db: Callable[[Trial], float | None],
     *,
-    deadline: float,
+    deadline: Deadline,
     max_trials: int = 10,
 ) -> Search:
     """Verify allocations for moving budgets (noise-to-signal power) until the best is pinned down.
@@ -70,7 +80,7 @@ def search_budgets(
     budget, met, missed = first_budget, 0.0, math.inf
     repeats = 0
     for _ in range(max_trials):
-        if search.trials and time.monotonic() > deadline:  # one candidate is always verified
+        if search.trials and past(deadline):  # one candidate is always verified
             search.out_of_time = True
             break
         allocation = allocate(budget)
@@ -111,7 +121,7 @@ def refine(
     moves: Moves,
     verify: Callable[[Allocation], Trial],
     *,
-    deadline: float,
+    deadline: Deadline,
     max_trials: int,
     upgrades: Callable[[Allocation], list[tuple[str, str]]] | None = None,
     restart_trials: int = 0,
@@ -161,7 +171,7 @@ class _Verifier:
         self,
         search: Search,
         verify: Callable[[Allocation], Trial],
-        limits: tuple[float, int],
+        limits: tuple[Deadline, int],
         stall: tuple[int, float],
         start: Trial,
     ) -> None:
@@ -177,7 +187,7 @@ class _Verifier:
             return self.seen[key]
         if len(self.search.trials) >= self.max_trials:
             return None
-        if time.monotonic() > self.deadline:
+        if past(self.deadline):
             self.search.out_of_time = True
             return None
         sizes, stall = self.best_sizes, self.stall_trials

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from qtool.schemas.reports.base import _Report
 
@@ -186,6 +187,16 @@ class Latency(_Report):
     candidate_sqnr_db: float | None = Field(
         None, description="worst output SQNR of the candidate run on this provider against the float reference"
     )
+
+    @model_validator(mode="after")
+    def _ratios_are_times(self) -> Latency:
+        """A ratio of two times is a positive number and its interval runs low to high (a baseline is read back)."""
+        ratio, interval = self.latency_ratio, self.latency_ratio_interval
+        if ratio is not None and not (0 < ratio < math.inf):
+            raise ValueError(f"latency_ratio {ratio} is not a ratio of two times (a positive number)")
+        if interval is not None and (len(interval) != 2 or not 0 < interval[0] <= interval[1] < math.inf):
+            raise ValueError(f"latency_ratio_interval {interval} is not [low, high] of positive ratios")
+        return self
 
 
 class SkippedProvider(_Report):
