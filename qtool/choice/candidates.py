@@ -90,7 +90,7 @@ def candidate_records(
             name,
             tuple(aliases[name]),
             sum(1 for n in plan.nodes if n.placement in ("integer", "dynamic") and not n.chained),
-            sum(1 for n in plan.nodes if n.placement == "storage"),
+            sum(1 for n in plan.nodes if n.placement == "storage") + len(plan.body_weights),  # bodies: storage too
             scores[name],
             meets(scores[name], target),
             chained_nodes=sum(1 for n in plan.nodes if n.chained),

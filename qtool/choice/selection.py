@@ -122,6 +122,8 @@ def measure_placements(
     started = time.perf_counter()
     config, built, choice = _scored_candidates(config, build, float_model, samples, scorer, (threads, factory))
     timed = settings.latency_runs > 0 and len(built.plans) > 1 and bool(scorer.samples)
+    if settings.latency_runs > 0 and len(built.plans) <= 1:
+        choice.timing_note = "every placement plans the same model, so there is nothing to choose by time"
 
     def time_all(names: list[CandidateName] | None = None) -> None:  # timed on the first scored sample
         plans = built.plans if names is None else {n: built.plans[n] for n in names}

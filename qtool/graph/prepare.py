@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper, version_converter
 from qtool.errors import QtoolError
 from qtool.graph.float16 import has_float16, upcast_float16
 from qtool.graph.foreign_ops import infer_through_contrib_ops, park_unknown_ops, unpark
-from qtool.graph.index import GraphView, all_nodes, subgraph_reads
+from qtool.graph.index import GraphView, all_nodes, node_subgraphs, subgraph_reads
 from qtool.graph.names import fresh_name
 from qtool.graph.weight_layout import einsums_as_matmuls, fold_weight_layout_ops
 from qtool.graph.weights import Weights
@@ -337,9 +337,21 @@ def _onnx_inference(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    """The model with the types and shapes ONNX infers in its main graph (bodies keep their annotations as given)."""
     try:
-        return infer_through_contrib_ops(model, _onnx_inference), None
+        inferred = infer_through_contrib_ops(model, _onnx_inference)
     except Exception as e:  # noqa: BLE001 - inference is best effort: a failure only costs type information
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         log.warning("ONNX shape inference failed, continuing without it: %s", message)
         return model, message
+    # nothing reads a body's annotations, and the written model would carry them (hundreds of entries in a
+    # model of If bodies): each body keeps the ones it came with
+    for before, after in zip(_bodies(model.graph), _bodies(inferred.graph), strict=True):
+        del after.value_info[:]
+        after.value_info.extend(before.value_info)
+    return inferred, None
+
+
+def _bodies(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """Every subgraph of ``graph``'s nodes, depth first."""
+    return [body for node in graph.node for sub in node_subgraphs(node) for body in [sub, *_bodies(sub)]]

@@ -20,7 +20,7 @@ import onnx
 from qtool.calibration.statistics import CalibrationStats
 from qtool.config import QConfig
 from qtool.errors import QtoolError
-from qtool.graph.index import GraphView
+from qtool.graph.index import GraphView, all_nodes
 from qtool.graph.input_shapes import fix_input_shapes
 from qtool.graph.model_io import load_model
 from qtool.graph.opsets import choose_opset, runtime_qdq_limit
@@ -163,7 +163,7 @@ def open_workspace(
     check_runtime_support(model, str(model_path), target)
     with stage("prepare the graph"):
         prepared, report = prepare_model(model, weights, target_opset=target, source=str(model_path))
-    _check_node_patterns(config, [n.name for n in prepared.graph.node], model_path)
+    _check_node_patterns(config, [n.name for n in all_nodes(prepared.graph)], model_path)  # bodies too
     return Workspace(ModelFile.of(model_path), model, prepared, report, weights, config, original_inputs)
 
 

@@ -31,6 +31,7 @@ from qtool.numerics.qparams import (
 )
 from qtool.numerics.saturation import weight_form
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
+from qtool.quantization.emit.body_weights import store_body_weights
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.emit.stored_forms import Names, StoredForms
 from qtool.quantization.emit.weight_codes import WeightCodes
@@ -396,4 +397,6 @@ def insert_qdq(
             hint="re-run qtool calibrate with the same model and config",
         )
     store = weights if weights is not None else Weights()
-    return _Rewriter(model, plan, act_qparams, store, algorithms, bias_shifts, correct_biases).run()
+    rewritten, report = _Rewriter(model, plan, act_qparams, store, algorithms, bias_shifts, correct_biases).run()
+    report.quantized_weights += store_body_weights(rewritten, plan.body_weights, store)
+    return rewritten, report

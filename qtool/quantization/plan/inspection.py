@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 
 from qtool.config import QConfig
+from qtool.graph.index import node_subgraphs
 from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.kernels import predict_kernels
 from qtool.quantization.plan.planner import passthrough_ops
@@ -120,9 +121,43 @@ def inspect_plan(
                 () if node.chained else tuple(node.scheme.algorithms.names()),  # weight algorithms: no weight
             )
         )
+    rows += _body_rows(prepared, plan, counted)
     op_types = {n.name: n.op_type for n in prepared.graph.node}
     kept = []
     for name, reason in plan.skipped:
         _, rule = config.resolve(name, op_types.get(name, ""))
         kept.append((name, op_types.get(name, "?"), f"{reason} ({rule})" if "config" in reason else reason))
     return Inspection(model_path, model_bytes, rows, kept, passthrough_ops(prepared, plan))
+
+
+def _body_rows(prepared: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[str, str]]) -> list[NodeRow]:
+    """One row per node inside an If/Loop/Scan body whose weight is stored quantized, named with its body."""
+    shapes = {init.name: list(init.dims) for graph in _graphs(prepared.graph) for init in graph.initializer}
+    rows = []
+    for body in plan.body_weights:
+        shape = shapes.get(body.weight, [])
+        elements = int(np.prod(shape)) if shape else 0
+        key = (body.weight, body.scheme.describe())
+        fresh = key not in counted
+        counted.add(key)
+        groups = shape[body.axis] if body.axis is not None and shape else 1
+        row = NodeRow(
+            body.node or f"({body.op_type} in {body.owner})",
+            body.op_type,
+            body.rule,
+            body.scheme.describe(),
+            "float",
+            elements,
+            elements * _FLOAT_BYTES if fresh else 0,
+            _stored_bytes(elements, groups, body.scheme.dtype) if fresh else 0,
+            "storage",
+            f"inside {body.owner}'s {body.body}: activations stay float (calibration sees no body tensor)",
+            kernel=f"float {body.op_type} (in {body.owner}.{body.body})",
+        )
+        rows.append(row)
+    return rows
+
+
+def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """``graph`` and every body in it, depth first."""
+    return [graph, *(g for node in graph.node for sub in node_subgraphs(node) for g in _graphs(sub))]

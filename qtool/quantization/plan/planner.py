@@ -17,9 +17,10 @@ from onnx import TensorProto, helper
 
 from qtool.config import QConfig
 from qtool.errors import QtoolError
-from qtool.graph.index import GraphView, all_nodes, node_subgraphs
+from qtool.graph.index import GraphView, node_subgraphs
 from qtool.numerics.matmul_nbits import check_layout
 from qtool.numerics.qparams import quant_type
+from qtool.quantization.plan.bodies import bodies_note, plan_body_weights
 from qtool.quantization.plan.chains import plan_chains
 from qtool.quantization.plan.placement import isolated_integer_nodes, node_placement
 from qtool.quantization.plan.records import NodePlan, QuantPlan, WeightPlan
@@ -134,7 +135,8 @@ def _plan_nodes(
     if config.target == "tensorrt":
         residual = for_target(config.global_scheme, "tensorrt").activation
         _quantize_residual_inputs(model, g, nodes, activations, residual)
-    return QuantPlan(tuple(nodes), activations, tuple(skipped), config.target, shared)
+    body_weights = plan_body_weights(model.graph, config)
+    return QuantPlan(tuple(nodes), activations, tuple(skipped), config.target, shared, body_weights)
 
 
 def _in_graph_order(g: GraphView, nodes: list[NodePlan]) -> list[NodePlan]:
@@ -144,9 +146,8 @@ def _in_graph_order(g: GraphView, nodes: list[NodePlan]) -> list[NodePlan]:
 
 def _eligible(node: onnx.NodeProto, config: QConfig, g: GraphView) -> tuple[NodeScheme, Roles] | str | None:
     """The node's scheme and roles, why it stays float (a string), or None for an op qtool does not quantize."""
-    bodies = node_subgraphs(node)
-    if bodies:
-        return _bodies_left_float(node, bodies)
+    if node_subgraphs(node):
+        return bodies_note(node, g.initializers, config)
     handler = HANDLERS.get(node.op_type)
     if handler is None or node.domain not in ("", "ai.onnx"):
         return None
@@ -352,18 +353,6 @@ def _dynamic_reason(node: onnx.NodeProto, weight: WeightPlan | None, scheme: Nod
         if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
             return "mode: dynamic needs a Gemm without transA, alpha or beta"
     return None
-
-
-def _bodies_left_float(node: onnx.NodeProto, bodies: list[onnx.GraphProto]) -> str:
-    """Why an If/Loop/Scan is left as it is.
-
-    Calibration can only observe tensors of the main graph (a body's tensors cannot be graph
-    outputs), so qtool quantizes no node inside a body; what a body reads from the outer scope
-    stays available in float (see :mod:`qtool.quantization.emit.rewrite`).
-    """
-    count = sum(len(all_nodes(body)) for body in bodies)
-    where = f"{node.op_type} {'bodies' if len(bodies) > 1 else 'body'}"
-    return f"{count} node{'' if count == 1 else 's'} inside its {where} left float (qtool does not quantize subgraphs)"
 
 
 def passthrough_ops(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, int]:

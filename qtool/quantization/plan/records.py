@@ -28,6 +28,20 @@ class WeightPlan:
 
 
 @dataclass(frozen=True)
+class BodyWeightPlan:
+    """A constant weight read inside a body, stored quantized and restored at load."""
+
+    owner: str  # the main-graph If/Loop/Scan node whose body (at any depth) reads it
+    body: str  # the body's attribute (then_branch, else_branch, body), nested ones joined by '/'
+    node: str  # the node inside the body that reads it as its weight
+    op_type: str
+    weight: str
+    scheme: TensorScheme
+    axis: int | None  # the output-channel axis of per-channel scales (None: one scale)
+    rule: str  # the config rule that decided it
+
+
+@dataclass(frozen=True)
 class NodePlan:
     """How one node is quantized."""
 
@@ -93,3 +107,4 @@ class QuantPlan:
     target: str = "cpu"  # the config's target (see qtool.config.for_target)
     # a pass-through op's output -> the input whose scale and zero point it takes (see qtool.quantization.plan.chains)
     shared: dict[str, str] = field(default_factory=dict)
+    body_weights: tuple[BodyWeightPlan, ...] = ()  # weights inside If/Loop/Scan bodies, stored quantized

@@ -1,0 +1,72 @@
+"""Body weights written stored quantized: the integers in the main graph, restored at load, read from inside.
+
+A body may read any value of the scopes around it, so each planned weight
+(:mod:`qtool.quantization.plan.bodies`) becomes an integer initializer of the main graph and the
+Cast/Sub/Mul that restore it there (onnxruntime folds them when the session starts, as for a storage
+node); the body's nodes read the restored tensor by its new name. The float weight goes where no node
+reads it any more. Nothing else in a body changes: no annotation is added to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx
+
+from qtool.graph.index import all_nodes, node_subgraphs
+from qtool.graph.weights import Weights
+from qtool.numerics.qparams import quantize
+from qtool.numerics.ranges import weight_qparams
+from qtool.quantization.emit.stored_forms import Names, StoredForms
+from qtool.quantization.plan.records import BodyWeightPlan
+
+
+def store_body_weights(model: onnx.ModelProto, plans: tuple[BodyWeightPlan, ...], store: Weights) -> list[str]:
+    """Store each planned body weight quantized (see the module); returns the weights stored."""
+    if not plans:
+        return []
+    graph = model.graph
+    names, prologue = Names(graph), list[onnx.NodeProto]()
+    forms = StoredForms(names, graph, prologue)
+    owners = {node.name: node for node in graph.node}
+    stored = []
+    for plan in plans:
+        init, holder = _initializer(graph, plan.weight)
+        if init is None or holder is None:
+            continue
+        values = store.value(init)
+        qp = weight_qparams(values, plan.scheme, plan.axis, f"weight {plan.weight}")
+        integers = forms.integers(plan.weight, quantize(values, qp), qp)
+        restored = names.new(f"{plan.weight}/restored")
+        forms.restored_at_load(plan.weight, integers, qp, restored, tuple(values.shape))
+        for body in node_subgraphs(owners[plan.owner]):
+            for node in all_nodes(body):
+                node.input[:] = [restored if name == plan.weight else name for name in node.input]
+        if not _read(graph, plan.weight):  # the store keeps its values: other builds of the model read them
+            holder.initializer.remove(init)
+        stored.append(plan.weight)
+    nodes = [*prologue, *graph.node]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return stored
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for body in node_subgraphs(node):
+            yield from _graphs(body)
+
+
+def _initializer(graph: onnx.GraphProto, name: str) -> tuple[onnx.TensorProto | None, onnx.GraphProto | None]:
+    """The initializer ``name`` and the graph holding it (the main graph or a body)."""
+    for holder in _graphs(graph):
+        for init in holder.initializer:
+            if init.name == name:
+                return init, holder
+    return None, None
+
+
+def _read(graph: onnx.GraphProto, name: str) -> bool:
+    """Whether any node (bodies included) or output still reads ``name``."""
+    return any(name in node.input for node in all_nodes(graph)) or any(o.name == name for o in graph.output)

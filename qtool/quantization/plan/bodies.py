@@ -1,0 +1,113 @@
+"""Weights inside If, Loop and Scan bodies: which are stored quantized, and with what scheme.
+
+Calibration observes the main graph's tensors only (a body's tensors cannot be graph outputs), so
+the nodes inside a body keep float activations; their constant weights (the body's own initializers
+or the outer scope's) are stored quantized like a storage-placed node's and restored at load, outside
+the body (:mod:`qtool.quantization.emit.body_weights`). The config's rules decide each reading node's
+weight dtype and granularity as anywhere else (``node_name`` rules name nodes inside bodies too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import onnx
+from onnx import TensorProto, helper
+
+from qtool.config import QConfig
+from qtool.graph.index import node_subgraphs
+from qtool.quantization.plan.records import BodyWeightPlan
+
+WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}  # which input holds the weight
+STORED_DTYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2")  # float16/fp8 weights in bodies stay float
+
+
+def plan_body_weights(graph: onnx.GraphProto, config: QConfig) -> tuple[BodyWeightPlan, ...]:
+    """The body weights ``config`` quantizes, each weight once (its first reader's scheme)."""
+    constants = {init.name: init for init in graph.initializer}
+    plans: dict[str, BodyWeightPlan] = {}
+    for owner in graph.node:
+        for plan in owner_body_weights(owner, constants, config):
+            plans.setdefault(plan.weight, plan)
+    return tuple(plans.values())
+
+
+def owner_body_weights(
+    owner: onnx.NodeProto, constants: Mapping[str, TensorProto], config: QConfig
+) -> list[BodyWeightPlan]:
+    """The weights read inside ``owner``'s bodies (at any depth) that ``config`` quantizes."""
+    plans = []
+    for where, body, scope in _bodies(owner, constants, ""):
+        for node in body.node:
+            plan = _weight_plan(owner.name, where, node, scope, config)
+            if plan is not None:
+                plans.append(plan)
+    return plans
+
+
+def bodies_note(owner: onnx.NodeProto, constants: Mapping[str, TensorProto], config: QConfig) -> str:
+    """What happens inside ``owner``'s bodies, for the plan's list of nodes kept float."""
+    count = sum(len(body.node) for _, body, _ in _bodies(owner, {}, ""))
+    stored = {plan.weight: plan.scheme.dtype for plan in owner_body_weights(owner, constants, config)}
+    where = f"{owner.op_type} {'bodies' if len(node_subgraphs(owner)) > 1 else 'body'}"
+    nodes = f"{count} node{'' if count == 1 else 's'} inside its {where}"
+    if not stored:
+        return f"{nodes} left float (no weight there that the config quantizes)"
+    dtypes = "/".join(sorted(set(stored.values())))
+    return (
+        f"{nodes} compute in float (calibration sees no tensor inside a body); their {len(stored)} "
+        f"weight{'' if len(stored) == 1 else 's'} stored {dtypes}, restored at load"
+    )
+
+
+def body_node_counts(graph: onnx.GraphProto) -> dict[str, dict[str, int]]:
+    """Nodes per body of each main-graph node that has bodies: owner -> body -> node count (nested counted)."""
+    counts: dict[str, dict[str, int]] = {}
+    for owner in graph.node:
+        for where, body, _ in _bodies(owner, {}, ""):
+            counts.setdefault(owner.name, {})[where] = len(body.node)
+    return counts
+
+
+def _bodies(
+    node: onnx.NodeProto, scope: Mapping[str, TensorProto], prefix: str
+) -> Iterator[tuple[str, onnx.GraphProto, dict[str, TensorProto]]]:
+    """Each body of ``node`` at any depth, with the constants it can read (its own and the outer scopes')."""
+    for attribute in node.attribute:
+        graphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
+        for index, body in enumerate(graphs):
+            name = attribute.name if len(graphs) == 1 else f"{attribute.name}[{index}]"
+            where = f"{prefix}{name}"
+            inner = {**scope, **{init.name: init for init in body.initializer}}
+            yield where, body, inner
+            for child in body.node:
+                yield from _bodies(child, inner, f"{where}/{child.name or child.op_type}/")
+
+
+def _weight_plan(
+    owner: str, where: str, node: onnx.NodeProto, scope: Mapping[str, TensorProto], config: QConfig
+) -> BodyWeightPlan | None:
+    index = WEIGHT_INPUT.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    if index is None or len(node.input) <= index:
+        return None
+    weight = scope.get(node.input[index])
+    if weight is None or weight.data_type != TensorProto.FLOAT or len(weight.dims) < 2:
+        return None
+    scheme, rule = config.resolve(node.name, node.op_type)
+    if scheme is None or scheme.weight.dtype not in STORED_DTYPES:
+        return None
+    tensor = scheme.weight
+    axis = None if tensor.granularity == "per_tensor" else _channel_axis(node, len(weight.dims))
+    return BodyWeightPlan(owner, where, node.name, node.op_type, weight.name, tensor, axis, rule)
+
+
+def _channel_axis(node: onnx.NodeProto, rank: int) -> int:
+    """The output-channel axis of the weight (per-block rules get per-channel scales inside bodies)."""
+    if node.op_type == "Conv":
+        return 0
+    if node.op_type == "ConvTranspose":
+        return 1
+    if node.op_type == "Gemm":
+        trans_b = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else 1
+    return rank - 1  # MatMul: [..., K, N]

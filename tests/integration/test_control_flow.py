@@ -1,0 +1,179 @@
+"""Weights inside If and Loop bodies (issue 46): stored int8, restored at load, the model valid and accurate.
+
+The models are built here: an If on a boolean input whose branches hold Convs and a Gemm (the Gemm's weight in
+the outer scope), and a Loop whose body holds a MatMul on its own initializer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
+
+from qtool.cli import app
+
+runner = CliRunner()
+RNG = np.random.default_rng(46)
+
+
+def _w(*shape: int, scale: float = 0.3) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _branch(tag: str, channels: list[int]) -> onnx.GraphProto:
+    nodes, inits, x, cin = [], [], "x", 3
+    for i, cout in enumerate(channels):
+        inits.append(numpy_helper.from_array(_w(cout, cin, 3, 3), f"{tag}_conv{i}_w"))
+        nodes += [
+            helper.make_node("Conv", [x, f"{tag}_conv{i}_w"], [f"{tag}_c{i}"], pads=[1] * 4, name=f"{tag}/conv{i}"),
+            helper.make_node("Relu", [f"{tag}_c{i}"], [f"{tag}_r{i}"], name=f"{tag}/relu{i}"),
+        ]
+        x, cin = f"{tag}_r{i}", cout
+    nodes += [
+        helper.make_node("GlobalAveragePool", [x], [f"{tag}_gap"], name=f"{tag}/gap"),
+        helper.make_node("Flatten", [f"{tag}_gap"], [f"{tag}_flat"], name=f"{tag}/flat"),
+        helper.make_node("Gemm", [f"{tag}_flat", f"{tag}_fc_w"], [f"{tag}_y"], transB=1, name=f"{tag}/fc"),
+    ]
+    return helper.make_graph(
+        nodes, tag, [], [helper.make_tensor_value_info(f"{tag}_y", TensorProto.FLOAT, None)], inits
+    )
+
+
+@pytest.fixture(scope="module")
+def if_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("if")
+    outer = [numpy_helper.from_array(_w(10, 16), "then_fc_w"), numpy_helper.from_array(_w(10, 16), "else_fc_w")]
+    branch = helper.make_node(
+        "If", ["flag"], ["y"], then_branch=_branch("then", [16, 16]), else_branch=_branch("else", [16]), name="branch"
+    )
+    graph = helper.make_graph(
+        [branch],
+        "if_model",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        outer,
+    )
+    model = folder / "if.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    data = folder / "data"
+    data.mkdir()
+    for i in range(16):
+        x = RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)
+        np.savez(data / f"{i:02d}.npz", x=x, flag=np.array(i % 2 == 0))
+    return model, data
+
+
+def _sqnr(reference: Path, candidate: Path, feeds: list[dict[str, np.ndarray]]) -> float:
+    ref = ort.InferenceSession(str(reference), providers=["CPUExecutionProvider"])
+    cand = ort.InferenceSession(str(candidate), providers=["CPUExecutionProvider"])
+    signal = noise = 0.0
+    for feed in feeds:
+        want, got = ref.run(None, feed)[0], cand.run(None, feed)[0]
+        signal += float(np.sum(want.astype(np.float64) ** 2))
+        noise += float(np.sum((want.astype(np.float64) - got) ** 2))
+    return 10 * np.log10(signal / noise)
+
+
+def _int8_initializers(model: onnx.ModelProto) -> set[str]:
+    return {i.name for i in model.graph.initializer if i.data_type == TensorProto.INT8}
+
+
+def test_the_if_branches_weights_are_stored_int8_and_both_branches_stay_accurate(
+    if_model: tuple[Path, Path], tmp_path: Path
+) -> None:
+    model, data = if_model
+    out, report = tmp_path / "q.onnx", tmp_path / "q.json"
+    r = runner.invoke(app, ["quantize", str(model), "--data", str(data), "-o", str(out), "--json", str(report)])
+    assert r.exit_code == 0, r.output
+    written = onnx.load(str(out))
+    stored = _int8_initializers(written)
+    for weight in ("then_conv0_w", "then_conv1_w", "then_fc_w", "else_conv0_w", "else_fc_w"):
+        assert any(name.startswith(f"{weight}/quantized") for name in stored), weight
+    floats = {i.name for i in written.graph.initializer if i.data_type == TensorProto.FLOAT and len(i.dims) >= 2}
+    branch = written.graph.node[-1]
+    assert branch.op_type == "If" and not floats & {"then_fc_w", "else_fc_w"}
+    assert all(not a.g.initializer and not a.g.value_info for a in branch.attribute)  # nothing added to a body
+    assert out.stat().st_size < model.stat().st_size / 2
+    for flag in (True, False):
+        feeds = [dict(np.load(p)) for p in sorted(data.glob("*.npz"))]
+        assert _sqnr(model, out, [f for f in feeds if bool(f["flag"]) == flag]) > 30
+    reasons = {entry["node"]: entry["reason"] for entry in json.loads(report.read_text())["skipped"]}
+    assert "5 weights stored int8" in reasons["branch"]
+
+
+def test_inspect_lists_the_nodes_of_each_body(if_model: tuple[Path, Path]) -> None:
+    model, _ = if_model
+    r = runner.invoke(app, ["inspect", str(model), "--json", "-"])
+    assert r.exit_code == 0, r.output
+    rows = {row["name"]: row for row in json.loads(r.stdout)["nodes"]}
+    assert {"then/conv0", "then/conv1", "then/fc", "else/conv0", "else/fc"} <= set(rows)
+    conv = rows["then/conv1"]
+    assert conv["placement"] == "storage" and "branch" in conv["placement_reason"] and not conv["integer_kernel"]
+
+
+def test_a_node_name_rule_keeps_a_body_node_float(if_model: tuple[Path, Path], tmp_path: Path) -> None:
+    model, data = if_model
+    config = tmp_path / "c.yaml"
+    config.write_text('node_name:\n  "then/conv1": null\n')
+    out = tmp_path / "q.onnx"
+    r = runner.invoke(app, ["quantize", str(model), "--config", str(config), "--data", str(data), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    written = onnx.load(str(out))
+    assert not any(n.startswith("then_conv1_w/quantized") for n in _int8_initializers(written))
+    body = next(a.g for a in written.graph.node[-1].attribute if a.name == "then_branch")
+    assert any(i.name == "then_conv1_w" for i in body.initializer)  # left where it was, in float
+
+
+def test_a_loop_bodys_own_matmul_weight_is_stored_int8(tmp_path: Path) -> None:
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["h_in", "loop_w"], ["hw"], name="loop/matmul"),
+            helper.make_node("Add", ["hw", "x"], ["pre"], name="loop/add"),
+            helper.make_node("Tanh", ["pre"], ["h_out"], name="loop/tanh"),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"], name="loop/cond"),
+        ],
+        "loop_body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [1, 32]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [1, 32]),
+        ],
+        [numpy_helper.from_array(_w(32, 32, scale=0.2), "loop_w")],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trip", "", "h0"], ["h"], body=body, name="recur")],
+        "loop_model",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32]),
+            helper.make_tensor_value_info("h0", TensorProto.FLOAT, [1, 32]),
+        ],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 32])],
+        [numpy_helper.from_array(np.array(4, np.int64), "trip")],
+    )
+    model, data, out = tmp_path / "loop.onnx", tmp_path / "data", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    data.mkdir()
+    feeds = []
+    for i in range(16):
+        feeds.append({"x": RNG.standard_normal((1, 32)).astype(np.float32), "h0": np.zeros((1, 32), np.float32)})
+        np.savez(data / f"{i:02d}.npz", **feeds[-1])
+    r = runner.invoke(app, ["quantize", str(model), "--data", str(data), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    written = onnx.load(str(out))
+    assert any(n.startswith("loop_w/quantized") for n in _int8_initializers(written))
+    loop_body = written.graph.node[-1].attribute[0].g
+    assert not loop_body.initializer  # its weight moved out, stored int8
+    assert _sqnr(model, out, feeds) > 30
