@@ -363,6 +363,7 @@ def _from_document(document: ConfigDocument, raw: dict[str, Any], source: str) -
             samples=acc.samples,
             search_seconds=float(acc.search_seconds),
             latency_runs=acc.latency_runs,
+            outputs=tuple(acc.outputs or ()),
         ),
         source=source,
         document=document,

@@ -38,6 +38,7 @@ class SearchOptions:
     samples: int | None = None  # overrides accuracy.samples
     search_seconds: float | None = None  # overrides accuracy.search_seconds
     latency_runs: int | None = None  # overrides accuracy.latency_runs (0: no timing)
+    outputs: tuple[str, ...] = ()  # overrides accuracy.outputs: the outputs the target judges
     data_dir: Path | str | None = None  # samples to search on (default: the calibration data)
 
 

@@ -122,6 +122,7 @@ class AccuracySettings:
     samples: int  # spread evenly over the data set
     search_seconds: float  # the search stops trying nodes after this long
     latency_runs: int  # interleaved timing rounds per candidate placement (0: placement by the MAC model)
+    outputs: tuple[str, ...] = ()  # the outputs the target judges, by name or re: pattern (empty: see judged)
 
 
 TARGETS = ("cpu", "cpu_vnni", "cuda", "tensorrt")

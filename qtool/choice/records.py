@@ -89,6 +89,7 @@ class PlacementChoice:
     # the activation range rule every candidate uses, and the all-integer placement's worst output under each rule
     activation_ranges: str = "observer"
     range_scores: dict[str, float] = field(default_factory=dict)
+    judged_note: str = ""  # which outputs the target judged, when not all of them (see qtool.evaluation.judged)
 
     @property
     def validation(self) -> PlacementValidation | None:
@@ -121,10 +122,13 @@ class FloatModel:
     prepared: onnx.ModelProto  # the prepared model the candidates were built from
     weights: Weights  # the detached values the models use
     elements: dict[str, int]  # per-sample element counts of tensors
+    judged: frozenset[str] | None = None  # the outputs the target judges (None: all)
 
     def scorer(self, dataset: Dataset, known: FloatOutputs | None, on_sample: Callable[[int], None]) -> OutputScorer:
         """Scores candidates on ``dataset`` against this model (``known``: float outputs calibration kept)."""
-        return OutputScorer(self.prepared, dataset, weights=self.weights, on_sample=on_sample, known=known)
+        return OutputScorer(
+            self.prepared, dataset, weights=self.weights, on_sample=on_sample, known=known, judged=self.judged
+        )
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,15 @@ def quantize(
             "the config's placement rules decide).",
         ),
     ] = None,
+    outputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--outputs",
+            metavar="NAME",
+            help="An output the accuracy target judges, by name or re:pattern; repeat for several "
+            "(default: accuracy.outputs, else every output but the state a model feeds back).",
+        ),
+    ] = None,
     no_search: Annotated[
         bool,
         typer.Option(
@@ -173,6 +182,7 @@ def quantize(
                     data_dir=search_data,
                     search_seconds=search_seconds,
                     latency_runs=latency_runs,
+                    outputs=tuple(outputs or ()),
                 ),
                 evaluation=EvaluationOptions(
                     runs=runs, warmup=warmup, threads=threads, limit=limit, skip_nonfinite=skip_nonfinite

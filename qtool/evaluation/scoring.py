@@ -34,19 +34,25 @@ class OutputScore:
 
     outputs: dict[str, float]  # output name -> SQNR in dB (+inf: exact)
     energies: dict[str, SampleEnergies] = field(default_factory=dict)  # output name -> per-sample energies
+    judged: frozenset[str] | None = None  # the outputs a target judges (None: all; see qtool.evaluation.judged)
+
+    def _judges(self, name: str) -> bool:
+        return self.judged is None or name in self.judged
 
     @property
     def worst_db(self) -> float:
-        """The lowest SQNR among the outputs (-inf when none was measured)."""
-        return min(self.outputs.values(), default=-math.inf)
+        """The lowest SQNR among the judged outputs (-inf when none was measured)."""
+        return min((db for name, db in self.outputs.items() if self._judges(name)), default=-math.inf)
 
     def worst_bound_db(self, confidence: float = CONFIDENCE, signal_means: Mapping[str, float] | None = None) -> float:
-        """The lowest of the outputs' lower confidence bounds (see :mod:`qtool.evaluation.confidence`).
+        """The lowest of the judged outputs' lower confidence bounds (see :mod:`qtool.evaluation.confidence`).
 
         ``signal_means``: each output's mean float energy per sample over a larger set than the scored one.
         """
         means = signal_means or {}
-        bounds = [e.lower_bound_db(confidence, means.get(name)) for name, e in self.energies.items()]
+        bounds = [
+            e.lower_bound_db(confidence, means.get(name)) for name, e in self.energies.items() if self._judges(name)
+        ]
         return min(bounds, default=self.worst_db)
 
 
@@ -71,8 +77,10 @@ class OutputScorer:
         weights: Weights | None = None,
         on_sample: Callable[[int], None] | None = None,
         known: FloatOutputs | None = None,
+        judged: frozenset[str] | None = None,
     ) -> None:
         self.threads = threads
+        self.judged = judged  # the outputs a target judges (None: all)
         self.weights = weights
         self._reference_model = reference
         self._session: ort.InferenceSession | None = None  # created only when a float output must be computed
@@ -156,4 +164,5 @@ class OutputScorer:
         return OutputScore(
             {name: accumulators[name].metrics(name).sqnr_db for name in measured},
             {name: SampleEnergies(tuple(signal[name]), tuple(noise[name])) for name in measured},
+            self.judged,
         )

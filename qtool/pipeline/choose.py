@@ -14,6 +14,7 @@ from qtool.choice.decode import decoder_to_score
 from qtool.choice.selection import FloatModel, PlacementChoice, Samples, measure_placements
 from qtool.config import QConfig
 from qtool.errors import QtoolError
+from qtool.evaluation.judged import judged_outputs
 from qtool.evaluation.split import split_samples, spread_subset
 from qtool.graph.session import create_session
 from qtool.options import EvaluationOptions, SearchOptions
@@ -47,6 +48,7 @@ def accuracy_settings(given: AccuracySettings, search: SearchOptions) -> Accurac
         samples=given.samples if search.samples is None else search.samples,
         search_seconds=given.search_seconds if search.search_seconds is None else search.search_seconds,
         latency_runs=given.latency_runs if search.latency_runs is None else search.latency_runs,
+        outputs=search.outputs or given.outputs,
     )
 
 
@@ -74,7 +76,9 @@ def choose(
 
     # twice the samples, halved: one half chooses, the other validates the choice
     split = split_samples(spread_dataset(ws, data_dir, 2 * accuracy.samples, skip_nonfinite=evaluation.skip_nonfinite))
-    float_model = FloatModel(ws.path, ws.prepared, ws.weights, builder.elements)
+    source = "--outputs" if search.outputs else f"{ws.config.source}: accuracy.outputs"
+    judged = judged_outputs(ws.prepared, accuracy.outputs, source)
+    float_model = FloatModel(ws.path, ws.prepared, ws.weights, builder.elements, judged.subset)
     decoder = decoder_to_score(ws.prepared)
     with tempfile.TemporaryDirectory(prefix="qtool-decode-steps-") as scratch:
         selection, validation = split.selection, split.validation
@@ -85,4 +89,8 @@ def choose(
             validation = with_decode_steps(validation, session, decoder, Path(scratch) / "validation", known)
         ranked = spread_subset(selection, min(RANK_SAMPLES, len(selection)))
         samples = Samples(selection, ranked, known, validation, split.selection_files, split.validation_files)
-        return measure_placements(float_model, config, build, samples, threads=evaluation.threads, progress=progress)
+        config, choice = measure_placements(
+            float_model, config, build, samples, threads=evaluation.threads, progress=progress
+        )
+    choice.judged_note = judged.note()
+    return config, choice

@@ -226,6 +226,11 @@ class AccuracySection(_Strict):
         None,
         description="timing rounds per candidate (0: no timing, the auto candidate with the search's nodes is kept)",
     )
+    outputs: list[str] | None = Field(
+        None,
+        description="the outputs the target judges, by name or 're:' pattern (the others are still reported); "
+        "default: every output but the state a model feeds back to an input",
+    )
 
     nullable: ClassVar[frozenset[str]] = frozenset({"target_sqnr_db"})
 

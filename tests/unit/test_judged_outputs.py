@@ -1,0 +1,94 @@
+"""Which outputs an accuracy target judges (issue 46): named ones, or every output but the state fed back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
+
+from qtool.cli import app
+from qtool.errors import QtoolError
+from qtool.evaluation.judged import judged_outputs
+
+runner = CliRunner()
+
+
+def _streaming(state_in: str = "state", state_out: str = "stateN", extra: bool = False) -> onnx.ModelProto:
+    """A chunk and a recurrent state in; a probability and the next state out (a voice-activity detector's shape)."""
+    rng = np.random.default_rng(7)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((64, 32)) * 0.3).astype(np.float32), "w_in"),
+        numpy_helper.from_array((rng.standard_normal((32, 32)) * 0.3).astype(np.float32), "w_state"),
+        numpy_helper.from_array((rng.standard_normal((32, 1)) * 0.3).astype(np.float32), "w_out"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["chunk", "w_in"], ["a"], name="in_proj"),
+        helper.make_node("MatMul", [state_in, "w_state"], ["b"], name="state_proj"),
+        helper.make_node("Add", ["a", "b"], ["pre"], name="add"),
+        helper.make_node("Tanh", ["pre"], [state_out], name="tanh"),
+        helper.make_node("MatMul", [state_out, "w_out"], ["logit"], name="out_proj"),
+        helper.make_node("Sigmoid", ["logit"], ["prob"], name="sigmoid"),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 1]),
+        helper.make_tensor_value_info(state_out, TensorProto.FLOAT, [1, 32]),
+    ]
+    if extra:
+        outputs.append(helper.make_tensor_value_info("logit", TensorProto.FLOAT, [1, 1]))
+    graph = helper.make_graph(
+        nodes,
+        "streaming",
+        [
+            helper.make_tensor_value_info("chunk", TensorProto.FLOAT, [1, 64]),
+            helper.make_tensor_value_info(state_in, TensorProto.FLOAT, [1, 32]),
+        ],
+        outputs,
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("state_in", "state_out"), [("state", "stateN"), ("h0", "hn"), ("hidden_in", "hidden_out")])
+def test_a_state_output_pairs_with_its_input_and_is_not_judged(state_in: str, state_out: str) -> None:
+    judged = judged_outputs(_streaming(state_in, state_out))
+    assert judged.judged == ("prob",) and judged.state == {state_out: state_in} and judged.subset == {"prob"}
+    assert state_out in judged.note() and "not judged" in judged.note()
+
+
+def test_named_outputs_are_judged_and_a_pattern_naming_none_is_an_error() -> None:
+    model = _streaming(extra=True)
+    assert judged_outputs(model, ["re:(prob|logit)"]).judged == ("prob", "logit")
+    assert judged_outputs(model, ["stateN"]).subset == {"stateN"}
+    with pytest.raises(QtoolError, match="'probability' names no output"):
+        judged_outputs(model, ["probability"])
+
+
+def test_outputs_of_another_shape_are_not_state() -> None:
+    model = _streaming()
+    model.graph.output[1].type.tensor_type.shape.dim[1].dim_value = 16  # stateN no longer fits state
+    assert judged_outputs(model).subset is None and judged_outputs(model).note() == ""
+
+
+def test_quantize_says_which_outputs_it_judged(tmp_path: Path) -> None:
+    model_path, data = tmp_path / "stream.onnx", tmp_path / "data"
+    onnx.save(_streaming(), model_path)
+    data.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(16):
+        chunk = rng.standard_normal((1, 64)).astype(np.float32)
+        np.savez(data / f"{i:02d}.npz", chunk=chunk, state=np.tanh(rng.standard_normal((1, 32))).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    r = runner.invoke(app, ["quantize", str(model_path), "--data", str(data), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "judged: the target judges prob; state outputs are reported, not judged: stateN" in r.output
+    named = runner.invoke(
+        app, ["quantize", str(model_path), "--data", str(data), "-o", str(out), "--outputs", "stateN"]
+    )
+    assert named.exit_code == 0, named.output
+    assert "the target judges the outputs named: stateN" in named.output
+    wrong = runner.invoke(app, ["quantize", str(model_path), "--data", str(data), "-o", str(out), "--outputs", "nope"])
+    assert wrong.exit_code == 2 and "'nope' names no output" in wrong.output
