@@ -89,6 +89,7 @@ class TuneOptions:
     threads: int | None = None  # onnxruntime intra-op threads
     cache: bool = True  # keep and reuse the per-node sensitivity between runs (qtool.choice.tune.cache)
     cache_dir: Path | str | None = None  # where (None: $QTOOL_CACHE_DIR, else ~/.cache/qtool)
+    outputs: tuple[str, ...] = ()  # the outputs the target judges (overrides accuracy.outputs)
 
 
 # The defaults, as shared immutable values (the records are frozen).

@@ -138,6 +138,15 @@ def tune(
             "and versions are the same (default: on).",
         ),
     ] = True,
+    outputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--outputs",
+            metavar="NAME",
+            help="An output the SQNR target judges, by name or re:pattern; repeat for several "
+            "(default: accuracy.outputs, else every output but the state a model feeds back).",
+        ),
+    ] = None,
     cache_dir: Annotated[
         Path | None,
         typer.Option(
@@ -190,6 +199,7 @@ def tune(
                     threads=threads,
                     cache=cache,
                     cache_dir=cache_dir,
+                    outputs=tuple(outputs or ()),
                 ),
                 config_path=config,
                 target=target,

@@ -38,6 +38,7 @@ from qtool.choice.tune.space import (
 )
 from qtool.config import QConfig
 from qtool.errors import QtoolError
+from qtool.evaluation.judged import judged_outputs
 from qtool.evaluation.scoring import OutputScorer
 from qtool.evaluation.split import SampleSplit, output_energies, split_samples, spread_subset
 from qtool.graph.prepare import default_opset
@@ -99,8 +100,12 @@ def _scorers(tuning: Tuning, scratch: Path) -> tuple[OutputScorer, OutputScorer]
         validation = with_decode_steps(validation, session, decoder, scratch / "validation", known)
     tuning.evaluation.release()
     return (
-        OutputScorer(ws.prepared, selection, threads=options.threads, weights=ws.weights, known=known),
-        OutputScorer(ws.prepared, validation, threads=options.threads, weights=ws.weights, known=known),
+        OutputScorer(
+            ws.prepared, selection, threads=options.threads, weights=ws.weights, known=known, judged=tuning.judged
+        ),
+        OutputScorer(
+            ws.prepared, validation, threads=options.threads, weights=ws.weights, known=known, judged=tuning.judged
+        ),
     )
 
 
@@ -156,6 +161,8 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
             hint="judge other models with --target-sqnr DB or --metric module:function",
         )
     float_outputs, split = _split_eval(ws, request)
+    named = request.options.outputs or config.accuracy.outputs
+    judged = judged_outputs(ws.prepared, named, "--outputs" if request.options.outputs else "accuracy.outputs")
     # GPTQ options need each node's calibration inputs: gathered in the same float pass (within the
     # collector's memory budget; nodes past it are rounded to nearest, as quantize would)
     wants_inputs = len(without_algorithms(space)) < len(space)
@@ -197,6 +204,7 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
         opset,
         started,
         prepare_seconds,
+        judged=judged.subset,
     )
 
 
@@ -231,6 +239,8 @@ def _cache_key(tuning: Tuning) -> str:
             "noise_ceiling": noise_ceiling(tuning.goal),  # int2 is measured only where int4 fits it
             "nodes": tuning.names,
             "threads": request.options.threads,
+            # the outputs the goal judges, when not all (left out otherwise: earlier measurements stay valid)
+            **({"judged": sorted(tuning.judged)} if tuning.judged is not None else {}),
         }
     )
 
@@ -245,7 +255,12 @@ def _sensitivity(tuning: Tuning, selection: OutputScorer, progress: ProgressFact
     if sens is None:
         ws = tuning.ws
         scorer = OutputScorer(
-            ws.prepared, tuning.spread, threads=options.threads, weights=ws.weights, known=selection.float_outputs()
+            ws.prepared,
+            tuning.spread,
+            threads=options.threads,
+            weights=ws.weights,
+            known=selection.float_outputs(),
+            judged=tuning.judged,
         )
 
         def isolated_sqnr(selection: dict[str, Option]) -> float:

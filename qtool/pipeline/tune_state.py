@@ -59,6 +59,7 @@ class Tuning:
     started: float
     prepare_seconds: float  # calibration (and the GPTQ inputs): the final build does it again
     scoring_seconds: float = 0.0  # the longest build and scoring of one candidate on half of EVAL so far
+    judged: frozenset[str] | None = None  # the outputs the goal judges (None: all; see qtool.evaluation.judged)
 
     @property
     def deadline(self) -> float:

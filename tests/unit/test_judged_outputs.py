@@ -92,3 +92,20 @@ def test_quantize_says_which_outputs_it_judged(tmp_path: Path) -> None:
     assert "the target judges the outputs named: stateN" in named.output
     wrong = runner.invoke(app, ["quantize", str(model_path), "--data", str(data), "-o", str(out), "--outputs", "nope"])
     assert wrong.exit_code == 2 and "'nope' names no output" in wrong.output
+
+
+def test_tune_judges_the_outputs_named(tmp_path: Path) -> None:
+    model_path, data = tmp_path / "stream.onnx", tmp_path / "data"
+    onnx.save(_streaming(), model_path)
+    data.mkdir()
+    rng = np.random.default_rng(4)
+    for i in range(16):
+        chunk = rng.standard_normal((1, 64)).astype(np.float32)
+        np.savez(data / f"{i:02d}.npz", chunk=chunk, state=np.tanh(rng.standard_normal((1, 32))).astype(np.float32))
+    args = ["tune", str(model_path), "--data", str(data), "--eval", str(data), "-o", str(tmp_path / "t.onnx")]
+    args += ["--config-out", str(tmp_path / "t.yaml"), "--target-sqnr", "25", "--time-budget", "30", "--no-cache"]
+    wrong = runner.invoke(app, [*args, "--outputs", "nope"])
+    assert wrong.exit_code == 2 and "'nope' names no output" in wrong.output
+    r = runner.invoke(app, [*args, "--outputs", "prob"])
+    assert r.exit_code in (0, 1), r.output
+    assert (tmp_path / "t.onnx").exists()
