@@ -212,18 +212,7 @@ class Dataset:
             self._note_ignored(path, extra)
             feed = {name: array for name, array in feed.items() if name in expected}
         if self.decoder is not None and self.decoder.input_ids in feed:
-            ids = np.asarray(feed[self.decoder.input_ids])
-            if ids.size == 0:
-                raise QtoolError(
-                    f"{path}: '{self.decoder.input_ids}' holds no token", hint="give each sample 1 or more"
-                )
-            if ids.ndim not in (1, 2):
-                raise QtoolError(
-                    f"{path}: '{self.decoder.input_ids}' has shape {list(ids.shape)}: token ids are [length] "
-                    "or [batch, length]",
-                    hint="save each sample's token ids as a 1-D or 2-D integer array",
-                )
-            feed = complete_feed(self.decoder, feed)
+            feed = self._completed_tokens(path, feed)
         missing = sorted(expected - set(feed))
         if missing:
             held = ", ".join(sorted(feed)) or "nothing"
@@ -271,6 +260,20 @@ class Dataset:
                 )
             out[spec.name] = array
         return out
+
+    def _completed_tokens(self, path: Path, feed: Feed) -> Feed:
+        """A token file's feed with what a decoder's prefill needs besides its ids (see :func:`complete_feed`)."""
+        assert self.decoder is not None  # the caller checks
+        ids = np.asarray(feed[self.decoder.input_ids])
+        if ids.size == 0:
+            raise QtoolError(f"{path}: '{self.decoder.input_ids}' holds no token", hint="give each sample 1 or more")
+        if ids.ndim not in (1, 2):
+            raise QtoolError(
+                f"{path}: '{self.decoder.input_ids}' has shape {list(ids.shape)}: token ids are [length] "
+                "or [batch, length]",
+                hint="save each sample's token ids as a 1-D or 2-D integer array",
+            )
+        return complete_feed(self.decoder, feed)
 
     def _note_ignored(self, path: Path, keys: list[str]) -> None:
         """Say once per dataset which sample keys the model does not take (they are left out; the log escapes names)."""

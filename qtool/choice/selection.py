@@ -138,7 +138,7 @@ def measure_placements(
         # candidates did (and never more than accuracy.search_seconds): it can only refine them.
         budget = min(settings.search_seconds, SEARCH_COST_FACTOR * (time.perf_counter() - started))
         bounded = replace(config, accuracy=replace(settings, search_seconds=budget))
-        added = _search(choice, built, bounded, build, scorer, samples, float_model, progress, search_plan)
+        added = _search(choice, built, bounded, build, (scorer, samples, float_model), progress, search_plan)
         if added and timed and choice.fp32_ms is not None and _may_win(choice, "search"):
             # time the new candidate with fp32 and every candidate that can be kept: the decision compares
             # those on paired rounds; the others keep their first measurement
@@ -257,13 +257,16 @@ def _search(
     built: BuiltCandidates,
     config: QConfig,
     build: CandidateBuilder,
-    scorer: OutputScorer,
-    samples: Samples,
-    float_model: FloatModel,
+    scoring: tuple[OutputScorer, Samples, FloatModel],
     progress: ProgressFactory | None,
     plan: tuple[CandidateName, str],
 ) -> bool:
-    """Run the sensitivity search from the start ``plan`` names; True when it added a "search" candidate."""
+    """Run the sensitivity search from the start ``plan`` names; True when it added a "search" candidate.
+
+    ``scoring``: the scorer of the candidates, the samples (the search ranks nodes on ``samples.ranked``) and
+    the float model.
+    """
+    scorer, samples, float_model = scoring
     start, moves = plan
     start_plan, start_model = built.plans[start]
 

@@ -85,7 +85,7 @@ def layer_errors(
     groups = _groups(against, elements or {}, max_exposed_bytes)
     advance = (progress or noop_progress)("per-layer", len(dataset) * len(groups))
     for group in groups:
-        _measure_group(reference, candidate, dataset, group, against, accumulators, threads, weights, advance)
+        _measure_group((reference, candidate), dataset, group, against, accumulators, threads, weights, advance)
     measured = {t: acc.metrics(t) for t, acc in accumulators.items() if acc.count}
     return sorted(_rows(pairing, measured), key=lambda r: (_capped(r.sqnr_db), r.tensor))
 
@@ -150,8 +150,7 @@ def _groups(against: dict[str, str], elements: dict[str, int], budget: int) -> l
 
 
 def _measure_group(
-    reference: onnx.ModelProto,
-    candidate: onnx.ModelProto,
+    models: tuple[onnx.ModelProto, onnx.ModelProto],
     dataset: Dataset,
     group: list[str],
     against: dict[str, str],
@@ -160,7 +159,8 @@ def _measure_group(
     weights: Weights | None,
     advance: Callable[[int], None],
 ) -> None:
-    """Run both models over the samples with ``group`` exposed and add each pair's error."""
+    """Run both models (reference, candidate) over the samples with ``group`` exposed and add each pair's error."""
+    reference, candidate = models
     graph_inputs = {i.name for i in reference.graph.input}
     from_reference = list(dict.fromkeys(against[t] for t in group if against[t] not in graph_inputs))
     level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

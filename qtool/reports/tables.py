@@ -11,6 +11,7 @@ from rich.table import Table
 
 from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.layers import LayerError, largest_drop, layer_drop, layer_op
+from qtool.evaluation.metrics import LatencyComparison
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.plan.inspection import Inspection
 from qtool.reports.ci import improved
@@ -66,6 +67,26 @@ def _opt(value: float | None) -> str:
 def render_comparison(console: Console, result: ComparisonResult, title: str = "qtool compare") -> None:
     """Print size, accuracy, per-layer, latency and gate tables."""
     result = for_terminal(result)  # names from the user's files: no raw control characters or markup
+    _render_size(console, result, title)
+    _render_accuracy(console, result)
+    if result.layers is not None:
+        render_layers(console, result.layers)
+    for lat in result.latency:
+        _render_latency(console, lat)
+    for provider, reason in result.skipped_providers:
+        console.print(f"[yellow]latency on {provider} skipped[/yellow]: {reason}", highlight=False)
+    if result.baseline is not None:
+        _render_baseline(console, result.baseline)
+    if result.gates:
+        gates = Table(title="gates", title_justify="left")
+        for column in ("gate", "measured", "verdict"):
+            gates.add_column(column)
+        for g in result.gates:
+            gates.add_row(g.gate.label, _value(g.measured) + (f" ({g.note})" if g.note else ""), _verdict(g.passed))
+        console.print(gates)
+
+
+def _render_size(console: Console, result: ComparisonResult, title: str) -> None:
     size = Table(title=title, title_justify="left", show_header=True)
     size.add_column("")
     size.add_column("reference", justify="right")
@@ -75,6 +96,9 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
     size.add_row("compression", "", f"[bold]{result.compression_ratio:.2f}x[/bold]")
     console.print(size)
 
+
+def _render_accuracy(console: Console, result: ComparisonResult) -> None:
+    """The outputs' errors, where they were scored, and the task's own figures."""
     acc = Table(title=f"accuracy vs reference, {result.samples} samples of {result.data_dir}", title_justify="left")
     for column in ("output", "SQNR dB", "cosine", "MSE", "max |err|"):
         acc.add_column(column, justify="left" if column == "output" else "right")
@@ -97,49 +121,34 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
         for line in result.language_model.lines():
             console.print(f"  {line}", highlight=False)
 
-    if result.layers is not None:
-        render_layers(console, result.layers)
 
-    for lat in result.latency:
-        threads = lat.threads if lat.threads else "default"
-        provider = lat.provider.removesuffix("ExecutionProvider")
-        table = Table(title=f"latency, {provider}, threads={threads}, {lat.reference.runs} runs", title_justify="left")
-        for column in ("model", "median ms", "p90 ms", "p99 ms"):
-            table.add_column(column, justify="left" if column == "model" else "right")
-        for label, stats in (("reference", lat.reference), ("candidate", lat.candidate)):
-            table.add_row(label, f"{stats.median_ms:.3f}", f"{stats.p90_ms:.3f}", f"{stats.p99_ms:.3f}")
-        colour = "green" if lat.speedup >= 1 else "yellow"
-        interval = lat.speedup_interval
-        spread = (
-            f"(99 % interval {interval[0]:.2f}-{interval[1]:.2f}x)" if interval else "(too few runs for an interval)"
+def _render_latency(console: Console, lat: LatencyComparison) -> None:
+    """One provider's latency table, its speed-up and what else it measured."""
+    threads = lat.threads if lat.threads else "default"
+    provider = lat.provider.removesuffix("ExecutionProvider")
+    table = Table(title=f"latency, {provider}, threads={threads}, {lat.reference.runs} runs", title_justify="left")
+    for column in ("model", "median ms", "p90 ms", "p99 ms"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for label, stats in (("reference", lat.reference), ("candidate", lat.candidate)):
+        table.add_row(label, f"{stats.median_ms:.3f}", f"{stats.p90_ms:.3f}", f"{stats.p99_ms:.3f}")
+    colour = "green" if lat.speedup >= 1 else "yellow"
+    interval = lat.speedup_interval
+    spread = f"(99 % interval {interval[0]:.2f}-{interval[1]:.2f}x)" if interval else "(too few runs for an interval)"
+    console.print(table)
+    console.print(f"  speed-up: [{colour}]{lat.speedup:.2f}x[/{colour}] {spread}", highlight=False)
+    if lat.candidate_sqnr_db is not None:
+        console.print(
+            f"  accuracy on {provider}: worst output {lat.candidate_sqnr_db:.2f} dB against the float reference",
+            highlight=False,
         )
-        console.print(table)
-        console.print(f"  speed-up: [{colour}]{lat.speedup:.2f}x[/{colour}] {spread}", highlight=False)
-        if lat.candidate_sqnr_db is not None:
-            console.print(
-                f"  accuracy on {provider}: worst output {lat.candidate_sqnr_db:.2f} dB against the float reference",
-                highlight=False,
-            )
-        if lat.setup_ms and lat.provider != "CPUExecutionProvider":  # on the CPU it is noise; JSON keeps it
-            what = "engine build" if lat.provider == "TensorrtExecutionProvider" else "session setup"
-            bound = "; inputs and outputs bound on the device" if lat.io_binding else ""
-            console.print(
-                f"  {what} and first run, apart from the above: reference {lat.setup_ms[0]:.0f} ms, "
-                f"candidate {lat.setup_ms[1]:.0f} ms{bound}",
-                highlight=False,
-            )
-    for provider, reason in result.skipped_providers:
-        console.print(f"[yellow]latency on {provider} skipped[/yellow]: {reason}", highlight=False)
-    if result.baseline is not None:
-        _render_baseline(console, result.baseline)
-
-    if result.gates:
-        gates = Table(title="gates", title_justify="left")
-        for column in ("gate", "measured", "verdict"):
-            gates.add_column(column)
-        for g in result.gates:
-            gates.add_row(g.gate.label, _value(g.measured) + (f" ({g.note})" if g.note else ""), _verdict(g.passed))
-        console.print(gates)
+    if lat.setup_ms and lat.provider != "CPUExecutionProvider":  # on the CPU it is noise; JSON keeps it
+        what = "engine build" if lat.provider == "TensorrtExecutionProvider" else "session setup"
+        bound = "; inputs and outputs bound on the device" if lat.io_binding else ""
+        console.print(
+            f"  {what} and first run, apart from the above: reference {lat.setup_ms[0]:.0f} ms, "
+            f"candidate {lat.setup_ms[1]:.0f} ms{bound}",
+            highlight=False,
+        )
 
 
 def render_layers(console: Console, layers: list[LayerError], show: int = 15) -> None:
@@ -229,6 +238,14 @@ def render_inspection(console: Console, result: Inspection) -> None:
     )
     if result.placement_note:
         console.print(f"[yellow]placement[/yellow] {result.placement_note}", highlight=False)
+    _render_inspection_reasons(console, result)
+    if result.passthrough:
+        listed = ", ".join(f"{op} x{count}" for op, count in result.passthrough.items())
+        console.print(f"passed through untouched (not quantized by qtool): {listed}")
+
+
+def _render_inspection_reasons(console: Console, result: Inspection) -> None:
+    """Why each node runs as it does (and the predicted kernel), then what stays float and why."""
     reasons = [r for r in result.rows if r.reason]
     if reasons:
         placement = Table(title="placement and the kernel onnxruntime (CPU) is predicted to run", title_justify="left")
@@ -249,9 +266,6 @@ def render_inspection(console: Console, result: Inspection) -> None:
         for nodes, why in grouped_by_reason([(name, why) for name, _, why in result.kept_float]):
             kept.add_row(nodes, ops.get(nodes) or ", ".join(sorted(ops_by_reason[why])), why)
         console.print(kept)
-    if result.passthrough:
-        listed = ", ".join(f"{op} x{count}" for op, count in result.passthrough.items())
-        console.print(f"passed through untouched (not quantized by qtool): {listed}")
 
 
 GROUPED_AFTER = 3  # more nodes than this kept float for the same reason: one line for them all (--json lists each)

@@ -25,10 +25,7 @@ from qtool.errors import QtoolError
 from qtool.graph.index import GraphView, subgraph_reads
 from qtool.graph.weights import Weights
 from qtool.numerics.matmul_nbits import DOMAIN as CONTRIB_DOMAIN
-from qtool.numerics.qparams import (
-    QParams,
-    quantize_bias,
-)
+from qtool.numerics.qparams import QParams, quantize_bias
 from qtool.numerics.saturation import weight_form
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
 from qtool.quantization.emit.body_weights import store_body_weights

@@ -196,9 +196,9 @@ class StoredForms:
         x, codes, out = node.input[0], node.input[1], node.output[0]
         built: list[onnx.NodeProto] = []
         if qp is None:
-            bq, scale, zero = self._run_time_quantized(codes, base, built)
-            xq, xs, xz = self._run_time_quantized(x, base, built)
-            return [*built, *self._integer_product(base, xq, xs, xz, bq, scale, zero, out, None)]
+            weight = self._run_time_quantized(codes, base, built)
+            product = self._integer_product(base, self._run_time_quantized(x, base, built), weight, out, None)
+            return [*built, *product]
         wide = quant_type("int8" if qp.qtype.signed else "uint8")
         if qp.qtype.bits < 8:
             widened = self.names.new(f"{codes}/widened")
@@ -218,9 +218,9 @@ class StoredForms:
         zero = self.names.new(f"{base}/weight_zero_point")
         self.graph.initializer.append(numpy_helper.from_array(qp.scale.astype(np.float32).reshape(-1), scale))
         self.graph.initializer.append(to_tensor_proto(zeros[:1].reshape(()) if one_zero else zeros, wide, zero))
-        xq, xs, xz = self._run_time_quantized(x, base, built)
+        quantized_x = self._run_time_quantized(x, base, built)
         bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] != "" else None
-        return [*built, *self._integer_product(base, xq, xs, xz, codes, scale, zero, out, bias)]
+        return [*built, *self._integer_product(base, quantized_x, (codes, scale, zero), out, bias)]
 
     def _run_time_quantized(self, tensor: str, base: str, built: list[onnx.NodeProto]) -> tuple[str, str, str]:
         """The uint8 values, scale and zero point of ``tensor`` quantized at run time.
@@ -239,18 +239,13 @@ class StoredForms:
         return q, s, z
 
     def _integer_product(
-        self,
-        base: str,
-        aq: str,
-        a_scale: str,
-        a_zero: str,
-        bq: str,
-        b_scale: str,
-        b_zero: str,
-        out: str,
-        bias: str | None,
+        self, base: str, a: tuple[str, str, str], b: tuple[str, str, str], out: str, bias: str | None
     ) -> list[onnx.NodeProto]:
-        """MatMulInteger -> Cast -> Mul by both scales (-> bias Add) writing ``out``."""
+        """MatMulInteger -> Cast -> Mul by both scales (-> bias Add) writing ``out``.
+
+        ``a`` and ``b``: each operand's integers, scale and zero point (tensor names).
+        """
+        (aq, a_scale, a_zero), (bq, b_scale, b_zero) = a, b
         scales, product, as_float = (self.names.new(f"{base}/{part}") for part in ("scales", "integers", "as_float"))
         scaled = self.names.new(f"{base}/scaled") if bias else out
         cast = helper.make_node(
