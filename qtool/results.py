@@ -12,6 +12,7 @@ from qtool.choice.tune.candidates import Validation, ValidationRound
 from qtool.choice.tune.loop import Trial
 from qtool.choice.tune.sensitivity import Sensitivity
 from qtool.evaluation.baseline import BaselineComparison
+from qtool.evaluation.closed_loop import ClosedLoopScore
 from qtool.evaluation.gates import LANGUAGE_MODEL_METRICS, GateResult
 from qtool.evaluation.language_model import LanguageModelScore
 from qtool.evaluation.layers import LayerError
@@ -60,6 +61,7 @@ class ComparisonResult:
     calibration_data: bool = False  # scored on the samples the model was calibrated on (not held out)
     baseline: BaselineComparison | None = None  # the change against an earlier report (compare --baseline)
     language_model: LanguageModelScore | None = None  # decoders: perplexity, next-token and decode agreement
+    closed_loop: ClosedLoopScore | None = None  # streaming models over sequences: each model's own state fed back
 
     @property
     def compression_ratio(self) -> float:

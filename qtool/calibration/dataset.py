@@ -40,6 +40,9 @@ def _detect(directory: Path) -> tuple[str, list[Path]]:
         "images": sorted(p for p in directory.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES),
     }
     present = [name for name, items in found.items() if items]
+    if not present:  # a folder per sequence, its chunks in order (a streaming model's data)
+        found = {kind: _sequence_files(directory, kind) for kind in ("npy", "npz")}
+        present = [name for name, items in found.items() if items]
     if len(present) > 1:
         raise QtoolError(
             f"{directory} mixes sample formats ({', '.join(present)})", hint="keep one format per directory"
@@ -47,9 +50,24 @@ def _detect(directory: Path) -> tuple[str, list[Path]]:
     if not present:
         raise QtoolError(
             f"data directory {directory} holds no samples",
-            hint="expected *.npy, *.npz, test_data_set_*/input_*.pb or *.png/*.jpg images",
+            hint="expected *.npy, *.npz, test_data_set_*/input_*.pb, *.png/*.jpg images, or a folder of "
+            ".npz/.npy chunks per sequence",
         )
     return present[0], found[present[0]]
+
+
+def _sequence_files(directory: Path, kind: str) -> list[Path]:
+    """The ``*.{kind}`` files of ``directory``'s sub-folders, folder by folder in sorted order (sequences)."""
+    folders = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return [path for folder in folders for path in sorted(folder.glob(f"*.{kind}"))]
+
+
+def sequences(files: Sequence[Path]) -> list[list[int]]:
+    """The positions of ``files`` grouped by folder, in order: one sequence of chunks per folder."""
+    grouped: dict[Path, list[int]] = {}
+    for index, path in enumerate(files):
+        grouped.setdefault(path.parent, []).append(index)
+    return list(grouped.values())
 
 
 # A sample holds one batch row (or a few, with a dynamic batch dimension): more than this many times

@@ -22,7 +22,9 @@ from qtool.config import load_config
 from qtool.config_files import resolve_config
 from qtool.errors import QtoolError
 from qtool.evaluation.baseline import Snapshot, StaleBaselineError, against_baseline, read_baseline, regression_gates
+from qtool.evaluation.closed_loop import closed_loop_score
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
+from qtool.evaluation.judged import judged_outputs
 from qtool.evaluation.language_model import MAX_DECODE_STEPS, LanguageModelScore, language_model_metrics
 from qtool.evaluation.layers import layer_errors
 from qtool.evaluation.metrics import TASKS, LatencyComparison, LatencyRun, measure_latency, output_metrics
@@ -180,6 +182,11 @@ def _measured(
             known=reference_outputs,
         )
     language = _language_model((reference_model, candidate_model), (reference, candidate), dataset, options, factory)
+    judged = judged_outputs(reference_model)
+    loop = None
+    if judged.state:
+        with stage("closed loop over the sequences"):
+            loop = closed_loop_score((reference, candidate), dataset, judged.state, list(judged.judged))
     layers = None
     if options.per_layer:
         with stage("per-layer error"):
@@ -202,6 +209,7 @@ def _measured(
         output_kinds=accuracy.kinds,
         boxes=accuracy.boxes,
         language_model=language,
+        closed_loop=loop,
     )
 
 

@@ -12,6 +12,7 @@ from qtool.calibration.statistics import CalibrationStats
 from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, SearchResult
 from qtool.choice.selection import PlacementChoice
 from qtool.evaluation.baseline import BaselineComparison
+from qtool.evaluation.closed_loop import ClosedLoopScore
 from qtool.evaluation.language_model import LanguageModelScore
 from qtool.evaluation.layers import LayerError, largest_drop
 from qtool.evaluation.metrics import ErrorMetrics, LatencyComparison, LatencyStats
@@ -80,6 +81,20 @@ def _accuracy(result: ComparisonResult) -> doc.Accuracy:
         classification=[doc.Agreement(output=a.name, top1=a.top1, top5=a.top5, rows=a.rows) for a in result.agreement],
         boxes=[doc.BoxIoU(output=b.name, mean_iou=b.mean_iou, boxes=b.boxes) for b in result.boxes],
         language_model=_language_model(result.language_model),
+        closed_loop=_closed_loop(result.closed_loop),
+    )
+
+
+def _closed_loop(score: ClosedLoopScore | None) -> doc.ClosedLoop | None:
+    if score is None:
+        return None
+    return doc.ClosedLoop(
+        sequences=score.sequences,
+        chunks=score.chunks,
+        state=score.state,
+        outputs={name: _finite(db) for name, db in score.outputs.items()},
+        bounds={name: _finite(db) for name, db in score.bounds.items()},
+        worst_sequence_db=_finite(score.worst_sequence_db),
     )
 
 

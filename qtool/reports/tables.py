@@ -120,6 +120,11 @@ def _render_accuracy(console: Console, result: ComparisonResult) -> None:
         console.print(f"language model ('{result.language_model.logits}'):", highlight=False)
         for line in result.language_model.lines():
             console.print(f"  {line}", highlight=False)
+    if result.closed_loop is not None:
+        first, *rest = result.closed_loop.lines()
+        console.print(first, highlight=False)
+        for line in rest:
+            console.print(f"  {line}", highlight=False)
 
 
 def _render_latency(console: Console, lat: LatencyComparison) -> None:

@@ -106,6 +106,17 @@ class LanguageModel(_Report):
     matched_prefix: float | None = Field(description="mean tokens generated before the first difference")
 
 
+class ClosedLoop(_Report):
+    """A streaming model over sequences, each model feeding its own state back from chunk to chunk."""
+
+    sequences: int
+    chunks: int
+    state: dict[str, str] = Field(description="state output -> the input it is fed back to")
+    outputs: dict[str, float | None] = Field(description="judged output -> SQNR dB over every chunk (null: exact)")
+    bounds: dict[str, float | None] = Field(description="judged output -> lower 90 % bound over new sequences")
+    worst_sequence_db: float | None = Field(description="the worst judged output on the worst sequence")
+
+
 class Accuracy(_Report):
     """Error against the reference, overall and per output."""
 
@@ -116,6 +127,9 @@ class Accuracy(_Report):
     classification: list[Agreement]
     boxes: list[BoxIoU]
     language_model: LanguageModel | None = Field(None, description="decoders with a key/value cache only")
+    closed_loop: ClosedLoop | None = Field(
+        None, description="streaming models over data laid out as sequences (a folder per sequence)"
+    )
 
 
 class LargestDrop(_Report):

@@ -1,0 +1,88 @@
+"""Streaming models over sequences (issue 46): data laid out a folder per sequence, each model fed its own state.
+
+The model is built here: a chunk and a recurrent state in, a probability and the next state out. compare
+runs both models closed-loop over each sequence; its figures are checked against the same loop written out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+from typer.testing import CliRunner
+
+from qtool.cli import app
+from tests.unit.test_judged_outputs import _streaming
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def streaming(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The float model, a candidate whose state weights are a little off, and 3 sequences of 6 chunks."""
+    folder = tmp_path_factory.mktemp("streaming")
+    model = _streaming()
+    reference = folder / "model.onnx"
+    onnx.save(model, reference)
+    for init in model.graph.initializer:
+        if init.name == "w_state":
+            values = numpy_helper.to_array(init)
+            init.CopyFrom(numpy_helper.from_array((values * 1.05).astype(np.float32), "w_state"))
+    candidate = folder / "drifting.onnx"
+    onnx.save(model, candidate)
+    data = folder / "sequences"
+    rng = np.random.default_rng(11)
+    for s in range(3):
+        (data / f"seq{s}").mkdir(parents=True)
+        for c in range(6):
+            chunk = rng.standard_normal((1, 64)).astype(np.float32)
+            np.savez(data / f"seq{s}" / f"{c:02d}.npz", chunk=chunk, state=np.zeros((1, 32), np.float32))
+    return reference, candidate, data
+
+
+def _closed_loop_sqnr(reference: Path, candidate: Path, data: Path) -> float:
+    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (reference, candidate)]
+    signal = noise = 0.0
+    for folder in sorted(data.iterdir()):
+        states = [None, None]
+        for path in sorted(folder.glob("*.npz")):
+            feed = dict(np.load(path))
+            probs = []
+            for i, session in enumerate(sessions):
+                fed = {**feed, "state": states[i]} if states[i] is not None else feed
+                prob, state = session.run(["prob", "stateN"], fed)
+                states[i] = state
+                probs.append(prob.astype(np.float64))
+            signal += float(np.sum(probs[0] ** 2))
+            noise += float(np.sum((probs[0] - probs[1]) ** 2))
+    return 10 * np.log10(signal / noise)
+
+
+def test_compare_runs_each_model_closed_loop_over_the_sequences(
+    streaming: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    reference, candidate, data = streaming
+    report = tmp_path / "r.json"
+    r = runner.invoke(app, ["compare", str(reference), str(candidate), "--data", str(data), "--runs", "0"])
+    assert r.exit_code == 0, r.output
+    assert "closed loop over 3 sequences (18 chunks)" in r.output and "stateN -> state" in r.output
+    r = runner.invoke(
+        app, ["compare", str(reference), str(candidate), "--data", str(data), "--runs", "0", "--json", str(report)]
+    )
+    loop = json.loads(report.read_text())["accuracy"]["closed_loop"]
+    assert loop["sequences"] == 3 and loop["chunks"] == 18 and loop["state"] == {"stateN": "state"}
+    assert loop["outputs"]["prob"] == pytest.approx(_closed_loop_sqnr(reference, candidate, data), abs=0.01)
+    assert loop["bounds"]["prob"] <= loop["outputs"]["prob"]
+
+
+def test_a_sequence_layout_calibrates_and_quantizes(streaming: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    reference, _, data = streaming
+    out = tmp_path / "q.onnx"
+    r = runner.invoke(app, ["quantize", str(reference), "--data", str(data), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "closed loop over 3 sequences" in r.output  # quantize's comparison runs it too
