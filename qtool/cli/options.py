@@ -17,6 +17,15 @@ ConfigOption = Annotated[
         "dynamic, ...); merged over the built-in configs/default.yaml.",
     ),
 ]
+OutputsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--outputs",
+        metavar="NAME",
+        help="An output the accuracy target judges, by name or re:pattern; repeat for several "
+        "(default: accuracy.outputs, else every output but the state a model feeds back).",
+    ),
+]
 InputShapesOption = Annotated[
     str | None,
     typer.Option(

@@ -16,6 +16,7 @@ from qtool.cli.options import (
     LimitOption,
     ObserverOption,
     ObserverOptionsOption,
+    OutputsOption,
     RunsOption,
     SkipNonfiniteOption,
     TargetOption,
@@ -107,15 +108,7 @@ def quantize(
             "the config's placement rules decide).",
         ),
     ] = None,
-    outputs: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--outputs",
-            metavar="NAME",
-            help="An output the accuracy target judges, by name or re:pattern; repeat for several "
-            "(default: accuracy.outputs, else every output but the state a model feeds back).",
-        ),
-    ] = None,
+    outputs: OutputsOption = None,
     no_search: Annotated[
         bool,
         typer.Option(

@@ -8,7 +8,14 @@ from typing import Annotated
 import typer
 
 from qtool.cli.app import app, progress_bars, summary_console, write_json
-from qtool.cli.options import ConfigOption, InputShapesOption, JsonOption, TargetOption, ThreadsOption
+from qtool.cli.options import (
+    ConfigOption,
+    InputShapesOption,
+    JsonOption,
+    OutputsOption,
+    TargetOption,
+    ThreadsOption,
+)
 from qtool.cli.run import run_command
 from qtool.options import DECODE_STEPS, TuneOptions
 
@@ -138,15 +145,7 @@ def tune(
             "and versions are the same (default: on).",
         ),
     ] = True,
-    outputs: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--outputs",
-            metavar="NAME",
-            help="An output the SQNR target judges, by name or re:pattern; repeat for several "
-            "(default: accuracy.outputs, else every output but the state a model feeds back).",
-        ),
-    ] = None,
+    outputs: OutputsOption = None,
     cache_dir: Annotated[
         Path | None,
         typer.Option(

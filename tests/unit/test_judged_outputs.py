@@ -73,14 +73,20 @@ def test_outputs_of_another_shape_are_not_state() -> None:
     assert judged_outputs(model).subset is None and judged_outputs(model).note() == ""
 
 
-def test_quantize_says_which_outputs_it_judged(tmp_path: Path) -> None:
-    model_path, data = tmp_path / "stream.onnx", tmp_path / "data"
+def _saved_with_data(folder: Path, seed: int) -> tuple[Path, Path]:
+    """The streaming model saved in ``folder``, and 16 samples of a chunk and a state beside it."""
+    model_path, data = folder / "stream.onnx", folder / "data"
     onnx.save(_streaming(), model_path)
     data.mkdir()
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     for i in range(16):
         chunk = rng.standard_normal((1, 64)).astype(np.float32)
         np.savez(data / f"{i:02d}.npz", chunk=chunk, state=np.tanh(rng.standard_normal((1, 32))).astype(np.float32))
+    return model_path, data
+
+
+def test_quantize_says_which_outputs_it_judged(tmp_path: Path) -> None:
+    model_path, data = _saved_with_data(tmp_path, 3)
     out = tmp_path / "q.onnx"
     r = runner.invoke(app, ["quantize", str(model_path), "--data", str(data), "-o", str(out)])
     assert r.exit_code == 0, r.output
@@ -95,13 +101,7 @@ def test_quantize_says_which_outputs_it_judged(tmp_path: Path) -> None:
 
 
 def test_tune_judges_the_outputs_named(tmp_path: Path) -> None:
-    model_path, data = tmp_path / "stream.onnx", tmp_path / "data"
-    onnx.save(_streaming(), model_path)
-    data.mkdir()
-    rng = np.random.default_rng(4)
-    for i in range(16):
-        chunk = rng.standard_normal((1, 64)).astype(np.float32)
-        np.savez(data / f"{i:02d}.npz", chunk=chunk, state=np.tanh(rng.standard_normal((1, 32))).astype(np.float32))
+    model_path, data = _saved_with_data(tmp_path, 4)
     args = ["tune", str(model_path), "--data", str(data), "--eval", str(data), "-o", str(tmp_path / "t.onnx")]
     args += ["--config-out", str(tmp_path / "t.yaml"), "--target-sqnr", "25", "--time-budget", "30", "--no-cache"]
     wrong = runner.invoke(app, [*args, "--outputs", "nope"])
