@@ -57,8 +57,12 @@ def closed_loop_score(
     state: Mapping[str, str],
     judged: list[str],
 ) -> ClosedLoopScore | None:
-    """Run both models closed-loop over each sequence of ``dataset`` (None: it holds no sequence of 2+ chunks)."""
-    groups = [group for group in sequences(dataset.files) if len(group) > 1]
+    """Run both models closed-loop over each sequence of ``dataset`` (None: it holds no sequence of 2+ chunks).
+
+    Only data laid out as sequences has any: a flat folder's samples are independent of each other.
+    """
+    inside = [i for i, path in enumerate(dataset.files) if path.parent != dataset.directory]  # sub-folders only
+    groups = [[inside[i] for i in g] for g in sequences([dataset.files[i] for i in inside]) if len(g) > 1]
     if not groups or not state or not judged:
         return None
     reference, candidate = sessions

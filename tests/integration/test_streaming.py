@@ -86,3 +86,14 @@ def test_a_sequence_layout_calibrates_and_quantizes(streaming: tuple[Path, Path,
     r = runner.invoke(app, ["quantize", str(reference), "--data", str(data), "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert "closed loop over 3 sequences" in r.output  # quantize's comparison runs it too
+
+
+def test_a_flat_folder_of_samples_is_not_run_as_a_sequence(streaming: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    reference, candidate, data = streaming
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for path in sorted(data.glob("*/*.npz")):
+        (flat / f"{path.parent.name}-{path.name}").write_bytes(path.read_bytes())
+    r = runner.invoke(app, ["compare", str(reference), str(candidate), "--data", str(flat), "--runs", "0"])
+    assert r.exit_code == 0, r.output
+    assert "closed loop" not in r.output
