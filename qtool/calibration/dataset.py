@@ -62,6 +62,15 @@ def _sequence_files(directory: Path, kind: str) -> list[Path]:
     return [path for folder in folders for path in sorted(folder.glob(f"*.{kind}"))]
 
 
+def _spread(directory: Path, items: list[Path], count: int) -> list[Path]:
+    """``count`` samples spread evenly over ``items``; over sequences, whole sequences (as many as that takes)."""
+    if all(path.parent == directory for path in items):
+        return [items[i] for i in spread_positions(len(items), count)]
+    groups = sequences(items)
+    wanted = min(len(groups), max(1, -(-count * len(groups) // len(items))))  # sequences of the mean length
+    return [items[i] for g in spread_positions(len(groups), wanted) for i in groups[g]]
+
+
 def sequences(files: Sequence[Path]) -> list[list[int]]:
     """The positions of ``files`` grouped by folder, in order: one sequence of chunks per folder."""
     grouped: dict[Path, list[int]] = {}
@@ -172,7 +181,7 @@ class Dataset:
         total = len(items)
         items = items[:limit] if limit else items
         if spread is not None:
-            items = [items[i] for i in spread_positions(len(items), spread)]
+            items = _spread(self.directory, items, spread)
         if shard is not None:
             k, n = shard
             if not 1 <= k <= n:

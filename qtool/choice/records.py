@@ -65,6 +65,7 @@ class PlacementValidation:
     sqnr_db: float  # worst output, the validation samples pooled
     bound_db: float  # its lower confidence bound (per-sample spread)
     meets_target: bool  # the bound reaches the target
+    closed_loop: bool = False  # also run over sequences, feeding its own state back (the worse figures kept)
 
 
 @dataclass
@@ -123,6 +124,7 @@ class FloatModel:
     weights: Weights  # the detached values the models use
     elements: dict[str, int]  # per-sample element counts of tensors
     judged: frozenset[str] | None = None  # the outputs the target judges (None: all)
+    state: dict[str, str] = field(default_factory=dict)  # state output -> its input (fed back over sequences)
 
     def scorer(self, dataset: Dataset, known: FloatOutputs | None, on_sample: Callable[[int], None]) -> OutputScorer:
         """Scores candidates on ``dataset`` against this model (``known``: float outputs calibration kept)."""

@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from qtool.calibration.dataset import Dataset, spread_positions
+from qtool.calibration.dataset import Dataset, sequences, spread_positions
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ def split_samples(dataset: Dataset, energies: Sequence[float] | None = None) -> 
     ``energies``: one figure per sample of the float model's outputs (see :func:`output_energies`):
     the halves are matched on it. Without it, they are drawn by a hash of the file names.
     """
+    if any(path.parent != dataset.directory for path in dataset.files):
+        return _split_sequences(dataset)
     digests = [_digest(path.name) for path in dataset.files]
     if energies is None:
         shuffled = sorted(range(len(dataset)), key=lambda i: (digests[i], i))
@@ -54,6 +56,18 @@ def split_samples(dataset: Dataset, energies: Sequence[float] | None = None) -> 
         pairs = [sorted(ranked[k : k + 2], key=lambda i: (digests[i], i)) for k in range(0, len(ranked), 2)]
         selection, validation = [pair[0] for pair in pairs], [pair[1] for pair in pairs if len(pair) == 2]
     selection, validation = sorted(selection), sorted(validation)
+    return SampleSplit(dataset.subset(selection), dataset.subset(validation), selection, validation)
+
+
+def _split_sequences(dataset: Dataset) -> SampleSplit:
+    """Data laid out as sequences is split by sequence (a hash of the folder names): each half holds whole ones."""
+    groups = sequences(dataset.files)
+    if len(groups) < 2:  # one sequence: its first half selects, its second validates (from its file's state)
+        order, half = list(range(len(dataset))), (len(dataset) + 1) // 2
+        return SampleSplit(dataset.subset(order[:half]), dataset.subset(order[half:]), order[:half], order[half:])
+    ranked = sorted(range(len(groups)), key=lambda g: (_digest(dataset.files[groups[g][0]].parent.name), g))
+    selection = sorted(i for g in ranked[0::2] for i in groups[g])
+    validation = sorted(i for g in ranked[1::2] for i in groups[g])
     return SampleSplit(dataset.subset(selection), dataset.subset(validation), selection, validation)
 
 

@@ -78,7 +78,7 @@ def choose(
     split = split_samples(spread_dataset(ws, data_dir, 2 * accuracy.samples, skip_nonfinite=evaluation.skip_nonfinite))
     source = "--outputs" if search.outputs else f"{ws.config.source}: accuracy.outputs"
     judged = judged_outputs(ws.prepared, accuracy.outputs, source)
-    float_model = FloatModel(ws.path, ws.prepared, ws.weights, builder.elements, judged.subset)
+    float_model = FloatModel(ws.path, ws.prepared, ws.weights, builder.elements, judged.subset, judged.state)
     decoder = decoder_to_score(ws.prepared)
     with tempfile.TemporaryDirectory(prefix="qtool-decode-steps-") as scratch:
         selection, validation = split.selection, split.validation

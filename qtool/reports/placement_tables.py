@@ -108,7 +108,9 @@ def _choice_notes(console: Console, c: PlacementChoice, comparison: ComparisonRe
         verdict = "reaches" if v.meets_target else "[yellow]misses[/yellow]"
         console.print(
             f"validated: '{v.candidate}' {v.sqnr_db:.2f} dB ({c.confidence:.0%} bound {v.bound_db:.2f} dB) on "
-            f"{len(v.samples)} samples the choice never scored: {verdict} {c.target_sqnr_db:g} dB",
+            f"{len(v.samples)} samples the choice never scored"
+            + (", also closed-loop over their sequences (the worse kept)" if v.closed_loop else "")
+            + f": {verdict} {c.target_sqnr_db:g} dB",
             highlight=False,
         )
     if c.search_note:

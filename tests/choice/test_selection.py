@@ -69,7 +69,7 @@ def _validate(choice: PlacementChoice, validation_db: dict[str, float], monkeypa
             pass
 
     monkeypatch.setattr(placement_validation, "signal_means", lambda scorers: None)
-    float_model = type("F", (), {"scorer": lambda self, *args: Scorer()})()
+    float_model = type("F", (), {"scorer": lambda self, *args: Scorer(), "state": {}, "judged": None})()
     samples = Samples(scored=[], ranked=[], validation=["v0", "v1"])  # type: ignore[arg-type]
     models = {c.name: c.name for c in choice.candidates}
     placement_validation.validate_choice(

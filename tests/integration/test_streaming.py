@@ -97,3 +97,29 @@ def test_a_flat_folder_of_samples_is_not_run_as_a_sequence(streaming: tuple[Path
     r = runner.invoke(app, ["compare", str(reference), str(candidate), "--data", str(flat), "--runs", "0"])
     assert r.exit_code == 0, r.output
     assert "closed loop" not in r.output
+
+
+def test_the_placement_choice_validates_closed_loop_on_whole_sequences(
+    streaming: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    reference, _, data = streaming
+    r = runner.invoke(app, ["quantize", str(reference), "--data", str(data), "-o", str(tmp_path / "q.onnx")])
+    assert r.exit_code == 0, r.output
+    assert "also closed-loop over their sequences" in r.output
+    validated = next(line for line in r.output.splitlines() if line.startswith("validated:"))
+    assert "on 6 samples" in validated  # one whole sequence of the three: sequences are split whole
+
+
+def test_sequences_split_whole_and_spread_by_sequence(streaming: tuple[Path, Path, Path]) -> None:
+    from qtool.calibration.dataset import Dataset
+    from qtool.calibration.dataset_types import model_inputs
+    from qtool.evaluation.split import split_samples
+
+    reference, _, data = streaming
+    inputs = model_inputs(onnx.load(str(reference)))
+    split = split_samples(Dataset(data, inputs))
+    chosen = {p.parent.name for p in split.selection.files}
+    assert chosen.isdisjoint({p.parent.name for p in split.validation.files})
+    assert len(split.selection.files) + len(split.validation.files) == 18
+    spread = Dataset(data, inputs, spread=7)  # 7 chunks' worth: 2 whole sequences of 6
+    assert len(spread.files) == 12 and len({p.parent for p in spread.files}) == 2
