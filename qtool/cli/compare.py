@@ -180,7 +180,8 @@ def compare(
         from qtool.graph.input_shapes import parse_input_shapes
         from qtool.graph.model_io import write_text
         from qtool.reports.ci import to_junit, to_markdown
-        from qtool.reports.documents import comparison_to_dict, to_json
+        from qtool.reports.compare_document import comparison_to_dict
+        from qtool.reports.documents import to_json
         from qtool.reports.tables import render_comparison
 
         gates = parse_gates(fail_under, fail_over, min_compression, max_latency_ratio, latency_tolerance)

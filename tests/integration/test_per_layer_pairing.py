@@ -124,7 +124,7 @@ def test_reports_written_before_structural_pairing_still_read_as_baselines(onnxr
     import json
 
     from qtool.evaluation.baseline import read_baseline
-    from qtool.reports.documents import comparison_to_dict
+    from qtool.reports.compare_document import comparison_to_dict
 
     result = qtool.compare(
         sample("cnn"), onnxruntime_cnn, eval_dir("cnn"), options=EvaluationOptions(limit=4, runs=0, per_layer=True)
