@@ -2,9 +2,11 @@
 
 Some networks (mobile detectors, deep depthwise stacks) amplify quantization
 noise so much that a few early layers decide the output's accuracy. The search
-here is greedy and deterministic. One per-layer pass ranks the integer nodes by
-the SQNR drop they introduce (:mod:`qtool.evaluation.layers`, the quantization of
-a node's inputs counted as its own); then the nodes are tried in that order, each
+here is greedy and deterministic. One per-layer pass measures the SQNR drop each integer node
+introduces (:mod:`qtool.evaluation.layers`, the quantization of a node's inputs counted as its own);
+given what each move costs in latency (:mod:`qtool.choice.move_costs`), the nodes whose drop is at least
+:data:`RANK_SHARE` of the largest are ranked by decibels per millisecond (the cheap moves first: a SiLU,
+a residual Add, a small convolution), the others after them by drop. Then the nodes are tried in that order, each
 moved to float activations (its weights stay stored quantized) and scored on the
 model's outputs only (:mod:`qtool.evaluation.scoring`, float outputs computed once), until the
 worst output and its lower confidence bound over those samples both reach the target (the choice
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import onnx
@@ -39,6 +41,18 @@ MIN_GAIN_DB = 0.1  # a node gets float activations only if the worst output gain
 # times the share of the 8-bit weights' size it adds (1 dB per 10 %: 0.26 dB for a fifth more file is refused;
 # a node whose move reaches the target is always kept, the target being the promise)
 DB_PER_SIZE = 10.0
+# ranked by decibels per millisecond: nodes whose drop is at least this share of the largest (a cheap node that
+# adds little error would only spend trials, and a search gives up after PATIENCE of them in a row)
+RANK_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Moves:
+    """How the search moves a node, and what each move costs in latency (ranks the nodes when given)."""
+
+    kind: str = FLOAT_ACTIVATIONS  # FLOAT_ACTIVATIONS (the node keeps its stored weight) or FLOAT (not quantized)
+    costs: Mapping[str, float] | None = None  # estimated milliseconds lost, by node
+    costs_from: str = ""  # what the milliseconds were read from, for the report
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,7 @@ class SearchStep:
     drop_db: float  # the SQNR drop that made it the candidate, its input quantization included
     sqnr_db: float  # the worst output's SQNR with it in float
     kept: bool  # False: no gain, the node was quantized again
+    cost_ms: float | None = None  # the latency the move was estimated to cost (None: ranked by drop alone)
 
 
 @dataclass
@@ -69,6 +84,7 @@ class SearchResult:
     # the lower confidence bound of the final worst output over the search's samples: the search goes on until
     # it reaches the target too, so that the choice's validation on other samples does not miss it by a hair
     final_bound_db: float = -math.inf
+    ranked_by: str = "drop"  # "drop", or "dB per ms lost" and what its milliseconds were read from
 
     def reached_at(self, sqnr: float) -> bool:
         """Whether the search's current worst output ``sqnr`` and its bound both reach the target."""
@@ -83,15 +99,30 @@ class SearchResult:
         return self.reached_at(self.final_sqnr_db)
 
 
-def rank_nodes(rows: list[LayerError], movable: set[str]) -> list[LayerError]:
-    """The movable nodes that add error, largest drop first (one row per node)."""
+def rank_nodes(rows: list[LayerError], movable: set[str], costs: Mapping[str, float] | None = None) -> list[LayerError]:
+    """The movable nodes that add error (one row per node), in the order the search tries them.
+
+    Without ``costs``: largest drop first. With them (milliseconds by node): the nodes whose drop is at
+    least :data:`RANK_SHARE` of the largest by drop per millisecond, then the others by drop.
+    """
     best: dict[str, LayerError] = {}
     for row in rows:
         if row.node not in movable or row.drop_with_inputs_db <= 0:
             continue
         if row.node not in best or row.drop_with_inputs_db > best[row.node].drop_with_inputs_db:
             best[row.node] = row
-    return sorted(best.values(), key=lambda r: (-r.drop_with_inputs_db, r.position, r.node))
+    by_drop = sorted(best.values(), key=lambda r: (-r.drop_with_inputs_db, r.position, r.node))
+    if not costs or not by_drop:
+        return by_drop
+    floor = RANK_SHARE * by_drop[0].drop_with_inputs_db
+    priced = [r for r in by_drop if r.drop_with_inputs_db >= floor]
+    cheapest = min((c for c in (costs.get(r.node, 0.0) for r in priced) if c > 0), default=1.0)
+
+    def per_ms(row: LayerError) -> float:  # an unpriced node (no work known) counts as the cheapest
+        return row.drop_with_inputs_db / max(costs.get(row.node, 0.0), cheapest)
+
+    ranked = sorted(priced, key=lambda r: (-per_ms(r), -r.drop_with_inputs_db, r.position, r.node))
+    return ranked + by_drop[len(priced) :]
 
 
 def sensitivity_search(
@@ -104,7 +135,7 @@ def sensitivity_search(
     elements: dict[str, int] | None = None,
     progress: ProgressFactory | None = None,
     initial: tuple[onnx.ModelProto, set[str], float] | None = None,
-    moves: str = FLOAT_ACTIVATIONS,
+    moves: Moves | None = None,
 ) -> tuple[QConfig, SearchResult | None]:
     """Give float activations to the nodes with the largest SQNR drop until the outputs reach the target.
 
@@ -118,7 +149,7 @@ def sensitivity_search(
         elements: per-sample element counts of tensors (bounds the per-layer pass's memory).
         progress: receives progress updates.
         initial: ``config``'s model, the nodes it may move and its score, when already measured.
-        moves: :data:`FLOAT_ACTIVATIONS` (the node keeps its stored weight) or :data:`FLOAT` (not quantized).
+        moves: how a node moves and what each move costs (default: float activations, ranked by drop).
 
     Returns:
         The config with the chosen nodes in ``sensitive_nodes``, and what was measured
@@ -126,11 +157,12 @@ def sensitivity_search(
     """
     settings = config.accuracy
     assert settings.target_sqnr_db is not None  # the search runs only toward a target
+    moves = moves or Moves()
     model, movable, sqnr = initial if initial is not None else _measured_start(config, quantize, scorer)
     if not movable:  # no node the search may move: nothing to measure
         return config, None
     result = SearchResult(settings.target_sqnr_db, settings.max_float_nodes, len(scorer.samples), sqnr, sqnr)
-    result.moves = moves
+    result.moves = moves.kind
     if sqnr >= settings.target_sqnr_db:
         result.stopped, result.final_bound_db = "target reached", sqnr  # the start reached it: nothing to refine
         return config, result
@@ -145,11 +177,16 @@ def sensitivity_search(
     )
     result.ranked_on = len(rank_dataset)
     del model
-    ranking = rank_nodes(rows, movable)
+    ranking = rank_nodes(rows, movable, moves.costs)
+    if moves.costs:
+        result.ranked_by = "dB per ms lost" + (f", from {moves.costs_from}" if moves.costs_from else "")
     advance = (progress or noop_progress)("sensitivity", min(len(ranking), settings.max_float_nodes + PATIENCE))
     # the time budget is for the trials: the one per-layer pass that ranks the nodes is what makes them worth it
-    price = _size_prices(reference) if moves == FLOAT else {}
-    config, sqnr = _try_in_float(config, ranking, quantize, scorer, result, time.perf_counter(), advance, price)
+    price = _size_prices(reference) if moves.kind == FLOAT else {}
+    costs = moves.costs or {}
+    config, sqnr = _try_in_float(
+        config, ranking, quantize, scorer, result, (time.perf_counter(), advance), (price, costs)
+    )
     result.final_sqnr_db = sqnr
     return config, result
 
@@ -168,14 +205,16 @@ def _try_in_float(
     quantize: Callable[[QConfig], tuple[onnx.ModelProto, set[str]]],
     scorer: OutputScorer,
     result: SearchResult,
-    started: float,
-    advance: Callable[[int], None],
-    price: dict[str, float],
+    clock: tuple[float, Callable[[int], None]],
+    prices: tuple[dict[str, float], Mapping[str, float]],
 ) -> tuple[QConfig, float]:
     """Move the ranked nodes to float activations one at a time, keeping each that helps (steps go to ``result``).
 
-    ``price``: by node, the gain in decibels a node kept entirely float must buy when it does not reach the target.
+    ``clock``: when the trials started, and the progress to advance. ``prices``: by node, the gain in decibels a
+    node kept entirely float must buy when it does not reach the target, and the milliseconds a move costs.
     """
+    started, advance = clock
+    price, costs = prices
     sqnr, seconds = result.initial_sqnr_db, config.accuracy.search_seconds
     target = result.target_sqnr_db
     rejected_in_a_row, best_gain = 0, -math.inf
@@ -193,9 +232,9 @@ def _try_in_float(
         best_gain = max(best_gain, trial_sqnr - sqnr)
         needed = MIN_GAIN_DB if trial_sqnr >= target else max(MIN_GAIN_DB, price.get(candidate.node, 0.0))
         kept = trial_sqnr >= sqnr + needed
-        result.steps.append(
-            SearchStep(candidate.node, candidate.op_type, candidate.drop_with_inputs_db, trial_sqnr, kept)
-        )
+        cost = costs.get(candidate.node)
+        step = SearchStep(candidate.node, candidate.op_type, candidate.drop_with_inputs_db, trial_sqnr, kept, cost)
+        result.steps.append(step)
         if kept:
             config, sqnr = trial, trial_sqnr
             result.final_bound_db = score.worst_bound_db()

@@ -43,6 +43,7 @@ from qtool.calibration.dataset import Dataset
 from qtool.calibration.decode_steps import has_decode_steps, prefills
 from qtool.choice.candidates import BuiltCandidates
 from qtool.choice.decode import DecodeJudge, decoder_to_score
+from qtool.choice.move_costs import move_costs
 from qtool.choice.ranges import choose_ranges
 from qtool.choice.records import (
     DECISIVE_CONFIDENCE,
@@ -55,7 +56,7 @@ from qtool.choice.records import (
     Samples,
     meets,
 )
-from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, sensitivity_search
+from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, Moves, sensitivity_search
 from qtool.choice.timing import (
     decisively_faster,
     faster_than_storage,
@@ -283,7 +284,7 @@ def _search(
         elements=float_model.elements,
         progress=progress,
         initial=(start_model, _movable(start_plan, moves), built.scores[start]),
-        moves=moves,
+        moves=_priced_moves(choice, built, float_model, start_plan, moves),
     )
     if choice.search is not None:
         choice.search.start = start
@@ -296,6 +297,18 @@ def _search(
     timed = {c.name: c.latency_ms for c in choice.candidates}  # kept until (unless) all are timed again
     choice.candidates = [replace(c, latency_ms=timed.get(c.name)) for c in built.candidates(choice.target_sqnr_db)]
     return True
+
+
+def _priced_moves(
+    choice: PlacementChoice, built: BuiltCandidates, float_model: FloatModel, start: QuantPlan, kind: str
+) -> Moves:
+    """Float activations priced by the latency each node's move is estimated to cost (see move_costs)."""
+    if kind != FLOAT_ACTIVATIONS:  # moving whole nodes float: priced by their size instead
+        return Moves(kind)
+    costs = move_costs(choice, {name: plan for name, (plan, _) in built.plans.items()}, float_model.elements)
+    by_node = {n.name: costs.of(n, float_model.elements) for n in start.nodes}
+    measured = f"the candidates' latencies ({costs.measured})" if costs.measured else "each node's work"
+    return Moves(kind, by_node, measured)
 
 
 def _may_win(choice: PlacementChoice, name: str) -> bool:

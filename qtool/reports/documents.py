@@ -86,10 +86,18 @@ def _search(f: SearchResult) -> doc.SearchReport:
         float_nodes=f.float_nodes if f.moves == FLOAT else [],
         start=f.start,
         steps=[
-            doc.SearchStep(node=s.node, op_type=s.op_type, drop_db=s.drop_db, sqnr_db=finite(s.sqnr_db), kept=s.kept)
+            doc.SearchStep(
+                node=s.node,
+                op_type=s.op_type,
+                drop_db=s.drop_db,
+                sqnr_db=finite(s.sqnr_db),
+                kept=s.kept,
+                cost_ms=s.cost_ms,
+            )
             for s in f.steps
         ],
         ranked_on_samples=f.ranked_on,
+        ranked_by=f.ranked_by,
         stopped=f.stopped,
     )
 

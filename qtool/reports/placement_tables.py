@@ -16,6 +16,7 @@ def render_search(console: Console, f: SearchResult) -> None:
     """The sensitivity search: where it started, what it moved, what it reached."""
     verdict = "[green]reached[/green]" if f.reached else "[yellow]not reached[/yellow]"
     ranked = f", nodes ranked by one per-layer pass on {f.ranked_on}" if f.ranked_on else ""
+    ranked += f" ({f.ranked_by})" if f.ranked_on and f.ranked_by != "drop" else ""  # the cheap moves first
     console.print(
         f"sensitivity search from '{f.start}' ({f.moves} for the nodes that cost most) on {f.samples} samples"
         f"{ranked}: worst output {f.initial_sqnr_db:.2f} -> "
@@ -24,8 +25,10 @@ def render_search(console: Console, f: SearchResult) -> None:
     )
     for step in f.steps:
         outcome = f.moves if step.kept else "no gain, kept quantized"
+        cost = f", ~{step.cost_ms:.2f} ms" if step.cost_ms is not None else ""
+        what = f"{step.op_type}, drop {step.drop_db:.1f} dB{cost}"
         console.print(
-            f"  {step.node} ({step.op_type}, drop {step.drop_db:.1f} dB): {outcome}, output {step.sqnr_db:.2f} dB",
+            f"  {step.node} ({what}): {outcome}, output {step.sqnr_db:.2f} dB",
             highlight=False,
         )
 

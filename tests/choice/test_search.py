@@ -23,6 +23,50 @@ def test_movable_nodes_are_ranked_by_the_error_they_add_with_their_inputs():
     assert [r.node for r in ranked] == ["b", "a", "c"]  # drops 30, 20, 10; d is not movable
 
 
+def test_with_move_costs_the_nodes_that_matter_are_ranked_by_decibels_per_millisecond():
+    # drops 30, 20, 12, 5 dB; "b" costs a tenth of "a"'s time: 200 dB/ms against 30
+    rows = [_row("a", 30.0, 60.0, 0), _row("b", 40.0, 60.0, 1), _row("c", 48.0, 60.0, 2), _row("d", 55.0, 60.0, 3)]
+    costs = {"a": 1.0, "b": 0.1, "c": 0.01, "d": 0.0001}
+    ranked = rank_nodes(rows, {"a", "b", "c", "d"}, costs)
+    # c (1200 dB/ms) before b (200) before a (30); d's drop is under a quarter of the largest: after them, by drop
+    assert [r.node for r in ranked] == ["c", "b", "a", "d"]
+    # a node whose work is unknown (cost 0) counts as the cheapest priced one; equal ratios go by drop
+    # (b: 20 dB over c's 0.5 ms, 40 dB/ms; a 30; c 24), and equal ratios go by drop
+    assert [r.node for r in rank_nodes(rows[:3], {"a", "b", "c"}, {"a": 1.0, "c": 0.5})] == ["b", "a", "c"]
+    assert [r.node for r in rank_nodes(rows[:2], {"a", "b"}, {"a": 0.3, "b": 0.2})] == ["a", "b"]
+
+
+def test_move_costs_are_read_off_the_timed_candidates():
+    from qtool.choice.move_costs import ELEMENT_MACS, move_costs
+    from qtool.quantization.plan.records import NodePlan
+
+    def node(name: str, macs: int | None, chained: bool = False) -> NodePlan:  # chained: an unweighted Mul
+        op = "Mul" if chained else "Conv"
+        return NodePlan(name, op, None, ("x",), None, None, name + ":out", "integer", "", macs)  # type: ignore[arg-type]
+
+    class Plan:
+        def __init__(self, *nodes: NodePlan) -> None:
+            self.nodes = list(nodes)
+
+    auto, unchained = Plan(node("conv", 1000), node("silu", None, chained=True)), Plan(node("conv", 1000))
+    elements = {"silu:out": 50}
+
+    def choice(**ms: float) -> PlacementChoice:
+        candidates = [PlacementCandidate(n, (), 1, 0, 25.0, False, v) for n, v in ms.items()]  # type: ignore[arg-type]
+        return PlacementChoice(30.0, [], 1, candidates, "auto", "")
+
+    costs = move_costs(choice(auto=6.0, unchained=7.0, storage=9.0), {"auto": auto, "unchained": unchained}, elements)
+    assert costs.measured == "macs and chains"
+    assert costs.per_mac_ms == pytest.approx(2.0 / 1000) and costs.per_element_ms == pytest.approx(1.0 / 50)
+    assert costs.of(auto.nodes[0], elements) == pytest.approx(2.0) and costs.of(auto.nodes[1], elements) == 1.0
+    # chains no faster than unchained: their figure comes from the MACs' by the fixed proportion
+    slow = move_costs(choice(auto=7.5, unchained=7.0, storage=9.0), {"auto": auto, "unchained": unchained}, elements)
+    assert slow.measured == "macs" and slow.per_element_ms == pytest.approx(slow.per_mac_ms * ELEMENT_MACS)
+    # nothing timed: the fixed proportion alone
+    untimed = move_costs(PlacementChoice(30.0, [], 1, [], "auto", ""), {"auto": auto}, elements)
+    assert untimed.measured == "" and untimed.per_element_ms == pytest.approx(untimed.per_mac_ms * ELEMENT_MACS)
+
+
 def test_a_node_that_adds_no_error_is_not_ranked_and_each_node_counts_once():
     rows = [_row("a", 50.0, 50.0, 0), _row("b", 30.0, 40.0, 1), _row("b", 20.0, 40.0, 2)]
     ranked = rank_nodes(rows, movable={"a", "b"})
@@ -70,7 +114,7 @@ def _fake_trials(gains: dict[str, float], start: float, target: float, price: di
     def quantize(cfg: object) -> tuple[object, set[str]]:
         return set(cfg.float_nodes), set()  # type: ignore[attr-defined]
 
-    _try_in_float(config, ranking, quantize, Scorer(), result, time.perf_counter(), lambda _: None, price)  # type: ignore[arg-type]
+    _try_in_float(config, ranking, quantize, Scorer(), result, (time.perf_counter(), lambda _: None), (price, {}))  # type: ignore[arg-type]
     return result.float_nodes
 
 
@@ -144,7 +188,8 @@ def test_the_search_goes_on_until_the_bound_of_its_samples_reaches_the_target():
         return set(cfg.sensitive_nodes), set()  # type: ignore[attr-defined]
 
     ranking = [_row(n, 0.0, 1.0, i) for i, n in enumerate(gains)]
-    _, sqnr = _try_in_float(config, ranking, quantize, Scorer(), result, time.perf_counter(), lambda _: None, {})  # type: ignore[arg-type]
+    clock = (time.perf_counter(), lambda _: None)
+    _, sqnr = _try_in_float(config, ranking, quantize, Scorer(), result, clock, ({}, {}))  # type: ignore[arg-type]
     # "a" reaches 30 dB, its bound 29.4 does not: "b" brings the bound to 29.9, "c" to 30.4
     assert result.float_nodes == ["a", "b", "c"] and result.reached_at(sqnr) and sqnr == pytest.approx(31.0)
     assert result.final_bound_db == pytest.approx(30.4)

@@ -92,6 +92,9 @@ class SearchStep(_Report):
     drop_db: float
     sqnr_db: float | None
     kept: bool
+    cost_ms: float | None = Field(
+        default=None, description="the latency its move to float was estimated to cost (null: ranked by drop alone)"
+    )
 
 
 class SearchReport(_Report):
@@ -111,6 +114,11 @@ class SearchReport(_Report):
     start: str = Field(description="the candidate placement the search started from (auto, unchained, or storage)")
     steps: list[SearchStep]
     ranked_on_samples: int
+    ranked_by: str = Field(
+        default="drop",
+        description="how the nodes were ranked: 'drop' (largest first), or 'dB per ms lost' and what its "
+        "milliseconds were read from (the candidates' measured latencies, or each node's work)",
+    )
     stopped: str
 
 
