@@ -177,18 +177,20 @@ def sensitivity_search(
     )
     result.ranked_on = len(rank_dataset)
     del model
-    ranking = rank_nodes(rows, movable, moves.costs)
-    if moves.costs:
-        result.ranked_by = "dB per ms lost" + (f", from {moves.costs_from}" if moves.costs_from else "")
+    ranking = _ranking(rows, movable, moves, result)
     advance = (progress or noop_progress)("sensitivity", min(len(ranking), settings.max_float_nodes + PATIENCE))
     # the time budget is for the trials: the one per-layer pass that ranks the nodes is what makes them worth it
-    price = _size_prices(reference) if moves.kind == FLOAT else {}
-    costs = moves.costs or {}
-    config, sqnr = _try_in_float(
-        config, ranking, quantize, scorer, result, (time.perf_counter(), advance), (price, costs)
-    )
+    prices = (_size_prices(reference) if moves.kind == FLOAT else {}, moves.costs or {})
+    config, sqnr = _try_in_float(config, ranking, quantize, scorer, result, (time.perf_counter(), advance), prices)
     result.final_sqnr_db = sqnr
     return config, result
+
+
+def _ranking(rows: list[LayerError], movable: set[str], moves: Moves, result: SearchResult) -> list[LayerError]:
+    """The order the nodes are tried in (see :func:`rank_nodes`); ``result`` records how they were ranked."""
+    if moves.costs:
+        result.ranked_by = "dB per ms lost" + (f", from {moves.costs_from}" if moves.costs_from else "")
+    return rank_nodes(rows, movable, moves.costs)
 
 
 def _measured_start(

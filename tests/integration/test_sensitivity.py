@@ -72,6 +72,9 @@ def test_search_is_deterministic_and_reported_in_json(damaged, tmp_path):
     report = json.loads(r.stdout)["sensitivity"]
     assert report["float_activation_nodes"] == ["block1/conv"] and report["reached"] is True
     assert [s["node"] for s in report["steps"] if s["kept"]] == ["block1/conv"] and report["target_sqnr_db"] == 30
+    # ranked by decibels per millisecond: each move's latency estimated, from the candidates' timings or the MACs
+    assert report["ranked_by"].startswith("dB per ms lost, from ")
+    assert all(s["cost_ms"] is not None and s["cost_ms"] > 0 for s in report["steps"])
 
 
 def test_search_is_off_with_no_search_with_null_target_and_without_samples(damaged, tmp_path):

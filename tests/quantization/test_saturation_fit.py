@@ -160,3 +160,41 @@ def test_codes_a_rounding_returns_transposed_are_still_brought_within_the_limit(
     assert overflowing_columns(transposed, COLUMNS) > 0 and not transposed.flags["C_CONTIGUOUS"]
     codes, nudged = codes_within_limit(weight, qp, COLUMNS, lambda _: transposed)
     assert nudged > 0 and overflowing_columns(codes, COLUMNS) == 0
+
+
+def test_adaround_keeps_the_pairs_within_the_limit_and_never_errs_more_than_its_start():
+    from qtool.quantization.algorithms.rounding.adaround import adaround
+    from qtool.quantization.algorithms.rounding.gptq import (
+        RowGrid,
+        gptq_round,
+        hessian_factors,
+        output_error,
+        pair_partners,
+        qparams_rows,
+        rows_to_weight,
+        weight_rows,
+    )
+    from qtool.quantization.algorithms.rounding.node_inputs import NodeInput
+    from qtool.quantization.algorithms.rounding.weight_rounding import ADAROUND, ADAROUND_WORK, _learned
+
+    rng = np.random.default_rng(5)
+    shape, layout, kind = (16, 8, 3, 3), CONV, "Conv"
+    weight = rng.normal(size=shape).astype(np.float32)
+    rows = weight_rows(weight, kind)
+    k = rows.shape[1]
+    inputs = rng.normal(size=(4 * k, k)) @ rng.normal(size=(k, k)) * 0.3
+    hessian = inputs.T @ inputs / len(inputs)
+    partners = pair_partners(weight.shape, kind, kernel_rows(np.arange(weight.size).reshape(shape), layout))
+    fitted, _, _ = fit_pairs(weight, _per_channel(weight, 0), layout, lambda grid: quantize(weight, grid))
+    scale, zero = qparams_rows(fitted, weight, kind)
+    grid = RowGrid(scale, zero, fitted.qmin, fitted.qtype.qmax)
+    factors = hessian_factors(hessian)
+    start = gptq_round(rows, hessian, RowGrid(scale, zero, -127, 127, None, partners, PAIR_LIMIT)).codes
+    free = adaround(rows, hessian, grid, init=start, work=ADAROUND_WORK, schedule=ADAROUND).codes
+    assert overflowing_columns(rows_to_weight(free, shape, kind), layout) > 0  # its own loss knows no pair limit
+    layout_of = NodeInput("node", kind, "input", None)  # type: ignore[arg-type]
+    learned = _learned(weight, fitted, (rows, hessian, grid, factors), start, (partners, layout, layout_of))
+    assert overflowing_columns(rows_to_weight(learned, shape, kind), layout) == 0
+    assert output_error(rows, learned, grid, hessian) < output_error(rows, start, grid, hessian)  # it learned
+    # without a pair limit its codes are AdaRound's own
+    assert np.array_equal(_learned(weight, fitted, (rows, hessian, grid, factors), start, None), free)

@@ -100,8 +100,10 @@ class WeightAlgorithms:
             if partners is not None and pair_layout is not None:
                 problem = (rows, hessian, grid, self.factors[names])
                 chosen = _paired(values, qp, problem, chosen, (partners, pair_layout, layout))
-            if method == "adaround":  # row by row, never worse than GPTQ's codes
-                chosen = adaround(rows, hessian, grid, init=result.codes, work=ADAROUND_WORK, schedule=ADAROUND).codes
+            if method == "adaround":
+                problem = (rows, hessian, grid, self.factors[names])
+                limit = (partners, pair_layout, layout) if partners is not None and pair_layout is not None else None
+                chosen = _learned(values, qp, problem, chosen, limit)
             codes = rows_to_weight(chosen, values.shape, layout.kind, trans_b=layout.trans_b)
             self.cache[key] = codes.astype(qp.qtype.numpy_dtype)
             if result.nearest_groups:
@@ -139,10 +141,36 @@ def _paired(
     partners, pair_layout, layout = pairs
     limited = replace(grid, partners=partners, pair_limit=PAIR_LIMIT)
     inside = gptq_round(rows, hessian, limited, factors=factors).codes
-    as_weight = rows_to_weight(free, values.shape, layout.kind, trans_b=layout.trans_b).astype(np.int64)
-    nudged, _ = codes_within_limit(values, qp, pair_layout, lambda _: as_weight)
-    after = weight_rows(nudged, layout.kind, trans_b=layout.trans_b)
+    after = _nudged(values, qp, free, pair_layout, layout)
     return min((inside, after), key=lambda codes: output_error(rows, codes, grid, hessian))
+
+
+def _learned(
+    values: np.ndarray,
+    qp: QParams,
+    problem: tuple[np.ndarray, np.ndarray, RowGrid, HessianFactors],
+    start: np.ndarray,
+    pairs: tuple[np.ndarray, str, NodeInput] | None,
+) -> np.ndarray:
+    """AdaRound's codes, learned row by row from ``start`` (GPTQ's, within the pair limit where it holds).
+
+    AdaRound never returns a row worse than its start by its own loss, which knows no pair limit: where one
+    holds (``pairs``), its codes are brought within it and kept only when they still err less than ``start``.
+    """
+    rows, hessian, grid, _ = problem
+    learned = adaround(rows, hessian, grid, init=start, work=ADAROUND_WORK, schedule=ADAROUND).codes
+    if pairs is None:
+        return learned
+    _, pair_layout, layout = pairs
+    within = _nudged(values, qp, learned, pair_layout, layout)
+    return min((start, within), key=lambda codes: output_error(rows, codes, grid, hessian))
+
+
+def _nudged(values: np.ndarray, qp: QParams, codes: np.ndarray, pair_layout: str, layout: NodeInput) -> np.ndarray:
+    """``codes`` (weight rows) with every pair past the limit brought within it, as weight rows again."""
+    as_weight = rows_to_weight(codes, values.shape, layout.kind, trans_b=layout.trans_b).astype(np.int64)
+    nudged, _ = codes_within_limit(values, qp, pair_layout, lambda _: as_weight)
+    return weight_rows(nudged, layout.kind, trans_b=layout.trans_b)
 
 
 def _key(
