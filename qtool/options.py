@@ -56,6 +56,7 @@ class EvaluationOptions:
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     trt_engine_cache: str | None = None  # TensorRT: keep built engines in this directory between runs
     decode_steps: int = DECODE_STEPS  # decoders: tokens generated per sample through the cache (0: no decode loop)
+    outputs: tuple[str, ...] = ()  # the outputs the gates judge, names or re: patterns (empty: all but the state)
 
 
 QUANTIZE_EVALUATION = EvaluationOptions(runs=20, warmup=3)  # the quick check quantize --data runs

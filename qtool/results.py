@@ -62,6 +62,8 @@ class ComparisonResult:
     baseline: BaselineComparison | None = None  # the change against an earlier report (compare --baseline)
     language_model: LanguageModelScore | None = None  # decoders: perplexity, next-token and decode agreement
     closed_loop: ClosedLoopScore | None = None  # streaming models over sequences: each model's own state fed back
+    judged: ErrorMetrics | None = None  # the outputs the gates judge pooled, when not every output is judged
+    judged_note: str = ""  # which outputs those are, in words
 
     @property
     def compression_ratio(self) -> float:
@@ -77,13 +79,14 @@ class ComparisonResult:
         return all(g.passed for g in self.gates)
 
     def measured(self) -> dict[str, float | None]:
-        """The numbers gates can test, by metric name."""
+        """The numbers gates can test, by metric name (the error metrics over the judged outputs)."""
         lat = self.primary_latency
+        errors = self.judged or self.overall  # the outputs that matter (see qtool.evaluation.judged)
         return {
-            "sqnr": self.overall.sqnr_db,
-            "cosine": self.overall.cosine,
-            "mse": self.overall.mse,
-            "max_abs_error": self.overall.max_abs_error,
+            "sqnr": errors.sqnr_db,
+            "cosine": errors.cosine,
+            "mse": errors.mse,
+            "max_abs_error": errors.max_abs_error,
             "top1": min((a.top1 for a in self.agreement), default=None),
             "top5": min((a.top5 for a in self.agreement), default=None),
             "box_iou": min((b.mean_iou for b in self.boxes), default=None),

@@ -9,6 +9,7 @@ import typer
 
 from qtool.cli.app import app, progress_bars, summary_console, write_json
 from qtool.cli.options import (
+    GateOutputsOption,
     InputShapesOption,
     JsonOption,
     LimitOption,
@@ -157,6 +158,7 @@ def compare(
             "beyond its tolerance (each becomes a gate).",
         ),
     ] = False,
+    outputs: GateOutputsOption = None,
     latency_tolerance: Annotated[
         str | None,
         typer.Option(
@@ -209,6 +211,7 @@ def compare(
                 per_layer=per_layer or plot is not None,
                 providers=tuple(chosen),
                 trt_engine_cache=str(trt_engine_cache) if trt_engine_cache is not None else None,
+                outputs=tuple(outputs or ()),
             )
             result = run_compare(
                 reference,
@@ -237,5 +240,5 @@ def compare(
             failed = [g.gate.label for g in result.gates if not g.passed]
             raise CheckFailedError(f"{len(failed)} of {len(result.gates)} gates failed: {', '.join(failed)}")
 
-    outputs = {"--json": json_out, "--markdown": markdown, "--junit": junit, "--plot": plot}
-    run_command(action, outputs, (reference, candidate, data, config, baseline))
+    written = {"--json": json_out, "--markdown": markdown, "--junit": junit, "--plot": plot}
+    run_command(action, written, (reference, candidate, data, config, baseline))

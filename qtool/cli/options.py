@@ -26,6 +26,16 @@ OutputsOption = Annotated[
         "(default: accuracy.outputs, else every output but the state a model feeds back).",
     ),
 ]
+GateOutputsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--outputs",
+        metavar="NAME",
+        help="An output the error gates (--fail-under sqnr=/cosine=, --fail-over mse=/max_abs_error=) judge, by "
+        "name or re:pattern; repeat for several (default: the config's accuracy.outputs, else every output but "
+        "the state a streaming model feeds back). Every output is still reported.",
+    ),
+]
 InputShapesOption = Annotated[
     str | None,
     typer.Option(

@@ -82,6 +82,7 @@ def compare(
     """
     earlier = _checked(options, gates or [], baseline, fail_on_regression)
     reference_model, candidate_model = load_model(reference_path), load_model(candidate_path)
+    options = _gate_outputs(reference_model, options, config_path)
     paths = (Path(reference_path), Path(candidate_path))
     dataset = _dataset(reference_model, candidate_model, paths, data_dir, options, config_path, input_shapes)
     result = _measured(reference_model, candidate_model, paths, dataset, options, progress, reference_outputs)
@@ -124,6 +125,17 @@ def _checked(
         # change (a qtool upgrade) can write the report that replaces it
         log.warning("%s: not compared with this report (%s)", e.message, e.hint)
         return None
+
+
+def _gate_outputs(
+    reference: onnx.ModelProto, options: EvaluationOptions, config_path: Path | str | Mapping[str, Any] | None
+) -> EvaluationOptions:
+    """``options`` with the outputs the gates judge: as given, else the config's ``accuracy.outputs`` (checked here)."""
+    config = load_config(config_path) if config_path and not options.outputs else None
+    outputs = options.outputs or (config.accuracy.outputs if config is not None else ())
+    source = "--outputs" if options.outputs or config is None else f"{config.source}: accuracy.outputs"
+    judged_outputs(reference, outputs, source)  # a pattern that names no output: refused before any work
+    return replace(options, outputs=outputs)
 
 
 def _dataset(
@@ -171,6 +183,7 @@ def _measured(
     threads, factory = options.threads, progress or noop_progress
     reference = create_session(reference_path, str(reference_path), threads=threads)
     candidate = create_session(candidate_path, str(candidate_path), threads=threads)
+    judged = judged_outputs(reference_model, options.outputs)
     with stage(f"accuracy on {len(dataset)} samples"):
         accuracy = output_metrics(
             reference,
@@ -180,9 +193,9 @@ def _measured(
             factory("accuracy", len(dataset)),
             task=options.task,
             known=reference_outputs,
+            judged=judged.subset,
         )
     language = _language_model((reference_model, candidate_model), (reference, candidate), dataset, options, factory)
-    judged = judged_outputs(reference_model)
     loop = None
     if judged.state:
         with stage("closed loop over the sequences"):
@@ -210,6 +223,8 @@ def _measured(
         boxes=accuracy.boxes,
         language_model=language,
         closed_loop=loop,
+        judged=accuracy.judged,
+        judged_note=judged.note(),
     )
 
 

@@ -182,6 +182,7 @@ class OutputComparison:
     task_note: str  # how each output was judged, for the report
     kinds: list[OutputKind] = field(default_factory=list)  # one per float output, in graph order
     boxes: list[BoxIoU] = field(default_factory=list)
+    judged: ErrorMetrics | None = None  # the judged outputs pooled, when not every output is judged
 
 
 def _same_shape(name: str, reference: np.ndarray, candidate: np.ndarray, path: object) -> tuple[np.ndarray, np.ndarray]:
@@ -218,6 +219,7 @@ def output_metrics(
     on_progress: Callable[[int], None] | None = None,
     task: str = "auto",
     known: FloatOutputs | None = None,
+    judged: frozenset[str] | None = None,
 ) -> OutputComparison:
     """Run both sessions on every sample and compare their float outputs.
 
@@ -227,6 +229,7 @@ def output_metrics(
     the reference model) says which op computes each output; ``task`` "classification" makes every
     output with two or more columns class scores, "none" makes none. The reference's outputs of
     samples in ``known`` (kept by calibration) are taken from there instead of running it again.
+    ``judged``: the outputs gates judge, when not all of them: their errors are also pooled on their own.
     """
     names = [o.name for o in reference.get_outputs()]
     # an output the candidate stores otherwise (a decoder's int8 key/value cache) is judged by what reads it
@@ -253,21 +256,24 @@ def output_metrics(
         samples += 1
         if on_progress:
             on_progress(1)
-    overall = ErrorAccumulator()
-    for acc in per_output.values():
+    overall, pooled = ErrorAccumulator(), ErrorAccumulator()
+    for name, acc in per_output.items():
         overall.merge(acc)
+        if judged is not None and name in judged:
+            pooled.merge(acc)
     metrics = [acc.metrics(name) for name, acc in per_output.items() if acc.count]
     agreement = [counter.result(name) for name, counter in agreements.items() if counter.rows]
-    judged = [kinds[name] for name in names if name in kinds]
+    kinds_listed = [kinds[name] for name in names if name in kinds]
     return OutputComparison(
         metrics,
         overall.metrics("overall"),
         samples,
         agreement,
         "classification" if agreement else "none",
-        task_note(judged),
-        judged,
+        task_note(kinds_listed),
+        kinds_listed,
         [counter.result(name) for name, counter in ious.items() if counter.boxes],
+        pooled.metrics("judged") if judged is not None and pooled.count else None,
     )
 
 

@@ -275,6 +275,8 @@ def compared(
         )
     scored = request.eval_dir if request.eval_dir is not None else request.data_dir
     assert scored is not None  # the caller compares only with samples
+    named = request.search.outputs if request.search is not None else ()
+    evaluation = replace(evaluation, outputs=named or ws.config.accuracy.outputs)  # what the target judged
     comparison = compare(
         ws.path,
         request.output_path,

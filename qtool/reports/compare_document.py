@@ -74,6 +74,8 @@ def _accuracy(result: ComparisonResult) -> doc.Accuracy:
         boxes=[doc.BoxIoU(output=b.name, mean_iou=b.mean_iou, boxes=b.boxes) for b in result.boxes],
         language_model=_language_model(result.language_model),
         closed_loop=_closed_loop(result.closed_loop),
+        judged=_metrics(result.judged) if result.judged is not None else None,
+        judged_note=result.judged_note,
     )
 
 

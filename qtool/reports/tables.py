@@ -102,9 +102,12 @@ def _render_accuracy(console: Console, result: ComparisonResult) -> None:
     acc = Table(title=f"accuracy vs reference, {result.samples} samples of {result.data_dir}", title_justify="left")
     for column in ("output", "SQNR dB", "cosine", "MSE", "max |err|"):
         acc.add_column(column, justify="left" if column == "output" else "right")
-    for m in [*result.outputs, result.overall] if len(result.outputs) > 1 else result.outputs:
+    rows = [*result.outputs, result.overall] if len(result.outputs) > 1 else result.outputs
+    for m in [*rows, *([result.judged] if result.judged is not None else [])]:
         acc.add_row(m.name, _db(m.sqnr_db), f"{m.cosine:.6f}", f"{m.mse:.3e}", f"{m.max_abs_error:.3e}")
     console.print(acc)
+    if result.judged_note:
+        console.print(f"judged (the gates' outputs): {result.judged_note.removeprefix('the target judges ')}")
     if result.calibration_data:
         console.print(
             "[yellow]scored on the calibration samples[/yellow]: not held out, so optimistic "

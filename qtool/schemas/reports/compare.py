@@ -130,6 +130,12 @@ class Accuracy(_Report):
     closed_loop: ClosedLoop | None = Field(
         None, description="streaming models over data laid out as sequences (a folder per sequence)"
     )
+    judged: Metrics | None = Field(
+        None,
+        description="the outputs the gates judge, pooled (null: every output, as 'overall'): those --outputs names, "
+        "else every output but the state a streaming model feeds back",
+    )
+    judged_note: str = Field("", description="which outputs are judged and why, in words (empty: every output)")
 
 
 class LargestDrop(_Report):
