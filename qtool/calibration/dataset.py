@@ -71,6 +71,32 @@ def _spread(directory: Path, items: list[Path], count: int) -> list[Path]:
     return [items[i] for g in spread_positions(len(groups), wanted) for i in groups[g]]
 
 
+class SequenceOrder:
+    """Tells, chunk by chunk, whether a sample continues the one before it: the next chunk of its sequence folder.
+
+    Only data laid out as sequences (sub-folders of the data directory) has any: a flat folder's samples are
+    independent of each other, and a chunk whose predecessor in its folder is not the sample before it (a
+    subset that skips chunks, a skipped non-finite sample) starts again from the state its file holds.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._chunks: dict[Path, list[Path]] = {}  # each sequence folder's chunks in order
+
+    def follows(self, path: Path, before: Path | None) -> bool:
+        folder = path.parent
+        if before is None or folder == self.directory or folder != before.parent:
+            return False
+        order = self._chunks.setdefault(folder, sorted(p for p in folder.iterdir() if p.suffix == path.suffix))
+        return path in order and before in order and order.index(path) == order.index(before) + 1
+
+
+def continuations(directory: Path, paths: Sequence[Path]) -> list[bool]:
+    """Whether each of ``paths`` continues the one before it (see :class:`SequenceOrder`)."""
+    order = SequenceOrder(directory)
+    return [order.follows(path, paths[i - 1] if i else None) for i, path in enumerate(paths)]
+
+
 def sequences(files: Sequence[Path]) -> list[list[int]]:
     """The positions of ``files`` grouped by folder, in order: one sequence of chunks per folder."""
     grouped: dict[Path, list[int]] = {}

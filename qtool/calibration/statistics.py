@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from qtool.calibration.dataset import Dataset
+from qtool.calibration.dataset import Dataset, SequenceOrder
 from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
 from qtool.graph.session import create_session, run_session
@@ -215,6 +215,9 @@ class FloatPass:
     batch_size: int = 1  # samples per inference when the batch dimension is dynamic
     threads: int | None = None  # onnxruntime's intra-op threads and the observing threads (None: every core)
     weights: Weights | None = None  # the values of the model's detached initializers
+    # a streaming model's state outputs and the inputs they feed back: over data laid out as sequences, each
+    # chunk after a sequence's first takes the state the float model returned for the chunk before (one at a time)
+    state: tuple[tuple[str, str], ...] = ()
 
 
 def _exposing_session(
@@ -250,8 +253,9 @@ def collect_statistics(
 
     Only one batch of activations is alive at a time, whatever the dataset size. The observers of
     a batch run on all cores (see :class:`_BatchObserver`). With ``outputs``, the graph outputs of
-    each sample run alone (batch size 1) are kept there. Each of ``taps`` sees every batch of the
-    tensors it names.
+    each sample run alone (batch size 1) are kept there (a chunk fed the state before it excepted: its
+    outputs are not what its file alone gives). Each of ``taps`` sees every batch of the tensors it names.
+    A streaming model (``run.state``) follows its own state through each sequence, as it runs.
 
     Returns:
         The observers by tensor name, the number of samples seen, and each tensor's
@@ -270,16 +274,21 @@ def collect_statistics(
         seen = 0
         elements: dict[str, int] = {}
         graph_outputs = [o.name for o in prepared.graph.output] if outputs is not None else []
-        fetched = list(dict.fromkeys([*names, *tapped, *graph_outputs]))
-        for paths, feed in dataset.batches(run.batch_size):
+        # only data laid out as sequences (sub-folders) carries state: a flat folder keeps its batches
+        state = dict(run.state) if any(path.parent != dataset.directory for path in dataset.files) else {}
+        fetched = list(dict.fromkeys([*names, *tapped, *graph_outputs, *state]))
+        order, before, carried = SequenceOrder(dataset.directory), None, dict[str, np.ndarray]()
+        for paths, feed in dataset.batches(1 if state else run.batch_size):
             count = len(paths)
-            fetched_values = run_session(session, fetched, feed, f"the float model on {_samples(paths)}")
+            fed = carried if state and order.follows(paths[0], before) else {}
+            fetched_values = run_session(session, fetched, {**feed, **fed}, f"the float model on {_samples(paths)}")
             by_name = dict(zip(fetched, fetched_values, strict=True))
-            if outputs is not None and count == 1:
+            before, carried = paths[0], {state[out]: np.asarray(by_name[out]) for out in state}
+            if outputs is not None and count == 1 and not fed:
                 outputs.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
             values = [np.asarray(by_name[name]) for name in names]
             for tap in taps:
-                tap.observe({name: np.asarray(by_name[name]) for name in tap.tensors}, count, feed)
+                tap.observe({name: np.asarray(by_name[name]) for name in tap.tensors}, count, {**feed, **fed})
             del fetched_values, by_name
             observe(values)
             for name, value in zip(names, values, strict=True):

@@ -127,9 +127,18 @@ class FloatModel:
     state: dict[str, str] = field(default_factory=dict)  # state output -> its input (fed back over sequences)
 
     def scorer(self, dataset: Dataset, known: FloatOutputs | None, on_sample: Callable[[int], None]) -> OutputScorer:
-        """Scores candidates on ``dataset`` against this model (``known``: float outputs calibration kept)."""
+        """Scores candidates on ``dataset`` against this model (``known``: float outputs calibration kept).
+
+        A streaming model is scored closed-loop over sequences (see :mod:`qtool.evaluation.scoring`).
+        """
         return OutputScorer(
-            self.prepared, dataset, weights=self.weights, on_sample=on_sample, known=known, judged=self.judged
+            self.prepared,
+            dataset,
+            weights=self.weights,
+            on_sample=on_sample,
+            known=known,
+            judged=self.judged,
+            state=self.state,
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import onnx
+import onnxruntime as ort
 
 from qtool.choice.records import CandidateName, FloatModel, PlacementChoice, PlacementValidation, Samples, meets
 from qtool.evaluation.closed_loop import ClosedLoopScore, closed_loop_score
@@ -35,11 +36,12 @@ def validate_choice(
     )
     target = choice.target_sqnr_db
     signal = signal_means([scored, scorer])  # the float outputs' energy over every sample at hand
+    float_session: list[ort.InferenceSession] = []  # created on the first closed-loop check, kept for the next
 
     def check(name: CandidateName) -> PlacementValidation:
         score = scorer.score(models[name], f"the '{name}' placement")
         worst, bound = score.worst_db, score.worst_bound_db(choice.confidence, signal)
-        loop = _closed_loop(float_model, models[name], samples) if meets(bound, target) else None
+        loop = _closed_loop(float_model, models[name], samples, float_session) if meets(bound, target) else None
         if loop is not None:  # a streaming model over sequences: as it runs, on its own state
             worst, bound = min(worst, loop.worst_db), min(bound, *loop.bounds.values())
         files = samples.validation_files if samples.validation_files is not None else scorer.files
@@ -71,13 +73,17 @@ def validate_choice(
     scorer.release()
 
 
-def _closed_loop(float_model: FloatModel, model: onnx.ModelProto, samples: Samples) -> ClosedLoopScore | None:
-    """The candidate and the float model each run closed-loop over the validation sequences (None: none there)."""
+def _closed_loop(
+    float_model: FloatModel, model: onnx.ModelProto, samples: Samples, float_session: list[ort.InferenceSession]
+) -> ClosedLoopScore | None:
+    """The candidate and the float model each run closed-loop over the validation sequences (None: none there).
+
+    ``float_session``: the float model's session once created (empty before), shared by every candidate's check.
+    """
     assert samples.validation is not None  # validated only with validation samples
     if not float_model.state or not float_model.judged:
         return None
-    sessions = (
-        create_session(float_model.prepared, "the float model", weights=float_model.weights),
-        create_session(model, "the candidate", weights=float_model.weights),
-    )
+    if not float_session:
+        float_session.append(create_session(float_model.prepared, "the float model", weights=float_model.weights))
+    sessions = (float_session[0], create_session(model, "the candidate", weights=float_model.weights))
     return closed_loop_score(sessions, samples.validation, float_model.state, sorted(float_model.judged))

@@ -5,6 +5,12 @@ samples. The float model runs at most once per sample (not at all for samples wh
 calibration kept, see :mod:`qtool.calibration.outputs`) and its outputs are kept (up to
 :data:`CACHED_BYTES`; beyond that they are recomputed per candidate), the samples' inputs are
 read once, and each candidate only runs its outputs: no intermediate tensor is exposed.
+
+A streaming model (``state``: its state outputs and the inputs they feed back) is scored as it runs
+over data laid out as sequences (a sub-folder per sequence, its chunks in order, see
+:mod:`qtool.evaluation.closed_loop`): each chunk after a sequence's first takes the state the same
+model returned for the chunk before, the float model's own for the reference and the candidate's own
+for the candidate, so a candidate whose error compounds through its state scores as it will run.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from qtool.calibration.dataset import Dataset, Feed
+from qtool.calibration.dataset import Dataset, Feed, continuations
 from qtool.calibration.outputs import FloatOutputs
 from qtool.evaluation.confidence import CONFIDENCE, SampleEnergies
 from qtool.evaluation.metrics import ErrorAccumulator, is_float
@@ -78,9 +84,11 @@ class OutputScorer:
         on_sample: Callable[[int], None] | None = None,
         known: FloatOutputs | None = None,
         judged: frozenset[str] | None = None,
+        state: Mapping[str, str] | None = None,
     ) -> None:
         self.threads = threads
         self.judged = judged  # the outputs a target judges (None: all)
+        self.state = dict(state or {})  # state output -> the input it feeds back (closed loop over sequences)
         self.weights = weights
         self._reference_model = reference
         self._session: ort.InferenceSession | None = None  # created only when a float output must be computed
@@ -89,10 +97,17 @@ class OutputScorer:
         self.names: list[str] = []
         self._cached: list[list[np.ndarray] | None] = []
         self.signal: dict[str, list[float]] = {}  # each float output's energy, per sample
+        # closed loop: whether each sample continues the one before, and the float model's own state it was fed
+        self._follows = continuations(dataset.directory, [p for p, _ in self.samples]) if self.state else []
+        self._fed: list[dict[str, np.ndarray]] = []
         every = [o.name for o in reference.graph.output]
-        kept = 0
-        for path, feed in self.samples:
-            values = (known.get(path, every) if known is not None else None) or self._run_reference(path, feed, every)
+        kept, carried = 0, dict[str, np.ndarray]()
+        for index, (path, feed) in enumerate(self.samples):
+            fed = carried if self._follows and self._follows[index] else {}
+            self._fed.append(fed)
+            known_values = known.get(path, every) if known is not None and not fed else None  # kept: open loop
+            values = known_values or self._run_reference(path, {**feed, **fed}, every)
+            carried = {self.state[n]: np.asarray(v) for n, v in zip(every, values, strict=True) if n in self.state}
             if not self.names:
                 self.names = [n for n, v in zip(every, values, strict=True) if is_float(v)]
             floats = [np.asarray(v) for v, name in zip(values, every, strict=True) if name in self.names]
@@ -116,13 +131,13 @@ class OutputScorer:
         if cached is not None:
             return cached
         path, feed = self.samples[index]
-        return self._run_reference(path, feed, self.names)
+        return self._run_reference(path, {**feed, **self._fed[index]}, self.names)
 
     def float_outputs(self) -> FloatOutputs:
         """The float outputs computed so far, by sample file (for another scorer over some of the same files)."""
         known = FloatOutputs()
-        for (path, _), cached in zip(self.samples, self._cached, strict=True):
-            if cached is not None:
+        for (path, _), cached, fed in zip(self.samples, self._cached, self._fed, strict=True):
+            if cached is not None and not fed:  # a chunk fed the state before it: not what its file alone gives
                 known.add(path, dict(zip(self.names, cached, strict=True)))
         return known
 
@@ -149,8 +164,13 @@ class OutputScorer:
         accumulators = {name: ErrorAccumulator() for name in self.names}
         signal: dict[str, list[float]] = {name: [] for name in self.names}
         noise: dict[str, list[float]] = {name: [] for name in self.names}
+        fetched = [*self.names, *(name for name in self.state if name not in self.names)]
+        carried: dict[str, np.ndarray] = {}
         for index, (path, feed) in enumerate(self.samples):
-            values = run_session(session, self.names, feed, f"{what} on {path}")
+            fed = {**feed, **carried} if self._follows and self._follows[index] else feed
+            values = run_session(session, fetched, fed, f"{what} on {path}")
+            carried = {self.state[n]: np.asarray(v) for n, v in zip(fetched, values, strict=True) if n in self.state}
+            values = values[: len(self.names)]
             if collect is not None:
                 collect.append({name: np.asarray(v) for name, v in zip(self.names, values, strict=True)})
             for name, r, c in zip(self.names, self._reference(index), values, strict=True):

@@ -12,6 +12,7 @@ from qtool.calibration.statistics import CalibrationStats, FloatPass, Observing,
 from qtool.config import load_config, split_observer
 from qtool.distributed.calibration import ShardRequest, calibrate_on_workers
 from qtool.errors import QtoolError
+from qtool.evaluation.judged import judged_outputs
 from qtool.observers import create_observer
 from qtool.options import CalibrationOptions
 from qtool.pipeline.data import calibration_dataset, sample_count
@@ -60,7 +61,12 @@ def observe(
             plan.activations,
             dataset,
             Observing(name, observer_options, per_tensor),
-            FloatPass(options.batch_size or config.calibration.batch_size, options.threads, ws.weights),
+            FloatPass(
+                options.batch_size or config.calibration.batch_size,
+                options.threads,
+                ws.weights,
+                tuple(sorted(judged_outputs(ws.prepared).state.items())),  # a streaming model's state, carried
+            ),
             on_progress=advance,
             outputs=outputs,
             taps=[inputs] if inputs is not None else [],

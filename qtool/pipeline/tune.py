@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qtool.calibration.dataset import Dataset
 from qtool.calibration.decode_steps import with_decode_steps
 from qtool.calibration.outputs import FloatOutputs
 from qtool.choice.decode import DecodeJudge, decoder_to_score
@@ -99,14 +100,19 @@ def _scorers(tuning: Tuning, scratch: Path) -> tuple[OutputScorer, OutputScorer]
         selection = with_decode_steps(selection, session, decoder, scratch / "selection", known)
         validation = with_decode_steps(validation, session, decoder, scratch / "validation", known)
     tuning.evaluation.release()
-    return (
-        OutputScorer(
-            ws.prepared, selection, threads=options.threads, weights=ws.weights, known=known, judged=tuning.judged
-        ),
-        OutputScorer(
-            ws.prepared, validation, threads=options.threads, weights=ws.weights, known=known, judged=tuning.judged
-        ),
-    )
+
+    def scorer(half: Dataset) -> OutputScorer:  # a streaming model's over sequences: closed-loop
+        return OutputScorer(
+            ws.prepared,
+            half,
+            threads=options.threads,
+            weights=ws.weights,
+            known=known,
+            judged=tuning.judged,
+            state=tuning.state,
+        )
+
+    return scorer(selection), scorer(validation)
 
 
 def _tune(
@@ -205,6 +211,7 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
         started,
         prepare_seconds,
         judged=judged.subset,
+        state=judged.state,
     )
 
 
@@ -261,6 +268,7 @@ def _sensitivity(tuning: Tuning, selection: OutputScorer, progress: ProgressFact
             weights=ws.weights,
             known=selection.float_outputs(),
             judged=tuning.judged,
+            state=tuning.state,
         )
 
         def isolated_sqnr(selection: dict[str, Option]) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -60,6 +60,7 @@ class Tuning:
     prepare_seconds: float  # calibration (and the GPTQ inputs): the final build does it again
     scoring_seconds: float = 0.0  # the longest build and scoring of one candidate on half of EVAL so far
     judged: frozenset[str] | None = None  # the outputs the goal judges (None: all; see qtool.evaluation.judged)
+    state: dict[str, str] = field(default_factory=dict)  # state output -> its input: scored closed-loop
 
     @property
     def deadline(self) -> float:

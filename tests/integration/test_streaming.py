@@ -123,3 +123,67 @@ def test_sequences_split_whole_and_spread_by_sequence(streaming: tuple[Path, Pat
     assert len(split.selection.files) + len(split.validation.files) == 18
     spread = Dataset(data, inputs, spread=7)  # 7 chunks' worth: 2 whole sequences of 6
     assert len(spread.files) == 12 and len({p.parent for p in spread.files}) == 2
+
+
+def test_compare_gates_judge_the_outputs_that_matter(streaming: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    reference, _, data = streaming
+    model = onnx.load(reference)
+    for init in model.graph.initializer:  # an error in the probability alone: the state is exact
+        if init.name == "w_out":
+            init.CopyFrom(numpy_helper.from_array((numpy_helper.to_array(init) * 1.03).astype(np.float32), "w_out"))
+    candidate = tmp_path / "off.onnx"
+    onnx.save(model, candidate)
+    report = tmp_path / "r.json"
+    base = ["compare", str(reference), str(candidate), "--data", str(data), "--runs", "0", "--json", str(report)]
+    r = runner.invoke(app, base)
+    accuracy = json.loads(report.read_text())["accuracy"]
+    sqnr = {m["name"]: m["sqnr_db"] for m in [*accuracy["outputs"], accuracy["overall"]]}
+    assert sqnr["stateN"] is None and sqnr["prob"] < sqnr["overall"]  # the exact state lifts the pooled figure
+    assert accuracy["judged"]["sqnr_db"] == pytest.approx(sqnr["prob"]) and "stateN (fed back as state)" in r.output
+    between = f"sqnr={(sqnr['prob'] + sqnr['overall']) / 2:.2f}"
+    r = runner.invoke(app, [*base, "--fail-under", between])
+    assert r.exit_code == 1, r.output  # the probability decides, not the state fed back
+    r = runner.invoke(app, [*base, "--fail-under", between, "--outputs", "stateN"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(report.read_text())["accuracy"]["judged_note"] == "the target judges the outputs named: stateN"
+    r = runner.invoke(app, [*base, "--outputs", "nope"])
+    assert r.exit_code == 2 and "'nope' names no output" in r.output and "prob, stateN" in r.output
+
+
+def test_candidates_are_scored_closed_loop_each_on_its_own_state(streaming: tuple[Path, Path, Path]) -> None:
+    from qtool.calibration.dataset import Dataset
+    from qtool.calibration.dataset_types import model_inputs
+    from qtool.evaluation.scoring import OutputScorer
+
+    reference, candidate, data = streaming
+    model = onnx.load(str(reference))
+    dataset = Dataset(data, model_inputs(model))
+    closed = OutputScorer(model, dataset, judged=frozenset({"prob"}), state={"stateN": "state"})
+    score = closed.score(onnx.load(str(candidate)))
+    # the drifting state weights show only when each model feeds its own state back, as the loop written out
+    assert score.worst_db == pytest.approx(_closed_loop_sqnr(reference, candidate, data), abs=0.01)
+    assert score.outputs["stateN"] < 100 and len(score.energies["prob"].signal) == 18
+    assert OutputScorer(model, dataset).score(onnx.load(str(candidate))).worst_db == np.inf  # fed the file's state
+    # a subset that skips a chunk starts that chunk again from the state its file holds
+    skipping = Dataset(data, model_inputs(model)).subset([0, 2, 3])
+    partial = OutputScorer(model, skipping, judged=frozenset({"prob"}), state={"stateN": "state"})
+    assert partial._follows == [False, False, True]
+
+
+def test_calibration_follows_the_float_model_through_each_sequence(
+    streaming: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    reference, _, data = streaming
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for path in sorted(data.glob("*/*.npz")):  # the same chunks, each on its own: the state its file holds (zeros)
+        (flat / f"{path.parent.name}_{path.name}").write_bytes(path.read_bytes())
+    ranges = {}
+    for name, folder in (("sequences", data), ("flat", flat)):
+        out = tmp_path / f"{name}.json"
+        r = runner.invoke(app, ["calibrate", str(reference), str(folder), "-o", str(out), "--observer", "minmax"])
+        assert r.exit_code == 0, r.output
+        ranges[name] = json.loads(out.read_text())["tensors"]["state"]["state"]
+    # over sequences the state input holds what the float model fed back (a Tanh: up to +-1), not only zeros
+    assert ranges["flat"] == {"min": 0.0, "max": 0.0}
+    assert ranges["sequences"]["max"] > 0.5 and ranges["sequences"]["min"] < -0.5
