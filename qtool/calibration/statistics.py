@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from qtool.calibration.dataset import Dataset, SequenceOrder
+from qtool.calibration.dataset import Dataset, Feed, SequenceOrder
 from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
 from qtool.graph.session import create_session, run_session
@@ -253,9 +253,8 @@ def collect_statistics(
 
     Only one batch of activations is alive at a time, whatever the dataset size. The observers of
     a batch run on all cores (see :class:`_BatchObserver`). With ``outputs``, the graph outputs of
-    each sample run alone (batch size 1) are kept there (a chunk fed the state before it excepted: its
-    outputs are not what its file alone gives). Each of ``taps`` sees every batch of the tensors it names.
-    A streaming model (``run.state``) follows its own state through each sequence, as it runs.
+    each sample run alone and not fed the state before it are kept there. Each of ``taps`` sees every
+    batch of the tensors it names. A streaming model follows its own state (see :class:`_StateCarry`).
 
     Returns:
         The observers by tensor name, the number of samples seen, and each tensor's
@@ -274,21 +273,18 @@ def collect_statistics(
         seen = 0
         elements: dict[str, int] = {}
         graph_outputs = [o.name for o in prepared.graph.output] if outputs is not None else []
-        # only data laid out as sequences (sub-folders) carries state: a flat folder keeps its batches
-        state = dict(run.state) if any(path.parent != dataset.directory for path in dataset.files) else {}
-        fetched = list(dict.fromkeys([*names, *tapped, *graph_outputs, *state]))
-        order, before, carried = SequenceOrder(dataset.directory), None, dict[str, np.ndarray]()
-        for paths, feed in dataset.batches(1 if state else run.batch_size):
+        carry = _StateCarry(dataset, run.state)
+        fetched = list(dict.fromkeys([*names, *tapped, *graph_outputs, *carry.state]))
+        for paths, given in dataset.batches(1 if carry.state else run.batch_size):
             count = len(paths)
-            fed = carried if state and order.follows(paths[0], before) else {}
-            fetched_values = run_session(session, fetched, {**feed, **fed}, f"the float model on {_samples(paths)}")
-            by_name = dict(zip(fetched, fetched_values, strict=True))
-            before, carried = paths[0], {state[out]: np.asarray(by_name[out]) for out in state}
+            feed, fed = carry.feed(paths, given)
+            fetched_values = run_session(session, fetched, feed, f"the float model on {_samples(paths)}")
+            by_name = carry.kept(paths, dict(zip(fetched, fetched_values, strict=True)))
             if outputs is not None and count == 1 and not fed:
                 outputs.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
             values = [np.asarray(by_name[name]) for name in names]
             for tap in taps:
-                tap.observe({name: np.asarray(by_name[name]) for name in tap.tensors}, count, {**feed, **fed})
+                tap.observe({name: np.asarray(by_name[name]) for name in tap.tensors}, count, feed)
             del fetched_values, by_name
             observe(values)
             for name, value in zip(names, values, strict=True):
@@ -302,6 +298,32 @@ def collect_statistics(
         if run.weights is not None:
             run.weights.release()  # the pass read every weight: the mapped ones go back to their file
     return observers, seen, elements
+
+
+class _StateCarry:
+    """A streaming model's state, carried from each chunk of a sequence to the next as it runs (``FloatPass.state``).
+
+    Only data laid out as sequences (sub-folders) carries state, one chunk at a time; a flat folder keeps its
+    batches, each sample with the state its file holds.
+    """
+
+    def __init__(self, dataset: Dataset, state: Sequence[tuple[str, str]]) -> None:
+        sequences = any(path.parent != dataset.directory for path in dataset.files)
+        self.state = dict(state) if sequences else {}
+        self.order = SequenceOrder(dataset.directory)
+        self.before: Path | None = None
+        self.carried: dict[str, np.ndarray] = {}
+
+    def feed(self, paths: list[Path], feed: Feed) -> tuple[Feed, bool]:
+        """The feed of a batch: a chunk that continues the one before takes its state; and whether it did."""
+        fed = bool(self.state) and self.order.follows(paths[0], self.before)
+        return ({**feed, **self.carried}, True) if fed else (feed, False)
+
+    def kept(self, paths: list[Path], values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``values`` (a run's outputs by name), their state kept for the chunk after."""
+        self.before = paths[0]
+        self.carried = {self.state[out]: np.asarray(values[out]) for out in self.state}
+        return values
 
 
 def _samples(paths: Sequence[Path]) -> str:

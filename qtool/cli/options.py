@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+ModelArgument = Annotated[Path, typer.Argument(help="Float ONNX model.", show_default=False, metavar="MODEL")]
 ConfigOption = Annotated[
     Path | None,
     typer.Option(

@@ -256,11 +256,7 @@ def output_metrics(
         samples += 1
         if on_progress:
             on_progress(1)
-    overall, pooled = ErrorAccumulator(), ErrorAccumulator()
-    for name, acc in per_output.items():
-        overall.merge(acc)
-        if judged is not None and name in judged:
-            pooled.merge(acc)
+    overall, pooled = _pooled(per_output, judged)
     metrics = [acc.metrics(name) for name, acc in per_output.items() if acc.count]
     agreement = [counter.result(name) for name, counter in agreements.items() if counter.rows]
     kinds_listed = [kinds[name] for name in names if name in kinds]
@@ -273,8 +269,20 @@ def output_metrics(
         task_note(kinds_listed),
         kinds_listed,
         [counter.result(name) for name, counter in ious.items() if counter.boxes],
-        pooled.metrics("judged") if judged is not None and pooled.count else None,
+        pooled,
     )
+
+
+def _pooled(
+    per_output: dict[str, ErrorAccumulator], judged: frozenset[str] | None
+) -> tuple[ErrorAccumulator, ErrorMetrics | None]:
+    """Every output's errors pooled, and the judged outputs' (None when every output is judged)."""
+    overall, pooled = ErrorAccumulator(), ErrorAccumulator()
+    for name, acc in per_output.items():
+        overall.merge(acc)
+        if judged is not None and name in judged:
+            pooled.merge(acc)
+    return overall, pooled.metrics("judged") if judged is not None and pooled.count else None
 
 
 @dataclass(frozen=True)

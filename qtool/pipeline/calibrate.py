@@ -56,17 +56,14 @@ def observe(
             for tensor, scheme in plan.activations.items()
             if scheme.observer is not None
         }
+        state = tuple(sorted(judged_outputs(ws.prepared).state.items()))  # a streaming model's, carried
+        batch = options.batch_size or config.calibration.batch_size
         observers, seen, elements = collect_statistics(
             ws.prepared,
             plan.activations,
             dataset,
             Observing(name, observer_options, per_tensor),
-            FloatPass(
-                options.batch_size or config.calibration.batch_size,
-                options.threads,
-                ws.weights,
-                tuple(sorted(judged_outputs(ws.prepared).state.items())),  # a streaming model's state, carried
-            ),
+            FloatPass(batch, options.threads, ws.weights, state),
             on_progress=advance,
             outputs=outputs,
             taps=[inputs] if inputs is not None else [],

@@ -152,6 +152,16 @@ def _tune(
     return write_chosen(tuning, sens, candidates, outcome, progress)
 
 
+def _check_decoder_goal(request: TuneRequest, ws: Workspace) -> None:
+    """--target-decode only where there is a decode to run."""
+    if request.goal.decode_steps is not None and decoder_to_score(ws.prepared) is None:
+        raise QtoolError(
+            f"{request.model_path}: --target-decode needs a decoder (input_ids in, logits and its present key/value "
+            "cache out) to run a greedy decode through",
+            hint="judge other models with --target-sqnr DB or --metric module:function",
+        )
+
+
 def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | None, started: float) -> Tuning:
     """The workspace at the widest option's opset, calibrated once (with the GPTQ inputs when the space has GPTQ)."""
     space = for_objective(options_for(config.target), timed(request.options))
@@ -160,12 +170,7 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
     widest = max(config.with_rules(global_=o.entry).opset_requirement()[0] for o in space if o.entry)
     ws = open_workspace(request.model_path, config, None, request.input_shapes, at_least=(widest, "tune's precisions"))
     opset = default_opset(ws.prepared)
-    if request.goal.decode_steps is not None and decoder_to_score(ws.prepared) is None:
-        raise QtoolError(
-            f"{request.model_path}: --target-decode needs a decoder (input_ids in, logits and its present key/value "
-            "cache out) to run a greedy decode through",
-            hint="judge other models with --target-sqnr DB or --metric module:function",
-        )
+    _check_decoder_goal(request, ws)
     float_outputs, split = _split_eval(ws, request)
     named = request.options.outputs or config.accuracy.outputs
     judged = judged_outputs(ws.prepared, named, "--outputs" if request.options.outputs else "accuracy.outputs")
