@@ -177,3 +177,38 @@ def test_a_loop_bodys_own_matmul_weight_is_stored_int8(tmp_path: Path) -> None:
     loop_body = written.graph.node[-1].attribute[0].g
     assert not loop_body.initializer  # its weight moved out, stored int8
     assert _sqnr(model, out, feeds) > 30
+
+
+def test_a_weight_read_in_the_main_graph_and_in_a_body_is_stored_once(tmp_path: Path) -> None:
+    def body(tag: str) -> onnx.GraphProto:
+        mm = helper.make_node("MatMul", ["h", "shared_w"], [f"{tag}_y"], name=f"{tag}/mm")
+        return helper.make_graph([mm], tag, [], [helper.make_tensor_value_info(f"{tag}_y", TensorProto.FLOAT, None)])
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "shared_w"], ["h"], name="main/mm"),
+            helper.make_node("If", ["flag"], ["y"], then_branch=body("then"), else_branch=body("else"), name="branch"),
+        ],
+        "shared",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+        [numpy_helper.from_array(_w(64, 64, scale=0.1), "shared_w")],
+    )
+    model, data, out = tmp_path / "shared.onnx", tmp_path / "data", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    data.mkdir()
+    feeds = [{"x": RNG.standard_normal((4, 64)).astype(np.float32), "flag": np.array(i % 2 == 0)} for i in range(8)]
+    for i, feed in enumerate(feeds):
+        np.savez(data / f"{i}.npz", **feed)
+    r = runner.invoke(app, ["quantize", str(model), "--data", str(data), "-o", str(out), "--runs", "0"])
+    assert r.exit_code == 0, r.output
+    written = onnx.load(str(out))
+    assert [i.name for i in written.graph.initializer if i.data_type == TensorProto.INT8] == ["shared_w/quantized"]
+    assert out.stat().st_size < model.stat().st_size / 3  # one int8 copy, not two
+    main_reads = next(n.input[1] for n in written.graph.node if n.op_type == "MatMul")
+    for branch in written.graph.node[-1].attribute:  # both bodies read the tensor the main graph restores
+        assert [n.input[1] for n in branch.g.node] == [main_reads]
+    assert _sqnr(model, out, feeds) > 30

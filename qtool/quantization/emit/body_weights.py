@@ -9,7 +9,7 @@ reads it any more. Nothing else in a body changes: no annotation is added to it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import onnx
 
@@ -21,8 +21,17 @@ from qtool.quantization.emit.stored_forms import Names, StoredForms
 from qtool.quantization.plan.records import BodyWeightPlan
 
 
-def store_body_weights(model: onnx.ModelProto, plans: tuple[BodyWeightPlan, ...], store: Weights) -> list[str]:
-    """Store each planned body weight quantized (see the module); returns the weights stored."""
+def store_body_weights(
+    model: onnx.ModelProto,
+    plans: tuple[BodyWeightPlan, ...],
+    store: Weights,
+    main: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Store each planned body weight quantized (see the module); returns the weights stored.
+
+    ``main``: weights the main graph's nodes read stored already, and the float tensor restoring them there: a
+    body reads that tensor instead of a second stored copy.
+    """
     if not plans:
         return []
     graph = model.graph
@@ -32,19 +41,22 @@ def store_body_weights(model: onnx.ModelProto, plans: tuple[BodyWeightPlan, ...]
     stored = []
     for plan in plans:
         init, holder = _initializer(graph, plan.weight)
-        if init is None or holder is None:
+        if plan.weight in (main or {}):
+            restored = (main or {})[plan.weight]
+        elif init is None or holder is None:
             continue
-        values = store.value(init)
-        qp = weight_qparams(values, plan.scheme, plan.axis, f"weight {plan.weight}")
-        integers = forms.integers(plan.weight, quantize(values, qp), qp)
-        restored = names.new(f"{plan.weight}/restored")
-        forms.restored_at_load(plan.weight, integers, qp, restored, tuple(values.shape))
+        else:
+            values = store.value(init)
+            qp = weight_qparams(values, plan.scheme, plan.axis, f"weight {plan.weight}")
+            integers = forms.integers(plan.weight, quantize(values, qp), qp)
+            restored = names.new(f"{plan.weight}/restored")
+            forms.restored_at_load(plan.weight, integers, qp, restored, tuple(values.shape))
+            stored.append(plan.weight)
         for body in node_subgraphs(owners[plan.owner]):
             for node in all_nodes(body):
                 node.input[:] = [restored if name == plan.weight else name for name in node.input]
-        if not _read(graph, plan.weight):  # the store keeps its values: other builds of the model read them
-            holder.initializer.remove(init)
-        stored.append(plan.weight)
+        if init is not None and holder is not None and not _read(graph, plan.weight):
+            holder.initializer.remove(init)  # the store keeps its values: other builds of the model read them
     nodes = [*prologue, *graph.node]
     del graph.node[:]
     graph.node.extend(nodes)

@@ -33,6 +33,7 @@ from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.emit.stored_forms import Names, StoredForms
 from qtool.quantization.emit.weight_codes import WeightCodes
 from qtool.quantization.emit.weight_copies import (
+    DEQUANTIZED,
     FP16,
     GATHERED,
     INTEGERS,
@@ -394,6 +395,9 @@ def insert_qdq(
             hint="re-run qtool calibrate with the same model and config",
         )
     store = weights if weights is not None else Weights()
-    rewritten, report = _Rewriter(model, plan, act_qparams, store, algorithms, bias_shifts, correct_biases).run()
-    report.quantized_weights += store_body_weights(rewritten, plan.body_weights, store)
+    rewriter = _Rewriter(model, plan, act_qparams, store, algorithms, bias_shifts, correct_biases)
+    rewritten, report = rewriter.run()
+    # a weight the main graph stores already is read from its float form there: one stored copy, not two
+    main = {weight: name for (weight, _, form), name in rewriter.restored.items() if form in (DEQUANTIZED, RESTORED)}
+    report.quantized_weights += store_body_weights(rewritten, plan.body_weights, store, main)
     return rewritten, report
