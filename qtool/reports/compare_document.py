@@ -8,9 +8,11 @@ from typing import Any
 from qtool._version import __version__
 from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.closed_loop import ClosedLoopScore
+from qtool.evaluation.gates import GateResult
 from qtool.evaluation.language_model import LanguageModelScore
 from qtool.evaluation.layers import LayerError, largest_drop
-from qtool.evaluation.metrics import ErrorMetrics, LatencyComparison, LatencyStats
+from qtool.evaluation.metrics import ErrorMetrics, LatencyComparison
+from qtool.reports.records import filled
 from qtool.results import ComparisonResult
 from qtool.schemas import reports as doc
 
@@ -24,44 +26,11 @@ def finite(value: float) -> float | None:
 
 
 def _metrics(m: ErrorMetrics) -> doc.Metrics:
-    return doc.Metrics(
-        name=m.name,
-        mse=m.mse,
-        sqnr_db=finite(m.sqnr_db),
-        cosine=m.cosine,
-        max_abs_error=m.max_abs_error,
-        elements=m.elements,
-    )
-
-
-def _latency_stats(stats: LatencyStats) -> doc.LatencyStats:
-    return doc.LatencyStats(
-        median_ms=stats.median_ms, p90_ms=stats.p90_ms, p99_ms=stats.p99_ms, mean_ms=stats.mean_ms, runs=stats.runs
-    )
+    return filled(doc.Metrics, m)
 
 
 def _baseline(baseline: BaselineComparison) -> doc.Baseline:
-    def number(value: float | None) -> float | None:
-        return None if value is None else finite(value)
-
-    return doc.Baseline(
-        path=baseline.path,
-        same_reference=baseline.same_reference,
-        same_data=baseline.same_data,
-        regressed=baseline.regressed,
-        changes=[
-            doc.BaselineChange(
-                metric=c.metric,
-                baseline=number(c.baseline),
-                current=number(c.current),
-                change=number(c.change),
-                better=c.better,
-                regressed=c.regressed,
-                note=c.note,
-            )
-            for c in baseline.changes
-        ],
-    )
+    return filled(doc.Baseline, baseline, changes=[filled(doc.BaselineChange, c) for c in baseline.changes])
 
 
 def _accuracy(result: ComparisonResult) -> doc.Accuracy:
@@ -80,56 +49,23 @@ def _accuracy(result: ComparisonResult) -> doc.Accuracy:
 
 
 def _closed_loop(score: ClosedLoopScore | None) -> doc.ClosedLoop | None:
-    if score is None:
-        return None
-    return doc.ClosedLoop(
-        sequences=score.sequences,
-        chunks=score.chunks,
-        state=score.state,
-        outputs={name: finite(db) for name, db in score.outputs.items()},
-        bounds={name: finite(db) for name, db in score.bounds.items()},
-        worst_sequence_db=finite(score.worst_sequence_db),
-    )
+    return None if score is None else filled(doc.ClosedLoop, score)
 
 
 def _language_model(score: LanguageModelScore | None) -> doc.LanguageModel | None:
-    if score is None:
-        return None
-    return doc.LanguageModel(
-        logits=score.logits,
-        samples=score.samples,
-        tokens=score.tokens,
-        reference_perplexity=score.reference_perplexity,
-        candidate_perplexity=score.candidate_perplexity,
-        ppl_ratio=score.ppl_ratio,
-        next_token_agreement=score.next_token_agreement,
-        decode_steps=score.decode_steps,
-        decode_agreement=score.decode_agreement,
-        free_running_agreement=score.free_running_agreement,
-        free_running_bound=score.free_running_bound,
-        matched_prefix=score.matched_prefix,
-    )
+    return None if score is None else filled(doc.LanguageModel, score)
 
 
 def _per_layer(layers: list[LayerError]) -> doc.PerLayer:
     drop = largest_drop(layers)
     return doc.PerLayer(
-        largest_drop=None
-        if drop is None
-        else doc.LargestDrop(node=drop.node, tensor=drop.tensor, drop_db=drop.drop_db),
+        largest_drop=None if drop is None else filled(doc.LargestDrop, drop),
         layers=[
-            doc.Layer(
-                tensor=r.tensor,
-                node=r.node,
-                op_type=r.op_type,
-                sqnr_db=finite(r.sqnr_db),
-                mse=r.mse,
-                cosine=r.cosine,
-                input_sqnr_db=r.input_sqnr_db,
+            filled(
+                doc.Layer,
+                r,
                 drop_db=None if r.uncertain else r.drop_db,
                 candidate_tensor=r.candidate_tensor or r.tensor,
-                paired_by=r.paired_by,
-                folded=list(r.folded),
                 uncertain=r.uncertain or None,
             )
             for r in layers
@@ -138,37 +74,27 @@ def _per_layer(layers: list[LayerError]) -> doc.PerLayer:
 
 
 def _latency(lat: LatencyComparison) -> doc.Latency:
-    return doc.Latency(
-        provider=lat.provider,
-        threads=lat.threads,
-        reference=_latency_stats(lat.reference),
-        candidate=_latency_stats(lat.candidate),
-        speedup=lat.speedup,
-        speedup_interval=list(lat.speedup_interval) if lat.speedup_interval else None,
-        latency_ratio=lat.latency_ratio,
-        latency_ratio_interval=list(lat.ratio_interval) if lat.ratio_interval else None,
-        setup_ms=list(lat.setup_ms) if lat.setup_ms else None,
-        io_binding=lat.io_binding,
-        candidate_sqnr_db=lat.candidate_sqnr_db,
+    return filled(
+        doc.Latency,
+        lat,
+        reference=filled(doc.LatencyStats, lat.reference),
+        candidate=filled(doc.LatencyStats, lat.candidate),
+        speedup_interval=lat.speedup_interval or None,
+        latency_ratio_interval=lat.ratio_interval or None,
+        setup_ms=lat.setup_ms or None,
     )
 
 
 def _gates(result: ComparisonResult) -> doc.Gates:
     return doc.Gates(
         passed=result.gates_passed,
-        results=[
-            doc.GateResult(
-                gate=g.gate.label,
-                metric=g.gate.metric,
-                direction=g.gate.direction,
-                threshold=g.gate.threshold,
-                measured=None if g.measured is None else finite(g.measured),
-                passed=g.passed,
-                note=g.note,
-            )
-            for g in result.gates
-        ],
+        results=[filled(doc.GateResult, g, **_gate_fields(g)) for g in result.gates],
     )
+
+
+def _gate_fields(g: GateResult) -> dict[str, object]:
+    """A gate's own fields (its label, metric, direction and threshold), read from the gate judged."""
+    return {"gate": g.gate.label, "metric": g.gate.metric, "direction": g.gate.direction, "threshold": g.gate.threshold}
 
 
 def comparison_report(result: ComparisonResult) -> doc.CompareReport:

@@ -15,6 +15,7 @@ from qtool.choice.tune.candidates import Validation
 from qtool.choice.tune.loop import Trial, pareto
 from qtool.choice.tune.space import DESCRIPTIONS
 from qtool.graph.model_io import atomic_writer
+from qtool.reports.records import filled
 from qtool.reports.terminal import for_terminal
 from qtool.results import TuneResult
 from qtool.schemas import tune as doc
@@ -193,18 +194,12 @@ def missed_line(result: TuneResult) -> str:
 
 
 def _trial(t: Trial, chosen: bool, front: bool) -> doc.TuneTrial:
-    return doc.TuneTrial(
-        size_bytes=t.size_bytes,
+    return filled(
+        doc.TuneTrial,
+        t,
         compression_ratio=t.compression,
-        sqnr_db=_finite(t.sqnr_db),
-        bound_db=_finite(t.bound_db),
-        metric=t.metric,
-        metric_bound=t.metric_bound,
-        latency_ratio=t.latency_ratio,
-        latency_ratio_interval=list(t.latency_interval) if t.latency_interval else None,
-        predicted_sqnr_db=_finite(t.predicted_db),
-        meets=t.meets,
-        note=t.note,
+        latency_ratio_interval=t.latency_interval or None,
+        predicted_sqnr_db=t.predicted_db,
         chosen=chosen,
         pareto=front,
         precisions=t.counts(),
@@ -213,14 +208,7 @@ def _trial(t: Trial, chosen: bool, front: bool) -> doc.TuneTrial:
 
 
 def _validation(v: Validation) -> doc.TuneValidation:
-    return doc.TuneValidation(
-        samples=list(v.samples),
-        sqnr_db=_finite(v.sqnr_db),
-        bound_db=_finite(v.bound_db),
-        metric=v.metric,
-        metric_bound=v.metric_bound,
-        meets=v.meets,
-    )
+    return filled(doc.TuneValidation, v)
 
 
 def tune_to_dict(result: TuneResult) -> dict[str, Any]:
@@ -228,49 +216,32 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
     front = {id(t) for t in pareto(result.trials)}
     s = result.sensitivity
     source, output = result.source, result.output
-    report = doc.TuneReport(
+    report = filled(
+        doc.TuneReport,
+        result,
         schema_version=TUNE_SCHEMA_VERSION,
         qtool_version=__version__,
-        model=doc.TunedFile(path=source.path, sha256=source.sha256, bytes=source.size_bytes),
-        output=doc.TunedFile(path=output.path, sha256=output.sha256, bytes=output.size_bytes),
-        config_out=result.config_out,
-        goal=result.goal,
-        objective=result.objective,
-        met=result.met,
-        reachable=result.reachable,
+        model=filled(doc.TunedFile, source, bytes=source.size_bytes),
+        output=filled(doc.TunedFile, output, bytes=output.size_bytes),
         promise=promise(result) if result.met else None,
         promise_db=promise_db(result) if result.met else None,
-        confidence=result.confidence,
-        validation_confidence=result.validation_confidence,
-        margin=result.margin,
-        out_of_time=result.out_of_time,
-        stalled=result.stalled,
-        seconds=result.seconds,
-        time_budget=result.time_budget,
         samples=doc.TuneSamples(
             selection=list(result.selection_samples),
             validation=list(result.validation.samples),
             sensitivity=list(s.samples),
             decode_steps=result.decode_steps_scored,
         ),
-        sensitivity=doc.TuneSensitivity(
+        sensitivity=filled(
+            doc.TuneSensitivity,
+            s,
             nodes=result.nodes,
-            builds=s.builds,
-            seconds=s.seconds,
-            complete=s.complete,
-            cached=s.cached,
-            cache_file=s.cache_file,
-            samples=list(s.samples),
             noise_to_signal={node: {o: _finite(v) for o, v in row.items()} for node, row in sorted(s.nsr.items())},
             measured={node: options for node, options in sorted(s.measured.items())},
         ),
         written=_trial(result.written, True, False),
         validation=_validation(result.validation),
-        rounds=[
-            doc.TuneRound(trial=r.trial, margin=r.margin, validation=_validation(r.validation)) for r in result.rounds
-        ],
+        rounds=[filled(doc.TuneRound, r, validation=_validation(r.validation)) for r in result.rounds],
         trials=[_trial(t, t is result.chosen, id(t) in front) for t in result.trials],
-        notes=list(result.notes),
     )
     return report.model_dump()
 
