@@ -114,7 +114,7 @@ def input_collector(ws: Workspace, config: QConfig | None = None) -> NodeInputCo
     """A collector of the calibration inputs that the config's weight algorithms need (None: none do)."""
     plan = ws.plan(config)
     inits = {i.name: i for i in ws.prepared.graph.initializer}
-    nodes = {n.name: n for n in ws.prepared.graph.node}
+    nodes = ws.graph.by_name
     layouts = []
     skipped = {}
     for node in plan.nodes:

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 
 import onnx
 
-from qtool.graph.index import all_nodes, node_subgraphs
+from qtool.graph.index import GraphView, all_nodes, node_subgraphs
 from qtool.graph.weights import Weights
 from qtool.numerics.qparams import quantize
 from qtool.numerics.ranges import weight_qparams
@@ -37,7 +37,7 @@ def store_body_weights(
     graph = model.graph
     names, prologue = Names(graph), list[onnx.NodeProto]()
     forms = StoredForms(names, graph, prologue)
-    owners = {node.name: node for node in graph.node}
+    owners = GraphView(graph).by_name
     stored = []
     for plan in plans:
         init, holder = _initializer(graph, plan.weight)

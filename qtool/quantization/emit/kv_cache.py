@@ -22,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decoder import DecoderInterface, complete_feed, last_token_scores, next_step_feed
+from qtool.graph.index import GraphView
 from qtool.graph.session import run_session
 
 RANGE_STEPS = 8  # greedy decode steps after each calibration prefill whose cache the ranges include
@@ -87,7 +88,7 @@ def _scale(largest: np.ndarray, granularity: str) -> np.ndarray:
 
 def quantize_cache(model: onnx.ModelProto, ranges: Mapping[str, np.ndarray], granularity: str) -> list[str]:
     """Store every :func:`cache_nodes` cache as int8 with scales from ``ranges``; returns the nodes changed."""
-    nodes = {n.name: n for n in model.graph.node}
+    nodes = GraphView(model).by_name
     typed: dict[str, int] = {}
     changed = []
     for found in cache_nodes(model):

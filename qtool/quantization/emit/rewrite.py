@@ -74,7 +74,8 @@ class _Rewriter:
         self.names = Names(self.graph)
         self.inits = {i.name: i for i in self.graph.initializer}
         self.graph_inputs = {i.name for i in self.graph.input}
-        self.nodes = {n.name: n for n in self.graph.node}
+        view = GraphView(self.model)
+        self.nodes = view.by_name
         self.planned_outputs = {n.output for n in plan.nodes if n.output}
         self.prologue: list[onnx.NodeProto] = []  # DQ of weights, Q/DQ of graph inputs and constants
         self.forms = StoredForms(self.names, self.graph, self.prologue)
@@ -88,7 +89,7 @@ class _Rewriter:
         self.weight_codes = WeightCodes(plan, self.uses, store, self.inits, act_qparams, algorithms, self.report)
         # An If/Loop/Scan reads what its bodies use from the outer scope: such a weight is not
         # exclusive to its quantized readers, so it keeps its float initializer under its name.
-        self.consumers = GraphView(self.model).consumers
+        self.consumers = view.consumers
 
     def _rename_input(self, node: onnx.NodeProto, old: str, new: str) -> None:
         for i, name in enumerate(node.input):

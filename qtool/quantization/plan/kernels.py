@@ -77,9 +77,9 @@ def _gemm_fusable_add(
 
 def predict_kernels(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, KernelPrediction]:
     """One prediction per planned node of the prepared ``model``."""
-    nodes = {n.name: n for n in model.graph.node}
-    constants = {i.name for i in model.graph.initializer}
     view = GraphView(model)
+    nodes = view.by_name
+    constants = {i.name for i in model.graph.initializer}
     consumers = {name: view.input_readers(name) for name in view.readers}
     # graph outputs still written by the float node itself (a quantized one is written by its DequantizeLinear)
     final_outputs = {o.name for o in model.graph.output} - set(plan.activations)

@@ -106,7 +106,7 @@ def measured_layers(
 ) -> tuple[list[MeasuredLayer], dict[str, str]]:
     """The layers of ``quantized`` to measure for ``nodes`` (name -> input layout), and why others cannot be."""
     inits = {i.name: i for i in prepared.graph.initializer}
-    float_nodes = {n.name: n for n in prepared.graph.node}
+    float_nodes = GraphView(prepared).by_name
     layers, skipped = [], {}
     for node in quantized.graph.node:
         if node.name not in nodes:

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from qtool.graph.index import GraphView
 from qtool.graph.weights import Weights
 from qtool.numerics.qparams import dequantize, quantize
 from qtool.numerics.ranges import weight_qparams
@@ -122,7 +123,7 @@ class AwqReader:
 
 def awq_readers(plan: QuantPlan, model: onnx.ModelProto, store: Weights) -> tuple[list[AwqReader], dict[str, str]]:
     """The plan's nodes that turn AWQ on and run weight-only, and why the others cannot be scaled."""
-    nodes = {n.name: n for n in model.graph.node}
+    nodes = GraphView(model).by_name
     inits = {i.name: i for i in model.graph.initializer}
     readers: list[AwqReader] = []
     skipped: dict[str, str] = {}
