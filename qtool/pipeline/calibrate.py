@@ -110,41 +110,6 @@ def read_statistics(ws: Workspace, stats_path: Path | str, trusted: frozenset[st
     return stats
 
 
-def check_transforms(stats: CalibrationStats, ws: Workspace, path: Path | str) -> None:
-    """Statistics describe the model as transformed when they were taken: the config must transform it alike.
-
-    Called after equalization and before SmoothQuant, whose nodes it reads from the plan.
-    """
-    pairs = list(ws.transforms.equalized)
-    if pairs != stats.equalized:
-        if stats.equalized:
-            then = f"with cross-layer equalization of {len(stats.equalized)} Conv pairs"
-        else:
-            then = "without cross-layer equalization"
-        now = f"equalizes {len(pairs)}" if pairs else "equalizes none"
-        raise QtoolError(
-            f"{path} was calibrated {then}; this config {now}",
-            hint="quantize with the config you calibrated with, or re-run qtool calibrate",
-        )
-    wanted = set(smoothing_nodes(ws.plan(), ws.prepared).values())
-    if wanted and not stats.smoothing:
-        raise QtoolError(
-            f"{path} was calibrated without SmoothQuant, which this config turns on",
-            hint="re-run qtool calibrate with this config",
-        )
-    if stats.smoothing and not wanted:
-        raise QtoolError(
-            f"{path} was calibrated with SmoothQuant, which this config leaves off",
-            hint="quantize with the config you calibrated with, or re-run qtool calibrate",
-        )
-    missing = sorted(wanted - set(stats.smoothing))
-    if missing:
-        raise QtoolError(
-            f"{path} has no SmoothQuant channel ranges for tensor '{missing[0]}'",
-            hint="re-run qtool calibrate with this config",
-        )
-
-
 def calibrate(
     ws: Workspace,
     data_dir: Path | str,

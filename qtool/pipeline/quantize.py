@@ -26,10 +26,10 @@ from qtool.graph.ort_rewrites import fp8_relu_note
 from qtool.graph.session import create_session
 from qtool.options import QUANTIZE_EVALUATION, CalibrationOptions, EvaluationOptions, OutputOptions, SearchOptions
 from qtool.pipeline.build import Builder, Built, input_collector, weight_algorithms
-from qtool.pipeline.calibrate import check_transforms, observe, read_statistics, without_data
+from qtool.pipeline.calibrate import observe, read_statistics, without_data
 from qtool.pipeline.choose import choose
 from qtool.pipeline.kv_cache import apply_kv_cache, check_kv_cache
-from qtool.pipeline.passes import BEFORE_QUANTIZATION, Awq, Equalize, PassInputs, SmoothQuant, run_passes
+from qtool.pipeline.passes import BEFORE_QUANTIZATION, PassInputs, run_passes, with_statistics
 from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory
 from qtool.quantization.algorithms.rounding.node_inputs import NodeInputCollector
@@ -90,11 +90,10 @@ def statistics(ws: Workspace, request: QuantizeRequest, progress: ProgressFactor
         # a module:Class observer in the file is imported only if the user named it too
         trusted = ws.config.observer_references() | ({calibration.observer} if calibration.observer else set())
         stats = read_statistics(ws, request.stats_path, frozenset(trusted))
-        run_passes(ws, (Equalize(),), PassInputs(None, calibration))
-        check_transforms(stats, ws, request.stats_path)
         search_data = request.search.data_dir if request.search is not None else None
-        run_passes(ws, (SmoothQuant(),), PassInputs(None, calibration, stats.smoothing))
-        run_passes(ws, (Awq(),), PassInputs(search_data, calibration))
+        run_passes(
+            ws, with_statistics(stats, request.stats_path), PassInputs(search_data, calibration, stats.smoothing)
+        )
         return Statistics(stats, None, input_collector(ws), calibrated=False)
     if request.data_dir is None:
         return Statistics(without_data(ws), None, None, calibrated=False)

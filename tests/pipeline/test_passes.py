@@ -82,3 +82,23 @@ def test_awq_with_samples_moves_scales_into_the_weights():
     scaled = {node for group in ws.transforms.awq for node in group.nodes}
     assert scaled and scaled <= set(readers)
     assert ws.prepared is not before and _same_outputs(ws, ws.prepared)  # scales moved, the function kept
+
+
+def test_every_pass_checks_its_preconditions_before_any_pass_runs():
+    import pytest
+
+    from qtool.errors import QtoolError
+
+    applied = []
+
+    class Recording(Equalize):
+        def apply(self, workspace, inputs):  # type: ignore[no-untyped-def]
+            applied.append(self.name)
+            return super().apply(workspace, inputs)
+
+    config = load_config({"global": {"placement": "integer", "algorithms": {"smoothquant": True}}})
+    ws = open_workspace(sample("mlp"), config)
+    before = ws.prepared
+    with pytest.raises(QtoolError, match="smoothquant needs calibration samples"):
+        run_passes(ws, (Recording(), SmoothQuant()), PassInputs(None, DEFAULT_CALIBRATION))
+    assert applied == [] and ws.prepared is before  # refused before the first pass ran

@@ -2,22 +2,37 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from qtool.calibration.statistics import CalibrationStats
 from qtool.pipeline.passes.awq import Awq
 from qtool.pipeline.passes.base import Pass, PassInputs, PassResult, run_passes
 from qtool.pipeline.passes.equalize import Equalize
 from qtool.pipeline.passes.smoothquant import SmoothQuant
+from qtool.pipeline.passes.statistics_check import MatchesStatistics
 
 BEFORE_CALIBRATION: tuple[Pass, ...] = (Equalize(), SmoothQuant())  # what statistics files describe
 BEFORE_QUANTIZATION: tuple[Pass, ...] = (*BEFORE_CALIBRATION, Awq())  # AWQ reads its own float pass
+
+
+def with_statistics(stats: CalibrationStats, path: Path | str) -> tuple[Pass, ...]:
+    """The passes before quantizing with a statistics file, checked against the file after equalization.
+
+    SmoothQuant then takes the file's channel ranges, and AWQ ``--search-data``.
+    """
+    return (Equalize(), MatchesStatistics(stats, path), SmoothQuant(), Awq())
+
 
 __all__ = [
     "BEFORE_CALIBRATION",
     "BEFORE_QUANTIZATION",
     "Awq",
     "Equalize",
+    "MatchesStatistics",
     "Pass",
     "PassInputs",
     "PassResult",
     "SmoothQuant",
     "run_passes",
+    "with_statistics",
 ]

@@ -28,6 +28,9 @@ class Awq:
 
     name = "awq"
 
+    def requires(self, workspace: Workspace, inputs: PassInputs) -> None:
+        """Nothing: without samples the nodes keep their weights, and the notes say why."""
+
     def apply(self, workspace: Workspace, inputs: PassInputs) -> PassResult:
         """The scaled model, the groups it scaled and, per node it could not scale, why."""
         readers, notes = awq_readers(workspace.plan(), workspace.prepared, workspace.weights)

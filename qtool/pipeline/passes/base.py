@@ -35,13 +35,19 @@ class Pass(Protocol):
 
     name: str
 
+    def requires(self, workspace: Workspace, inputs: PassInputs) -> None:
+        """Refuse (QtoolError) inputs the pass cannot work with, before any pass of the list runs."""
+        ...
+
     def apply(self, workspace: Workspace, inputs: PassInputs) -> PassResult:
         """The rewritten model and what was done (the workspace is not changed)."""
         ...
 
 
 def run_passes(workspace: Workspace, passes: tuple[Pass, ...], inputs: PassInputs) -> None:
-    """Apply ``passes`` in order, each to the model the one before it wrote."""
+    """Check every pass's preconditions, then apply ``passes`` in order, each to the model the one before wrote."""
+    for one in passes:
+        one.requires(workspace, inputs)
     for one in passes:
         result = one.apply(workspace, inputs)
         workspace.transformed(result.model, result.transforms)

@@ -19,6 +19,9 @@ class Equalize:
 
     name = "equalization"
 
+    def requires(self, workspace: Workspace, inputs: PassInputs) -> None:
+        """Data-free: nothing."""
+
     def apply(self, workspace: Workspace, inputs: PassInputs) -> PassResult:
         """The equalized model; statistics record the pairs, and ``quantize --stats`` checks them."""
         chosen = equalization_nodes(workspace.plan())

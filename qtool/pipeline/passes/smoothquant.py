@@ -20,6 +20,15 @@ class SmoothQuant:
 
     name = "smoothquant"
 
+    def requires(self, workspace: Workspace, inputs: PassInputs) -> None:
+        """Samples to measure the channel ranges, or a statistics file's, where the config smooths."""
+        if (
+            inputs.smoothing is None
+            and inputs.data_dir is None
+            and smoothing_nodes(workspace.plan(), workspace.prepared)
+        ):
+            raise QtoolError("smoothquant needs calibration samples or the channel ranges of a statistics file")
+
     def apply(self, workspace: Workspace, inputs: PassInputs) -> PassResult:
         """The smoothed model, the groups it smoothed and the maxima it used."""
         plan = workspace.plan()
@@ -28,8 +37,7 @@ class SmoothQuant:
             return PassResult(workspace.prepared, workspace.transforms)
         known = inputs.smoothing
         if known is None:
-            if inputs.data_dir is None:
-                raise QtoolError("smoothquant needs calibration samples or the channel ranges of a statistics file")
+            assert inputs.data_dir is not None  # see requires
             tap = ChannelMaxima(sorted(set(nodes.values())))
             tapped_pass(workspace, inputs.data_dir, inputs.options, tap, "SmoothQuant channel ranges")
             known = tap.maxima
