@@ -6,7 +6,7 @@ zero_points])``: ``B`` is stored column by column (one row per output ``n``) in 
 ``B[k, n] = (code - zero_point) * scale``. Codes are unsigned ``0 .. 2^bits - 1``; without a
 zero-point input the op uses ``2^(bits-1)`` (so 4-bit codes stand for -8..7 steps).
 
-Layouts onnxruntime 1.32 accepts (checked by ``tests/unit/test_matmul_nbits.py``):
+Layouts onnxruntime 1.32 accepts (checked by ``tests/numerics/test_matmul_nbits.py``):
 
 - ``B``: uint8 ``[N, n_blocks, block_size * bits / 8]``; element ``i`` of a block sits in byte
   ``i * bits // 8`` at bit ``(i * bits) % 8``: the first element in the lowest bits. ``K`` not a

@@ -14,7 +14,7 @@ With ``axis`` set, one histogram per channel is kept in a 2-D array.
 
 Counting is the observers' whole cost: a compiled kernel (``_counting.c``) reads each float32
 value once for its bin and the batch's extremes; numpy, where the kernel is not built, needs
-several passes. Both give the same counts (tests/unit/test_histogram.py checks it).
+several passes. Both give the same counts (tests/observers/test_histogram.py checks it).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import qtool
 from qtool.cli import app
 from qtool.options import EvaluationOptions
 from sample_models import decoder as sample_decoder
+from tests.calibration.test_decoder_feeds import _weights
 from tests.conftest import eval_dir, sample
-from tests.unit.test_decoder_feeds import _weights
 
 runner = CliRunner()
 QUICK = EvaluationOptions(runs=0, limit=6, decode_steps=8)

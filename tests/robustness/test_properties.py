@@ -46,7 +46,7 @@ REFERENCE_OPSET = 25  # QuantizeLinear / DequantizeLinear with int2/uint2, int4/
 def quant_cases(draw: st.DrawFn) -> tuple[np.ndarray, QParams]:
     """A float32 tensor and the QParams its own range gives, for any integer dtype, granularity and scheme.
 
-    float8 types have their own contract (symmetric, a float grid): tests/unit/test_qparams_fp8.py.
+    float8 types have their own contract (symmetric, a float grid): tests/numerics/test_qparams_fp8.py.
     """
     qtype = draw(st.sampled_from([t for t in QUANT_TYPES.values() if not t.float8]))
     symmetric, narrow = draw(st.booleans()), draw(st.booleans())

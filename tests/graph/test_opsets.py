@@ -15,7 +15,7 @@ import qtool
 from qtool.cli import app
 from qtool.errors import QtoolError
 from qtool.graph import opsets
-from tests.integration.test_graph_coverage import FLOAT, _data, _normal, _save, _sqnr, _value, _weight
+from tests.graph.test_graph_coverage import FLOAT, _data, _normal, _save, _sqnr, _value, _weight
 
 runner = CliRunner()
 REAL_KERNEL_OPSET = opsets.qdq_kernel_opset

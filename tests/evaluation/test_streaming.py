@@ -17,7 +17,7 @@ from onnx import numpy_helper
 from typer.testing import CliRunner
 
 from qtool.cli import app
-from tests.unit.test_judged_outputs import _streaming
+from tests.evaluation.test_judged_outputs import _streaming
 
 runner = CliRunner()
 

@@ -15,7 +15,7 @@ from onnx.reference import ReferenceEvaluator
 
 import qtool
 from tests.conftest import run_model
-from tests.unit.test_prepare import tf2onnx_shapes_model
+from tests.graph.test_prepare import tf2onnx_shapes_model
 
 KERNEL = (64, 64, 3, 3)
 
