@@ -15,8 +15,9 @@ from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.closed_loop import ClosedLoopScore
 from qtool.evaluation.gates import LANGUAGE_MODEL_METRICS, GateResult
 from qtool.evaluation.language_model import LanguageModelScore
+from qtool.evaluation.latency import LatencyComparison
 from qtool.evaluation.layers import LayerError
-from qtool.evaluation.metrics import Agreement, BoxIoU, ErrorMetrics, LatencyComparison
+from qtool.evaluation.metrics import Agreement, BoxIoU, ErrorMetrics
 from qtool.evaluation.output_kinds import OutputKind
 from qtool.graph.model_files import files_sha256, model_files
 from qtool.graph.prepare import PrepareReport

@@ -26,8 +26,9 @@ from qtool.evaluation.closed_loop import closed_loop_score
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
 from qtool.evaluation.judged import judged_outputs
 from qtool.evaluation.language_model import MAX_DECODE_STEPS, LanguageModelScore, language_model_metrics
+from qtool.evaluation.latency import LatencyComparison, LatencyRun, measure_latency
 from qtool.evaluation.layers import layer_errors
-from qtool.evaluation.metrics import TASKS, LatencyComparison, LatencyRun, measure_latency, output_metrics
+from qtool.evaluation.metrics import TASKS, output_metrics
 from qtool.evaluation.output_kinds import output_sources
 from qtool.evaluation.providers import session_providers, unavailable_reason
 from qtool.graph.input_shapes import fix_input_shapes

@@ -16,7 +16,7 @@ from qtool.choice.selection import PlacementChoice
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare
-from qtool.evaluation.metrics import LatencyComparison, LatencyStats, paired_ratio
+from qtool.evaluation.latency import LatencyComparison, LatencyStats, paired_ratio
 from qtool.graph.checks import check_quantized_model
 from qtool.graph.float16 import store_float16
 from qtool.graph.input_shapes import restore_input_dims

@@ -10,8 +10,9 @@ from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.closed_loop import ClosedLoopScore
 from qtool.evaluation.gates import GateResult
 from qtool.evaluation.language_model import LanguageModelScore
+from qtool.evaluation.latency import LatencyComparison
 from qtool.evaluation.layers import LayerError, largest_drop
-from qtool.evaluation.metrics import ErrorMetrics, LatencyComparison
+from qtool.evaluation.metrics import ErrorMetrics
 from qtool.reports.records import filled
 from qtool.results import ComparisonResult
 from qtool.schemas import reports as doc

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from qtool.evaluation.baseline import BaselineComparison
+from qtool.evaluation.latency import LatencyComparison
 from qtool.evaluation.layers import LayerError, largest_drop, layer_drop, layer_op
-from qtool.evaluation.metrics import LatencyComparison
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.plan.inspection import Inspection
 from qtool.reports.ci import improved

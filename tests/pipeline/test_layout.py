@@ -134,3 +134,12 @@ def test_tests_mirror_the_package():
     crossing = {"robustness", "golden", "docs", "bench", "fixtures", "plugins"}
     folders = {p.name for p in (PACKAGE.parent / "tests").iterdir() if p.is_dir() and any(p.glob("*.py"))}
     assert folders - packages - crossing == set()
+
+
+def test_no_module_is_over_400_lines():
+    long = [
+        f"{path.relative_to(PACKAGE)} ({len(path.read_text().splitlines())} lines)"
+        for path in PACKAGE.rglob("*.py")
+        if len(path.read_text().splitlines()) > 400
+    ]
+    assert long == []

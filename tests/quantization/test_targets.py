@@ -208,7 +208,7 @@ def test_device_bound_runs_give_the_same_outputs_and_compare_reports_setup_apart
 
 def test_accuracy_is_measured_again_on_each_gpu_provider(tmp_path, monkeypatch):
     from qtool.evaluation import compare as compare_module
-    from qtool.evaluation.metrics import LatencyComparison, LatencyStats
+    from qtool.evaluation.latency import LatencyComparison, LatencyStats
     from qtool.options import EvaluationOptions
 
     # Stand-in for a GPU: a session on the CPU under a GPU provider's name runs the plumbing for real.

@@ -25,7 +25,7 @@ from qtool.choice.tune.metric import MetricFunction, score_metric
 from qtool.choice.tune.sensitivity import sqnr_db
 from qtool.choice.tune.space import BLOCK_SIZE
 from qtool.evaluation.confidence import CONFIDENCE, mean_bound
-from qtool.evaluation.metrics import LatencyRun, measure_latency
+from qtool.evaluation.latency import LatencyRun, measure_latency
 from qtool.evaluation.scoring import OutputScorer, signal_means
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights

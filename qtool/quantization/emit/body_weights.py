@@ -18,6 +18,7 @@ from qtool.graph.weights import Weights
 from qtool.numerics.qparams import quantize
 from qtool.numerics.ranges import weight_qparams
 from qtool.quantization.emit.stored_forms import Names, StoredForms
+from qtool.quantization.emit.weight_copies import DEQUANTIZED, RESTORED, CopyKey
 from qtool.quantization.plan.records import BodyWeightPlan
 
 
@@ -25,15 +26,16 @@ def store_body_weights(
     model: onnx.ModelProto,
     plans: tuple[BodyWeightPlan, ...],
     store: Weights,
-    main: Mapping[str, str] | None = None,
+    restored: Mapping[tuple[str, CopyKey, str], str] | None = None,
 ) -> list[str]:
     """Store each planned body weight quantized (see the module); returns the weights stored.
 
-    ``main``: weights the main graph's nodes read stored already, and the float tensor restoring them there: a
-    body reads that tensor instead of a second stored copy.
+    ``restored``: the float tensors the main graph's rewrite restored its stored weights to, by (weight, copy,
+    form): a body reads such a tensor instead of a second stored copy of its weight.
     """
     if not plans:
         return []
+    main = {w: name for (w, _, form), name in (restored or {}).items() if form in (DEQUANTIZED, RESTORED)}
     graph = model.graph
     names, prologue = Names(graph), list[onnx.NodeProto]()
     forms = StoredForms(names, graph, prologue)
@@ -41,20 +43,20 @@ def store_body_weights(
     stored = []
     for plan in plans:
         init, holder = _initializer(graph, plan.weight)
-        if plan.weight in (main or {}):
-            restored = (main or {})[plan.weight]
+        if plan.weight in main:
+            float_form = main[plan.weight]
         elif init is None or holder is None:
             continue
         else:
             values = store.value(init)
             qp = weight_qparams(values, plan.scheme, plan.axis, f"weight {plan.weight}")
             integers = forms.integers(plan.weight, quantize(values, qp), qp)
-            restored = names.new(f"{plan.weight}/restored")
-            forms.restored_at_load(plan.weight, integers, qp, restored, tuple(values.shape))
+            float_form = names.new(f"{plan.weight}/restored")
+            forms.restored_at_load(plan.weight, integers, qp, float_form, tuple(values.shape))
             stored.append(plan.weight)
         for body in node_subgraphs(owners[plan.owner]):
             for node in all_nodes(body):
-                node.input[:] = [restored if name == plan.weight else name for name in node.input]
+                node.input[:] = [float_form if name == plan.weight else name for name in node.input]
         if init is not None and holder is not None and not _read(graph, plan.weight):
             holder.initializer.remove(init)  # the store keeps its values: other builds of the model read them
     nodes = [*prologue, *graph.node]

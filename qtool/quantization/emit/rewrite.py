@@ -33,7 +33,6 @@ from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.emit.stored_forms import Names, StoredForms
 from qtool.quantization.emit.weight_codes import WeightCodes
 from qtool.quantization.emit.weight_copies import (
-    DEQUANTIZED,
     FP16,
     GATHERED,
     INTEGERS,
@@ -104,10 +103,9 @@ class _Rewriter:
     def quantize_activation(self, tensor: str, readers: list[str]) -> None:
         """Insert one Q/DQ pair for ``tensor``.
 
-        The quantized output of a planned node is read by every consumer (what
-        onnxruntime needs to fuse the producer into an integer kernel). Any other
-        tensor (a graph input, a constant, the output of a float node) is only
-        rewired for the planned ``readers``; other consumers keep the float value.
+        The quantized output of a planned node is read by every consumer (what onnxruntime needs to fuse the
+        producer into an integer kernel). Any other tensor (a graph input, a constant, the output of a float
+        node) is only rewired for the planned ``readers``; other consumers keep the float value.
         """
         qp = self.act_qparams[tensor]
         scale, zero = self.forms.add_qparam_inits(tensor, qp)
@@ -398,7 +396,5 @@ def insert_qdq(
     store = weights if weights is not None else Weights()
     rewriter = _Rewriter(model, plan, act_qparams, store, algorithms, bias_shifts, correct_biases)
     rewritten, report = rewriter.run()
-    # a weight the main graph stores already is read from its float form there: one stored copy, not two
-    main = {weight: name for (weight, _, form), name in rewriter.restored.items() if form in (DEQUANTIZED, RESTORED)}
-    report.quantized_weights += store_body_weights(rewritten, plan.body_weights, store, main)
+    report.quantized_weights += store_body_weights(rewritten, plan.body_weights, store, rewriter.restored)
     return rewritten, report
