@@ -16,6 +16,19 @@ from qtool.numerics.saturation import (
     kernel_rows,
     overflowing_columns,
 )
+from qtool.quantization.algorithms.rounding.adaround import adaround
+from qtool.quantization.algorithms.rounding.gptq import (
+    RowGrid,
+    gptq_round,
+    hessian_factors,
+    output_error,
+    pair_partners,
+    qparams_rows,
+    rows_to_weight,
+    weight_rows,
+)
+from qtool.quantization.algorithms.rounding.node_inputs import NodeInput
+from qtool.quantization.algorithms.rounding.weight_rounding import ADAROUND, ADAROUND_WORK, _learned, _paired
 
 
 def _vpmaddubsw_matmul(acts: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -110,19 +123,6 @@ def test_codes_rounded_past_the_limit_give_way_one_step_at_a_time():
     ("shape", "layout", "kind", "axis"), [((32, 16, 3, 3), CONV, "Conv", 0), ((96, 40), COLUMNS, "MatMul", 1)]
 )
 def test_gptq_keeps_the_pairs_within_the_limit_when_that_errs_less_than_nudging_its_codes(shape, layout, kind, axis):
-    from qtool.quantization.algorithms.rounding.gptq import (
-        RowGrid,
-        gptq_round,
-        hessian_factors,
-        output_error,
-        pair_partners,
-        qparams_rows,
-        rows_to_weight,
-        weight_rows,
-    )
-    from qtool.quantization.algorithms.rounding.node_inputs import NodeInput
-    from qtool.quantization.algorithms.rounding.weight_rounding import _paired
-
     rng = np.random.default_rng(3)
     weight = rng.normal(size=shape).astype(np.float32)
     rows = weight_rows(weight, kind)
@@ -163,20 +163,6 @@ def test_codes_a_rounding_returns_transposed_are_still_brought_within_the_limit(
 
 
 def test_adaround_keeps_the_pairs_within_the_limit_and_never_errs_more_than_its_start():
-    from qtool.quantization.algorithms.rounding.adaround import adaround
-    from qtool.quantization.algorithms.rounding.gptq import (
-        RowGrid,
-        gptq_round,
-        hessian_factors,
-        output_error,
-        pair_partners,
-        qparams_rows,
-        rows_to_weight,
-        weight_rows,
-    )
-    from qtool.quantization.algorithms.rounding.node_inputs import NodeInput
-    from qtool.quantization.algorithms.rounding.weight_rounding import ADAROUND, ADAROUND_WORK, _learned
-
     rng = np.random.default_rng(5)
     shape, layout, kind = (16, 8, 3, 3), CONV, "Conv"
     weight = rng.normal(size=shape).astype(np.float32)
