@@ -97,6 +97,13 @@ def continuations(directory: Path, paths: Sequence[Path]) -> list[bool]:
     return [order.follows(path, paths[i - 1] if i else None) for i, path in enumerate(paths)]
 
 
+def _shard(directory: Path, items: list[Path], k: int, n: int) -> list[Path]:
+    """Every n-th sample from the k-th; over sequences, every n-th whole sequence (a state runs through it)."""
+    if all(path.parent == directory for path in items):
+        return items[k - 1 :: n]
+    return [items[i] for group in sequences(items)[k - 1 :: n] for i in group]
+
+
 def sequences(files: Sequence[Path]) -> list[list[int]]:
     """The positions of ``files`` grouped by folder, in order: one sequence of chunks per folder."""
     grouped: dict[Path, list[int]] = {}
@@ -163,7 +170,8 @@ class Dataset:
         spread: use only this many samples, spread evenly over the whole (sorted) set: the
             middle one of each of ``spread`` equal stretches.
         shard: ``(k, n)`` keeps every n-th of those samples starting with the k-th
-            (1-based), so ``n`` shards together cover each sample exactly once.
+            (1-based), so ``n`` shards together cover each sample exactly once; data laid out as
+            sequences is sharded by whole sequences.
         preprocess: the config's ``preprocess:`` block, for images.
         skip_nonfinite: skip samples holding NaN or Inf (counted in
             ``skipped``) instead of failing.
@@ -212,7 +220,7 @@ class Dataset:
             k, n = shard
             if not 1 <= k <= n:
                 raise QtoolError(f"shard {k}/{n} does not exist", hint="use K/N with 1 <= K <= N")
-            items = items[k - 1 :: n]
+            items = _shard(self.directory, items, k, n)
             if not items:
                 raise QtoolError(f"shard {k}/{n} of {self.directory} holds no samples (of {total})")
         self.files = items

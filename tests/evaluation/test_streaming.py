@@ -187,3 +187,20 @@ def test_calibration_follows_the_float_model_through_each_sequence(
     # over sequences the state input holds what the float model fed back (a Tanh: up to +-1), not only zeros
     assert ranges["flat"] == {"min": 0.0, "max": 0.0}
     assert ranges["sequences"]["max"] > 0.5 and ranges["sequences"]["min"] < -0.5
+
+
+def test_shards_of_sequences_hold_whole_sequences_and_merge_to_one_process(
+    streaming: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    reference, _, data = streaming
+    whole, parts = tmp_path / "whole.json", [tmp_path / "1.json", tmp_path / "2.json"]
+    args = ["calibrate", str(reference), str(data), "--observer", "minmax"]
+    assert runner.invoke(app, [*args, "-o", str(whole)]).exit_code == 0
+    for k, part in enumerate(parts, 1):
+        r = runner.invoke(app, [*args, "-o", str(part), "--shard", f"{k}/2"])
+        assert r.exit_code == 0, r.output
+    samples = [json.loads(p.read_text())["samples"] for p in parts]
+    assert samples == [12, 6]  # sequences 1 and 3 whole, then sequence 2: each carries its state from chunk to chunk
+    merged = tmp_path / "merged.json"
+    assert runner.invoke(app, ["merge", *map(str, parts), "-o", str(merged)]).exit_code == 0
+    assert json.loads(merged.read_text())["tensors"] == json.loads(whole.read_text())["tensors"]
