@@ -20,9 +20,11 @@ NodeKind = Literal["integer", "dynamic", "storage", "weight_only", "lookup", "ch
 integer kernels (see qtool.quantization.plan.chains)."""
 AutoPlacement = Literal["integer", "storage", "dynamic"]
 """What the placement choice makes of every node a rule placed "auto", one candidate each."""
-Saturation = Literal["auto", "uint8", "reduce_range", "ignore", "fit"]
-"""``weight.saturation`` as written (auto | uint8 | reduce_range | ignore), and ``fit``: what ``auto`` becomes
-for a node whose int8 weight pairs are fitted to the AVX2 limit (see qtool.numerics.saturation)."""
+SaturationSetting = Literal["auto", "uint8", "reduce_range", "ignore"]
+"""``weight.saturation`` as a config writes it."""
+Saturation = SaturationSetting | Literal["fit"]
+"""A setting, or ``fit``: what ``auto`` becomes for a node whose int8 weight pairs are fitted to the AVX2 limit
+(see qtool.numerics.saturation)."""
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,13 @@ QtoolError at the YAML line and column of the offending key or value.
 from __future__ import annotations
 
 from importlib import resources
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from qtool.errors import QtoolError
+from qtool.schemes import RulePlacement, SaturationSetting
 
 CONFIG_VERSION = 1
 # ONNX's FLOAT8E4M3FN: symmetric, per_tensor or per_channel. (qparams also has fp8_e5m2, not offered: onnxruntime
@@ -23,8 +24,8 @@ FP8_DTYPES = ("fp8_e4m3",)
 WEIGHT_DTYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", *FP8_DTYPES, "fp16")
 ACTIVATION_DTYPES = ("uint8", "int8", "uint16", "int16", *FP8_DTYPES)  # what onnxruntime's QuantizeLinear runs on CPU
 GRANULARITIES = ("per_tensor", "per_channel", "per_block")
-PLACEMENTS = ("auto", "integer", "storage")
-SATURATION_GUARDS = ("auto", "uint8", "reduce_range", "ignore")
+PLACEMENTS = get_args(RulePlacement)
+SATURATION_GUARDS = get_args(SaturationSetting)
 MAX_BLOCK_SIZE = 1 << 20  # ONNX's block_size attribute is an int64; a block beyond any axis is a typo
 LAYOUTS = ("NCHW", "NHWC")
 MAX_IMAGE_SIDE = 16384  # pixels per side after resize or crop
@@ -93,7 +94,7 @@ class WeightSettings(_Strict):
         description="null: the op's natural axis (per_channel: output channels; per_block: the reduction axis, e.g. K"
         " of a MatMul weight [K, N])",
     )
-    saturation: Literal["auto", "uint8", "reduce_range", "ignore"] | None = Field(
+    saturation: SaturationSetting | None = Field(
         None,
         description="integer-placed nodes with 8-bit activations: x86 CPUs without VNNI saturate int16 sums of uint8 "
         "x int8 products of weights adjacent along the reduction. auto: per node, full-range int8 where no pair "
@@ -178,7 +179,7 @@ class NodeSettings(_Strict):
         None, description="how the node's float inputs (and the output it feeds an integer consumer) are quantized"
     )
     weight_only: bool | None = Field(None, description="true: quantize weights only, keep activations float")
-    placement: Literal["auto", "integer", "storage"] | None = Field(
+    placement: RulePlacement | None = Field(
         None,
         description="integer: Q/DQ so onnxruntime runs integer kernels; storage: weights stored quantized, restored "
         "to float at load; auto: integer where a node does enough work per value to gain from it",
