@@ -246,13 +246,13 @@ def collect_statistics(
     run: FloatPass = FloatPass(),
     *,
     on_progress: ProgressCallback | None = None,
-    outputs: FloatOutputs | None = None,
+    known: FloatOutputs | None = None,
     taps: Sequence[BatchTap] = (),
 ) -> tuple[dict[str, Observer], int, dict[str, int]]:
     """Run ``prepared`` over ``dataset`` and observe each tensor in ``tensors``.
 
     Only one batch of activations is alive at a time, whatever the dataset size. The observers of
-    a batch run on all cores (see :class:`_BatchObserver`). With ``outputs``, the graph outputs of
+    a batch run on all cores (see :class:`_BatchObserver`). With ``known``, the graph outputs of
     each sample run alone and not fed the state before it are kept there. Each of ``taps`` sees every
     batch of the tensors it names. A streaming model follows its own state (see :class:`_StateCarry`).
 
@@ -272,7 +272,7 @@ def collect_statistics(
         session = _exposing_session(prepared, [*names, *tapped], run, spinning=observe.threads == 1)
         seen = 0
         elements: dict[str, int] = {}
-        graph_outputs = [o.name for o in prepared.graph.output] if outputs is not None else []
+        graph_outputs = [o.name for o in prepared.graph.output] if known is not None else []
         carry = _StateCarry(dataset, run.state)
         fetched = list(dict.fromkeys([*names, *tapped, *graph_outputs, *carry.state]))
         for paths, given in dataset.batches(1 if carry.state else run.batch_size):
@@ -280,8 +280,8 @@ def collect_statistics(
             feed, fed = carry.feed(paths, given)
             fetched_values = run_session(session, fetched, feed, f"the float model on {_samples(paths)}")
             by_name = carry.kept(paths, dict(zip(fetched, fetched_values, strict=True)))
-            if outputs is not None and count == 1 and not fed:
-                outputs.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
+            if known is not None and count == 1 and not fed:
+                known.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
             values = [np.asarray(by_name[name]) for name in names]
             for tap in taps:
                 tap.observe({name: np.asarray(by_name[name]) for name in tap.tensors}, count, feed)

@@ -56,7 +56,7 @@ def compare(
     config_path: Path | str | Mapping[str, Any] | None = None,
     gates: list[Gate] | None = None,
     progress: ProgressFactory | None = None,
-    reference_outputs: FloatOutputs | None = None,
+    known: FloatOutputs | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     baseline: Path | str | None = None,
     fail_on_regression: bool = False,
@@ -73,7 +73,7 @@ def compare(
         config_path: a QConfigDict whose ``preprocess:`` block turns images into inputs.
         gates: thresholds to judge (see :mod:`qtool.evaluation.gates`).
         progress: receives progress updates.
-        reference_outputs: the float model's outputs that calibration kept for some of these
+        known: the float model's outputs that calibration kept for some of these
             samples (``quantize --data``): those samples do not run the reference again.
         input_shapes: input name -> sizes fixing its dynamic dimensions other than batch: samples of
             another shape are refused, so accuracy and latency are measured at that shape.
@@ -86,7 +86,7 @@ def compare(
     options = _gate_outputs(reference_model, options, config_path)
     paths = (Path(reference_path), Path(candidate_path))
     dataset = _dataset(reference_model, candidate_model, paths, data_dir, options, config_path, input_shapes)
-    result = _measured(reference_model, candidate_model, paths, dataset, options, progress, reference_outputs)
+    result = _measured(reference_model, candidate_model, paths, dataset, options, progress, known)
     reproducibility = _reproducibility(dataset, config_path, options, result.latency)
     result = replace(result, data_dir=str(data_dir), reproducibility=reproducibility)
     judged = evaluate_gates(gates or [], result.measured(), result.intervals())
@@ -177,7 +177,7 @@ def _measured(
     dataset: Dataset,
     options: EvaluationOptions,
     progress: ProgressFactory | None,
-    reference_outputs: FloatOutputs | None,
+    known: FloatOutputs | None,
 ) -> ComparisonResult:
     """Accuracy (per output, per layer when asked) and latency on each provider."""
     reference_path, candidate_path = paths
@@ -193,7 +193,7 @@ def _measured(
             output_sources(reference_model),
             factory("accuracy", len(dataset)),
             task=options.task,
-            known=reference_outputs,
+            known=known,
             judged=judged.subset,
         )
     language = _language_model((reference_model, candidate_model), (reference, candidate), dataset, options, factory)

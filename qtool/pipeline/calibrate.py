@@ -29,12 +29,12 @@ def observe(
     data_dir: Path | str,
     options: CalibrationOptions,
     progress: ProgressFactory | None = None,
-    outputs: FloatOutputs | None = None,
+    known: FloatOutputs | None = None,
     inputs: NodeInputCollector | None = None,
 ) -> CalibrationStats:
     """One float pass over the calibration samples: the plan's activation ranges, plus what the taps keep.
 
-    ``outputs`` keeps the float outputs (the placement choice and the comparison reuse them);
+    ``known`` keeps the float outputs (the placement choice and the comparison reuse them);
     ``inputs`` gathers the weight algorithms' calibration inputs.
     """
     config = ws.config
@@ -65,7 +65,7 @@ def observe(
             Observing(name, observer_options, per_tensor),
             FloatPass(batch, options.threads, ws.weights, state),
             on_progress=advance,
-            outputs=outputs,
+            known=known,
             taps=[inputs] if inputs is not None else [],
         )
     if seen == 0:

@@ -68,7 +68,7 @@ class Statistics:
     """The statistics a run quantizes with, and what their float pass kept for later stages."""
 
     stats: CalibrationStats
-    outputs: FloatOutputs | None  # float outputs of the calibration samples (placement choice, comparison)
+    known: FloatOutputs | None  # float outputs of the calibration samples (placement choice, comparison)
     collector: NodeInputCollector | None  # the weight algorithms' inputs, when a node asks for them
     calibrated: bool  # the collector was fed by the calibration pass
 
@@ -99,9 +99,9 @@ def statistics(ws: Workspace, request: QuantizeRequest, progress: ProgressFactor
         return Statistics(without_data(ws), None, None, calibrated=False)
     run_passes(ws, BEFORE_QUANTIZATION, PassInputs(request.data_dir, calibration))
     collector = input_collector(ws)
-    outputs = FloatOutputs()  # computed anyway: they serve the placement choice and the comparison
-    stats = observe(ws, request.data_dir, calibration, progress, outputs, collector)
-    return Statistics(stats, outputs, collector, calibrated=True)
+    known = FloatOutputs()  # computed anyway: they serve the placement choice and the comparison
+    stats = observe(ws, request.data_dir, calibration, progress, known, collector)
+    return Statistics(stats, known, collector, calibrated=True)
 
 
 def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory | None) -> QuantizeResult:
@@ -117,7 +117,7 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
     elif request.search is not None and search_dir is not None:
         with stage("placement choice (accuracy, search, latency)"):
             evaluation = request.evaluation or QUANTIZE_EVALUATION
-            config, choice = choose(builder, search_dir, request.search, evaluation, progress, data.outputs)
+            config, choice = choose(builder, search_dir, request.search, evaluation, progress, data.known)
     unmeasured = _unmeasured_placement(builder, config, request, search_dir)
     if unmeasured is not None:
         config = unmeasured[0]
@@ -131,7 +131,7 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
     result.notes += [unmeasured[1]] if unmeasured is not None else []
     result.notes += preparation_notes(ws)
     if request.evaluation is not None and (request.eval_dir is not None or request.data_dir is not None):
-        result.comparison = compared(result, ws, request, progress, data.outputs)
+        result.comparison = compared(result, ws, request, progress, data.known)
     return result
 
 
@@ -260,7 +260,7 @@ def compared(
     ws: Workspace,
     request: QuantizeRequest,
     progress: ProgressFactory | None,
-    kept: FloatOutputs | None,
+    known: FloatOutputs | None,
 ) -> ComparisonResult:
     """The written model compared with the float one; a timed placement choice's latency is reused."""
     assert request.evaluation is not None  # the caller compares only when asked
@@ -283,7 +283,7 @@ def compared(
         options=replace(evaluation, runs=0) if timed else evaluation,
         config_path=request.config_source,
         progress=progress,
-        reference_outputs=kept if request.eval_dir is None else None,
+        known=known if request.eval_dir is None else None,
         input_shapes=request.input_shapes,
     )
     comparison = replace(comparison, calibration_data=request.eval_dir is None)

@@ -31,7 +31,7 @@ def test_samples_are_observed_once_and_keep_the_float_outputs(tmp_path):
     ws = open_workspace(sample("cnn"), load_config())
     found = statistics(ws, _request(tmp_path, data_dir=calib_dir("cnn")), None)
     assert found.calibrated and found.stats.samples == len(list(calib_dir("cnn").iterdir()))
-    assert found.outputs is not None and found.stats.tensors
+    assert found.known is not None and found.stats.tensors
 
 
 def test_a_statistics_file_is_read_and_the_same_ranges_come_back(tmp_path):
@@ -39,7 +39,7 @@ def test_a_statistics_file_is_read_and_the_same_ranges_come_back(tmp_path):
     qtool.write_stats(stats, tmp_path / "s.json")
     ws = open_workspace(sample("cnn"), load_config())
     found = statistics(ws, _request(tmp_path, stats_path=tmp_path / "s.json"), None)
-    assert not found.calibrated and found.outputs is None
+    assert not found.calibrated and found.known is None
     assert set(found.stats.tensors) == set(stats.tensors)
 
 
