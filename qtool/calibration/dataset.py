@@ -62,9 +62,14 @@ def _sequence_files(directory: Path, kind: str) -> list[Path]:
     return [path for folder in folders for path in sorted(folder.glob(f"*.{kind}"))]
 
 
+def in_sequences(directory: Path, items: Sequence[Path]) -> bool:
+    """Whether ``items`` are laid out as sequences: chunks in sub-folders of ``directory``, not files of it."""
+    return any(path.parent != directory for path in items)
+
+
 def _spread(directory: Path, items: list[Path], count: int) -> list[Path]:
     """``count`` samples spread evenly over ``items``; over sequences, whole sequences (as many as that takes)."""
-    if all(path.parent == directory for path in items):
+    if not in_sequences(directory, items):
         return [items[i] for i in spread_positions(len(items), count)]
     groups = sequences(items)
     wanted = min(len(groups), max(1, -(-count * len(groups) // len(items))))  # sequences of the mean length
@@ -81,14 +86,17 @@ class SequenceOrder:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._chunks: dict[Path, list[Path]] = {}  # each sequence folder's chunks in order
+        self._positions: dict[Path, dict[Path, int]] = {}  # each sequence folder's chunks: position in order
 
     def follows(self, path: Path, before: Path | None) -> bool:
         folder = path.parent
         if before is None or folder == self.directory or folder != before.parent:
             return False
-        order = self._chunks.setdefault(folder, sorted(p for p in folder.iterdir() if p.suffix == path.suffix))
-        return path in order and before in order and order.index(path) == order.index(before) + 1
+        if folder not in self._positions:
+            chunks = sorted(p for p in folder.iterdir() if p.suffix == path.suffix)
+            self._positions[folder] = {chunk: i for i, chunk in enumerate(chunks)}
+        position = self._positions[folder]
+        return path in position and before in position and position[path] == position[before] + 1
 
 
 def continuations(directory: Path, paths: Sequence[Path]) -> list[bool]:
@@ -99,7 +107,7 @@ def continuations(directory: Path, paths: Sequence[Path]) -> list[bool]:
 
 def _shard(directory: Path, items: list[Path], k: int, n: int) -> list[Path]:
     """Every n-th sample from the k-th; over sequences, every n-th whole sequence (a state runs through it)."""
-    if all(path.parent == directory for path in items):
+    if not in_sequences(directory, items):
         return items[k - 1 :: n]
     return [items[i] for group in sequences(items)[k - 1 :: n] for i in group]
 

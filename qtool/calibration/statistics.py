@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from qtool.calibration.dataset import Dataset, Feed, SequenceOrder
+from qtool.calibration.dataset import Dataset, Feed, SequenceOrder, in_sequences
 from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
 from qtool.graph.session import create_session, run_session
@@ -308,8 +308,7 @@ class _StateCarry:
     """
 
     def __init__(self, dataset: Dataset, state: Sequence[tuple[str, str]]) -> None:
-        sequences = any(path.parent != dataset.directory for path in dataset.files)
-        self.state = dict(state) if sequences else {}
+        self.state = dict(state) if in_sequences(dataset.directory, dataset.files) else {}
         self.order = SequenceOrder(dataset.directory)
         self.before: Path | None = None
         self.carried: dict[str, np.ndarray] = {}

@@ -5,12 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import onnx
-import onnxruntime as ort
 
 from qtool.choice.records import CandidateName, FloatModel, PlacementChoice, PlacementValidation, Samples, meets
-from qtool.evaluation.closed_loop import ClosedLoopScore, closed_loop_score
 from qtool.evaluation.scoring import OutputScorer, signal_means
-from qtool.graph.session import create_session
 from qtool.progress import ProgressFactory
 
 
@@ -36,16 +33,19 @@ def validate_choice(
     )
     target = choice.target_sqnr_db
     signal = signal_means([scored, scorer])  # the float outputs' energy over every sample at hand
-    float_session: list[ort.InferenceSession] = []  # created on the first closed-loop check, kept for the next
 
     def check(name: CandidateName) -> PlacementValidation:
+        # a streaming model over sequences is scored as it runs, each model on its own state (see OutputScorer);
+        # its bound is also taken over whole sequences, whose spread a new sequence will see
         score = scorer.score(models[name], f"the '{name}' placement")
-        worst, bound = score.worst_db, score.worst_bound_db(choice.confidence, signal)
-        loop = _closed_loop(float_model, models[name], samples, float_session) if meets(bound, target) else None
-        if loop is not None:  # a streaming model over sequences: as it runs, on its own state
-            worst, bound = min(worst, loop.worst_db), min(bound, *loop.bounds.values())
+        bound = score.worst_bound_db(choice.confidence, signal)
+        sequences = scorer.per_sequence(score)
+        if sequences:
+            bound = min(bound, *(e.lower_bound_db(choice.confidence) for e in sequences.values()))
         files = samples.validation_files if samples.validation_files is not None else scorer.files
-        found = PlacementValidation(name, list(files), worst, bound, meets(bound, target), loop is not None)
+        found = PlacementValidation(
+            name, list(files), score.worst_db, bound, meets(bound, target), sequences is not None
+        )
         choice.validations.append(found)
         return found
 
@@ -71,19 +71,3 @@ def validate_choice(
             f"'{best.candidate}' comes closest ({best.bound_db:.2f} dB)"
         )
     scorer.release()
-
-
-def _closed_loop(
-    float_model: FloatModel, model: onnx.ModelProto, samples: Samples, float_session: list[ort.InferenceSession]
-) -> ClosedLoopScore | None:
-    """The candidate and the float model each run closed-loop over the validation sequences (None: none there).
-
-    ``float_session``: the float model's session once created (empty before), shared by every candidate's check.
-    """
-    assert samples.validation is not None  # validated only with validation samples
-    if not float_model.state or not float_model.judged:
-        return None
-    if not float_session:
-        float_session.append(create_session(float_model.prepared, "the float model", weights=float_model.weights))
-    sessions = (float_session[0], create_session(model, "the candidate", weights=float_model.weights))
-    return closed_loop_score(sessions, samples.validation, float_model.state, sorted(float_model.judged))

@@ -133,6 +133,30 @@ class OutputScorer:
         path, feed = self.samples[index]
         return self._run_reference(path, {**feed, **self._fed[index]}, self.names)
 
+    def per_sequence(self, score: OutputScore) -> dict[str, SampleEnergies] | None:
+        """``score``'s judged energies summed over each sequence of 2+ chunks it ran closed-loop (None: none ran).
+
+        The spread from one sequence to the next, not from one chunk to the next, is what a new sequence will see:
+        the lower bound over new sequences reads these.
+        """
+        groups: list[list[int]] = []
+        for index, follows in enumerate(self._follows):
+            if follows:
+                groups[-1].append(index)
+            else:
+                groups.append([index])
+        groups = [group for group in groups if len(group) > 1]
+        if not groups:
+            return None
+        return {
+            name: SampleEnergies(
+                tuple(sum(e.signal[i] for i in group) for group in groups),
+                tuple(sum(e.noise[i] for i in group) for group in groups),
+            )
+            for name, e in score.energies.items()
+            if score.judged is None or name in score.judged
+        }
+
     def float_outputs(self) -> FloatOutputs:
         """The float outputs computed so far, by sample file (for another scorer over some of the same files)."""
         known = FloatOutputs()

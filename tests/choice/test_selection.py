@@ -65,6 +65,9 @@ def _validate(choice: PlacementChoice, validation_db: dict[str, float], monkeypa
             checked.append(model)
             return _FakeScore(validation_db[model])
 
+        def per_sequence(self, score: object) -> None:  # independent samples: no sequence ran closed-loop
+            return None
+
         def release(self) -> None:
             pass
 

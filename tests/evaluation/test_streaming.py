@@ -164,6 +164,16 @@ def test_candidates_are_scored_closed_loop_each_on_its_own_state(streaming: tupl
     assert score.worst_db == pytest.approx(_closed_loop_sqnr(reference, candidate, data), abs=0.01)
     assert score.outputs["stateN"] < 100 and len(score.energies["prob"].signal) == 18
     assert OutputScorer(model, dataset).score(onnx.load(str(candidate))).worst_db == np.inf  # fed the file's state
+    # per sequence, the same energies compare's closed loop sums: the same bound over new sequences
+    from qtool.evaluation.closed_loop import closed_loop_score
+
+    sessions = tuple(ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (reference, candidate))
+    loop = closed_loop_score(sessions, dataset, {"stateN": "state"}, ["prob"])  # type: ignore[arg-type]
+    per_sequence = closed.per_sequence(score)
+    assert loop is not None and per_sequence is not None and set(per_sequence) == {"prob"}
+    assert len(per_sequence["prob"].signal) == 3
+    assert per_sequence["prob"].lower_bound_db() == pytest.approx(loop.bounds["prob"], abs=1e-6)
+    assert OutputScorer(model, dataset).per_sequence(score) is None  # no state: no sequence ran closed-loop
     # a subset that skips a chunk starts that chunk again from the state its file holds
     skipping = Dataset(data, model_inputs(model)).subset([0, 2, 3])
     partial = OutputScorer(model, skipping, judged=frozenset({"prob"}), state={"stateN": "state"})
