@@ -15,9 +15,11 @@ $(BIN)/python:
 
 install: $(BIN)/python  ## create .venv and install qtool into it, at the locked versions
 	$(BIN)/pip install --quiet -c $(LOCK) -e .
+	$(BIN)/python -m compileall -q qtool  # an editable install is not byte-compiled as pip compiles a wheel's files
 
 dev: $(BIN)/python  ## install qtool with the dev extras, at the locked versions
 	$(BIN)/pip install --quiet -c $(LOCK) -e ".[dev]"
+	$(BIN)/python -m compileall -q qtool
 
 demo: install  ## calibrate + quantize the sample CNN, then print the comparison report
 	@mkdir -p $(DEMO)
@@ -49,6 +51,7 @@ lint: dev  ## ruff + mypy
 
 bench: $(BIN)/python $(QUARK)/installed  ## qtool vs onnxruntime and AMD Quark: default's cost, quantizer, all-integer algorithms, transformers, decoders, calibrators, Dask workers, observers, 1 GiB model, 2 GiB decoder
 	$(BIN)/pip install --quiet -c $(LOCK) -e ".[bench]"
+	$(BIN)/python -m compileall -q qtool
 	$(BIN)/python bench/cost.py
 	$(BIN)/python bench/run.py
 	QTOOL_QUARK_PYTHON=$(QUARK)/bin/python $(BIN)/python bench/peers_integer.py
