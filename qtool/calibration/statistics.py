@@ -19,11 +19,11 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper
 
 from qtool.calibration.dataset import Dataset, Feed, SequenceOrder, in_sequences
 from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
+from qtool.graph.branches import expose
 from qtool.graph.session import create_session, run_session
 from qtool.graph.weights import Weights
 from qtool.observers import Observer, create_observer
@@ -188,15 +188,19 @@ class CalibrationStats:
 
 
 def with_exposed_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:
-    """A copy of ``model`` whose graph also outputs ``tensors`` (as float32)."""
+    """A copy of ``model`` whose graph also outputs ``tensors`` (as float32; see :func:`exposing`)."""
+    return exposing(model, list(tensors))[0]
+
+
+def exposing(model: onnx.ModelProto, tensors: list[str]) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """A copy of ``model`` that also outputs ``tensors``, and the name to fetch each under.
+
+    A tensor inside an If branch comes out of its If (empty for a sample that runs the other branch;
+    see :func:`qtool.graph.branches.expose`).
+    """
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
-    present = {o.name for o in exposed.graph.output}
-    for name in tensors:
-        if name not in present:
-            exposed.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-            present.add(name)
-    return exposed
+    return exposed, expose(exposed, tensors)
 
 
 @dataclass(frozen=True)
@@ -222,20 +226,22 @@ class FloatPass:
 
 def _exposing_session(
     prepared: onnx.ModelProto, tensors: list[str], run: FloatPass, *, spinning: bool
-) -> ort.InferenceSession:
-    """A session of ``prepared`` that also returns ``tensors``.
+) -> tuple[ort.InferenceSession, dict[str, str]]:
+    """A session of ``prepared`` that also returns ``tensors``, and the name to fetch each under (:func:`exposing`).
 
     ``spinning`` False when the observers run on threads of their own: onnxruntime's idle workers would
     otherwise busy-wait through the observing between runs.
     """
-    return create_session(
-        with_exposed_outputs(prepared, tensors),
+    exposed, fetch = exposing(prepared, tensors)
+    session = create_session(
+        exposed,
         "the prepared float model",
         threads=run.threads,
         level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
         weights=run.weights,
         spinning=spinning,
     )
+    return session, fetch
 
 
 def collect_statistics(
@@ -269,12 +275,11 @@ def collect_statistics(
     observers = {name: create_observer(spec[0], None, spec[1]) for name, spec in specs.items()}
     observe = _BatchObserver([observers[name] for name in names], run.threads)
     try:
-        session = _exposing_session(prepared, [*names, *tapped], run, spinning=observe.threads == 1)
-        seen = 0
-        elements: dict[str, int] = {}
+        session, fetch = _exposing_session(prepared, [*names, *tapped], run, spinning=observe.threads == 1)
+        seen, elements = 0, dict[str, int]()
         graph_outputs = [o.name for o in prepared.graph.output] if known is not None else []
         carry = _StateCarry(dataset, run.state)
-        fetched = list(dict.fromkeys([*names, *tapped, *graph_outputs, *carry.state]))
+        fetched = list(dict.fromkeys([*fetch.values(), *graph_outputs, *carry.state]))
         for paths, given in dataset.batches(1 if carry.state else run.batch_size):
             count = len(paths)
             feed, fed = carry.feed(paths, given)
@@ -282,13 +287,14 @@ def collect_statistics(
             by_name = carry.kept(paths, dict(zip(fetched, fetched_values, strict=True)))
             if known is not None and count == 1 and not fed:
                 known.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
-            values = [np.asarray(by_name[name]) for name in names]
+            values = [np.asarray(by_name[fetch[name]]) for name in names]
             for tap in taps:
-                tap.observe({name: np.asarray(by_name[name]) for name in tap.tensors}, count, feed)
+                tap.observe({name: np.asarray(by_name[fetch[name]]) for name in tap.tensors}, count, feed)
             del fetched_values, by_name
             observe(values)
             for name, value in zip(names, values, strict=True):
-                elements.setdefault(name, int(value.size) // count)
+                if value.size:  # empty: an If branch this sample did not run
+                    elements.setdefault(name, int(value.size) // count)
             del values  # drop this batch's activations before the next one is computed
             seen += count
             if on_progress:

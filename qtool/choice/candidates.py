@@ -16,7 +16,7 @@ from qtool.quantization.plan.records import QuantPlan
 
 def signature(plan: QuantPlan) -> tuple[tuple[str, str], ...]:
     """What makes two plans the same placement: each node's name and placement."""
-    return tuple((n.name, n.placement) for n in plan.nodes)
+    return tuple((n.name, n.placement) for n in plan.every_node())
 
 
 @dataclass
@@ -89,11 +89,11 @@ def candidate_records(
         PlacementCandidate(
             name,
             tuple(aliases[name]),
-            sum(1 for n in plan.nodes if n.placement in ("integer", "dynamic") and not n.chained),
-            sum(1 for n in plan.nodes if n.placement == "storage") + len(plan.body_weights),  # bodies: storage too
+            sum(1 for n in plan.every_node() if n.placement in ("integer", "dynamic") and not n.chained),
+            sum(1 for n in plan.every_node() if n.placement == "storage") + len(plan.body_weights),  # bodies too
             scores[name],
             meets(scores[name], target),
-            chained_nodes=sum(1 for n in plan.nodes if n.chained),
+            chained_nodes=sum(1 for n in plan.every_node() if n.chained),
         )
         for name, (plan, _) in plans.items()
     ]

@@ -45,7 +45,7 @@ def choose_ranges(config: QConfig, build: CandidateBuilder, scorer: OutputScorer
     for rule in (OBSERVER_RANGES, OBSERVED_EXTREMES):
         integer = replace(config, auto_placement="integer", activation_ranges=rule)
         plan, model = build(integer, keep=False)
-        if not any(s.dtype in ("int8", "uint8") for s in plan.activations.values()):
+        if not any(s.dtype in ("int8", "uint8") for s in plan.every_activation().values()):
             return None
         scores[rule] = scorer.score(model, f"the all-integer placement ({rule} ranges)").worst_db
         if kept is None or scores[rule] > scores[OBSERVER_RANGES]:

@@ -49,16 +49,17 @@ class Builder:
         self.stats = stats
         self.algorithms = algorithms
         self.elements = ws.sizes(stats)  # with tensor sizes known, placement "auto" decides per node
+        self.observed = frozenset(stats.elements)  # an If branch calibration never ran keeps float activations
         self._built: dict[str, Built] = {}
 
     def plan(self, config: QConfig) -> QuantPlan:
         """The plan of ``config`` with the calibrated tensor sizes."""
-        return self.ws.plan(config, self.elements)
+        return self.ws.plan(config, self.elements, self.observed)
 
     def build(self, config: QConfig, *, keep: bool = False) -> Built:
         """The model of ``config``; with ``keep``, remembered so that a later build of its plan is free."""
         plan = self.plan(config)
-        key = repr((plan.nodes, config.activation_ranges))
+        key = repr((plan.every_node(), config.activation_ranges))
         if key in self._built:
             return self._built.pop(key)
         built = self._rewrite(plan, config.activation_ranges)

@@ -44,7 +44,8 @@ def observe(
     create_observer(name, None, observer_options)  # fail on an unknown name or option before any work
     plan = ws.plan()  # without tensor sizes every "auto" node is planned integer: all it may need is observed
     done = ws.transforms
-    if not plan.activations and inputs is None:  # weight-only: no activation needs a range, skip the float pass
+    activations = plan.every_activation()  # the If branches' too: observed on the samples that run them
+    if not activations and inputs is None:  # weight-only: no activation needs a range, skip the float pass
         return CalibrationStats(ws.source.sha256, name, 0, {}, smoothing=done.smoothing, equalized=list(done.equalized))
     dataset = calibration_dataset(ws, data_dir, options)
     if inputs is not None:
@@ -53,14 +54,14 @@ def observe(
     with stage("calibrate (float pass)"):
         per_tensor = {
             tensor: split_observer(scheme.observer)
-            for tensor, scheme in plan.activations.items()
+            for tensor, scheme in activations.items()
             if scheme.observer is not None
         }
         state = tuple(sorted(judged_outputs(ws.prepared).state.items()))  # a streaming model's, carried
         batch = options.batch_size or config.calibration.batch_size
         observers, seen, elements = collect_statistics(
             ws.prepared,
-            plan.activations,
+            activations,
             dataset,
             Observing(name, observer_options, per_tensor),
             FloatPass(batch, options.threads, ws.weights, state),
@@ -88,7 +89,8 @@ def observe(
 def without_data(ws: Workspace) -> CalibrationStats:
     """Empty statistics for a config that needs none (weight-only, fp16, ``mode: dynamic``), else a clear error."""
     plan = ws.plan(elements=ws.sizes())
-    needs = [f"{len(plan.activations)} activations are quantized statically"] if plan.activations else []
+    activations = plan.every_activation()
+    needs = [f"{len(activations)} activations are quantized statically"] if activations else []
     asked = sorted({name for n in plan.nodes for name in n.scheme.algorithms.names()})
     needs += [f"{', '.join(asked)} need calibration inputs"] if asked else []
     if needs:

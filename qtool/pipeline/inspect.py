@@ -58,7 +58,7 @@ def inspect(ws: Workspace, data_dir: Path | str | None) -> Inspection:
     # differ from the real run, and they take the same bytes.
     placeholder = {
         tensor: activation_qparams(np.asarray(-1.0), np.asarray(1.0), scheme, what=tensor)
-        for tensor, scheme in plan.activations.items()
+        for tensor, scheme in plan.every_activation().items()
     }
     rewritten, report = insert_qdq(ws.prepared, plan, placeholder, ws.weights)
     rewritten.producer_name, rewritten.producer_version = "qtool", __version__

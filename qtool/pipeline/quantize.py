@@ -33,7 +33,8 @@ from qtool.pipeline.passes import BEFORE_QUANTIZATION, PassInputs, run_passes, w
 from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory
 from qtool.quantization.algorithms.rounding.node_inputs import NodeInputCollector
-from qtool.quantization.plan.kernels import float_boundaries, predict_kernels
+from qtool.quantization.plan.branches import every_kernel
+from qtool.quantization.plan.kernels import float_boundaries
 from qtool.quantization.plan.records import QuantPlan
 from qtool.results import ComparisonResult, ModelFile, QuantizeResult
 from qtool.schemes import CPU_TARGETS
@@ -208,8 +209,8 @@ def _write(
         prepare=ws.report,
         rewrite=built.report,
         skipped=list(plan.skipped),
-        placements=dict(sorted(Counter(node.kind for node in plan.nodes).items())),
-        kernels=dict(sorted(Counter(k.kernel for k in predict_kernels(ws.prepared, plan).values()).items())),
+        placements=dict(sorted(Counter(node.kind for node in plan.every_node()).items())),
+        kernels=dict(sorted(Counter(k.kernel for k in every_kernel(ws.prepared, plan).values()).items())),
         boundaries=float_boundaries(ws.graph, plan) if plan.target in CPU_TARGETS else {},
         calibration_samples=stats.samples,
         search=choice.search if choice else None,
@@ -226,7 +227,7 @@ def _write(
 def _static_instead_of_dynamic(plan: QuantPlan) -> list[str]:
     """Say which nodes a ``mode: dynamic`` rule asked for but run statically quantized (calibrated), and why."""
     static = Counter(
-        node.op_type for node in plan.nodes if node.scheme.mode == "dynamic" and node.placement == "integer"
+        node.op_type for node in plan.every_node() if node.scheme.mode == "dynamic" and node.placement == "integer"
     )
     if not static:
         return []

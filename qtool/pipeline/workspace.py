@@ -73,7 +73,7 @@ class Workspace:
         self.plans_built = 0  # how many plans were built (each distinct one once)
         self._revision = 0
         self._graph: GraphView | None = None  # the view of ``prepared`` at this revision
-        self._plans: dict[tuple[int, str, tuple[tuple[str, int], ...] | None], QuantPlan] = {}
+        self._plans: dict[tuple[int, str, tuple[tuple[str, int], ...] | None, frozenset[str] | None], QuantPlan] = {}
         self._finite: set[str] = set()  # weights checked finite
 
     @property
@@ -87,20 +87,26 @@ class Workspace:
             self._graph = GraphView(self.prepared)
         return self._graph
 
-    def plan(self, config: QConfig | None = None, elements: Mapping[str, int] | None = None) -> QuantPlan:
+    def plan(
+        self,
+        config: QConfig | None = None,
+        elements: Mapping[str, int] | None = None,
+        observed: frozenset[str] | None = None,
+    ) -> QuantPlan:
         """The plan of ``config`` (the workspace's by default) for the model as it is now.
 
         ``elements`` (per-sample tensor sizes) let ``placement: auto`` decide; without them every
-        auto node is planned integer, so calibration observes all it may need.
+        auto node is planned integer, so calibration observes all it may need. ``observed``: the tensors
+        calibration saw values of (an If branch the data never ran keeps float activations; None: unknown).
         """
         config = config if config is not None else self.config
         sizes = tuple(sorted(elements.items())) if elements is not None else None
         # the activation range rule changes the qparams, never the plan
-        key = (self._revision, repr(replace(config, activation_ranges="observer")), sizes)
+        key = (self._revision, repr(replace(config, activation_ranges="observer")), sizes, observed)
         plan = self._plans.get(key)
         if plan is None:
             sizes_given = dict(elements) if elements is not None else None
-            plan = build_plan(self.prepared, config, sizes_given, view=self.graph)
+            plan = build_plan(self.prepared, config, sizes_given, view=self.graph, observed=observed)
             self._check_weights(plan)
             self._plans[key] = plan
             self.plans_built += 1

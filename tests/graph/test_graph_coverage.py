@@ -634,23 +634,40 @@ def test_if_branches_reading_outer_initializers_that_main_graph_nodes_quantize(t
     )
     data, feeds = _data(tmp_path, lambda i: {"x": _normal(2, 8), "flag": np.array(i % 2 == 0)})
     stats = qtool.calibrate(model, data)
-    assert {"x", "branch"} <= set(stats.tensors)  # main-graph tensors only: a body's cannot be exposed
+    assert {"x", "branch", "e0"} <= set(stats.tensors)  # a branch's tensors too, on the samples that run it
     result, quantized, out = _quantize(model, data)
-    assert result.rewrite.quantized_nodes == ["mm_main", "mm_out"]
+    assert result.rewrite.quantized_nodes == ["mm_main", "mm_out", "else_mm"]
     _assert_integer(quantized, "mm_main", (0,), 1)
     _assert_integer(quantized, "mm_out", (0,), 1)
     reason = dict(result.skipped)["if"]
-    assert "3 nodes" in reason and "compute in float" in reason and "2 weights stored int8" in reason
-    _assert_body_weights_stored(model, quantized, "if", ("w", "w2"))
+    assert "else_branch 1 quantized" in reason and "then_branch 0 quantized" in reason
+    _assert_branch_weights(quantized, shared="w", moved="w2")
     for flag in (True, False):  # both branches
         assert _sqnr(model, out, [feed for feed in feeds if feed["flag"] == flag]) > 25
 
-    # the default config stores the main graph's w as int8 restored by Cast/Mul (placement storage), the bodies' too
+    # the default config stores the main graph's w as int8 restored by Cast/Mul (placement storage), w2 in its branch
     stored = tmp_path / "stored.onnx"
     result = qtool.quantize(model, stored, data_dir=data, search=None, evaluation=None)
-    assert result.placements == {"storage": 2}
-    _assert_body_weights_stored(model, onnx.load(str(stored)), "if", ("w", "w2"))
+    assert result.placements == {"storage": 3}
+    _assert_branch_weights(onnx.load(str(stored)), shared="w", moved="w2")
     assert _sqnr(model, stored, feeds) > 25
+
+
+def _assert_branch_weights(quantized: onnx.ModelProto, shared: str, moved: str) -> None:
+    """``shared`` (read in the main graph too) stored once there, read by the branch; ``moved`` stored in its branch."""
+    inits = {i.name: i for i in quantized.graph.initializer}
+    now = _node(quantized, "if")
+    bodies = {a.name: a.g for a in now.attribute}
+    then_body, else_body = bodies["then_branch"], bodies["else_branch"]
+    assert shared not in inits and moved not in inits  # no float copy left
+    copies = [k for k, i in inits.items() if k.startswith(f"{shared}/quantized") and i.data_type == TensorProto.INT8]
+    assert len(copies) == 1, copies
+    produced = {o for n in quantized.graph.node for o in n.output}
+    read = {name for m in then_body.node for name in m.input}
+    assert any(r.startswith((f"{shared}/restored", f"{shared}/dequantized")) and r in produced for r in read), read
+    inside = {i.name: i.data_type for i in else_body.initializer}
+    assert inside.get(f"{moved}/quantized") == TensorProto.INT8, inside
+    assert not then_body.value_info and not else_body.value_info
 
 
 def test_loop_body_with_a_matmul_on_an_outer_initializer(tmp_path):

@@ -87,37 +87,87 @@ def _int8_initializers(model: onnx.ModelProto) -> set[str]:
     return {i.name for i in model.graph.initializer if i.data_type == TensorProto.INT8}
 
 
-def test_the_if_branches_weights_are_stored_int8_and_both_branches_stay_accurate(
+def _body(model: onnx.ModelProto, name: str) -> onnx.GraphProto:
+    return next(a.g for a in model.graph.node[-1].attribute if a.name == name)
+
+
+def _quantize(model: Path, data: Path, out: Path, *extra: str) -> dict:
+    report = out.with_suffix(".json")
+    r = runner.invoke(app, ["quantize", str(model), "--data", str(data), "-o", str(out), "--json", str(report), *extra])
+    assert r.exit_code == 0, r.output
+    return json.loads(report.read_text())
+
+
+def _feeds(data: Path, flag: bool) -> list[dict[str, np.ndarray]]:
+    feeds = [dict(np.load(p)) for p in sorted(data.glob("*.npz"))]
+    return [f for f in feeds if bool(f["flag"]) == flag]
+
+
+def test_the_if_branches_weights_are_stored_int8_in_their_branches_and_both_stay_accurate(
     if_model: tuple[Path, Path], tmp_path: Path
 ) -> None:
     model, data = if_model
-    out, report = tmp_path / "q.onnx", tmp_path / "q.json"
-    r = runner.invoke(app, ["quantize", str(model), "--data", str(data), "-o", str(out), "--json", str(report)])
-    assert r.exit_code == 0, r.output
+    out = tmp_path / "q.onnx"
+    report = _quantize(model, data, out)
     written = onnx.load(str(out))
-    stored = _int8_initializers(written)
-    for weight in ("then_conv0_w", "then_conv1_w", "then_fc_w", "else_conv0_w", "else_fc_w"):
-        assert any(name.startswith(f"{weight}/quantized") for name in stored), weight
+    for name, weights in (
+        ("then_branch", ("then_conv0_w", "then_conv1_w", "then_fc_w")),
+        ("else_branch", ("else_conv0_w", "else_fc_w")),
+    ):
+        stored = {i.name for i in _body(written, name).initializer if i.data_type == TensorProto.INT8}
+        for weight in weights:
+            assert any(n.startswith(f"{weight}/quantized") for n in stored), weight
+        assert not _body(written, name).value_info  # no shape annotation added to a body
     floats = {i.name for i in written.graph.initializer if i.data_type == TensorProto.FLOAT and len(i.dims) >= 2}
-    branch = written.graph.node[-1]
-    assert branch.op_type == "If" and not floats & {"then_fc_w", "else_fc_w"}
-    assert all(not a.g.initializer and not a.g.value_info for a in branch.attribute)  # nothing added to a body
+    assert written.graph.node[-1].op_type == "If" and not floats  # the outer weights moved into their branch
     assert out.stat().st_size < model.stat().st_size / 2
     for flag in (True, False):
-        feeds = [dict(np.load(p)) for p in sorted(data.glob("*.npz"))]
-        assert _sqnr(model, out, [f for f in feeds if bool(f["flag"]) == flag]) > 30
-    reasons = {entry["node"]: entry["reason"] for entry in json.loads(report.read_text())["skipped"]}
-    assert "5 weights stored int8" in reasons["branch"]
+        assert _sqnr(model, out, _feeds(data, flag)) > 30
+    reasons = {entry["node"]: entry["reason"] for entry in report["skipped"]}
+    assert "then_branch 3 quantized" in reasons["branch"] and "else_branch 2 quantized" in reasons["branch"]
 
 
-def test_inspect_lists_the_nodes_of_each_body(if_model: tuple[Path, Path]) -> None:
+def test_integer_kernels_run_inside_the_branches_the_data_takes(if_model: tuple[Path, Path], tmp_path: Path) -> None:
+    model, data = if_model
+    out = tmp_path / "q.onnx"
+    _quantize(model, data, out, "--config", "integer")
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"))
+    for name in ("then_branch", "else_branch"):
+        ops = [n.op_type for n in _body(optimized, name).node]
+        assert ops.count("QLinearConv") == {"then_branch": 2, "else_branch": 1}[name], ops
+    for flag in (True, False):
+        assert _sqnr(model, out, _feeds(data, flag)) > 25
+
+
+def test_a_branch_the_data_never_takes_keeps_float_activations(if_model: tuple[Path, Path], tmp_path: Path) -> None:
+    model, data = if_model
+    only_then = tmp_path / "then_only"
+    only_then.mkdir()
+    for path in sorted(data.glob("*.npz")):
+        if bool(np.load(path)["flag"]):
+            (only_then / path.name).write_bytes(path.read_bytes())
+    out = tmp_path / "q.onnx"
+    report = _quantize(model, only_then, out, "--config", "integer")
+    reasons = {entry["node"]: entry["reason"] for entry in report["skipped"]}
+    assert "else_branch 2 quantized, 0 with integer inputs (the calibration data never ran it" in reasons["branch"]
+    written = onnx.load(str(out))
+    assert "QuantizeLinear" in [n.op_type for n in _body(written, "then_branch").node]
+    assert "QuantizeLinear" not in [n.op_type for n in _body(written, "else_branch").node]
+    assert _sqnr(model, out, _feeds(data, False)) > 30  # weights stored int8, computed in float
+
+
+def test_inspect_lists_the_nodes_of_each_branch(if_model: tuple[Path, Path]) -> None:
     model, _ = if_model
     r = runner.invoke(app, ["inspect", str(model), "--json", "-"])
     assert r.exit_code == 0, r.output
     rows = {row["name"]: row for row in json.loads(r.stdout)["nodes"]}
     assert {"then/conv0", "then/conv1", "then/fc", "else/conv0", "else/fc"} <= set(rows)
     conv = rows["then/conv1"]
-    assert conv["placement"] == "storage" and "branch" in conv["placement_reason"] and not conv["integer_kernel"]
+    assert "branch's then_branch" in conv["placement_reason"]
+    assert conv["predicted_kernel"].endswith("(in branch's then_branch)")
 
 
 def test_a_node_name_rule_keeps_a_body_node_float(if_model: tuple[Path, Path], tmp_path: Path) -> None:
@@ -128,8 +178,8 @@ def test_a_node_name_rule_keeps_a_body_node_float(if_model: tuple[Path, Path], t
     r = runner.invoke(app, ["quantize", str(model), "--config", str(config), "--data", str(data), "-o", str(out)])
     assert r.exit_code == 0, r.output
     written = onnx.load(str(out))
-    assert not any(n.startswith("then_conv1_w/quantized") for n in _int8_initializers(written))
-    body = next(a.g for a in written.graph.node[-1].attribute if a.name == "then_branch")
+    body = _body(written, "then_branch")
+    assert not any(i.name.startswith("then_conv1_w/quantized") for i in body.initializer)
     assert any(i.name == "then_conv1_w" for i in body.initializer)  # left where it was, in float
 
 

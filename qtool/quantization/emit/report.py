@@ -25,3 +25,18 @@ class RewriteReport:
     # kernel's pair limit (weight.saturation: auto)
     weight_forms: dict[str, str] = field(default_factory=dict)  # integer node -> how its 8-bit weight is stored
     # (qtool.numerics.saturation: "int8", "int8 fitted", "uint8" ...)
+
+    def merge(self, other: RewriteReport) -> None:
+        """Add what another rewrite (an If branch's) changed."""
+        for name in (
+            "quantized_nodes",
+            "chained_nodes",
+            "quantized_weights",
+            "quantized_biases",
+            "quantized_activations",
+        ):
+            getattr(self, name).extend(getattr(other, name))
+        for op, count in other.passthrough.items():
+            self.passthrough[op] = self.passthrough.get(op, 0) + count
+        for name in ("weight_copies", "algorithms", "algorithm_notes", "pair_fits", "weight_forms"):
+            getattr(self, name).update(getattr(other, name))

@@ -29,6 +29,7 @@ from qtool.numerics.qparams import QParams, quantize_bias
 from qtool.numerics.saturation import weight_form
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
 from qtool.quantization.emit.body_weights import store_body_weights
+from qtool.quantization.emit.branches import write_branches
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.emit.stored_forms import Names, StoredForms
 from qtool.quantization.emit.weight_codes import WeightCodes
@@ -372,7 +373,7 @@ def insert_qdq(
     *,
     correct_biases: bool = True,
 ) -> tuple[onnx.ModelProto, RewriteReport]:
-    """Return a copy of ``model`` with Q/DQ nodes and integer weights as ``plan`` says.
+    """Return a copy of ``model`` with Q/DQ nodes and integer weights as ``plan`` says (its If branches too).
 
     Args:
         model: the prepared float model the plan was built from.
@@ -384,11 +385,9 @@ def insert_qdq(
             (None for a node the measurement had to skip); nodes not in it get the analytic correction.
         correct_biases: False for the rewrite whose errors bias correction measures.
 
-    Raises:
-        QtoolError: an activation in the plan has no qparams.
+    Raises QtoolError when an activation in the plan has no qparams.
     """
-    missing = [t for t in plan.activations if t not in act_qparams]
-    if missing:
+    if missing := [t for t in plan.activations if t not in act_qparams]:
         raise QtoolError(
             f"no statistics for tensor '{missing[0]}' ({len(missing)} tensors missing)",
             hint="re-run qtool calibrate with the same model and config",
@@ -396,5 +395,6 @@ def insert_qdq(
     store = weights if weights is not None else Weights()
     rewriter = _Rewriter(model, plan, act_qparams, store, algorithms, bias_shifts, correct_biases)
     rewritten, report = rewriter.run()
+    report.merge(write_branches(rewritten, model, plan, lambda sub, p: insert_qdq(sub, p, act_qparams, store), store))
     report.quantized_weights += store_body_weights(rewritten, plan.body_weights, store, rewriter.restored)
     return rewritten, report

@@ -1,9 +1,10 @@
-"""Weights inside If, Loop and Scan bodies: which are stored quantized, and with what scheme.
+"""Weights inside Loop and Scan bodies (and outer weights an If branch shares): stored quantized, and how.
 
-Calibration observes the main graph's tensors only (a body's tensors cannot be graph outputs), so
-the nodes inside a body keep float activations; their constant weights (the body's own initializers
-or the outer scope's) are stored quantized like a storage-placed node's and restored at load, outside
-the body (:mod:`qtool.quantization.emit.body_weights`). The config's rules decide each reading node's
+If branches are planned as models of their own (:mod:`qtool.quantization.plan.branches`). Inside a Loop or
+Scan body calibration observes nothing (a loop's iterations are not graph outputs), so its nodes keep float
+activations; their constant weights (the body's own initializers or the outer scope's) are stored quantized
+like a storage-placed node's and restored at load, outside the body
+(:mod:`qtool.quantization.emit.body_weights`). The config's rules decide each reading node's
 weight dtype and granularity as anywhere else (``node_name`` rules name nodes inside bodies too).
 """
 
@@ -55,7 +56,7 @@ def bodies_note(owner: onnx.NodeProto, constants: Mapping[str, TensorProto], con
         return f"{nodes} left float (no weight there that the config quantizes)"
     dtypes = "/".join(sorted(set(stored.values())))
     return (
-        f"{nodes} compute in float (calibration sees no tensor inside a body); their {len(stored)} "
+        f"{nodes} compute in float (calibration does not observe a loop's iterations); their {len(stored)} "
         f"weight{'' if len(stored) == 1 else 's'} stored {dtypes}, restored at load"
     )
 

@@ -9,7 +9,8 @@ import numpy as np
 import onnx
 
 from qtool.config import QConfig
-from qtool.graph.index import node_subgraphs
+from qtool.graph.branches import branch_model
+from qtool.graph.index import GraphView, node_subgraphs
 from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.kernels import predict_kernels
 from qtool.quantization.plan.planner import passthrough_ops
@@ -85,10 +86,22 @@ def inspect_plan(
     model_path: str, model_bytes: int, prepared: onnx.ModelProto, plan: QuantPlan, config: QConfig
 ) -> Inspection:
     """Build the inspection of a prepared model and its plan."""
-    shapes = {init.name: list(init.dims) for init in prepared.graph.initializer}
-    kernels = predict_kernels(prepared, plan)
-    rows = []
     counted: set[tuple[str, str]] = set()
+    rows = _node_rows(prepared, plan, counted, "")
+    rows += _body_rows(prepared, plan, counted)
+    op_types = {n.name: n.op_type for n in prepared.graph.node}
+    kept = []
+    for name, reason in plan.skipped:
+        _, rule = config.resolve(name, op_types.get(name, ""))
+        kept.append((name, op_types.get(name, "?"), f"{reason} ({rule})" if "config" in reason else reason))
+    return Inspection(model_path, model_bytes, rows, kept, passthrough_ops(prepared, plan))
+
+
+def _node_rows(model: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[str, str]], where: str) -> list[NodeRow]:
+    """One row per planned node, then those of each If branch (planned as a model; ``where`` names the branch)."""
+    shapes = {init.name: list(init.dims) for init in model.graph.initializer}
+    kernels = predict_kernels(model, plan)
+    rows = []
     for node in plan.nodes:
         weight_text, elements, float_bytes, stored = "-", 0, 0, 0
         if node.weight is not None:
@@ -104,6 +117,7 @@ def inspect_plan(
         activation = node.scheme.activation.describe() if node.activations else "float"
         if node.placement == "dynamic":
             activation = "uint8 per_tensor asym, at run time"
+        kernel = kernels[node.name]
         rows.append(
             NodeRow(
                 node.name,
@@ -115,19 +129,17 @@ def inspect_plan(
                 float_bytes,
                 stored,
                 node.kind,
-                node.reason,
-                kernels[node.name].kernel,
-                kernels[node.name].reason,
+                f"{node.reason} ({where})" if where else node.reason,
+                f"{kernel.kernel} (in {where})" if where else kernel.kernel,
+                kernel.reason,
                 () if node.chained else tuple(node.scheme.algorithms.names()),  # weight algorithms: no weight
             )
         )
-    rows += _body_rows(prepared, plan, counted)
-    op_types = {n.name: n.op_type for n in prepared.graph.node}
-    kept = []
-    for name, reason in plan.skipped:
-        _, rule = config.resolve(name, op_types.get(name, ""))
-        kept.append((name, op_types.get(name, "?"), f"{reason} ({rule})" if "config" in reason else reason))
-    return Inspection(model_path, model_bytes, rows, kept, passthrough_ops(prepared, plan))
+    view = GraphView(model) if plan.branches else None
+    for branch in plan.branches:
+        sub = branch_model(model, branch.branch, view)
+        rows += _node_rows(sub, branch.plan, counted, f"{where + ' > ' if where else ''}{branch.branch.label}")
+    return rows
 
 
 def _body_rows(prepared: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[str, str]]) -> list[NodeRow]:
@@ -151,7 +163,7 @@ def _body_rows(prepared: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[st
             elements * _FLOAT_BYTES if fresh else 0,
             _stored_bytes(elements, groups, body.scheme.dtype) if fresh else 0,
             "storage",
-            f"inside {body.owner}'s {body.body}: activations stay float (calibration sees no body tensor)",
+            f"inside {body.owner}'s {body.body}: activations stay float (not observed there)",
             kernel=f"float {body.op_type} (in {body.owner}.{body.body})",
         )
         rows.append(row)

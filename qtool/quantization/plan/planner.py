@@ -21,6 +21,7 @@ from qtool.graph.index import GraphView, node_subgraphs
 from qtool.numerics.matmul_nbits import check_layout
 from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.bodies import bodies_note, plan_body_weights
+from qtool.quantization.plan.branches import with_branches
 from qtool.quantization.plan.chains import plan_chains
 from qtool.quantization.plan.placement import isolated_integer_nodes, node_placement
 from qtool.quantization.plan.records import NodePlan, QuantPlan, WeightPlan
@@ -73,7 +74,11 @@ def runs_weight_only(spec: TensorScheme) -> bool:
 
 
 def build_plan(
-    model: onnx.ModelProto, config: QConfig, elements: dict[str, int] | None = None, view: GraphView | None = None
+    model: onnx.ModelProto,
+    config: QConfig,
+    elements: dict[str, int] | None = None,
+    view: GraphView | None = None,
+    observed: frozenset[str] | None = None,
 ) -> QuantPlan:
     """Decide, node by node, what to quantize (see :class:`QuantPlan`).
 
@@ -82,7 +87,8 @@ def build_plan(
     tensors, from calibration or static shapes) lets ``placement: auto`` choose
     between integer kernels and storage-only compression; without it every
     auto node is planned as integer, so calibration observes everything it may need.
-    ``view`` is the model's :class:`GraphView`, when the caller holds one.
+    ``view`` is the model's :class:`GraphView`, when the caller holds one. ``observed``: the tensors
+    calibration saw (see :mod:`qtool.quantization.plan.branches`).
     """
     g = view if view is not None else GraphView(model)
     demoted: dict[str, str] = {}
@@ -91,7 +97,7 @@ def build_plan(
         # a demoted node's chains go with it, which can leave a neighbour isolated in turn: plan again
         newly = isolated_integer_nodes(plan, g, elements) if elements is not None else {}
         if not newly:
-            return plan
+            return with_branches(plan, model, config, elements, g, observed, build_plan)
         demoted.update(newly)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from qtool.graph.branches import Branch
 from qtool.quantization.plan.roles import CHAIN_OPS
 from qtool.schemes import NodeKind, NodePlacement, NodeScheme, TensorScheme
 
@@ -108,3 +109,25 @@ class QuantPlan:
     # a pass-through op's output -> the input whose scale and zero point it takes (see qtool.quantization.plan.chains)
     shared: dict[str, str] = field(default_factory=dict)
     body_weights: tuple[BodyWeightPlan, ...] = ()  # weights inside If/Loop/Scan bodies, stored quantized
+    branches: tuple[BranchPlan, ...] = ()  # the main graph's If branches, each planned as a model of its own
+
+    def every_activation(self) -> dict[str, TensorScheme]:
+        """The activations of this plan and of its branches' plans (at any depth): all that needs a range."""
+        found = dict(self.activations)
+        for branch in self.branches:
+            for tensor, scheme in branch.plan.every_activation().items():
+                found.setdefault(tensor, scheme)
+        return found
+
+    def every_node(self) -> tuple[NodePlan, ...]:
+        """The nodes of this plan and of its branches' plans (at any depth)."""
+        return (*self.nodes, *(n for branch in self.branches for n in branch.plan.every_node()))
+
+
+@dataclass(frozen=True)
+class BranchPlan:
+    """One If branch, planned as a model (see :mod:`qtool.graph.branches`)."""
+
+    branch: Branch
+    plan: QuantPlan
+    observed: bool = True  # False: the calibration data never ran it, so its nodes keep float activations

@@ -1,0 +1,106 @@
+"""If branches written quantized: each branch's model rewritten by its own plan, then put back in its If.
+
+The branch's rewritten nodes and initializers (its integer weights, scales and zero points) replace the
+body's; its outputs keep their names, and no shape annotation is added to it. The constants only that
+branch read leave the main graph (see :mod:`qtool.graph.branches`). Weights are stored inside the body,
+embedded: onnxruntime fuses a body's Q/DQ into integer kernels only around its own initializers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
+
+from qtool.graph.branches import branch_graph, branch_model, owned_constants
+from qtool.graph.index import GraphView
+from qtool.graph.weights import Weights, is_detached, numpy_dtype
+from qtool.quantization.emit.report import RewriteReport
+from qtool.quantization.plan.records import QuantPlan
+
+Rewrite = Callable[[onnx.ModelProto, QuantPlan], tuple[onnx.ModelProto, RewriteReport]]
+
+
+def write_branches(
+    rewritten: onnx.ModelProto, source: onnx.ModelProto, plan: QuantPlan, rewrite: Rewrite, store: Weights
+) -> RewriteReport:
+    """Rewrite each planned branch of ``source`` into ``rewritten`` (in place); what the branches' rewrites did."""
+    report = RewriteReport()
+    if not plan.branches:
+        return report
+    view = GraphView(source)
+    moved = {name for planned in plan.branches for name in owned_constants(source, planned.branch, view)}
+    kept = [i for i in rewritten.graph.initializer if i.name not in moved]
+    del rewritten.graph.initializer[:]
+    rewritten.graph.initializer.extend(kept)
+    for planned in plan.branches:
+        sub, sub_report = rewrite(branch_model(source, planned.branch, view), planned.plan)
+        body = branch_graph(rewritten, planned.branch)
+        _replace_body(body, sub.graph, store)
+        _unclash(body, _defined(rewritten.graph, skip=(planned.branch.owner, planned.branch.attribute)))
+        for opset in sub.opset_import:
+            if all(o.domain != opset.domain for o in rewritten.opset_import):
+                rewritten.opset_import.append(opset)
+        report.merge(sub_report)
+    return report
+
+
+def _replace_body(body: onnx.GraphProto, written: onnx.GraphProto, store: Weights) -> None:
+    """Put a branch model's rewritten graph in place of ``body``: its nodes and constants, embedded."""
+    del body.node[:]
+    body.node.extend(written.node)
+    del body.initializer[:]
+    for tensor in written.initializer:
+        copy = body.initializer.add()
+        copy.CopyFrom(tensor)
+        if is_detached(copy):
+            copy.ClearField("external_data")
+            copy.ClearField("data_location")
+            copy.raw_data = store.arrays[copy.name].astype(numpy_dtype(copy), copy=False).tobytes()
+    del body.value_info[:]
+
+
+def _defined(graph: onnx.GraphProto, skip: tuple[str, str] | None = None) -> set[str]:
+    """Every name ``graph`` defines at any depth (inputs, constants, node outputs), but inside body ``skip``."""
+    names = {v.name for v in graph.input} | {i.name for i in graph.initializer}
+    for node in graph.node:
+        names.update(node.output)
+        for attr in node.attribute:
+            if skip == (node.name, attr.name):
+                continue
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                names |= _defined(sub)
+    return names
+
+
+def _unclash(body: onnx.GraphProto, outside: set[str]) -> None:
+    """Rename what the body defines under a name defined outside it (a Q/DQ name the main graph has too)."""
+    inside = _defined(body)
+    clashes = sorted(inside & outside)
+    if not clashes:
+        return
+    renamed, taken = {}, outside | inside
+    for name in clashes:
+        new, count = f"{name}/{body.name}", 1
+        while new in taken:
+            count += 1
+            new = f"{name}/{body.name}{count}"
+        renamed[name] = new
+        taken.add(new)
+    _rename(body, renamed)
+
+
+def _rename(graph: onnx.GraphProto, renamed: dict[str, str]) -> None:
+    """Apply ``renamed`` to every definition and reference in ``graph``, nested bodies included."""
+    for tensor in graph.initializer:
+        tensor.name = renamed.get(tensor.name, tensor.name)
+    for value in graph.output:
+        value.name = renamed.get(value.name, value.name)
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = renamed.get(name, name)
+        for i, name in enumerate(node.output):
+            node.output[i] = renamed.get(name, name)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                _rename(sub, renamed)
