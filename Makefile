@@ -49,7 +49,7 @@ lint: dev  ## ruff + mypy
 	$(BIN)/ruff format --check qtool tests bench
 	$(BIN)/mypy
 
-bench: $(BIN)/python $(QUARK)/installed  ## qtool vs onnxruntime and AMD Quark: default's cost, quantizer, all-integer algorithms, transformers, decoders, calibrators, Dask workers, observers, 1 GiB model, 2 GiB decoder
+bench: $(BIN)/python $(QUARK)/installed  ## qtool vs onnxruntime and AMD Quark: default's cost, quantizer, all-integer algorithms, transformers, decoders, calibrators, Dask workers, observers, a streaming VAD closed-loop, 1 GiB model, 2 GiB decoder
 	$(BIN)/pip install --quiet -c $(LOCK) -e ".[bench]"
 	$(BIN)/python -m compileall -q qtool
 	$(BIN)/python bench/cost.py
@@ -61,6 +61,7 @@ bench: $(BIN)/python $(QUARK)/installed  ## qtool vs onnxruntime and AMD Quark: 
 	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/scaleout.py
 	$(BIN)/python bench/tune.py
+	$(BIN)/python bench/stateful.py
 	$(BIN)/python bench/observers.py
 	$(BIN)/python bench/large_model.py
 	$(BIN)/python bench/large_decoder.py --skip-calibrated

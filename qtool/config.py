@@ -364,6 +364,7 @@ def _from_document(document: ConfigDocument, raw: dict[str, Any], source: str) -
             search_seconds=float(acc.search_seconds),
             latency_runs=acc.latency_runs,
             outputs=tuple(acc.outputs or ()),
+            state=tuple((acc.state or {}).items()),
         ),
         source=source,
         document=document,

@@ -57,6 +57,7 @@ class EvaluationOptions:
     trt_engine_cache: str | None = None  # TensorRT: keep built engines in this directory between runs
     decode_steps: int = DECODE_STEPS  # decoders: tokens generated per sample through the cache (0: no decode loop)
     outputs: tuple[str, ...] = ()  # the outputs the gates judge, names or re: patterns (empty: all but the state)
+    state: tuple[tuple[str, str], ...] = ()  # (output, input) state pairs given by the config (empty: recognised)
 
 
 QUANTIZE_EVALUATION = EvaluationOptions(runs=20, warmup=3)  # the quick check quantize --data runs

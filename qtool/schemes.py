@@ -125,6 +125,7 @@ class AccuracySettings:
     search_seconds: float  # the search stops trying nodes after this long
     latency_runs: int  # interleaved timing rounds per candidate placement (0: placement by the MAC model)
     outputs: tuple[str, ...] = ()  # the outputs the target judges, by name or re: pattern (empty: see judged)
+    state: tuple[tuple[str, str], ...] = ()  # (output, the input it feeds back): a streaming model's state, as given
 
 
 TARGETS = ("cpu", "cpu_vnni", "cuda", "tensorrt")

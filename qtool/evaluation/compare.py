@@ -132,11 +132,12 @@ def _gate_outputs(
     reference: onnx.ModelProto, options: EvaluationOptions, config_path: Path | str | Mapping[str, Any] | None
 ) -> EvaluationOptions:
     """``options`` with the outputs the gates judge: as given, else the config's ``accuracy.outputs`` (checked here)."""
-    config = load_config(config_path) if config_path and not options.outputs else None
+    config = load_config(config_path) if config_path else None
     outputs = options.outputs or (config.accuracy.outputs if config is not None else ())
+    state = options.state or (config.accuracy.state if config is not None else ())
     source = "--outputs" if options.outputs or config is None else f"{config.source}: accuracy.outputs"
-    judged_outputs(reference, outputs, source)  # a pattern that names no output: refused before any work
-    return replace(options, outputs=outputs)
+    judged_outputs(reference, outputs, source, state)  # a name that is no output or input: refused before any work
+    return replace(options, outputs=outputs, state=state)
 
 
 def _dataset(
@@ -184,7 +185,7 @@ def _measured(
     threads, factory = options.threads, progress or noop_progress
     reference = create_session(reference_path, str(reference_path), threads=threads)
     candidate = create_session(candidate_path, str(candidate_path), threads=threads)
-    judged = judged_outputs(reference_model, options.outputs)
+    judged = judged_outputs(reference_model, options.outputs, pairs=options.state)
     with stage(f"accuracy on {len(dataset)} samples"):
         accuracy = output_metrics(
             reference,

@@ -39,7 +39,9 @@ class JudgedOutputs:
     def note(self) -> str:
         """What the target judges, in words (empty when it is every output as usual)."""
         if self.named:
-            return f"the target judges the outputs named: {', '.join(self.judged)}"
+            carried = ", ".join(f"{out} -> {inp}" for out, inp in sorted(self.state.items()))
+            fed = f"; state fed back: {carried}" if carried else ""
+            return f"the target judges the outputs named: {', '.join(self.judged)}{fed}"
         if not self.state:
             return ""
         fed = ", ".join(f"{out} (fed back as {inp})" for out, inp in sorted(self.state.items()))
@@ -49,13 +51,23 @@ class JudgedOutputs:
         )
 
 
-def judged_outputs(model: onnx.ModelProto, patterns: Sequence[str] = (), source: str = "--outputs") -> JudgedOutputs:
+def judged_outputs(
+    model: onnx.ModelProto,
+    patterns: Sequence[str] = (),
+    source: str = "--outputs",
+    pairs: Sequence[tuple[str, str]] = (),
+) -> JudgedOutputs:
     """The outputs of ``model`` a target judges: those ``patterns`` name (exact or ``re:``), else all but the state.
 
+    ``pairs`` (output, input): the state the model feeds back, as the config gives it (``accuracy.state``);
+    without them it is recognised by name and shape. Named outputs are judged; the state is carried all the same.
+
     Raises:
-        QtoolError: a pattern names no output of the model.
+        QtoolError: a pattern names no output of the model, or a pair names no output or input of it.
     """
     outputs = [o.name for o in model.graph.output]
+    decoder = model_decoder(model) is not None
+    state = _given_state(model, pairs) if pairs else {} if decoder else _state_outputs(model)
     if patterns:
         named: list[str] = []
         for pattern in patterns:
@@ -66,14 +78,30 @@ def judged_outputs(model: onnx.ModelProto, patterns: Sequence[str] = (), source:
                     hint=f"its outputs are: {', '.join(outputs)}",
                 )
             named += [name for name in found if name not in named]
-        return JudgedOutputs(tuple(named), {}, named=True)
-    if model_decoder(model) is not None:
-        return JudgedOutputs(tuple(outputs), {}, named=False)
-    state = _state_outputs(model)
+        return JudgedOutputs(tuple(named), state, named=True)
     judged = tuple(name for name in outputs if name not in state)
     if not judged:  # every output is state: nothing else to judge by
         return JudgedOutputs(tuple(outputs), {}, named=False)
     return JudgedOutputs(judged, state, named=False)
+
+
+def _given_state(model: onnx.ModelProto, pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """``accuracy.state`` checked against the model: each key an output, each value an input of the same shape."""
+    outputs = {v.name: v for v in model.graph.output}
+    inputs = {v.name: v for v in model.graph.input}
+    for output, fed in pairs:
+        if output not in outputs:
+            raise QtoolError(
+                f"accuracy.state: '{output}' is no output of the model", hint=f"its outputs are: {', '.join(outputs)}"
+            )
+        if fed not in inputs:
+            raise QtoolError(
+                f"accuracy.state: '{fed}' (fed by {output}) is no input of the model",
+                hint=f"its inputs are: {', '.join(inputs)}",
+            )
+        if not _same_shape(inputs[fed], outputs[output]):
+            raise QtoolError(f"accuracy.state: output '{output}' and input '{fed}' differ in type or shape")
+    return dict(pairs)
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -81,23 +109,38 @@ def _matches(pattern: str, name: str) -> bool:
 
 
 def _state_outputs(model: onnx.ModelProto) -> dict[str, str]:
-    """Outputs whose name and shape pair with an input's: output -> input."""
+    """Outputs whose name and shape pair with an input's: output -> input, each input fed once.
+
+    The closest names pair first: with only the words of a step dropped (``out_cache1`` -> ``in_cache1``), then
+    with a trailing step number or ``n`` dropped too (``stateN`` -> ``state``, ``hn`` -> ``h0``).
+    """
     inputs = {v.name: v for v in model.graph.input}
-    found = {}
-    for output in model.graph.output:
-        stem = _stem(output.name)
-        if not stem:
-            continue
-        for name, value in inputs.items():
-            if name != output.name and _stem(name) == stem and _same_shape(value, output):
-                found[output.name] = name
-                break
+    found: dict[str, str] = {}
+    for stem in (_exact_stem, _stem):
+        for output in model.graph.output:
+            key = stem(output.name)
+            if output.name in found or not key:
+                continue
+            for name, value in inputs.items():
+                taken = name in found.values()
+                if not taken and name != output.name and stem(name) == key and _same_shape(value, output):
+                    found[output.name] = name
+                    break
     return found
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in re.split(r"[^a-z0-9]+|(?<=[a-z])(?=[0-9])", name.lower()) if w]
+
+
+def _exact_stem(name: str) -> str:
+    """The name without the words of a step that are not numbers (``in_cache1`` -> ``cache_1``)."""
+    return "_".join(w for w in _words(name) if w not in _STEP_WORDS or w.isdigit())
 
 
 def _stem(name: str) -> str:
     """The name without the words that mark a step of a state (``stateN`` -> ``state``, ``h0`` -> ``h``)."""
-    words = [w for w in re.split(r"[^a-z0-9]+|(?<=[a-z])(?=[0-9])", name.lower()) if w]
+    words = _words(name)
     while words and words[-1] in _STEP_WORDS:
         words.pop()
     while words and words[0] in _STEP_WORDS:

@@ -57,7 +57,7 @@ def observe(
             for tensor, scheme in activations.items()
             if scheme.observer is not None
         }
-        state = tuple(sorted(judged_outputs(ws.prepared).state.items()))  # a streaming model's, carried
+        state = tuple(sorted(judged_outputs(ws.prepared, pairs=config.accuracy.state).state.items()))  # carried
         batch = options.batch_size or config.calibration.batch_size
         observers, seen, elements = collect_statistics(
             ws.prepared,

@@ -49,6 +49,7 @@ def accuracy_settings(given: AccuracySettings, search: SearchOptions) -> Accurac
         search_seconds=given.search_seconds if search.search_seconds is None else search.search_seconds,
         latency_runs=given.latency_runs if search.latency_runs is None else search.latency_runs,
         outputs=search.outputs or given.outputs,
+        state=given.state,
     )
 
 
@@ -77,7 +78,7 @@ def choose(
     # twice the samples, halved: one half chooses, the other validates the choice
     split = split_samples(spread_dataset(ws, data_dir, 2 * accuracy.samples, skip_nonfinite=evaluation.skip_nonfinite))
     source = "--outputs" if search.outputs else f"{ws.config.source}: accuracy.outputs"
-    judged = judged_outputs(ws.prepared, accuracy.outputs, source)
+    judged = judged_outputs(ws.prepared, accuracy.outputs, source, accuracy.state)
     float_model = FloatModel(ws.path, ws.prepared, ws.weights, builder.elements, judged.subset, judged.state)
     decoder = decoder_to_score(ws.prepared)
     with tempfile.TemporaryDirectory(prefix="qtool-decode-steps-") as scratch:

@@ -276,7 +276,8 @@ def compared(
     scored = request.eval_dir if request.eval_dir is not None else request.data_dir
     assert scored is not None  # the caller compares only with samples
     named = request.search.outputs if request.search is not None else ()
-    evaluation = replace(evaluation, outputs=named or ws.config.accuracy.outputs)  # what the target judged
+    accuracy = ws.config.accuracy  # what the target judged, and the state it carried
+    evaluation = replace(evaluation, outputs=named or accuracy.outputs, state=accuracy.state)
     comparison = compare(
         ws.path,
         request.output_path,

@@ -173,7 +173,8 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
     _check_decoder_goal(request, ws)
     float_outputs, split = _split_eval(ws, request)
     named = request.options.outputs or config.accuracy.outputs
-    judged = judged_outputs(ws.prepared, named, "--outputs" if request.options.outputs else "accuracy.outputs")
+    source = "--outputs" if request.options.outputs else "accuracy.outputs"
+    judged = judged_outputs(ws.prepared, named, source, config.accuracy.state)
     # GPTQ options need each node's calibration inputs: gathered in the same float pass (within the
     # collector's memory budget; nodes past it are rounded to nearest, as quantize would)
     wants_inputs = len(without_algorithms(space)) < len(space)

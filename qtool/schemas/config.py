@@ -232,6 +232,11 @@ class AccuracySection(_Strict):
         description="the outputs the target judges, by name or 're:' pattern (the others are still reported); "
         "default: every output but the state a model feeds back to an input",
     )
+    state: dict[str, str] | None = Field(
+        None,
+        description="a streaming model's state: each output that is fed back, and the input it feeds "
+        "(default: recognised by name and shape, out_cache0 -> in_cache0, stateN -> state, hn -> h0)",
+    )
 
     nullable: ClassVar[frozenset[str]] = frozenset({"target_sqnr_db"})
 

@@ -109,3 +109,70 @@ def test_tune_judges_the_outputs_named(tmp_path: Path) -> None:
     r = runner.invoke(app, [*args, "--outputs", "prob"])
     assert r.exit_code in (0, 1), r.output
     assert (tmp_path / "t.onnx").exists()
+
+
+def _cached(layers: int = 4) -> onnx.ModelProto:
+    """An FSMN-style streaming model: a chunk and one cache per layer in, logits and each next cache out."""
+    rng = np.random.default_rng(11)
+    nodes, inits, x = [], [], "speech"
+    inputs = [helper.make_tensor_value_info("speech", TensorProto.FLOAT, [1, 8])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 8])]
+    for k in range(layers):
+        inits.append(numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.3).astype(np.float32), f"w{k}"))
+        nodes += [
+            helper.make_node("Add", [x, f"in_cache{k}"], [f"mix{k}"], name=f"mix{k}"),
+            helper.make_node("MatMul", [f"mix{k}", f"w{k}"], [f"out_cache{k}"], name=f"mm{k}"),
+        ]
+        inputs.append(helper.make_tensor_value_info(f"in_cache{k}", TensorProto.FLOAT, [1, 8]))
+        outputs.append(helper.make_tensor_value_info(f"out_cache{k}", TensorProto.FLOAT, [1, 8]))
+        x = f"out_cache{k}"
+    nodes.append(helper.make_node("Identity", [x], ["logits"], name="head"))
+    graph = helper.make_graph(nodes, "fsmn", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_numbered_caches_pair_with_the_input_of_the_same_number() -> None:
+    judged = judged_outputs(_cached())
+    assert judged.state == {f"out_cache{k}": f"in_cache{k}" for k in range(4)}
+    assert judged.judged == ("logits",)
+
+
+def test_the_config_gives_the_state_pairs_and_they_are_checked() -> None:
+    model = _cached(2)
+    given = (("out_cache0", "in_cache1"), ("out_cache1", "in_cache0"))
+    assert judged_outputs(model, pairs=given).state == dict(given)
+    with pytest.raises(QtoolError, match="'nope' is no output"):
+        judged_outputs(model, pairs=(("nope", "in_cache0"),))
+    with pytest.raises(QtoolError, match=r"'speech2' .* is no input"):
+        judged_outputs(model, pairs=(("out_cache0", "speech2"),))
+
+
+def test_naming_the_judged_outputs_keeps_the_state_carried() -> None:
+    judged = judged_outputs(_cached(2), ["logits"])
+    assert judged.judged == ("logits",) and judged.state == {"out_cache0": "in_cache0", "out_cache1": "in_cache1"}
+    assert "state fed back: out_cache0 -> in_cache0" in judged.note()
+
+
+def test_accuracy_state_in_a_config_reaches_quantize(tmp_path: Path) -> None:
+    model_path, data = tmp_path / "fsmn.onnx", tmp_path / "data"
+    onnx.save(_cached(2), model_path)
+    data.mkdir()
+    rng = np.random.default_rng(5)
+    for i in range(16):
+        np.savez(
+            data / f"{i:02d}.npz",
+            speech=rng.standard_normal((1, 8)).astype(np.float32),
+            in_cache0=np.zeros((1, 8), np.float32),
+            in_cache1=np.zeros((1, 8), np.float32),
+        )
+    config = tmp_path / "c.yaml"
+    config.write_text("accuracy:\n  state:\n    out_cache0: in_cache1\n    out_cache1: in_cache0\n")
+    out = tmp_path / "q.onnx"
+    r = runner.invoke(app, ["quantize", str(model_path), "--config", str(config), "--data", str(data), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "out_cache0 (fed back as in_cache1)" in r.output
+    config.write_text("accuracy:\n  state:\n    out_cache0: nope\n")
+    wrong = runner.invoke(
+        app, ["quantize", str(model_path), "--config", str(config), "--data", str(data), "-o", str(out)]
+    )
+    assert wrong.exit_code == 2 and "'nope' (fed by out_cache0) is no input" in wrong.output

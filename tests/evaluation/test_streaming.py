@@ -145,7 +145,8 @@ def test_compare_gates_judge_the_outputs_that_matter(streaming: tuple[Path, Path
     assert r.exit_code == 1, r.output  # the probability decides, not the state fed back
     r = runner.invoke(app, [*base, "--fail-under", between, "--outputs", "stateN"])
     assert r.exit_code == 0, r.output
-    assert json.loads(report.read_text())["accuracy"]["judged_note"] == "the target judges the outputs named: stateN"
+    note = json.loads(report.read_text())["accuracy"]["judged_note"]
+    assert note == "the target judges the outputs named: stateN; state fed back: stateN -> state"
     r = runner.invoke(app, [*base, "--outputs", "nope"])
     assert r.exit_code == 2 and "'nope' names no output" in r.output and "prob, stateN" in r.output
 
