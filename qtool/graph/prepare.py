@@ -184,11 +184,13 @@ def _initializers_out_of_inputs(model: onnx.ModelProto) -> int:
     return removed
 
 
-def _name_unnamed_nodes(graph: onnx.GraphProto) -> None:
-    """Give every node a unique name, so configs, plans and reports can refer to it."""
-    taken: set[str] = set()
+def _name_unnamed_nodes(graph: onnx.GraphProto, taken: set[str] | None = None) -> None:
+    """Give every node a unique name, bodies' too, so configs, plans and reports can refer to it."""
+    taken = set() if taken is None else taken
     for index, node in enumerate(graph.node):
         node.name = fresh_name(node.name or f"{node.op_type}_{index}", taken)
+        for body in node_subgraphs(node):
+            _name_unnamed_nodes(body, taken)
 
 
 def _convert_opset(model: onnx.ModelProto, current: int, target: int, source: str) -> onnx.ModelProto:

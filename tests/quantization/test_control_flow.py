@@ -262,3 +262,102 @@ def test_a_weight_read_in_the_main_graph_and_in_a_body_is_stored_once(tmp_path: 
     for branch in written.graph.node[-1].attribute:  # both bodies read the tensor the main graph restores
         assert [n.input[1] for n in branch.g.node] == [main_reads]
     assert _sqnr(model, out, feeds) > 30
+
+
+def _conv_branch(tag: str, x: str, cin: int, cout: int, inner: onnx.NodeProto | None = None) -> onnx.GraphProto:
+    nodes = [
+        helper.make_node("Conv", [x, f"{tag}_w"], [f"{tag}_c"], pads=[1] * 4, name=f"{tag}/conv"),
+        helper.make_node("Relu", [f"{tag}_c"], [f"{tag}_y"], name=f"{tag}/relu"),
+    ]
+    out = f"{tag}_y"
+    if inner is not None:
+        nodes.append(inner)
+        out = inner.output[0]
+    return helper.make_graph(
+        nodes,
+        tag,
+        [],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(_w(cout, cin, 3, 3), f"{tag}_w")],
+    )
+
+
+def test_an_if_nested_in_a_branch_is_quantized_in_turn(tmp_path: Path) -> None:
+    inner = helper.make_node(
+        "If",
+        ["fine"],
+        ["inner_y"],
+        then_branch=_conv_branch("deep_a", "outer_y", 8, 8),
+        else_branch=_conv_branch("deep_b", "outer_y", 8, 8),
+        name="inner",
+    )
+    branch = helper.make_node(
+        "If",
+        ["flag"],
+        ["y"],
+        then_branch=_conv_branch("outer", "x", 3, 8, inner),
+        else_branch=_conv_branch("plain", "x", 3, 8),
+        name="outer_if",
+    )
+    graph = helper.make_graph(
+        [branch],
+        "nested",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("fine", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+    )
+    model, data, out = tmp_path / "nested.onnx", tmp_path / "data", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    data.mkdir()
+    feeds = []
+    for i in range(24):
+        feeds.append({"x": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)})
+        feeds[-1] |= {"flag": np.array(i % 3 != 0), "fine": np.array(i % 2 == 0)}
+        np.savez(data / f"{i:02d}.npz", **feeds[-1])
+    _quantize(model, data, out, "--config", "integer")
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"))
+    then = _body(optimized, "then_branch")
+    deep = next(n for n in then.node if n.op_type == "If")
+    for body in (then, *(a.g for a in deep.attribute)):
+        assert "QLinearConv" in [n.op_type for n in body.node], body.name
+    for path in ((True, True), (True, False), (False, True)):
+        chosen = [f for f in feeds if (bool(f["flag"]), bool(f["fine"])) == path]
+        assert _sqnr(model, out, chosen) > 25, path
+
+
+def test_unnamed_nodes_in_branches_are_named_and_quantized(tmp_path: Path) -> None:
+    bodies = [_conv_branch("a", "x", 3, 8), _conv_branch("b", "x", 3, 8)]
+    for body in bodies:
+        for node in body.node:
+            node.name = ""  # as some exporters write bodies: each branch's nodes would be Conv_0, Relu_1 alike
+    branch = helper.make_node("If", ["flag"], ["y"], then_branch=bodies[0], else_branch=bodies[1])
+    graph = helper.make_graph(
+        [branch],
+        "unnamed",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+    )
+    model, data, out = tmp_path / "unnamed.onnx", tmp_path / "data", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    data.mkdir()
+    feeds = [
+        {"x": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32), "flag": np.array(i % 2 == 0)} for i in range(16)
+    ]
+    for i, feed in enumerate(feeds):
+        np.savez(data / f"{i:02d}.npz", **feed)
+    report = _quantize(model, data, out, "--config", "integer")
+    assert sorted(report["quantized"]["nodes"]) == ["Conv_0", "Conv_0_2"]
+    written = onnx.load(str(out))
+    names = [n.name for a in written.graph.node[-1].attribute for n in a.g.node if n.op_type in ("Conv", "Relu")]
+    assert sorted(names) == ["Conv_0", "Conv_0_2", "Relu_1", "Relu_1_2"]
+    for flag in (True, False):
+        assert _sqnr(model, out, [f for f in feeds if bool(f["flag"]) == flag]) > 25
