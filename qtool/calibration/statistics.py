@@ -187,6 +187,9 @@ class CalibrationStats:
         )
 
 
+_NOTHING = np.zeros((0,), np.float32)  # what an observer of a tensor that cannot be exposed sees: nothing
+
+
 def with_exposed_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:
     """A copy of ``model`` whose graph also outputs ``tensors`` (as float32; see :func:`exposing`)."""
     return exposing(model, list(tensors))[0]
@@ -195,8 +198,9 @@ def with_exposed_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx
 def exposing(model: onnx.ModelProto, tensors: list[str]) -> tuple[onnx.ModelProto, dict[str, str]]:
     """A copy of ``model`` that also outputs ``tensors``, and the name to fetch each under.
 
-    A tensor inside an If branch comes out of its If (empty for a sample that runs the other branch;
-    see :func:`qtool.graph.branches.expose`).
+    A tensor inside an If branch comes out of its If (empty for a sample that runs the other branch), one in
+    a Loop or Scan body stacked over its iterations (see :func:`qtool.graph.branches.expose`); one that cannot
+    come out is left out of the names.
     """
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
@@ -287,7 +291,7 @@ def collect_statistics(
             by_name = carry.kept(paths, dict(zip(fetched, fetched_values, strict=True)))
             if known is not None and count == 1 and not fed:
                 known.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
-            values = [np.asarray(by_name[fetch[name]]) for name in names]
+            values = [np.asarray(by_name[fetch[name]]) if name in fetch else _NOTHING for name in names]
             for tap in taps:
                 tap.observe({name: np.asarray(by_name[fetch[name]]) for name in tap.tensors}, count, feed)
             del fetched_values, by_name

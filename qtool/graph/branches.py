@@ -1,11 +1,11 @@
-"""The branches of a main graph's If nodes, each as a model of its own that the whole pipeline can quantize.
+"""The bodies of a main graph's If, Loop and Scan nodes, each as a model of its own the whole pipeline can quantize.
 
-A branch reads the scopes around it. As a model, the outer values it reads become its inputs (typed
-from the main graph) and the outer constants only it reads become its own initializers, so a branch
-quantized with integer kernels holds its integer weights beside its Q/DQ nodes, where onnxruntime
-fuses them (it does not fuse a weight dequantized in the outer scope). A constant another node or body
-reads as well stays outer (an input of the branch's model): it is stored once, in the main graph.
-Nested If nodes are the branch model's own branches, in turn. Loop and Scan bodies are not branches.
+A body ("branch": an If's then or else branch, a Loop's or a Scan's body) reads the scopes around it. As a
+model, its formal inputs and the outer values it reads become its inputs (typed from the main graph) and the
+outer constants only it reads become its own initializers, so a body quantized with integer kernels holds its
+integer weights beside its Q/DQ nodes, where onnxruntime fuses them (it does not fuse a weight dequantized in
+the outer scope). A constant another node or body reads as well stays outer (an input of the body's model):
+it is stored once, in the main graph. Control flow nested in a body is that model's own, in turn.
 """
 
 from __future__ import annotations
@@ -19,29 +19,30 @@ from onnx import helper
 
 from qtool.graph.index import GraphView, all_nodes, node_subgraphs
 
-BRANCH_ATTRIBUTES = ("then_branch", "else_branch")
+BODY_ATTRIBUTES = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}
+LOOPS = ("Loop", "Scan")  # their bodies run once per iteration: a tensor comes out stacked over iterations
 
 
 @dataclass(frozen=True)
 class Branch:
-    """One branch of one If node of a main graph."""
+    """One body of one If, Loop or Scan node of a main graph."""
 
-    owner: str  # the If node's name
-    attribute: str  # then_branch or else_branch
+    owner: str  # the node's name
+    attribute: str  # then_branch, else_branch or body
 
     @property
     def label(self) -> str:
         return f"{self.owner}'s {self.attribute}"
 
 
-def if_branches(model: onnx.ModelProto) -> list[Branch]:
-    """Every branch of every If node of ``model``'s main graph, in graph order (named nodes only)."""
+def control_bodies(model: onnx.ModelProto) -> list[Branch]:
+    """Every body of every If, Loop and Scan node of ``model``'s main graph, in graph order (named nodes only)."""
     return [
         Branch(node.name, attr.name)
         for node in model.graph.node
-        if node.op_type == "If" and node.name
+        if node.name and node.domain in ("", "ai.onnx")
         for attr in node.attribute
-        if attr.name in BRANCH_ATTRIBUTES and attr.HasField("g")
+        if attr.name in BODY_ATTRIBUTES.get(node.op_type, ()) and attr.HasField("g")
     ]
 
 
@@ -62,7 +63,7 @@ def branch_model(model: onnx.ModelProto, branch: Branch, view: GraphView | None 
     )
     owned = set(owned_constants(model, branch, g))
     initializers = [*body.initializer, *(g.initializers[name] for name in outer if name in owned)]
-    inputs = [_typed(g, name) for name in outer if name not in owned]
+    inputs = [*body.input, *(_typed(g, name) for name in outer if name not in owned)]
     graph = helper.make_graph(
         list(body.node),
         body.name or branch.attribute,
@@ -116,45 +117,88 @@ def _typed(g: GraphView, name: str) -> onnx.ValueInfoProto:
 
 
 def expose(model: onnx.ModelProto, tensors: list[str]) -> dict[str, str]:
-    """Make ``tensors`` graph outputs of ``model`` (in place, as float32), those inside If branches included.
+    """Make ``tensors`` graph outputs of ``model`` (in place, as float32), those inside bodies included.
 
     A branch's tensor leaves each If it is nested in as an extra output (the other branch outputs an empty
-    tensor in its place: a sample that does not run the branch gives no values). Returns, by tensor, the
-    name to fetch it under (its own in the main graph; ``<name>/exposed`` from inside a branch).
+    tensor in its place: a sample that does not run the branch gives no values). A Loop's or Scan's
+    tensor leaves it as an extra scan output, stacked over the iterations, where its shape is the same in
+    every iteration (known from shape inference; control flow nested in a loop body is not exposed).
+    Returns, by tensor, the name to fetch it under (its own in the main graph; ``<name>/exposed`` from a body);
+    a tensor that cannot be exposed is left out (it is not observed).
     """
-    found = _expose_in(model.graph, set(tensors), 0)
+    static = _static_names(model)
+    found = _expose_in(model.graph, set(tensors), 0, static)
     present = {o.name for o in model.graph.output}
     for tensor in tensors:
-        name = found.get(tensor, tensor)
-        if name not in present:
+        name = found.get(tensor)
+        if name is not None and name not in present:
             model.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
             present.add(name)
-    return {tensor: found.get(tensor, tensor) for tensor in tensors}
+    return {tensor: found[tensor] for tensor in tensors if tensor in found}
 
 
-def _expose_in(graph: onnx.GraphProto, wanted: set[str], depth: int) -> dict[str, str]:
-    """Of ``wanted``, the tensors ``graph`` defines or its If branches expose, and their names in ``graph``."""
+def _expose_in(graph: onnx.GraphProto, wanted: set[str], depth: int, static: set[str]) -> dict[str, str]:
+    """Of ``wanted``, the tensors ``graph`` defines or its bodies expose, and their names in ``graph``."""
     defined = {v.name for v in graph.input} | {i.name for i in graph.initializer}
     defined.update(name for node in graph.node for name in node.output)
     here = {t: t for t in wanted & defined}
     for node in list(graph.node):
-        branches = [a for a in node.attribute if node.op_type == "If" and a.name in BRANCH_ATTRIBUTES]
-        inner = [_expose_in(a.g, wanted - here.keys(), depth + 1) for a in branches]
+        attributes = BODY_ATTRIBUTES.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+        bodies = [a for a in node.attribute if a.name in attributes and a.HasField("g")]
+        if node.op_type in LOOPS:  # stacked over iterations: only what each iteration writes alike
+            inner = [{t: t for t in wanted - here.keys() if t in static and t in _iterated(a.g)} for a in bodies]
+        else:
+            inner = [_expose_in(a.g, wanted - here.keys(), depth + 1, static) for a in bodies]
         names = sorted({t for found in inner for t in found} - here.keys())
-        for attr, found in zip(branches, inner, strict=True):
-            outputs = {o.name for o in attr.g.output}
-            for tensor in names:
-                source = found.get(tensor)
-                if source is not None and source in outputs:  # already the branch's output: a copy goes out
-                    copy = f"{source}/copy/{depth}"
-                    attr.g.node.append(helper.make_node("Identity", [source], [copy]))
-                    source = copy
-                if source is None:  # this branch does not define it: an empty tensor stands in
-                    source = f"{tensor}/absent/{depth}/{attr.name}"
-                    empty = onnx.numpy_helper.from_array(np.zeros((0,), np.float32))
-                    attr.g.node.append(helper.make_node("Constant", [], [source], value=empty))
-                attr.g.output.append(helper.make_tensor_value_info(source, onnx.TensorProto.FLOAT, None))
+        for attr, found in zip(bodies, inner, strict=True):
+            _add_outputs(attr.g, names, found, f"{depth}/{attr.name}")
         for tensor in names:
             here[tensor] = f"{tensor}/exposed" if depth == 0 else f"{tensor}/exposed/{depth}"
             node.output.append(here[tensor])
+        if node.op_type == "Scan" and names:  # each new scan output stacked along axis 0, forward
+            for attr in node.attribute:
+                if attr.name in ("scan_output_axes", "scan_output_directions"):
+                    attr.ints.extend([0] * len(names))
     return here
+
+
+def _add_outputs(body: onnx.GraphProto, names: list[str], found: dict[str, str], tag: str) -> None:
+    """Output each of ``names`` from ``body``: its own value, a copy of an output, or an empty stand-in."""
+    taken = {o.name for o in body.output} | {i.name for i in body.input}
+    for tensor in names:
+        source = found.get(tensor)
+        if source is not None and source in taken:  # already the body's output, or its input: a copy goes out
+            copy = f"{source}/copy/{tag}"
+            body.node.append(helper.make_node("Identity", [source], [copy]))
+            source = copy
+        if source is None:  # this branch does not define it: an empty tensor stands in
+            source = f"{tensor}/absent/{tag}"
+            empty = onnx.numpy_helper.from_array(np.zeros((0,), np.float32))
+            body.node.append(helper.make_node("Constant", [], [source], value=empty))
+        body.output.append(helper.make_tensor_value_info(source, onnx.TensorProto.FLOAT, None))
+
+
+def _iterated(body: onnx.GraphProto) -> set[str]:
+    """What takes a value in every iteration of a loop body: its inputs and what its own nodes write."""
+    return {i.name for i in body.input} | {name for node in body.node for name in node.output}
+
+
+def _static_names(model: onnx.ModelProto) -> set[str]:
+    """Tensors, at any depth, whose every dimension shape inference knows (empty when it fails)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        return set()
+    found: set[str] = set()
+
+    def walk(graph: onnx.GraphProto) -> None:
+        for value in [*graph.value_info, *graph.output, *graph.input]:
+            dims = value.type.tensor_type.shape.dim
+            if value.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+                found.add(value.name)
+        for node in graph.node:
+            for sub in node_subgraphs(node):
+                walk(sub)
+
+    walk(inferred.graph)
+    return found

@@ -223,10 +223,19 @@ def test_a_loop_bodys_own_matmul_weight_is_stored_int8(tmp_path: Path) -> None:
     r = runner.invoke(app, ["quantize", str(model), "--data", str(data), "-o", str(out)])
     assert r.exit_code == 0, r.output
     written = onnx.load(str(out))
-    assert any(n.startswith("loop_w/quantized") for n in _int8_initializers(written))
     loop_body = written.graph.node[-1].attribute[0].g
-    assert not loop_body.initializer  # its weight moved out, stored int8
+    stored = {i.name: i.data_type for i in loop_body.initializer}
+    assert stored.get("loop_w/quantized") == TensorProto.INT8 and "loop_w" not in stored  # int8, in its body
     assert _sqnr(model, out, feeds) > 30
+    # calibrated over every iteration the data runs, the body's MatMul becomes an integer kernel
+    report = _quantize(model, data, out, "--config", "integer")
+    assert "body 1 quantized, 1 with integer inputs" in {e["node"]: e["reason"] for e in report["skipped"]}["recur"]
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node[-1].attribute[0].g.node]
+    assert any(op in ("QLinearMatMul", "MatMulIntegerToFloat", "QGemm") for op in ops), ops
+    assert _sqnr(model, out, feeds) > 25
 
 
 def test_a_weight_read_in_the_main_graph_and_in_a_body_is_stored_once(tmp_path: Path) -> None:
@@ -361,3 +370,59 @@ def test_unnamed_nodes_in_branches_are_named_and_quantized(tmp_path: Path) -> No
     assert sorted(names) == ["Conv_0", "Conv_0_2", "Relu_1", "Relu_1_2"]
     for flag in (True, False):
         assert _sqnr(model, out, [f for f in feeds if bool(f["flag"]) == flag]) > 25
+
+
+def test_a_scan_bodys_activations_are_calibrated_over_its_iterations(tmp_path: Path) -> None:
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x_t", "scan_w"], ["xw"], name="scan/matmul"),
+            helper.make_node("Add", ["state_in", "xw"], ["state_out"], name="scan/add"),
+            helper.make_node("Relu", ["xw"], ["out_t"], name="scan/relu"),
+        ],
+        "scan_body",
+        [
+            helper.make_tensor_value_info("state_in", TensorProto.FLOAT, [1, 16]),
+            helper.make_tensor_value_info("x_t", TensorProto.FLOAT, [1, 16]),
+        ],
+        [
+            helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [1, 16]),
+            helper.make_tensor_value_info("out_t", TensorProto.FLOAT, [1, 16]),
+        ],
+        [numpy_helper.from_array(_w(16, 16, scale=0.25), "scan_w")],
+    )
+    scan = helper.make_node(
+        "Scan",
+        ["state0", "seq"],
+        ["final", "outs"],
+        body=body,
+        num_scan_inputs=1,
+        scan_output_axes=[0],
+        name="scanner",
+    )
+    graph = helper.make_graph(
+        [scan],
+        "scan_model",
+        [helper.make_tensor_value_info("state0", TensorProto.FLOAT, [1, 16])],
+        [
+            helper.make_tensor_value_info("final", TensorProto.FLOAT, [1, 16]),
+            helper.make_tensor_value_info("outs", TensorProto.FLOAT, [6, 1, 16]),
+        ],
+    )
+    graph.input.append(helper.make_tensor_value_info("seq", TensorProto.FLOAT, [6, 1, 16]))
+    model, data, out = tmp_path / "scan.onnx", tmp_path / "data", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    data.mkdir()
+    feeds = []
+    for i in range(16):
+        feeds.append(
+            {"state0": np.zeros((1, 16), np.float32), "seq": RNG.standard_normal((6, 1, 16)).astype(np.float32)}
+        )
+        np.savez(data / f"{i:02d}.npz", **feeds[-1])
+    report = _quantize(model, data, out, "--config", "integer")
+    assert "body 1 quantized, 1 with integer inputs" in {e["node"]: e["reason"] for e in report["skipped"]}["scanner"]
+    written = onnx.load(str(out))
+    body_out = written.graph.node[-1].attribute
+    stored = {i.name: i.data_type for a in body_out if a.name == "body" for i in a.g.initializer}
+    assert stored.get("scan_w/quantized") == TensorProto.INT8
+    assert [a.ints for a in body_out if a.name == "scan_output_axes"] == [[0]]  # as written: nothing exposed stays
+    assert _sqnr(model, out, feeds) > 25

@@ -1,4 +1,4 @@
-"""If branches written quantized: each branch's model rewritten by its own plan, then put back in its If.
+"""Bodies written quantized: each If branch's or Loop/Scan body's model rewritten by its plan, put back in place.
 
 The branch's rewritten nodes and initializers (its integer weights, scales and zero points) replace the
 body's; its outputs keep their names, and no shape annotation is added to it. The constants only that
@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import onnx
 
-from qtool.graph.branches import branch_graph, branch_model, owned_constants
+from qtool.graph.branches import branch_graph, owned_constants
 from qtool.graph.index import GraphView
 from qtool.graph.weights import Weights, is_detached, numpy_dtype
 from qtool.quantization.emit.report import RewriteReport
@@ -34,7 +34,7 @@ def write_branches(
     del rewritten.graph.initializer[:]
     rewritten.graph.initializer.extend(kept)
     for planned in plan.branches:
-        sub, sub_report = rewrite(branch_model(source, planned.branch, view), planned.plan)
+        sub, sub_report = rewrite(planned.model, planned.plan)
         body = branch_graph(rewritten, planned.branch)
         _replace_body(body, sub.graph, store)
         _unclash(body, _defined(rewritten.graph, skip=(planned.branch.owner, planned.branch.attribute)))

@@ -1,11 +1,11 @@
-"""Weights inside Loop and Scan bodies (and outer weights an If branch shares): stored quantized, and how.
+"""Weights read inside bodies that stay outside them: stored quantized in the main graph, and how.
 
-If branches are planned as models of their own (:mod:`qtool.quantization.plan.branches`). Inside a Loop or
-Scan body calibration observes nothing (a loop's iterations are not graph outputs), so its nodes keep float
-activations; their constant weights (the body's own initializers or the outer scope's) are stored quantized
-like a storage-placed node's and restored at load, outside the body
-(:mod:`qtool.quantization.emit.body_weights`). The config's rules decide each reading node's
-weight dtype and granularity as anywhere else (``node_name`` rules name nodes inside bodies too).
+If branches and Loop/Scan bodies are planned as models of their own (:mod:`qtool.quantization.plan.branches`);
+a constant weight one of them shares with a main-graph node or another body stays an outer value there. Such a
+weight (and any body weight of an unnamed owner) is stored quantized like a storage-placed node's and
+restored at load, outside the body (:mod:`qtool.quantization.emit.body_weights`); the node in the body
+computes in float on it. The config's rules decide each reading node's weight dtype and granularity as
+anywhere else (``node_name`` rules name nodes inside bodies too).
 """
 
 from __future__ import annotations

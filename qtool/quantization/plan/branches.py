@@ -1,7 +1,7 @@
-"""The plans of a model's If branches: each branch planned as a model of its own, by the same planner.
+"""The plans of a model's If branches and Loop/Scan bodies: each planned as a model of its own, by the same planner.
 
-Calibration observes a branch's tensors on the samples that run it (see
-:func:`qtool.calibration.statistics.with_exposed_outputs`). A branch the calibration data never ran has no
+Calibration observes a body's tensors on the samples and iterations that run it (see
+:func:`qtool.graph.branches.expose`). A body the calibration data never ran (or could not observe) has no
 ranges: its nodes keep float activations on their stored weights (storage), and the note says so.
 """
 
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from weakref import WeakKeyDictionary
 
 import onnx
 
 from qtool.config import QConfig
-from qtool.graph.branches import branch_model, if_branches, owned_constants
+from qtool.graph.branches import Branch, branch_model, control_bodies, owned_constants
 from qtool.graph.index import GraphView
 from qtool.quantization.plan.kernels import KernelPrediction, predict_kernels
 from qtool.quantization.plan.records import BodyWeightPlan, BranchPlan, QuantPlan
@@ -36,8 +37,8 @@ def with_branches(
     if not branches:
         return plan
     owners = {b.branch.owner for b in branches}
-    skipped = tuple((n, branch_summary(branches, n) if n in owners else why) for n, why in plan.skipped)
     weights = outer_body_weights(plan.body_weights, model, branches, g)
+    skipped = tuple((n, branch_summary(branches, n, weights) if n in owners else why) for n, why in plan.skipped)
     return replace(plan, branches=branches, body_weights=weights, skipped=skipped)
 
 
@@ -55,8 +56,8 @@ def plan_branches(
     """
     elements, observed = sizes
     plans = []
-    for branch in if_branches(model):
-        sub = branch_model(model, branch, g)
+    for branch in control_bodies(model):
+        sub = _body_model(model, branch, g)
         # the branch's static shapes, where calibration did not size a tensor
         sized = {**static_elements(sub), **elements} if elements is not None else None
         planned = planner(sub, config, sized, observed=observed)
@@ -65,7 +66,7 @@ def plan_branches(
             kept = frozenset(n.name for n in planned.every_node())
             quieter = replace(config, sensitive_nodes=config.sensitive_nodes | kept)
             planned = planner(sub, quieter, sized, observed=observed)
-        plans.append(BranchPlan(branch, planned, ran))
+        plans.append(BranchPlan(branch, planned, ran, sub))
     return tuple(plans)
 
 
@@ -82,8 +83,8 @@ def outer_body_weights(
     return tuple(w for w in weights if w.owner not in owners or (w.weight in g.initializers and w.weight not in moved))
 
 
-def branch_summary(branches: tuple[BranchPlan, ...], owner: str) -> str:
-    """What the branches of If ``owner`` became, for the list of nodes kept float."""
+def branch_summary(branches: tuple[BranchPlan, ...], owner: str, shared: tuple[BodyWeightPlan, ...] = ()) -> str:
+    """What the bodies of If, Loop or Scan ``owner`` became, for the list of nodes kept float."""
     mine = [b for b in branches if b.branch.owner == owner]
     parts = []
     for b in mine:
@@ -91,13 +92,28 @@ def branch_summary(branches: tuple[BranchPlan, ...], owner: str) -> str:
         integer = sum(1 for n in nodes if n.quantized_inputs)
         state = "" if b.observed else " (the calibration data never ran it: activations float)"
         parts.append(f"{b.branch.attribute} {len(nodes)} quantized, {integer} with integer inputs{state}")
-    return "its branches are quantized as models of their own: " + "; ".join(parts)
+    stored = {w.weight for w in shared if w.owner == owner}
+    kept = f"; {len(stored)} weight{'s' if len(stored) > 1 else ''} it shares stored once, outside" if stored else ""
+    if len(mine) == 1:
+        return "its body is quantized as a model of its own: " + parts[0] + kept
+    return "its branches are quantized as models of their own: " + "; ".join(parts) + kept
 
 
 def every_kernel(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, KernelPrediction]:
     """What onnxruntime is predicted to run for each planned node, the If branches' nodes included."""
     found = dict(predict_kernels(model, plan))
-    view = GraphView(model) if plan.branches else None
     for branch in plan.branches:
-        found.update(every_kernel(branch_model(model, branch.branch, view), branch.plan))
+        found.update(every_kernel(branch.model, branch.plan))
     return found
+
+
+# the bodies of each graph view as models: the placement choice plans many configs over one model revision
+_BODY_MODELS: WeakKeyDictionary[GraphView, dict[Branch, onnx.ModelProto]] = WeakKeyDictionary()
+
+
+def _body_model(model: onnx.ModelProto, branch: Branch, g: GraphView) -> onnx.ModelProto:
+    """:func:`branch_model`, built once per graph view (a model revision) and branch."""
+    found = _BODY_MODELS.setdefault(g, {})
+    if branch not in found:
+        found[branch] = branch_model(model, branch, g)
+    return found[branch]

@@ -9,8 +9,7 @@ import numpy as np
 import onnx
 
 from qtool.config import QConfig
-from qtool.graph.branches import branch_model
-from qtool.graph.index import GraphView, node_subgraphs
+from qtool.graph.index import node_subgraphs
 from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.kernels import predict_kernels
 from qtool.quantization.plan.planner import passthrough_ops
@@ -135,10 +134,8 @@ def _node_rows(model: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[str, 
                 () if node.chained else tuple(node.scheme.algorithms.names()),  # weight algorithms: no weight
             )
         )
-    view = GraphView(model) if plan.branches else None
     for branch in plan.branches:
-        sub = branch_model(model, branch.branch, view)
-        rows += _node_rows(sub, branch.plan, counted, f"{where + ' > ' if where else ''}{branch.branch.label}")
+        rows += _node_rows(branch.model, branch.plan, counted, f"{where + ' > ' if where else ''}{branch.branch.label}")
     return rows
 
 

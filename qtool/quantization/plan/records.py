@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import onnx
+
 from qtool.graph.branches import Branch
 from qtool.quantization.plan.roles import CHAIN_OPS
 from qtool.schemes import NodeKind, NodePlacement, NodeScheme, TensorScheme
@@ -126,8 +128,9 @@ class QuantPlan:
 
 @dataclass(frozen=True)
 class BranchPlan:
-    """One If branch, planned as a model (see :mod:`qtool.graph.branches`)."""
+    """One If branch or Loop/Scan body, planned as a model (see :mod:`qtool.graph.branches`)."""
 
     branch: Branch
     plan: QuantPlan
     observed: bool = True  # False: the calibration data never ran it, so its nodes keep float activations
+    model: onnx.ModelProto = field(default_factory=onnx.ModelProto, repr=False, compare=False)  # the body as a model
