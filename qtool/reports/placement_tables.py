@@ -121,10 +121,14 @@ def _choice_notes(console: Console, c: PlacementChoice, comparison: ComparisonRe
     if not c.expects_speedup:
         console.print(f"[yellow]note[/yellow] {_no_speedup_note(c)}", highlight=False)
     if comparison is not None and comparison.outputs:
-        worst = min(m.sqnr_db for m in comparison.outputs)
+        # the outputs the target judged: pooled when not every output is (the state fed back is reported apart)
+        judged = comparison.judged.sqnr_db if comparison.judged is not None else None
+        below = (
+            f"{judged:.2f} dB pooled" if judged is not None else f"{min(m.sqnr_db for m in comparison.outputs):.2f} dB"
+        )
         console.print(
-            f"worst output: {c.chosen_candidate.sqnr_db:.2f} dB on the {len(c.samples)} scored samples, "
-            f"{worst:.2f} dB on the {comparison.samples} samples compared below",
+            f"{'judged outputs' if judged is not None else 'worst output'}: {c.chosen_candidate.sqnr_db:.2f} dB on "
+            f"the {len(c.samples)} scored samples, {below} on the {comparison.samples} samples compared below",
             highlight=False,
         )
 

@@ -91,6 +91,7 @@ def test_quantize_says_which_outputs_it_judged(tmp_path: Path) -> None:
     r = runner.invoke(app, ["quantize", str(model_path), "--data", str(data), "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert "judged: the target judges prob; state outputs are reported, not judged: stateN" in r.output
+    assert "judged outputs: " in r.output and " dB pooled on the 16 samples compared below" in r.output
     named = runner.invoke(
         app, ["quantize", str(model_path), "--data", str(data), "-o", str(out), "--outputs", "stateN"]
     )
