@@ -90,7 +90,12 @@ def branch_summary(branches: tuple[BranchPlan, ...], owner: str, shared: tuple[B
     for b in mine:
         nodes = b.plan.every_node()
         integer = sum(1 for n in nodes if n.quantized_inputs)
-        state = "" if b.observed else " (the calibration data never ran it: activations float)"
+        unseen = (
+            "calibration could not observe its iterations"
+            if b.branch.attribute == "body"
+            else ("the calibration data never ran it")
+        )
+        state = "" if b.observed else f" ({unseen}: activations float)"
         parts.append(f"{b.branch.attribute} {len(nodes)} quantized, {integer} with integer inputs{state}")
     stored = {w.weight for w in shared if w.owner == owner}
     kept = f"; {len(stored)} weight{'s' if len(stored) > 1 else ''} it shares stored once, outside" if stored else ""
