@@ -126,7 +126,8 @@ def expose(model: onnx.ModelProto, tensors: list[str]) -> dict[str, str]:
     Returns, by tensor, the name to fetch it under (its own in the main graph; ``<name>/exposed`` from a body);
     a tensor that cannot be exposed is left out (it is not observed).
     """
-    static = _static_names(model)
+    loops = any(node.op_type in LOOPS for node in all_nodes(model.graph))
+    static = _static_names(model) if loops else set()  # shape inference only where a loop needs it
     found = _expose_in(model.graph, set(tensors), 0, static)
     present = {o.name for o in model.graph.output}
     for tensor in tensors:
