@@ -1,8 +1,8 @@
 """Bodies written quantized: each If branch's or Loop/Scan body's model rewritten by its plan, put back in place.
 
-The branch's rewritten nodes and initializers (its integer weights, scales and zero points) replace the
-body's; its outputs keep their names, and no shape annotation is added to it. The constants only that
-branch read leave the main graph (see :mod:`qtool.graph.branches`). Weights are stored inside the body,
+The body model's rewritten nodes and initializers (its integer weights, scales and zero points) replace the
+body's; its inputs and outputs keep their names, and no shape annotation is added to it. The constants only
+that body read leave the main graph (see :mod:`qtool.graph.branches`). Weights are stored inside the body,
 embedded: onnxruntime fuses a body's Q/DQ into integer kernels only around its own initializers.
 """
 
@@ -24,7 +24,7 @@ Rewrite = Callable[[onnx.ModelProto, QuantPlan], tuple[onnx.ModelProto, RewriteR
 def write_branches(
     rewritten: onnx.ModelProto, source: onnx.ModelProto, plan: QuantPlan, rewrite: Rewrite, store: Weights
 ) -> RewriteReport:
-    """Rewrite each planned branch of ``source`` into ``rewritten`` (in place); what the branches' rewrites did."""
+    """Rewrite each planned body of ``source`` into ``rewritten`` (in place); what the bodies' rewrites did."""
     report = RewriteReport()
     if not plan.branches:
         return report
@@ -46,7 +46,7 @@ def write_branches(
 
 
 def _replace_body(body: onnx.GraphProto, written: onnx.GraphProto, store: Weights) -> None:
-    """Put a branch model's rewritten graph in place of ``body``: its nodes and constants, embedded."""
+    """Put a body model's rewritten graph in place of ``body``: its nodes and constants, embedded."""
     del body.node[:]
     body.node.extend(written.node)
     del body.initializer[:]

@@ -32,7 +32,7 @@ def with_branches(
     observed: frozenset[str] | None,
     planner: Planner,
 ) -> QuantPlan:
-    """``plan`` with its If branches planned (see the module), and the body weights and notes that follow."""
+    """``plan`` with its bodies planned (see the module), and the body weights and notes that follow."""
     branches = plan_branches(model, config, (elements, observed), g, planner)
     if not branches:
         return plan
@@ -49,16 +49,16 @@ def plan_branches(
     g: GraphView,
     planner: Planner,
 ) -> tuple[BranchPlan, ...]:
-    """Each If branch of ``model``'s main graph planned by ``planner`` (see the module).
+    """Each If branch and Loop/Scan body of ``model``'s main graph planned by ``planner`` (see the module).
 
     ``sizes``: the tensors' per-sample element counts, and the tensors calibration saw (None: not known,
-    every branch is planned as if it ran).
+    every body is planned as if it ran).
     """
     elements, observed = sizes
     plans = []
     for branch in control_bodies(model):
         sub = _body_model(model, branch, g)
-        # the branch's static shapes, where calibration did not size a tensor
+        # the body's static shapes, where calibration did not size a tensor
         sized = {**static_elements(sub), **elements} if elements is not None else None
         planned = planner(sub, config, sized, observed=observed)
         ran = observed is None or all(t in observed for t in planned.every_activation())
