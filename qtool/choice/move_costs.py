@@ -57,7 +57,7 @@ def move_costs(
         saved = latency["storage"] - latency[unchained]
         per_mac = saved / macs if saved > 0 else None
     if "auto" in plans and "unchained" in latency and "auto" in latency:
-        written = sum(elements.get(t, 0) for n in plans["auto"].nodes if n.chained for t in _written(n))
+        written = sum(elements.get(t, 0) for n in plans["auto"].every_node() if n.chained for t in _written(n))
         saved = latency["unchained"] - latency["auto"]
         per_element = saved / written if saved > 0 and written > 0 else None
     measured = " and ".join(w for w, v in (("macs", per_mac), ("chains", per_element)) if v is not None)
@@ -73,4 +73,4 @@ def _written(node: NodePlan) -> tuple[str, ...]:
 
 
 def _integer_macs(plan: QuantPlan) -> int:
-    return sum(n.macs or 0 for n in plan.nodes if n.placement == "integer" and not n.chained)
+    return sum(n.macs or 0 for n in plan.every_node() if n.placement == "integer" and not n.chained)

@@ -80,7 +80,7 @@ def _matmul_heavy(plan: QuantPlan) -> bool:
 
     Only then is the ``dynamic`` candidate built: onnxruntime fuses dynamic quantization for them alone.
     """
-    work = [(n.macs or 0, n.op_type in ("MatMul", "Gemm") and n.weight is not None) for n in plan.nodes]
+    work = [(n.macs or 0, n.op_type in ("MatMul", "Gemm") and n.weight is not None) for n in plan.every_node()]
     total = sum(macs for macs, _ in work)
     return total > 0 and sum(macs for macs, matmul in work if matmul) >= DYNAMIC_MIN_SHARE * total
 
@@ -194,7 +194,7 @@ def _built_candidates(
     auto = built.add("auto", config, build)
     # Only an op that computes (QLinearAdd, QLinearSigmoid, ...) rounds anew; a pass-through op chained on its
     # input's scale moves the same values, so "unchained" would plan the same accuracy, a speed at the margin
-    if any(n.chained and n.op_type in FUSED_KERNELS and n.scheme.placement == "auto" for n in auto.nodes):
+    if any(n.chained and n.op_type in FUSED_KERNELS and n.scheme.placement == "auto" for n in auto.every_node()):
         built.add("unchained", replace(config, chains=False), build)
     integer = built.add("integer", replace(config, auto_placement="integer"), build)
     built.add("storage", replace(config, auto_placement="storage"), build)

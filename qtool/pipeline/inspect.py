@@ -36,8 +36,10 @@ def inspect(ws: Workspace, data_dir: Path | str | None) -> Inspection:
     note, plan = _as_quantize_places(ws, rules, elements, measured=data_dir is not None)
     result = inspect_plan(ws.source.path, ws.source.size_bytes, ws.prepared, plan, config)
     if plan is not rules:  # the rule that chose each node's scheme is still the config's; its placement is not
-        decided = {n.name: n.scheme.rule for n in rules.nodes}
-        guess = {n.name: n.reason for n in rules.nodes if n.placement == "integer" and n.scheme.placement == "auto"}
+        decided = {n.name: n.scheme.rule for n in rules.every_node()}
+        guess = {
+            n.name: n.reason for n in rules.every_node() if n.placement == "integer" and n.scheme.placement == "auto"
+        }
         result = replace(
             result,
             rows=[
@@ -76,7 +78,7 @@ def _as_quantize_places(
     candidate placements and may keep another one than the rules' guess shown here: the note says so.
     """
     config = ws.config
-    guessed = [n.name for n in plan.nodes if n.placement == "integer" and n.scheme.placement == "auto"]
+    guessed = [n.name for n in plan.every_node() if n.placement == "integer" and n.scheme.placement == "auto"]
     if config.target not in CPU_TARGETS or not guessed or config.accuracy.target_sqnr_db is None:
         return "", plan
     if measured:

@@ -149,7 +149,9 @@ def _unmeasured_placement(
     """
     if config.target not in CPU_TARGETS or search_dir is not None:
         return None
-    guessed = [n for n in builder.plan(config).nodes if n.placement == "integer" and n.scheme.placement == "auto"]
+    guessed = [
+        n for n in builder.plan(config).every_node() if n.placement == "integer" and n.scheme.placement == "auto"
+    ]
     if not guessed:
         return None
     if request.search is None:

@@ -54,6 +54,7 @@ from qtool.pipeline.tune_write import write_chosen
 from qtool.pipeline.workspace import Workspace, open_workspace
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
+from qtool.quantization.plan.records import NodePlan, QuantPlan
 from qtool.results import TuneResult
 from qtool.system.environment import cpu_info, files_digest, versions
 from qtool.system.stages import stage
@@ -162,6 +163,29 @@ def _check_decoder_goal(request: TuneRequest, ws: Workspace) -> None:
         )
 
 
+def _tuned_nodes(ws: Workspace, plan: QuantPlan, model_path: Path) -> tuple[list[NodePlan], dict[str, list[int]]]:
+    """The nodes tune allocates (largest weight first) and each one's weight shape.
+
+    Raises:
+        QtoolError: no main-graph node has a constant weight (saying so when nodes inside bodies do).
+    """
+    shapes = {init.name: list(init.dims) for init in ws.prepared.graph.initializer}
+    weight_shape = {n.name: shapes[n.weight.name] for n in plan.nodes if n.weight is not None}
+    tuned = sorted(
+        (n for n in plan.nodes if n.name in weight_shape), key=lambda n: (-int(np.prod(weight_shape[n.name])), n.name)
+    )
+    if not tuned:
+        inside = [n.name for n in plan.every_node() if n.weight is not None]
+        raise QtoolError(
+            f"{model_path} has no node with a constant weight to tune"
+            + (f" outside its If/Loop/Scan bodies ({len(inside)} inside them)" if inside else ""),
+            hint="qtool quantize places and calibrates the nodes inside bodies; tune allocates main-graph nodes only"
+            if inside
+            else None,
+        )
+    return tuned, weight_shape
+
+
 def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | None, started: float) -> Tuning:
     """The workspace at the widest option's opset, calibrated once (with the GPTQ inputs when the space has GPTQ)."""
     space = for_objective(options_for(config.target), timed(request.options))
@@ -185,13 +209,7 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
         space = without_algorithms(space)
     builder = Builder(ws, stats, algorithms)
     plan = builder.plan(config)
-    shapes = {init.name: list(init.dims) for init in ws.prepared.graph.initializer}
-    weight_shape = {n.name: shapes[n.weight.name] for n in plan.nodes if n.weight is not None}
-    tuned = sorted(
-        (n for n in plan.nodes if n.name in weight_shape), key=lambda n: (-int(np.prod(weight_shape[n.name])), n.name)
-    )
-    if not tuned:
-        raise QtoolError(f"{request.model_path} has no node with a constant weight to tune")
+    tuned, weight_shape = _tuned_nodes(ws, plan, request.model_path)
     # Each node is measured on selection samples of EVAL, where the target is judged: calibration samples
     # can miss the inputs that break a model (PP-OCRv4 det, one int8 layer alone: 46 dB on four CALIB crops,
     # 35 dB on the EVAL crops, where sparse text makes every stray pixel count).

@@ -48,6 +48,9 @@ def test_move_costs_are_read_off_the_timed_candidates():
         def __init__(self, *nodes: NodePlan) -> None:
             self.nodes = list(nodes)
 
+        def every_node(self) -> list[NodePlan]:
+            return self.nodes
+
     auto, unchained = Plan(node("conv", 1000), node("silu", None, chained=True)), Plan(node("conv", 1000))
     elements = {"silu:out": 50}
 

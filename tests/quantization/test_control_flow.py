@@ -166,8 +166,8 @@ def test_inspect_lists_the_nodes_of_each_branch(if_model: tuple[Path, Path]) -> 
     rows = {row["name"]: row for row in json.loads(r.stdout)["nodes"]}
     assert {"then/conv0", "then/conv1", "then/fc", "else/conv0", "else/fc"} <= set(rows)
     conv = rows["then/conv1"]
-    assert "branch's then_branch" in conv["placement_reason"]
     assert conv["predicted_kernel"].endswith("(in branch's then_branch)")
+    assert "no samples to measure integer kernels" in conv["placement_reason"]  # as a main-graph node's
 
 
 def test_a_node_name_rule_keeps_a_body_node_float(if_model: tuple[Path, Path], tmp_path: Path) -> None:
@@ -464,3 +464,12 @@ def test_a_loop_whose_tensors_grow_each_iteration_keeps_float_activations(tmp_pa
     reason = {e["node"]: e["reason"] for e in report["skipped"]}["grow"]
     assert "body 1 quantized, 0 with integer inputs (calibration could not observe its iterations" in reason
     assert _sqnr(model, out, feeds) > 30  # its weight stored int8, computed in float
+
+
+def test_tune_says_its_nodes_sit_in_bodies(if_model: tuple[Path, Path], tmp_path: Path) -> None:
+    model, data = if_model
+    args = ["tune", str(model), "--data", str(data), "--eval", str(data), "-o", str(tmp_path / "t.onnx")]
+    r = runner.invoke(app, [*args, "--config-out", str(tmp_path / "t.yaml"), "--target-sqnr", "30", "--no-cache"])
+    assert r.exit_code == 2, r.output
+    assert "no node with a constant weight to tune outside its If/Loop/Scan bodies (5 inside them)" in r.output
+    assert not (tmp_path / "t.onnx").exists()
