@@ -54,7 +54,7 @@ from qtool.pipeline.tune_write import write_chosen
 from qtool.pipeline.workspace import Workspace, open_workspace
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
-from qtool.quantization.plan.records import NodePlan, QuantPlan
+from qtool.quantization.plan.records import BranchPlan, NodePlan, QuantPlan
 from qtool.results import TuneResult
 from qtool.system.environment import cpu_info, files_digest, versions
 from qtool.system.stages import stage
@@ -164,26 +164,27 @@ def _check_decoder_goal(request: TuneRequest, ws: Workspace) -> None:
 
 
 def _tuned_nodes(ws: Workspace, plan: QuantPlan, model_path: Path) -> tuple[list[NodePlan], dict[str, list[int]]]:
-    """The nodes tune allocates (largest weight first) and each one's weight shape.
+    """The nodes tune allocates (largest weight first; those inside If/Loop/Scan bodies too) and their weight shapes.
 
     Raises:
-        QtoolError: no main-graph node has a constant weight (saying so when nodes inside bodies do).
+        QtoolError: no node has a constant weight.
     """
     shapes = {init.name: list(init.dims) for init in ws.prepared.graph.initializer}
-    weight_shape = {n.name: shapes[n.weight.name] for n in plan.nodes if n.weight is not None}
+    for body in _bodies(plan):  # a body's own weights (its nodes are tuned by name like any other)
+        shapes.update({init.name: list(init.dims) for init in body.model.graph.initializer})
+    weight_shape = {n.name: shapes[n.weight.name] for n in plan.every_node() if n.weight is not None}
     tuned = sorted(
-        (n for n in plan.nodes if n.name in weight_shape), key=lambda n: (-int(np.prod(weight_shape[n.name])), n.name)
+        (n for n in plan.every_node() if n.name in weight_shape),
+        key=lambda n: (-int(np.prod(weight_shape[n.name])), n.name),
     )
     if not tuned:
-        inside = [n.name for n in plan.every_node() if n.weight is not None]
-        raise QtoolError(
-            f"{model_path} has no node with a constant weight to tune"
-            + (f" outside its If/Loop/Scan bodies ({len(inside)} inside them)" if inside else ""),
-            hint="qtool quantize places and calibrates the nodes inside bodies; tune allocates main-graph nodes only"
-            if inside
-            else None,
-        )
+        raise QtoolError(f"{model_path} has no node with a constant weight to tune")
     return tuned, weight_shape
+
+
+def _bodies(plan: QuantPlan) -> list[BranchPlan]:
+    """The plans of ``plan``'s bodies, nested ones too."""
+    return [b for branch in plan.branches for b in (branch, *_bodies(branch.plan))]
 
 
 def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | None, started: float) -> Tuning:
@@ -217,7 +218,7 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
     count = len(float_outputs.samples)
     labels = read_labels(request.options.labels, count) if request.options.labels is not None else None
     goal = replace(request.goal, labels=labels, confidence=request.options.confidence)
-    op_types = {n.op_type for n in plan.nodes}
+    op_types = {n.op_type for n in plan.every_node()}
     prepare_seconds = time.monotonic() - started
     return Tuning(
         request,

@@ -30,7 +30,7 @@ MARGIN_RESOLUTION_DB = 0.5  # the margin's bisection stops when the passing and 
 def _block_axes(tuning: Tuning) -> dict[str, int | None]:
     """Each weighted node's per-block axis (the reduction axis), as the plan of per-block weights has it."""
     blocked = tuning.ws.config.with_rules(global_=W4.entry)
-    return {n.name: n.weight.axis for n in tuning.ws.plan(blocked).nodes if n.weight is not None}
+    return {n.name: n.weight.axis for n in tuning.ws.plan(blocked).every_node() if n.weight is not None}
 
 
 def _search(
