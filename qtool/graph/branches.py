@@ -48,7 +48,7 @@ def control_bodies(model: onnx.ModelProto) -> list[Branch]:
 
 def branch_graph(model: onnx.ModelProto, branch: Branch) -> onnx.GraphProto:
     """The branch's graph inside ``model``."""
-    owner = GraphView(model).by_name[branch.owner]
+    owner = next(node for node in model.graph.node if node.name == branch.owner)
     return next(a.g for a in owner.attribute if a.name == branch.attribute)
 
 
