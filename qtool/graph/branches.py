@@ -10,6 +10,7 @@ it is stored once, in the main graph. Control flow nested in a body is that mode
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,16 +53,21 @@ def branch_graph(model: onnx.ModelProto, branch: Branch) -> onnx.GraphProto:
     return next(a.g for a in owner.attribute if a.name == branch.attribute)
 
 
-def branch_model(model: onnx.ModelProto, branch: Branch, view: GraphView | None = None) -> onnx.ModelProto:
-    """The branch as a model (see the module): outer values as inputs, the constants only it reads as its own."""
+def branch_model(
+    model: onnx.ModelProto, branch: Branch, view: GraphView | None = None, owned: Collection[str] | None = None
+) -> onnx.ModelProto:
+    """The branch as a model (see the module): outer values as inputs, the constants only it reads as its own.
+
+    ``owned``: :func:`owned_constants` of the branch, when the caller has them.
+    """
     g = view if view is not None else GraphView(model)
     body = branch_graph(model, branch)
-    local = _local_names(body)
+    local = defined_names(body)
     outer = sorted(
         {name for node in all_nodes(body) for name in node.input if name and name not in local},
         key=lambda n: (n not in g.initializers, n),
     )
-    owned = set(owned_constants(model, branch, g))
+    owned = set(owned if owned is not None else owned_constants(model, branch, g))
     initializers = [*body.initializer, *(g.initializers[name] for name in outer if name in owned)]
     inputs = [*body.input, *(_typed(g, name) for name in outer if name not in owned)]
     graph = helper.make_graph(
@@ -94,19 +100,27 @@ def owned_constants(model: onnx.ModelProto, branch: Branch, view: GraphView | No
         for attr in node.attribute:
             if node.name == branch.owner and attr.name == branch.attribute:
                 continue
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            for sub in _graphs_of(attr):
                 elsewhere.update(name for inner in all_nodes(sub) for name in inner.input if name)
     return sorted(read_here - elsewhere)
 
 
-def _local_names(body: onnx.GraphProto) -> set[str]:
-    """Every name defined inside ``body`` at any depth: its inputs, initializers and node outputs."""
-    names = {i.name for i in body.input} | {i.name for i in body.initializer}
-    for node in body.node:
+def defined_names(graph: onnx.GraphProto, skip: tuple[str, str] | None = None) -> set[str]:
+    """Every name ``graph`` defines at any depth (inputs, constants, node outputs), but inside body ``skip``.
+
+    ``skip``: (node name, attribute) of one body left out.
+    """
+    names = {v.name for v in graph.input} | {i.name for i in graph.initializer}
+    for node in graph.node:
         names.update(node.output)
-        for sub in node_subgraphs(node):
-            names |= _local_names(sub)
+        for attr in node.attribute:
+            if skip != (node.name, attr.name):
+                names.update(name for sub in _graphs_of(attr) for name in defined_names(sub))
     return names
+
+
+def _graphs_of(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    return [attr.g] if attr.HasField("g") else list(attr.graphs)
 
 
 def _typed(g: GraphView, name: str) -> onnx.ValueInfoProto:

@@ -49,7 +49,7 @@ class Builder:
         self.stats = stats
         self.algorithms = algorithms
         self.elements = ws.sizes(stats)  # with tensor sizes known, placement "auto" decides per node
-        self.observed = frozenset(stats.elements)  # an If branch calibration never ran keeps float activations
+        self.observed = frozenset(stats.elements)  # a body calibration saw nothing of keeps float activations
         self._built: dict[str, Built] = {}
 
     def plan(self, config: QConfig) -> QuantPlan:

@@ -44,7 +44,7 @@ def observe(
     create_observer(name, None, observer_options)  # fail on an unknown name or option before any work
     plan = ws.plan()  # without tensor sizes every "auto" node is planned integer: all it may need is observed
     done = ws.transforms
-    activations = plan.every_activation()  # the If branches' too: observed on the samples that run them
+    activations = plan.every_activation()  # the bodies' too: observed on the samples and iterations that run them
     if not activations and inputs is None:  # weight-only: no activation needs a range, skip the float pass
         return CalibrationStats(ws.source.sha256, name, 0, {}, smoothing=done.smoothing, equalized=list(done.equalized))
     dataset = calibration_dataset(ws, data_dir, options)

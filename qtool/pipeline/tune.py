@@ -54,7 +54,7 @@ from qtool.pipeline.tune_write import write_chosen
 from qtool.pipeline.workspace import Workspace, open_workspace
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
-from qtool.quantization.plan.records import BranchPlan, NodePlan, QuantPlan
+from qtool.quantization.plan.records import NodePlan, QuantPlan
 from qtool.results import TuneResult
 from qtool.system.environment import cpu_info, files_digest, versions
 from qtool.system.stages import stage
@@ -170,7 +170,7 @@ def _tuned_nodes(ws: Workspace, plan: QuantPlan, model_path: Path) -> tuple[list
         QtoolError: no node has a constant weight.
     """
     shapes = {init.name: list(init.dims) for init in ws.prepared.graph.initializer}
-    for body in _bodies(plan):  # a body's own weights (its nodes are tuned by name like any other)
+    for body in plan.every_branch():  # a body's own weights (its nodes are tuned by name like any other)
         shapes.update({init.name: list(init.dims) for init in body.model.graph.initializer})
     weight_shape = {n.name: shapes[n.weight.name] for n in plan.every_node() if n.weight is not None}
     tuned = sorted(
@@ -180,11 +180,6 @@ def _tuned_nodes(ws: Workspace, plan: QuantPlan, model_path: Path) -> tuple[list
     if not tuned:
         raise QtoolError(f"{model_path} has no node with a constant weight to tune")
     return tuned, weight_shape
-
-
-def _bodies(plan: QuantPlan) -> list[BranchPlan]:
-    """The plans of ``plan``'s bodies, nested ones too."""
-    return [b for branch in plan.branches for b in (branch, *_bodies(branch.plan))]
 
 
 def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | None, started: float) -> Tuning:

@@ -97,7 +97,7 @@ class Workspace:
 
         ``elements`` (per-sample tensor sizes) let ``placement: auto`` decide; without them every
         auto node is planned integer, so calibration observes all it may need. ``observed``: the tensors
-        calibration saw values of (an If branch the data never ran keeps float activations; None: unknown).
+        calibration saw values of (a body it saw nothing of keeps float activations; None: unknown).
         """
         config = config if config is not None else self.config
         sizes = tuple(sorted(elements.items())) if elements is not None else None

@@ -2,8 +2,9 @@
 
 The body model's rewritten nodes and initializers (its integer weights, scales and zero points) replace the
 body's; its inputs and outputs keep their names, and no shape annotation is added to it. The constants only
-that body read leave the main graph (see :mod:`qtool.graph.branches`). Weights are stored inside the body,
-embedded: onnxruntime fuses a body's Q/DQ into integer kernels only around its own initializers.
+that body read leave the main graph (see :mod:`qtool.graph.branches`; the plan lists them). Weights are
+stored inside the body, embedded: onnxruntime fuses a body's Q/DQ into integer kernels only around its own
+initializers.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Callable
 
 import onnx
 
-from qtool.graph.branches import branch_graph, owned_constants
-from qtool.graph.index import GraphView
+from qtool.graph.branches import branch_graph, defined_names
+from qtool.graph.index import node_subgraphs
 from qtool.graph.weights import Weights, is_detached, numpy_dtype
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.plan.records import QuantPlan
@@ -28,8 +29,7 @@ def write_branches(
     report = RewriteReport()
     if not plan.branches:
         return report
-    view = GraphView(source)
-    moved = {name for planned in plan.branches for name in owned_constants(source, planned.branch, view)}
+    moved = {name for planned in plan.branches for name in planned.owned}
     kept = [i for i in rewritten.graph.initializer if i.name not in moved]
     del rewritten.graph.initializer[:]
     rewritten.graph.initializer.extend(kept)
@@ -37,7 +37,7 @@ def write_branches(
         sub, sub_report = rewrite(planned.model, planned.plan)
         body = branch_graph(rewritten, planned.branch)
         _replace_body(body, sub.graph, store)
-        _unclash(body, _defined(rewritten.graph, skip=(planned.branch.owner, planned.branch.attribute)))
+        _unclash(body, defined_names(rewritten.graph, skip=(planned.branch.owner, planned.branch.attribute)))
         for opset in sub.opset_import:
             if all(o.domain != opset.domain for o in rewritten.opset_import):
                 rewritten.opset_import.append(opset)
@@ -60,22 +60,9 @@ def _replace_body(body: onnx.GraphProto, written: onnx.GraphProto, store: Weight
     del body.value_info[:]
 
 
-def _defined(graph: onnx.GraphProto, skip: tuple[str, str] | None = None) -> set[str]:
-    """Every name ``graph`` defines at any depth (inputs, constants, node outputs), but inside body ``skip``."""
-    names = {v.name for v in graph.input} | {i.name for i in graph.initializer}
-    for node in graph.node:
-        names.update(node.output)
-        for attr in node.attribute:
-            if skip == (node.name, attr.name):
-                continue
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                names |= _defined(sub)
-    return names
-
-
 def _unclash(body: onnx.GraphProto, outside: set[str]) -> None:
     """Rename what the body defines under a name defined outside it (a Q/DQ name the main graph has too)."""
-    inside = _defined(body)
+    inside = defined_names(body)
     clashes = sorted(inside & outside)
     if not clashes:
         return
@@ -101,6 +88,5 @@ def _rename(graph: onnx.GraphProto, renamed: dict[str, str]) -> None:
             node.input[i] = renamed.get(name, name)
         for i, name in enumerate(node.output):
             node.output[i] = renamed.get(name, name)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                _rename(sub, renamed)
+        for sub in node_subgraphs(node):
+            _rename(sub, renamed)

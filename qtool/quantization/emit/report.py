@@ -27,7 +27,7 @@ class RewriteReport:
     # (qtool.numerics.saturation: "int8", "int8 fitted", "uint8" ...)
 
     def merge(self, other: RewriteReport) -> None:
-        """Add what another rewrite (an If branch's) changed."""
+        """Add what another rewrite (a body's: an If branch, a Loop or Scan body) changed."""
         for name in (
             "quantized_nodes",
             "chained_nodes",

@@ -373,7 +373,7 @@ def insert_qdq(
     *,
     correct_biases: bool = True,
 ) -> tuple[onnx.ModelProto, RewriteReport]:
-    """Return a copy of ``model`` with Q/DQ nodes and integer weights as ``plan`` says (its If branches too).
+    """Return a copy of ``model`` with Q/DQ nodes and integer weights as ``plan`` says (its bodies too).
 
     Args:
         model: the prepared float model the plan was built from.

@@ -78,7 +78,7 @@ def plan_activation_qparams(
         while source in plan.shared:  # a chain of pass-through ops: every output takes the first input's
             source = plan.shared[source]
         result[tensor] = result[source]
-    for branch in plan.branches:  # an If branch's tensors, observed on the samples that ran it
+    for branch in plan.branches:  # a body's tensors, observed on the samples and iterations that ran it
         for tensor, qp in plan_activation_qparams(branch.plan, observers, ranges).items():
             result.setdefault(tensor, qp)
     return result

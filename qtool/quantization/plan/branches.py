@@ -37,7 +37,7 @@ def with_branches(
     if not branches:
         return plan
     owners = {b.branch.owner for b in branches}
-    weights = outer_body_weights(plan.body_weights, model, branches, g)
+    weights = outer_body_weights(plan.body_weights, branches, g)
     skipped = tuple((n, branch_summary(branches, n, weights) if n in owners else why) for n, why in plan.skipped)
     return replace(plan, branches=branches, body_weights=weights, skipped=skipped)
 
@@ -57,7 +57,7 @@ def plan_branches(
     elements, observed = sizes
     plans = []
     for branch in control_bodies(model):
-        sub = _body_model(model, branch, g)
+        sub, owned = _body_model(model, branch, g)
         # the body's static shapes, where calibration did not size a tensor
         sized = {**static_elements(sub), **elements} if elements is not None else None
         planned = planner(sub, config, sized, observed=observed)
@@ -66,12 +66,12 @@ def plan_branches(
             kept = frozenset(n.name for n in planned.every_node())
             quieter = replace(config, sensitive_nodes=config.sensitive_nodes | kept)
             planned = planner(sub, quieter, sized, observed=observed)
-        plans.append(BranchPlan(branch, planned, ran, sub))
+        plans.append(BranchPlan(branch, planned, ran, sub, owned))
     return tuple(plans)
 
 
 def outer_body_weights(
-    weights: tuple[BodyWeightPlan, ...], model: onnx.ModelProto, branches: tuple[BranchPlan, ...], g: GraphView
+    weights: tuple[BodyWeightPlan, ...], branches: tuple[BranchPlan, ...], g: GraphView
 ) -> tuple[BodyWeightPlan, ...]:
     """Of the body weights stored in the main graph, those its branch plans leave there.
 
@@ -79,7 +79,7 @@ def outer_body_weights(
     another reader stays in the main graph, stored there once as before.
     """
     owners = {b.branch.owner for b in branches}
-    moved = {name for b in branches for name in owned_constants(model, b.branch, g)}
+    moved = {name for b in branches for name in b.owned}
     return tuple(w for w in weights if w.owner not in owners or (w.weight in g.initializers and w.weight not in moved))
 
 
@@ -90,11 +90,8 @@ def branch_summary(branches: tuple[BranchPlan, ...], owner: str, shared: tuple[B
     for b in mine:
         nodes = b.plan.every_node()
         integer = sum(1 for n in nodes if n.quantized_inputs)
-        unseen = (
-            "calibration could not observe its iterations"
-            if b.branch.attribute == "body"
-            else ("the calibration data never ran it")
-        )
+        loop = b.branch.attribute == "body"
+        unseen = "calibration could not observe its iterations" if loop else "the calibration data never ran it"
         state = "" if b.observed else f" ({unseen}: activations float)"
         parts.append(f"{b.branch.attribute} {len(nodes)} quantized, {integer} with integer inputs{state}")
     stored = {w.weight for w in shared if w.owner == owner}
@@ -105,7 +102,7 @@ def branch_summary(branches: tuple[BranchPlan, ...], owner: str, shared: tuple[B
 
 
 def every_kernel(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, KernelPrediction]:
-    """What onnxruntime is predicted to run for each planned node, the If branches' nodes included."""
+    """What onnxruntime is predicted to run for each planned node, the bodies' nodes included."""
     found = dict(predict_kernels(model, plan))
     for branch in plan.branches:
         found.update(every_kernel(branch.model, branch.plan))
@@ -113,12 +110,13 @@ def every_kernel(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, KernelPre
 
 
 # the bodies of each graph view as models: the placement choice plans many configs over one model revision
-_BODY_MODELS: WeakKeyDictionary[GraphView, dict[Branch, onnx.ModelProto]] = WeakKeyDictionary()
+_BODY_MODELS: WeakKeyDictionary[GraphView, dict[Branch, tuple[onnx.ModelProto, tuple[str, ...]]]] = WeakKeyDictionary()
 
 
-def _body_model(model: onnx.ModelProto, branch: Branch, g: GraphView) -> onnx.ModelProto:
-    """:func:`branch_model`, built once per graph view (a model revision) and branch."""
+def _body_model(model: onnx.ModelProto, branch: Branch, g: GraphView) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """:func:`branch_model` and the constants moved into it, found once per graph view (a model revision)."""
     found = _BODY_MODELS.setdefault(g, {})
     if branch not in found:
-        found[branch] = branch_model(model, branch, g)
+        owned = tuple(owned_constants(model, branch, g))
+        found[branch] = (branch_model(model, branch, g, owned), owned)
     return found[branch]

@@ -111,19 +111,24 @@ class QuantPlan:
     # a pass-through op's output -> the input whose scale and zero point it takes (see qtool.quantization.plan.chains)
     shared: dict[str, str] = field(default_factory=dict)
     body_weights: tuple[BodyWeightPlan, ...] = ()  # weights inside If/Loop/Scan bodies, stored quantized
-    branches: tuple[BranchPlan, ...] = ()  # the main graph's If branches, each planned as a model of its own
+    # the main graph's If branches and Loop/Scan bodies, each planned as a model of its own
+    branches: tuple[BranchPlan, ...] = ()
+
+    def every_branch(self) -> tuple[BranchPlan, ...]:
+        """The plans of this plan's bodies and of the bodies nested in them."""
+        return tuple(b for branch in self.branches for b in (branch, *branch.plan.every_branch()))
 
     def every_activation(self) -> dict[str, TensorScheme]:
-        """The activations of this plan and of its branches' plans (at any depth): all that needs a range."""
+        """The activations of this plan and of its bodies' plans (at any depth): all that needs a range."""
         found = dict(self.activations)
-        for branch in self.branches:
-            for tensor, scheme in branch.plan.every_activation().items():
+        for branch in self.every_branch():
+            for tensor, scheme in branch.plan.activations.items():
                 found.setdefault(tensor, scheme)
         return found
 
     def every_node(self) -> tuple[NodePlan, ...]:
-        """The nodes of this plan and of its branches' plans (at any depth)."""
-        return (*self.nodes, *(n for branch in self.branches for n in branch.plan.every_node()))
+        """The nodes of this plan and of its bodies' plans (at any depth)."""
+        return (*self.nodes, *(n for branch in self.every_branch() for n in branch.plan.nodes))
 
 
 @dataclass(frozen=True)
@@ -132,5 +137,6 @@ class BranchPlan:
 
     branch: Branch
     plan: QuantPlan
-    observed: bool = True  # False: the calibration data never ran it, so its nodes keep float activations
+    observed: bool = True  # False: calibration saw none of its values, so its nodes keep float activations
     model: onnx.ModelProto = field(default_factory=onnx.ModelProto, repr=False, compare=False)  # the body as a model
+    owned: tuple[str, ...] = ()  # the main graph's constants only this body reads: moved into it
