@@ -8,9 +8,9 @@ from typing import Any
 
 from qtool.choice.search import SearchResult
 from qtool.choice.selection import PlacementChoice
-from qtool.choice.tune.candidates import Validation, ValidationRound
-from qtool.choice.tune.loop import Trial
+from qtool.choice.tune.loop import MarginChoice, Trial
 from qtool.choice.tune.sensitivity import Sensitivity
+from qtool.choice.validated import Validation, ValidationRound
 from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.closed_loop import ClosedLoopScore
 from qtool.evaluation.gates import LANGUAGE_MODEL_METRICS, GateResult
@@ -141,7 +141,7 @@ class TuneResult:
     chosen: Trial
     written: Trial  # the written model (built by quantize from CHOSEN.yaml), scored on the selection samples
     validation: Validation  # the written model on the validation samples: the promise is its bound
-    rounds: list[ValidationRound]  # each choice validated, in order (a miss raised the margin)
+    rounds: list[ValidationRound[MarginChoice]]  # each choice validated, in order (a miss raised the margin)
     margin: float  # the selection margin the last choice was made with (goal units)
     confidence: float  # of the bounds on the selection samples, and of the promise as a whole
     validation_confidence: float  # of each validated choice's bound (corrected for the choices validated)

@@ -13,6 +13,7 @@ import onnx
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.outputs import FloatOutputs
 from qtool.choice.search import SearchResult
+from qtool.choice.validated import Validation, ValidationRound
 from qtool.config import QConfig
 from qtool.evaluation.confidence import CONFIDENCE
 from qtool.evaluation.scoring import OutputScorer
@@ -56,18 +57,6 @@ class PlacementCandidate:
     chained_nodes: int = 0  # unweighted ops between its integer kernels run on 8-bit values
 
 
-@dataclass(frozen=True)
-class PlacementValidation:
-    """A placement scored on samples the choice never scored: the figure it promises."""
-
-    candidate: CandidateName
-    samples: list[str]
-    sqnr_db: float  # worst output, the validation samples pooled
-    bound_db: float  # its lower confidence bound (per-sample spread)
-    meets_target: bool  # the bound reaches the target
-    closed_loop: bool = False  # also run over sequences, feeding its own state back (the worse figures kept)
-
-
 @dataclass
 class PlacementChoice:
     """What the placement choice measured and what it kept."""
@@ -83,7 +72,8 @@ class PlacementChoice:
     search: SearchResult | None = None
     search_note: str = ""  # why no search ran, when it could have
     times: dict[str, list[float]] = field(default_factory=dict, repr=False)  # seconds per run, fp32 included
-    validations: list[PlacementValidation] = field(default_factory=list)  # the kept one's is the last
+    # each placement scored on the validation samples, in order (the kept one's is the last)
+    validations: list[ValidationRound[CandidateName]] = field(default_factory=list)
     confidence: float = CONFIDENCE  # of the validation bounds
     decode_bar: float | None = None  # decoders: the dynamic placement's decode agreement, which a kept one reaches
     decode_steps: bool = False  # each file was scored as a prefill and as the decode step after it
@@ -93,9 +83,9 @@ class PlacementChoice:
     judged_note: str = ""  # which outputs the target judged, when not all of them (see qtool.evaluation.judged)
 
     @property
-    def validation(self) -> PlacementValidation | None:
+    def validation(self) -> Validation | None:
         """The kept placement's validation (None: too few samples to hold any out)."""
-        return next((v for v in reversed(self.validations) if v.candidate == self.chosen), None)
+        return next((r.validation for r in reversed(self.validations) if r.choice == self.chosen), None)
 
     @property
     def chosen_candidate(self) -> PlacementCandidate:

@@ -6,9 +6,27 @@ from collections.abc import Callable, Mapping
 
 import onnx
 
-from qtool.choice.records import CandidateName, FloatModel, PlacementChoice, PlacementValidation, Samples, meets
+from qtool.choice.records import CandidateName, FloatModel, PlacementChoice, Samples, meets
+from qtool.choice.validated import Chooser, Validation, choose_then_validate
 from qtool.evaluation.scoring import OutputScorer, signal_means
 from qtool.progress import ProgressFactory
+
+
+class _WithoutMissed:
+    """The placement choice's rule, made again without each candidate that missed on the validation samples."""
+
+    def __init__(self, choice: PlacementChoice, redecide: Callable[[frozenset[CandidateName]], bool]) -> None:
+        self.choice, self.redecide = choice, redecide
+        self.missed: list[CandidateName] = []
+
+    def first(self) -> CandidateName | None:
+        return self.choice.chosen
+
+    def after(self, choice: CandidateName, validation: Validation) -> CandidateName | None:
+        if validation.meets:
+            return None
+        self.missed.append(choice)
+        return self.choice.chosen if self.redecide(frozenset(self.missed)) else None
 
 
 def validate_choice(
@@ -34,7 +52,7 @@ def validate_choice(
     target = choice.target_sqnr_db
     signal = signal_means([scored, scorer])  # the float outputs' energy over every sample at hand
 
-    def check(name: CandidateName) -> PlacementValidation:
+    def check(name: CandidateName) -> Validation:
         # a streaming model over sequences is scored as it runs, each model on its own state (see OutputScorer);
         # its bound is also taken over whole sequences, whose spread a new sequence will see
         score = scorer.score(models[name], f"the '{name}' placement")
@@ -43,31 +61,23 @@ def validate_choice(
         if sequences:
             bound = min(bound, *(e.lower_bound_db(choice.confidence) for e in sequences.values()))
         files = samples.validation_files if samples.validation_files is not None else scorer.files
-        found = PlacementValidation(
-            name, list(files), score.worst_db, bound, meets(bound, target), sequences is not None
-        )
-        choice.validations.append(found)
-        return found
+        return Validation(list(files), score.worst_db, bound, meets(bound, target), closed_loop=sequences is not None)
 
-    first = check(choice.chosen)
-    missed: list[PlacementValidation] = []
-    found = first
-    while not found.meets_target:
-        missed.append(found)
-        if not redecide(frozenset(v.candidate for v in missed)):
-            break
-        found = check(choice.chosen)
-    if found.meets_target and missed:
-        names = ", ".join(f"'{v.candidate}' ({v.bound_db:.2f} dB)" for v in missed)
+    chooser: Chooser[CandidateName] = _WithoutMissed(choice, redecide)
+    rounds = choose_then_validate(chooser, check)
+    choice.validations = rounds
+    missed = [r for r in rounds if not r.validation.meets]
+    if rounds and rounds[-1].validation.meets and missed:
+        names = ", ".join(f"'{r.choice}' ({r.validation.bound_db:.2f} dB)" for r in missed)
         choice.reason = (
-            f"{choice.reason}; validated on {len(first.samples)} other samples, where {names} missed "
+            f"{choice.reason}; validated on {len(rounds[0].validation.samples)} other samples, where {names} missed "
             f"{target:g} dB ({choice.confidence:.0%} bound)"
         )
-    elif not found.meets_target and len(missed) > 1:
-        best = max(missed, key=lambda v: (v.bound_db, -missed.index(v)))
-        choice.chosen = best.candidate
+    elif len(missed) > 1 and not rounds[-1].validation.meets:
+        best = max(missed, key=lambda r: (r.validation.bound_db, -missed.index(r)))
+        choice.chosen = best.choice
         choice.reason = (
             f"no placement reaches {target:g} dB on the validation samples ({choice.confidence:.0%} bound): "
-            f"'{best.candidate}' comes closest ({best.bound_db:.2f} dB)"
+            f"'{best.choice}' comes closest ({best.validation.bound_db:.2f} dB)"
         )
     scorer.release()

@@ -8,13 +8,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from qtool.choice.tune.allocation import allocate, cheaper_moves, costlier_moves, predicted_nsr
-from qtool.choice.tune.candidates import Candidates, Goal, Validation, ValidationRound, node_costs
-from qtool.choice.tune.loop import Margins, Search, Trial, best_trial, refine, search_budgets
+from qtool.choice.tune.candidates import Candidates, Goal, node_costs
+from qtool.choice.tune.loop import MarginChoice, Margins, Search, Trial, best_trial, refine, search_budgets
 from qtool.choice.tune.sensitivity import Sensitivity, nsr
 from qtool.choice.tune.space import (
     OPTIONS,
     W4,
 )
+from qtool.choice.validated import Validation, ValidationRound, choose_then_validate
 from qtool.errors import QtoolError
 from qtool.pipeline.tune_state import Outcome, Tuning, timed
 from qtool.progress import ProgressFactory
@@ -157,8 +158,66 @@ class _Validated:
     chosen: Trial
     validation: Validation
     margin: float
-    rounds: list[ValidationRound]
+    rounds: list[ValidationRound[MarginChoice]]
     out_of_time: bool
+
+
+class _AtMargins:
+    """tune's choices: the best trial at a selection margin that each validation moves (see :class:`Margins`).
+
+    A new margin allocates and refines again, so the choice there is as small as the first; the kept
+    choice is the best whose validation met the goal.
+    """
+
+    def __init__(
+        self,
+        tuning: Tuning,
+        sens: Sensitivity,
+        candidates: Candidates,
+        verify: Callable[[dict[str, str]], Trial],
+        trials: list[Trial],
+        reachable: bool,
+    ) -> None:
+        self.tuning, self.sens, self.candidates, self.verify = tuning, sens, candidates, verify
+        self.trials, self.reachable = trials, reachable
+        self.margins = Margins(MARGIN_STEP_DB, MARGIN_RESOLUTION_DB)
+        self.searched = {0.0}  # margins searched at (the first search's)
+        self.kept: tuple[Trial, Validation, float] | None = None  # the best choice whose validation met the goal
+        self.validated = False  # a choice was validated (a later one that meets nothing is not tried)
+        self.out_of_time = False
+
+    def first(self) -> MarginChoice | None:
+        return self._choose()
+
+    def after(self, choice: MarginChoice, validation: Validation) -> MarginChoice | None:
+        objective = self.tuning.request.options.objective
+        chosen, self.validated = self.trials[choice.trial], True
+        if validation.meets and chosen.meets and (self.kept is None or _better(chosen, self.kept[0], objective)):
+            self.kept = (chosen, validation, choice.margin)
+        if not chosen.meets:  # the target is out of reach: the most accurate quantized candidate, validated
+            self.kept = self.kept or (chosen, validation, choice.margin)
+            return None
+        shortfall = self.tuning.goal.shortfall(validation.bound_db, validation.metric_bound)
+        self.margins.update(validation.meets, shortfall, bisect=not self.tuning.goal.by_metric)
+        return self._choose()
+
+    def _choose(self) -> MarginChoice | None:
+        """The best trial at the current margin (searched there first when new), or None when none is left."""
+        margin = self.margins.margin
+        if margin is None:
+            return None
+        tuning = self.tuning
+        self.candidates.goal = replace(tuning.goal, margin_db=margin)
+        self.trials = [self.candidates.judged(t) for t in self.trials]
+        if self.reachable and margin not in self.searched and time.monotonic() < tuning.deadline:
+            more = _search(tuning, self.sens, self.candidates, self.verify, self.trials, refine_trials=1)
+            self.trials += [t for t in more.trials if t not in self.trials]
+            self.out_of_time = self.out_of_time or more.out_of_time
+            self.searched.add(margin)
+        chosen = best_trial(self.trials, tuning.request.options.objective) or (
+            None if self.validated else _closest(tuning, self.trials)
+        )
+        return None if chosen is None else MarginChoice(self.trials.index(chosen), margin)
 
 
 def _validate_choices(
@@ -170,52 +229,34 @@ def _validate_choices(
     reachable: bool,
 ) -> _Validated:
     """Validate the choice; move the selection margin (see :class:`Margins`) and choose again, up to the limit."""
-    objective = tuning.request.options.objective
-    out_of_time = False
-    margins = Margins(MARGIN_STEP_DB, MARGIN_RESOLUTION_DB)
-    searched = {0.0}  # margins searched at (the first search's)
-    validated: dict[tuple[tuple[str, str], ...], Validation] = {}
-    rounds: list[ValidationRound] = []
-    kept: tuple[Trial, Validation, float] | None = None  # the best choice whose validation met the goal
+    chooser = _AtMargins(tuning, sens, candidates, verify, trials, reachable)
+
+    def validate(choice: MarginChoice) -> Validation:
+        begun = time.monotonic()
+        validation = candidates.validate(tuning.build(chooser.trials[choice.trial].allocation))
+        tuning.scored(time.monotonic() - begun)
+        return validation
+
+    def may_validate(rounds: Sequence[ValidationRound[MarginChoice]]) -> bool:
+        late = time.monotonic() + tuning.scoring_seconds > tuning.deadline  # a round would overrun
+        return len(rounds) < VALIDATION_ROUNDS and not (rounds and late)
+
     with stage("validate the choice"):
-        while margins.margin is not None:
-            margin = margins.margin
-            candidates.goal = replace(tuning.goal, margin_db=margin)
-            trials = [candidates.judged(t) for t in trials]
-            if reachable and margin not in searched and time.monotonic() < tuning.deadline:
-                # a new margin: allocate for its budget and refine, so the choice there is as small as the first
-                more = _search(tuning, sens, candidates, verify, trials, refine_trials=1)
-                trials += [t for t in more.trials if t not in trials]
-                out_of_time = out_of_time or more.out_of_time
-                searched.add(margin)
-            chosen = best_trial(trials, objective) or (None if rounds else _closest(tuning, trials))
-            if chosen is None:
-                break
-            key = tuple(sorted(chosen.allocation.items()))
-            if key not in validated:
-                late = time.monotonic() + tuning.scoring_seconds > tuning.deadline  # a round would overrun
-                if len(rounds) >= VALIDATION_ROUNDS or (rounds and late):
-                    break
-                begun = time.monotonic()
-                validated[key] = candidates.validate(tuning.build(chosen.allocation))
-                tuning.scored(time.monotonic() - begun)
-                rounds.append(ValidationRound(trials.index(chosen), margin, validated[key]))
-            validation = validated[key]
-            if validation.meets and chosen.meets and (kept is None or _better(chosen, kept[0], objective)):
-                kept = (chosen, validation, margin)
-            if not chosen.meets:  # the target is out of reach: the most accurate quantized candidate, validated
-                kept = kept or (chosen, validation, margin)
-                break
-            shortfall = tuning.goal.shortfall(validation.bound_db, validation.metric_bound)
-            margins.update(validation.meets, shortfall, bisect=not tuning.goal.by_metric)
-    if kept is None:  # every validated choice missed: the last one, reported as missing
+        rounds = choose_then_validate(
+            chooser,
+            validate,
+            key=lambda choice: tuple(sorted(chooser.trials[choice.trial].allocation.items())),
+            may_validate=may_validate,
+        )
+    trials = chooser.trials
+    if chooser.kept is None:  # every validated choice missed: the last one, reported as missing
         last = rounds[-1]
-        kept = (trials[last.trial], last.validation, last.margin)
-    chosen, validation, margin = kept
+        chooser.kept = (trials[last.choice.trial], last.validation, last.choice.margin)
+    chosen, validation, margin = chooser.kept
     candidates.goal = replace(tuning.goal, margin_db=margin)  # the trials as judged when the kept one was chosen
     trials = [candidates.judged(t) for t in trials]
     chosen = next(t for t in trials if t.allocation == chosen.allocation)
-    return _Validated(trials, chosen, validation, margin, rounds, out_of_time)
+    return _Validated(trials, chosen, validation, margin, rounds, chooser.out_of_time)
 
 
 def _better(trial: Trial, than: Trial, objective: str) -> bool:

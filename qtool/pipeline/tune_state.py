@@ -9,12 +9,13 @@ from pathlib import Path
 import onnx
 
 from qtool.calibration.dataset import Dataset
-from qtool.choice.tune.candidates import Goal, Validation, ValidationRound
-from qtool.choice.tune.loop import Trial
+from qtool.choice.tune.candidates import Goal
+from qtool.choice.tune.loop import MarginChoice, Trial
 from qtool.choice.tune.space import (
     OPTIONS,
     Option,
 )
+from qtool.choice.validated import Validation, ValidationRound
 from qtool.evaluation.scoring import OutputScorer
 from qtool.evaluation.split import SampleSplit
 from qtool.options import CalibrationOptions, TuneOptions
@@ -99,7 +100,7 @@ class Outcome:
     trials: list[Trial]
     chosen: Trial
     validation: Validation  # of the chosen candidate
-    rounds: list[ValidationRound]
+    rounds: list[ValidationRound[MarginChoice]]
     margin: float  # the selection margin the last choice was made with (goal units)
     out_of_time: bool
     stalled: bool

@@ -12,9 +12,10 @@ import onnx
 from qtool._version import __version__
 from qtool.calibration.decode_steps import has_decode_steps
 from qtool.calibration.feeds import sample_directory
-from qtool.choice.tune.candidates import Candidates, Validation
+from qtool.choice.tune.candidates import Candidates
 from qtool.choice.tune.configs import allocation_document, config_text
 from qtool.choice.tune.sensitivity import Sensitivity, nsr
+from qtool.choice.validated import Validation
 from qtool.config import load_config
 from qtool.graph.model_io import write_text
 from qtool.options import DEFAULT_OUTPUT, DEFAULT_SEARCH

@@ -77,7 +77,10 @@ def _choice(c: PlacementChoice) -> doc.PlacementChoiceReport:
         doc.PlacementChoiceReport,
         c,
         range_scores={rule: round(db, 3) for rule, db in c.range_scores.items() if math.isfinite(db)},
-        validations=[filled(doc.PlacementValidationReport, v) for v in c.validations],
+        validations=[
+            filled(doc.PlacementValidationReport, r.validation, candidate=r.choice, meets_target=r.validation.meets)
+            for r in c.validations
+        ],
         candidates=[
             filled(doc.PlacementCandidate, k, speedup=c.speedup(k), chosen=k.name == c.chosen) for k in c.candidates
         ],

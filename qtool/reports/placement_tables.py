@@ -107,10 +107,11 @@ def _choice_notes(console: Console, c: PlacementChoice, comparison: ComparisonRe
             f"cache; a placement below dynamic int8's ({c.decode_bar:.1%}) is not kept",
             highlight=False,
         )
-    for v in c.validations:
-        verdict = "reaches" if v.meets_target else "[yellow]misses[/yellow]"
+    for r in c.validations:
+        v = r.validation
+        verdict = "reaches" if v.meets else "[yellow]misses[/yellow]"
         console.print(
-            f"validated: '{v.candidate}' {v.sqnr_db:.2f} dB ({c.confidence:.0%} bound {v.bound_db:.2f} dB) on "
+            f"validated: '{r.choice}' {v.sqnr_db:.2f} dB ({c.confidence:.0%} bound {v.bound_db:.2f} dB) on "
             f"{len(v.samples)} samples the choice never scored"
             + (", also closed-loop over their sequences (the worse kept)" if v.closed_loop else "")
             + f": {verdict} {c.target_sqnr_db:g} dB",
@@ -135,7 +136,7 @@ def _choice_notes(console: Console, c: PlacementChoice, comparison: ComparisonRe
 
 def _no_speedup_note(c: PlacementChoice) -> str:
     """Why the kept placement runs at fp32 speed, from the same figures as the table above it."""
-    missed = {v.candidate for v in c.validations if not v.meets_target}
+    missed = {r.choice for r in c.validations if not r.validation.meets}
     faster = [(k, c.speedup(k) or 0.0) for k in c.candidates if k.name != c.chosen and (c.speedup(k) or 0.0) > 1 + TIE]
     if faster:
         why = "the faster placements miss the target: " + ", ".join(

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from qtool._version import __version__
-from qtool.choice.tune.candidates import Validation
 from qtool.choice.tune.loop import Trial, pareto
 from qtool.choice.tune.space import DESCRIPTIONS
+from qtool.choice.validated import Validation
 from qtool.graph.model_io import atomic_writer
 from qtool.reports.records import filled
 from qtool.reports.terminal import for_terminal
@@ -104,9 +104,9 @@ def _print_measurement(console: Console, result: TuneResult) -> None:
         highlight=False,
     )
     for number, round_ in enumerate(result.rounds, start=1):
-        v = round_.validation
+        v, chosen = round_.validation, round_.choice
         console.print(
-            f"validation {number}: candidate #{round_.trial + 1} (chosen with a margin of {round_.margin:.2f}): "
+            f"validation {number}: candidate #{chosen.trial + 1} (chosen with a margin of {chosen.margin:.2f}): "
             f"{_figures(v.sqnr_db, v.bound_db, v.metric, v.metric_bound, result.validation_confidence)}: "
             + ("meets" if v.meets else "misses"),
             highlight=False,
@@ -240,7 +240,7 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
         ),
         written=_trial(result.written, True, False),
         validation=_validation(result.validation),
-        rounds=[filled(doc.TuneRound, r, validation=_validation(r.validation)) for r in result.rounds],
+        rounds=[filled(doc.TuneRound, r.choice, validation=_validation(r.validation)) for r in result.rounds],
         trials=[_trial(t, t is result.chosen, id(t) in front) for t in result.trials],
     )
     return report.model_dump()

@@ -323,12 +323,13 @@ def _choice(candidates: list, chosen: str, validations: tuple = ()) -> object:  
 
 
 def test_the_no_speedup_note_names_the_faster_placement_the_table_shows() -> None:
-    from qtool.choice.records import PlacementCandidate, PlacementValidation
+    from qtool.choice.records import PlacementCandidate
+    from qtool.choice.validated import Validation, ValidationRound
     from qtool.reports.placement_tables import _no_speedup_note
 
     integer = PlacementCandidate("integer", (), 4, 0, 31.0, True, 1 / 1.32)
     storage = PlacementCandidate("storage", (), 0, 4, 36.0, True, 1.0)
-    missed = PlacementValidation("integer", ["b.npy"], 29.0, 28.5, False)
+    missed = ValidationRound("integer", Validation(["b.npy"], 29.0, 28.5, meets=False))
     note = _no_speedup_note(_choice([integer, storage], "storage", (missed,)))  # type: ignore[arg-type]
     assert "integer 1.32x (on the validation samples)" in note and "no placement measured" not in note
     assert note.endswith("its weights are stored quantized")

@@ -24,6 +24,7 @@ from qtool.choice.tune.loop import Trial
 from qtool.choice.tune.metric import MetricFunction, score_metric
 from qtool.choice.tune.sensitivity import sqnr_db
 from qtool.choice.tune.space import BLOCK_SIZE
+from qtool.choice.validated import Validation
 from qtool.evaluation.confidence import CONFIDENCE, mean_bound
 from qtool.evaluation.latency import LatencyRun, measure_latency
 from qtool.evaluation.scoring import OutputScorer, signal_means
@@ -92,27 +93,6 @@ class Goal:
         if self.by_metric or self.target_sqnr_db is None:
             return None
         return trial.bound_db - self.target_sqnr_db - self.margin_db
-
-
-@dataclass(frozen=True)
-class Validation:
-    """A model scored on the validation samples: none of them chose it."""
-
-    samples: list[str]  # the sample files
-    sqnr_db: float  # worst output, all the validation samples pooled
-    bound_db: float  # its lower confidence bound (per-sample spread)
-    metric: float | None = None
-    metric_bound: float | None = None
-    meets: bool = False  # the bound reaches the target (no margin: this is the promise)
-
-
-@dataclass(frozen=True)
-class ValidationRound:
-    """One choice validated: which trial, under which selection margin, and what the validation said."""
-
-    trial: int  # position in the trials
-    margin: float  # the selection margin the choice was made with (goal units)
-    validation: Validation
 
 
 class Candidates:

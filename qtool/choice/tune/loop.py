@@ -247,6 +247,14 @@ def pareto(trials: list[Trial]) -> list[Trial]:
     return sorted((t for t in trials if not any(beats(o, t) for o in trials)), key=lambda t: t.size_bytes)
 
 
+@dataclass(frozen=True)
+class MarginChoice:
+    """One of tune's choices: the trial chosen, and the selection margin it was chosen with (goal units)."""
+
+    trial: int  # position in the trials
+    margin: float
+
+
 @dataclass
 class Margins:
     """The selection margin, moved by each validation: up by the shortfall until a choice passes, then bisected.
