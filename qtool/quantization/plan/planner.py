@@ -18,11 +18,11 @@ from onnx import TensorProto, helper
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.graph.index import GraphView, node_subgraphs
-from qtool.numerics.matmul_nbits import check_layout
 from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.bodies import bodies_note, plan_body_weights
 from qtool.quantization.plan.branches import with_branches
 from qtool.quantization.plan.chains import plan_chains
+from qtool.quantization.plan.nbits_form import int2_fusion_fault, nbits_fallback
 from qtool.quantization.plan.placement import isolated_integer_nodes, node_placement
 from qtool.quantization.plan.records import NodePlan, QuantPlan, WeightPlan
 from qtool.quantization.plan.roles import (
@@ -123,7 +123,7 @@ def _plan_nodes(
             why = "a table lookup: the rows it reads are dequantized after it"
             planned: NodePlan | str = NodePlan(node.name, node.op_type, scheme, (), weight, None, None, "lookup", why)
         elif scheme.weight_only or runs_weight_only(scheme.weight) or lookup:
-            planned = _weight_only_node(node, scheme, weight, node.name in final, g)
+            planned = _weight_only_node(node, scheme, weight, node.name in final, g, config.target in CPU_TARGETS)
         else:
             planned = _computing_node(node, roles, scheme, weight, g, elements, demoted.get(node.name))
         if isinstance(planned, str):
@@ -181,9 +181,12 @@ def _eligible(node: onnx.NodeProto, config: QConfig, g: GraphView) -> tuple[Node
 
 
 def _weight_only_node(
-    node: onnx.NodeProto, scheme: NodeScheme, weight: WeightPlan | None, final: bool, g: GraphView
+    node: onnx.NodeProto, scheme: NodeScheme, weight: WeightPlan | None, final: bool, g: GraphView, cpu: bool
 ) -> NodePlan | str:
-    """A node with float activations and its weight stored quantized (or why it cannot be)."""
+    """A node with float activations and its weight stored quantized (or why it cannot be).
+
+    ``cpu``: the target runs onnxruntime's CPU kernels (see :func:`int2_fusion_fault`).
+    """
     if weight is None:
         return "weight_only/fp16 asked for, but the node has no constant weight"
     why = "fp16" if scheme.weight.fp16 else "per_block weights" if weight.block_size else "weight_only"
@@ -194,10 +197,13 @@ def _weight_only_node(
         scheme = replace(scheme, weight=replace(scheme.weight, dtype="int8" if signed else "uint8"))
         why += "; the final projection keeps int8 weights (weight.final_layer_int8)"
     if scheme.weight.format == "matmul_nbits":
-        fallback = _nbits_fallback(node, weight, scheme, g)
+        fallback = nbits_fallback(node, weight, scheme, g)
         if fallback:
             scheme = replace(scheme, weight=replace(scheme.weight, format="qdq"))
             why += f"; {fallback}"
+    elif cpu and (fault := int2_fusion_fault(node, weight, scheme, g)):
+        scheme = replace(scheme, weight=replace(scheme.weight, format="matmul_nbits"))
+        why += f"; {fault}"
     return NodePlan(node.name, node.op_type, scheme, (), weight, None, None, "weight_only", why)
 
 
@@ -281,34 +287,6 @@ def _quantize_residual_inputs(
             continue
         for name in node.input:
             activations.setdefault(name, scheme)
-
-
-def _nbits_fallback(node: onnx.NodeProto, weight: WeightPlan, scheme: NodeScheme, g: GraphView) -> str | None:
-    """Why ``weight.format: matmul_nbits`` falls back to QDQ for ``node`` (None: it is written as MatMulNBits).
-
-    Raises:
-        QtoolError: a MatMul weight the op cannot hold (not blocks along K, or an unsupported layout).
-    """
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if node.op_type not in ("MatMul", "Gemm") or node.input[1] != weight.name or g.rank(weight.name) != 2:
-        return "MatMulNBits holds 2-D MatMul/Gemm weights only: written as QDQ"
-    if node.op_type == "Gemm" and (
-        attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1 or attrs.get("beta", 1.0) != 1
-    ):
-        return "MatMulNBits cannot hold a Gemm with transA, alpha or beta: written as QDQ"
-    reduction = 1 if node.op_type == "Gemm" and attrs.get("transB", 0) else 0
-    if weight.block_size is None or weight.axis != reduction:
-        raise QtoolError(
-            f"node {node.name}: weight.format matmul_nbits stores the weight in blocks along K",
-            hint=f"set weight granularity: per_block with axis null (rule {scheme.rule})",
-        )
-    try:
-        check_layout(quant_type(scheme.weight.dtype).bits, weight.block_size)
-    except QtoolError as e:
-        raise QtoolError(
-            f"node {node.name}: {e.message}", hint=f"{e.hint or 'see weight.format'} (rule {scheme.rule})"
-        ) from None
-    return None
 
 
 def final_weighted_nodes(model: onnx.ModelProto, g: GraphView) -> set[str]:
