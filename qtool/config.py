@@ -17,19 +17,17 @@ from typing import Any
 import yaml
 
 from qtool.config_files import resolve_config
+from qtool.config_rules import deep_merge, merged_scheme, name_matches, node_scheme
 from qtool.errors import QtoolError
 from qtool.located_yaml import LocatedYaml
 from qtool.schemas.config import FP8_DTYPES, ConfigDocument, NodeSettings
-from qtool.schemas.config_checks import check_merged_rules, compiled_pattern, validate_document
+from qtool.schemas.config_checks import validate_document
 from qtool.schemes import (
     TARGETS,
     AccuracySettings,
-    Algorithms,
     AutoPlacement,
     CalibrationSettings,
     NodeScheme,
-    TensorScheme,
-    for_target,
 )
 from qtool.system.files import CONFIG_MAX_BYTES, read_text
 
@@ -60,6 +58,11 @@ class QConfig:
         "observer"  # "observer" | "extremes" (see qtool.quantization.plan.activations): the choice's
     )
     located: LocatedYaml | None = field(default=None, repr=False, compare=False)  # the user's file: where keys are
+    # each node's merged rules, by document: shared by the configs ``replace`` derives (a search's trials differ in
+    # sensitive_nodes only, and merging the rules is most of what planning a node costs)
+    merged_rules: dict[tuple[int, str, str, str], tuple[ConfigDocument, NodeScheme | None, str]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @property
     def kv_cache(self) -> tuple[str, str] | None:
@@ -74,25 +77,19 @@ class QConfig:
         ``exclude:<pattern>``.
         """
         for pattern in self.exclude:
-            if _name_matches(pattern, node_name):
+            if name_matches(pattern, node_name):
                 return None, f"exclude:{pattern}"
         if node_name in self.float_nodes:  # the search found its weights' rounding too costly as well
             return None, "sensitivity: float"
-        matches: list[tuple[str, NodeSettings | None]] = [("global", self.global_settings)]
-        if op_type in self.op_type:
-            matches.append((f"op_type:{op_type}", self.op_type[op_type]))
-        for pattern, entry in self.node_name.items():
-            if _name_matches(pattern, node_name):
-                matches.append((f"node_name:{pattern}", entry))
-        rule, most_specific = matches[-1]
-        if most_specific is None:  # the most specific rule that matches says "keep in float"
+        key = (id(self.document), self.target, node_name, op_type)
+        cached = self.merged_rules.get(key)
+        if cached is None or cached[0] is not self.document:  # (a document of the same id is another one)
+            rules = (self.global_settings, self.op_type, self.node_name)
+            merged = merged_scheme(rules, (node_name, op_type), self.located, self.target)
+            cached = self.merged_rules[key] = (self.document, *merged)
+        _, scheme, rule = cached
+        if scheme is None:
             return None, rule
-        layers = [(name, layer.model_dump(exclude_unset=True)) for name, layer in matches if layer is not None]
-        check_merged_rules(layers, self.located, node_name)
-        merged: dict[str, Any] = {}
-        for _, values in layers:
-            merged = _deep_merge(merged, values)
-        scheme = for_target(_node_scheme(merged, rule), self.target)
         if node_name in self.sensitive_nodes and not scheme.weight_only:
             # Float activations, weights still stored quantized: the accuracy of float, most of the size gain.
             return replace(scheme, placement="storage", rule="sensitivity"), "sensitivity"
@@ -193,7 +190,7 @@ class QConfig:
         """
         update: dict[str, Any] = {}
         if global_ is not None:
-            merged = _deep_merge(self.global_settings.model_dump(exclude_unset=True), dict(global_))
+            merged = deep_merge(self.global_settings.model_dump(exclude_unset=True), dict(global_))
             update["global_"] = NodeSettings.model_validate(merged)
         if op_type is not None:
             update["op_type"] = dict(op_type)
@@ -216,23 +213,7 @@ class QConfig:
     def unmatched_node_patterns(self, node_names: list[str]) -> list[str]:
         """``node_name`` and ``exclude`` entries that match no node of the model."""
         patterns = list(self.node_name) + list(self.exclude)
-        return [p for p in patterns if not any(_name_matches(p, n) for n in node_names)]
-
-
-def _name_matches(pattern: str, name: str) -> bool:
-    if pattern.startswith("re:"):
-        return compiled_pattern(pattern[3:]).fullmatch(name) is not None
-    return pattern == name
-
-
-def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+        return [p for p in patterns if not any(name_matches(p, n) for n in node_names)]
 
 
 # ------------------------------------------------------------------ validation
@@ -287,14 +268,14 @@ def load_config(path: Path | str | Mapping[str, Any] | None = None) -> QConfig:
         doc = LocatedYaml("<config mapping>", text)
         _check_document(doc)
         user = _without_default_nulls({k: v for k, v in doc.value.items() if v is not None})
-        return replace(_build(_deep_merge(merged, user), "<config mapping>"), located=doc)
+        return replace(_build(deep_merge(merged, user), "<config mapping>"), located=doc)
     if path is not None:
         path = resolve_config(path)
         text = read_text(path, "config file", CONFIG_MAX_BYTES)
         doc = LocatedYaml(str(path), text)
         _check_document(doc)
         user = _without_default_nulls({k: v for k, v in doc.value.items() if v is not None})
-        return replace(_build(_deep_merge(merged, user), str(path)), located=doc)
+        return replace(_build(deep_merge(merged, user), str(path)), located=doc)
     return _build(merged, source)
 
 
@@ -320,27 +301,6 @@ def _check_target(config: QConfig) -> None:
             )
 
 
-def _node_scheme(settings: dict[str, Any], rule: str) -> NodeScheme:
-    """A node's scheme from its complete settings (global, then every rule that matches, laid over it).
-
-    fp8 is symmetric whatever ``symmetric`` says (the default's ``false`` for activations; the
-    user's own ``false`` is refused when the file is read).
-    """
-
-    def tensor(values: dict[str, Any]) -> TensorScheme:
-        return TensorScheme(**{**values, "symmetric": values["dtype"] in FP8_DTYPES or values["symmetric"]})
-
-    return NodeScheme(
-        weight=tensor(settings["weight"]),
-        activation=tensor(settings["activation"]),
-        weight_only=settings["weight_only"],
-        placement=settings["placement"],
-        algorithms=Algorithms(**settings["algorithms"]),
-        mode=settings["mode"],
-        rule=rule,
-    )
-
-
 def _from_document(document: ConfigDocument, raw: dict[str, Any], source: str) -> QConfig:
     """The config a complete, validated document describes."""
     assert document.global_ is not None and document.calibration is not None and document.accuracy is not None
@@ -351,7 +311,7 @@ def _from_document(document: ConfigDocument, raw: dict[str, Any], source: str) -
     observer, observer_options = split_observer(cal.observer)
     config = QConfig(
         version=document.version,
-        global_scheme=_node_scheme(document.global_.model_dump(), "global"),
+        global_scheme=node_scheme(document.global_.model_dump(), "global"),
         op_type=dict(document.op_type or {}),
         node_name=dict(document.node_name or {}),
         exclude=tuple(document.exclude or ()),

@@ -79,6 +79,10 @@ class HistogramObserver(Observer):
             if self.histogram.counts.shape[0] != channels:
                 raise ValueError(f"{self.histogram.counts.shape[0]} channel histograms for {channels} channel ranges")
 
+    @property
+    def empty(self) -> bool:
+        return self.histogram is None  # (the state's histogram as lists would cost a plan's every lookup)
+
     def state(self) -> dict[str, Any]:
         if self.histogram is None:
             return {}

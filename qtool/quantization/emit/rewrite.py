@@ -74,7 +74,7 @@ class _Rewriter:
         self.names = Names(self.graph)
         self.inits = {i.name: i for i in self.graph.initializer}
         self.graph_inputs = {i.name for i in self.graph.input}
-        view = GraphView(self.model)
+        view = self.view = GraphView(self.model)
         self.nodes = view.by_name
         self.planned_outputs = {n.output for n in plan.nodes if n.output}
         self.prologue: list[onnx.NodeProto] = []  # DQ of weights, Q/DQ of graph inputs and constants
@@ -114,7 +114,7 @@ class _Rewriter:
         produced_here = tensor not in self.graph_inputs and tensor not in self.inits
         if tensor in self.planned_outputs and produced_here:
             source, output = self.names.new(f"{tensor}/float"), tensor
-            producer = next(n for n in self.graph.node if tensor in n.output)
+            producer = self.view.nodes[self.view.producers[tensor]]
             producer.output[list(producer.output).index(tensor)] = source
         else:
             source, output = tensor, self.names.new(f"{tensor}/dequantized")

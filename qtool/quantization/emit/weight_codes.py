@@ -47,6 +47,10 @@ class WeightCodes:
         self.codes: dict[tuple[str, CopyKey], np.ndarray] = {}  # the integers of each copy
         self.qparams: dict[tuple[str, CopyKey], QParams] = {}  # and their qparams
         self._rounded: dict[tuple[str, CopyKey], tuple[str, str | None]] = {}  # the rounding each copy got
+        self._readers: dict[tuple[str, CopyKey], list[NodePlan]] = {}  # the plan nodes reading each copy
+        for p in plan.nodes:
+            if p.name in uses:
+                self._readers.setdefault((uses[p.name].weight, uses[p.name].copy), []).append(p)
 
     def of(self, use: WeightUse, values: np.ndarray) -> tuple[QParams, np.ndarray]:
         """The qparams and integers of ``use``'s copy, computed on first use (not stored in the graph)."""
@@ -116,11 +120,7 @@ class WeightCodes:
 
     def readers(self, use: WeightUse) -> list[NodePlan]:
         """The plan nodes that read ``use``'s copy of its weight."""
-        return [
-            p
-            for p in self.plan.nodes
-            if p.name in self.uses and (self.uses[p.name].weight, self.uses[p.name].copy) == (use.weight, use.copy)
-        ]
+        return self._readers.get((use.weight, use.copy), [])
 
     def _bias_scale_floor(self, weight: str, copy: CopyKey) -> np.ndarray | None:
         """Smallest weight scale per channel that keeps every int32 bias using this copy from saturating."""
