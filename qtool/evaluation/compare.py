@@ -18,7 +18,7 @@ import onnxruntime as ort
 from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.decoder import model_decoder
 from qtool.calibration.outputs import FloatOutputs
-from qtool.config import load_config
+from qtool.config import QConfig, load_config
 from qtool.config_files import resolve_config
 from qtool.errors import QtoolError
 from qtool.evaluation.baseline import Snapshot, StaleBaselineError, against_baseline, read_baseline, regression_gates
@@ -29,17 +29,17 @@ from qtool.evaluation.language_model import MAX_DECODE_STEPS, LanguageModelScore
 from qtool.evaluation.latency import LatencyComparison, LatencyRun, measure_latency
 from qtool.evaluation.layers import layer_errors
 from qtool.evaluation.metrics import TASKS, output_metrics
+from qtool.evaluation.opened import OpenedModel
 from qtool.evaluation.output_kinds import output_sources
 from qtool.evaluation.providers import session_providers, unavailable_reason
 from qtool.graph.input_shapes import fix_input_shapes
 from qtool.graph.model_files import file_sha256
-from qtool.graph.model_io import load_model
 from qtool.graph.session import create_session, run_session
 from qtool.options import (
     DEFAULT_EVALUATION,
     EvaluationOptions,
 )
-from qtool.results import ComparisonResult, ModelFile, ProgressFactory, noop_progress
+from qtool.results import ComparisonResult, ProgressFactory, noop_progress
 from qtool.schemas.reports import CompareReport
 from qtool.system.environment import cpu_info, files_digest, versions
 from qtool.system.stages import stage
@@ -48,8 +48,8 @@ log = logging.getLogger(__name__)
 
 
 def compare(
-    reference_path: Path | str,
-    candidate_path: Path | str,
+    reference_path: Path | str | OpenedModel,
+    candidate_path: Path | str | OpenedModel,
     data_dir: Path | str,
     *,
     options: EvaluationOptions = DEFAULT_EVALUATION,
@@ -64,8 +64,8 @@ def compare(
     """Compare a candidate model with its reference: size, accuracy, latency per provider, and gates.
 
     Args:
-        reference_path: the float model.
-        candidate_path: the quantized model.
+        reference_path: the float model (or the model already open, as ``quantize`` holds it).
+        candidate_path: the quantized model (likewise).
         data_dir: evaluation samples for both models.
         options: runs, warm-up, threads, sample limit, NaN handling, task ("auto": top-1/top-5 for
             outputs that hold class scores, see :mod:`qtool.evaluation.output_kinds`), per-layer
@@ -82,11 +82,14 @@ def compare(
         fail_on_regression: with ``baseline``, each compared number is also a gate that a regression fails.
     """
     earlier = _checked(options, gates or [], baseline, fail_on_regression)
-    reference_model, candidate_model = load_model(reference_path), load_model(candidate_path)
-    options = _gate_outputs(reference_model, options, config_path)
-    paths = (Path(reference_path), Path(candidate_path))
-    dataset = _dataset(reference_model, candidate_model, paths, data_dir, options, config_path, input_shapes)
-    result = _measured(reference_model, candidate_model, paths, dataset, options, progress, known)
+    models = tuple(m if isinstance(m, OpenedModel) else OpenedModel.read(m) for m in (reference_path, candidate_path))
+    if options.per_layer:  # each model runs whole, every tensor exposed
+        models = tuple(m.whole() for m in models)
+    reference, candidate = models
+    config = load_config(config_path) if config_path else None
+    options = _gate_outputs(reference.graph, options, config)
+    dataset = _dataset((reference, candidate), data_dir, options, config, input_shapes)
+    result = _measured((reference, candidate), dataset, options, progress, known)
     reproducibility = _reproducibility(dataset, config_path, options, result.latency)
     result = replace(result, data_dir=str(data_dir), reproducibility=reproducibility)
     judged = evaluate_gates(gates or [], result.measured(), result.intervals())
@@ -128,11 +131,8 @@ def _checked(
         return None
 
 
-def _gate_outputs(
-    reference: onnx.ModelProto, options: EvaluationOptions, config_path: Path | str | Mapping[str, Any] | None
-) -> EvaluationOptions:
+def _gate_outputs(reference: onnx.ModelProto, options: EvaluationOptions, config: QConfig | None) -> EvaluationOptions:
     """``options`` with the outputs the gates judge: as given, else the config's ``accuracy.outputs`` (checked here)."""
-    config = load_config(config_path) if config_path else None
     outputs = options.outputs or (config.accuracy.outputs if config is not None else ())
     state = options.state or (config.accuracy.state if config is not None else ())
     source = "--outputs" if options.outputs or config is None else f"{config.source}: accuracy.outputs"
@@ -141,16 +141,14 @@ def _gate_outputs(
 
 
 def _dataset(
-    reference_model: onnx.ModelProto,
-    candidate_model: onnx.ModelProto,
-    paths: tuple[Path, Path],
+    models: tuple[OpenedModel, OpenedModel],
     data_dir: Path | str,
     options: EvaluationOptions,
-    config_path: Path | str | Mapping[str, Any] | None,
+    config: QConfig | None,
     input_shapes: Mapping[str, Sequence[int]] | None,
 ) -> Dataset:
     """The samples both models read (their inputs must agree), at the fixed input shapes when given."""
-    reference_path, candidate_path = paths
+    (reference_path, reference_model), (candidate_path, candidate_model) = ((m.path, m.graph) for m in models)
     if input_shapes:  # the samples must have these shapes: accuracy and latency at the shape that ships
         fixed = onnx.ModelProto()
         fixed.CopyFrom(reference_model)
@@ -167,24 +165,21 @@ def _dataset(
             f"{candidate_path} and {reference_path} have different inputs",
             hint="compare a quantized model with the float model it came from",
         )
-    preprocess = load_config(config_path).preprocess if config_path else None
+    preprocess = config.preprocess if config is not None else None
     return Dataset(data_dir, inputs, limit=options.limit, preprocess=preprocess, skip_nonfinite=options.skip_nonfinite)
 
 
 def _measured(
-    reference_model: onnx.ModelProto,
-    candidate_model: onnx.ModelProto,
-    paths: tuple[Path, Path],
+    models: tuple[OpenedModel, OpenedModel],
     dataset: Dataset,
     options: EvaluationOptions,
     progress: ProgressFactory | None,
     known: FloatOutputs | None,
 ) -> ComparisonResult:
     """Accuracy (per output, per layer when asked) and latency on each provider."""
-    reference_path, candidate_path = paths
+    (reference_path, reference_model), (candidate_path, candidate_model) = ((m.path, m.graph) for m in models)
     threads, factory = options.threads, progress or noop_progress
-    reference = create_session(reference_path, str(reference_path), threads=threads)
-    candidate = create_session(candidate_path, str(candidate_path), threads=threads)
+    reference, candidate = (m.cpu_session(threads) for m in models)
     judged = judged_outputs(reference_model, options.outputs, pairs=options.state)
     with stage(f"accuracy on {len(dataset)} samples"):
         accuracy = output_metrics(
@@ -210,8 +205,8 @@ def _measured(
         latency, skipped = _latency_per_provider(reference_path, candidate_path, dataset, options, factory)
     latency = [_provider_accuracy(lat, reference, candidate_path, dataset, threads, options) for lat in latency]
     return ComparisonResult(
-        ModelFile.of(reference_path),
-        ModelFile.of(candidate_path),
+        models[0].file,
+        models[1].file,
         str(dataset.directory),  # the caller names the data as it was given
         accuracy.samples,
         accuracy.outputs,

@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import onnxruntime as ort
+
 from qtool._version import __version__
 from qtool.calibration.outputs import FloatOutputs
 from qtool.calibration.statistics import CalibrationStats
@@ -17,6 +19,7 @@ from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare
 from qtool.evaluation.latency import LatencyComparison, LatencyStats, paired_ratio
+from qtool.evaluation.opened import OpenedModel
 from qtool.graph.checks import check_quantized_model
 from qtool.graph.float16 import store_float16
 from qtool.graph.input_shapes import restore_input_dims
@@ -127,12 +130,13 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
         builder.forget()
     _credit_passes(ws, built)
     cache_note = apply_kv_cache(ws, built.model, request.data_dir or search_dir, progress)
-    result = _write(ws, built, request.output_path, request.output, data.stats, choice)
+    result, session = _write(ws, built, request.output_path, request.output, data.stats, choice)
     result.notes += [n for n in (note, cache_note) if n]
     result.notes += [unmeasured[1]] if unmeasured is not None else []
     result.notes += preparation_notes(ws)
     if request.evaluation is not None and (request.eval_dir is not None or request.data_dir is not None):
-        result.comparison = compared(result, ws, request, progress, data.known)
+        written = OpenedModel(request.output_path, result.output, built.model, session, detached=True)
+        result.comparison = compared(result, ws, request, progress, (written, data.known))
     return result
 
 
@@ -191,8 +195,8 @@ def _write(
     output: OutputOptions,
     stats: CalibrationStats,
     choice: PlacementChoice | None,
-) -> QuantizeResult:
-    """Check the quantized model, load it in onnxruntime, write it atomically and describe it."""
+) -> tuple[QuantizeResult, ort.InferenceSession]:
+    """Check the quantized model, load it in onnxruntime, write it atomically and describe it (and that session)."""
     quantized, plan = built.model, built.plan
     if ws.report.float16_weights:  # first, so that retain frees the float32 copies of the weights kept float
         store_float16(quantized, set(ws.report.float16_weights), ws.weights)
@@ -202,7 +206,7 @@ def _write(
     restore_input_dims(quantized, ws.original_inputs)
     check_note = check_quantized_model(quantized, ws.prepared)
     with stage("load the result in onnxruntime"):
-        create_session(quantized, "the quantized model", weights=ws.weights)  # onnxruntime loads it: write it
+        session = create_session(quantized, "the quantized model", weights=ws.weights)  # onnxruntime loads it
     with stage(f"write {output_path}"):
         written = save_model(quantized, output_path, ws.weights, external=output.external_data)
     result = QuantizeResult(
@@ -223,7 +227,7 @@ def _write(
     relu_note = fp8_relu_note(quantized)
     result.notes += [relu_note] if relu_note else []
     result.notes += _static_instead_of_dynamic(plan)
-    return result
+    return result, session
 
 
 def _static_instead_of_dynamic(plan: QuantPlan) -> list[str]:
@@ -263,10 +267,14 @@ def compared(
     ws: Workspace,
     request: QuantizeRequest,
     progress: ProgressFactory | None,
-    known: FloatOutputs | None,
+    held: tuple[OpenedModel, FloatOutputs | None],
 ) -> ComparisonResult:
-    """The written model compared with the float one; a timed placement choice's latency is reused."""
+    """The written model compared with the float one, both as held in memory; a timed choice's latency is reused.
+
+    ``held``: the written model (its graph and session) and the float outputs calibration kept.
+    """
     assert request.evaluation is not None  # the caller compares only when asked
+    written, known = held
     evaluation, choice = request.evaluation, result.placement_choice
     timed = choice is not None and choice.chosen in choice.times and evaluation.runs > 0
     if request.eval_dir is None:
@@ -280,9 +288,13 @@ def compared(
     named = request.search.outputs if request.search is not None else ()
     accuracy = ws.config.accuracy  # what the target judged, and the state it carried
     evaluation = replace(evaluation, outputs=named or accuracy.outputs, state=accuracy.state)
+    # the input as read (its session made from the file when needed), the output as written and loaded
+    source = OpenedModel(ws.path, ws.source, ws.model, detached=True)
+    if evaluation.threads is not None:  # the written model's session runs on every core: another is made
+        written = replace(written, session=None)
     comparison = compare(
-        ws.path,
-        request.output_path,
+        source,
+        written,
         scored,
         options=replace(evaluation, runs=0) if timed else evaluation,
         config_path=request.config_source,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import qtool
@@ -60,3 +62,25 @@ def test_the_output_must_be_a_new_onnx_file(tmp_path):
         check_outputs(sample("cnn"), tmp_path / "q.bin")
     with pytest.raises(QtoolError, match="never overwrites its input"):
         check_outputs(sample("cnn"), sample("cnn"))
+
+
+def test_the_comparison_reads_the_models_held_in_memory_and_measures_what_compare_measures(tmp_path, monkeypatch):
+    import qtool.evaluation.opened as opened
+    from qtool.options import QUANTIZE_EVALUATION
+
+    read: list[str] = []
+    real = opened.load_model
+    monkeypatch.setattr(opened, "load_model", lambda path, *a, **k: read.append(str(path)) or real(path, *a, **k))
+    out = tmp_path / "q.onnx"
+    result = qtool.quantize(
+        sample("cnn"), out, data_dir=calib_dir("cnn"), search=None, evaluation=replace(QUANTIZE_EVALUATION, runs=0)
+    )
+    assert read == []  # neither the input nor the output was read again
+    held = result.comparison
+    assert held is not None and held.reference.sha256 == result.source.sha256
+    assert held.candidate == result.output  # the file as written: size and digest
+    again = qtool.compare(sample("cnn"), out, calib_dir("cnn"), options=replace(QUANTIZE_EVALUATION, runs=0))
+    assert read == [str(sample("cnn")), str(out)]  # compare itself reads both files
+    # the same candidate outputs; the float ones quantize took from calibration's pass of the prepared model
+    assert [o.name for o in held.outputs] == [o.name for o in again.outputs]
+    assert all(abs(h.sqnr_db - a.sqnr_db) < 1e-3 for h, a in zip(held.outputs, again.outputs, strict=True))
