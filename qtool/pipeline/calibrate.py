@@ -8,7 +8,7 @@ from typing import Any
 
 from qtool.calibration.feeds import sample_directory
 from qtool.calibration.outputs import FloatOutputs
-from qtool.calibration.statistics import CalibrationStats, FloatPass, Observing, collect_statistics
+from qtool.calibration.statistics import BatchTap, CalibrationStats, FloatPass, Observing, collect_statistics
 from qtool.config import load_config, split_observer
 from qtool.distributed.calibration import ShardRequest, calibrate_on_workers
 from qtool.errors import QtoolError
@@ -31,11 +31,12 @@ def observe(
     progress: ProgressFactory | None = None,
     known: FloatOutputs | None = None,
     inputs: NodeInputCollector | None = None,
+    cache: BatchTap | None = None,
 ) -> CalibrationStats:
     """One float pass over the calibration samples: the plan's activation ranges, plus what the taps keep.
 
     ``known`` keeps the float outputs (the placement choice and the comparison reuse them);
-    ``inputs`` gathers the weight algorithms' calibration inputs.
+    ``inputs`` gathers the weight algorithms' calibration inputs; ``cache``, a decoder's key/value cache ranges.
     """
     config = ws.config
     name = options.observer or config.calibration.observer
@@ -45,7 +46,8 @@ def observe(
     plan = ws.plan()  # without tensor sizes every "auto" node is planned integer: all it may need is observed
     done = ws.transforms
     activations = plan.every_activation()  # the bodies' too: observed on the samples and iterations that run them
-    if not activations and inputs is None:  # weight-only: no activation needs a range, skip the float pass
+    taps = [tap for tap in (inputs, cache) if tap is not None]
+    if not activations and not taps:  # weight-only: no activation needs a range, skip the float pass
         return CalibrationStats(ws.source.sha256, name, 0, {}, smoothing=done.smoothing, equalized=list(done.equalized))
     dataset = calibration_dataset(ws, data_dir, options)
     if inputs is not None:
@@ -67,7 +69,7 @@ def observe(
             FloatPass(batch, options.threads, ws.weights, state),
             on_progress=advance,
             known=known,
-            taps=[inputs] if inputs is not None else [],
+            taps=taps,
         )
     if seen == 0:
         skipped = f" ({len(dataset.skipped)} skipped for holding NaN or Inf)" if dataset.skipped else ""

@@ -1,4 +1,4 @@
-"""The ``kv_cache:`` setting at write time: calibrate a decoder's cache ranges and store the cache int8."""
+"""The ``kv_cache:`` setting: a decoder's cache ranges taken in the calibration pass, the cache stored int8 at write."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ import onnx
 from qtool.choice.decode import decoder_to_score
 from qtool.errors import QtoolError
 from qtool.graph.session import create_session
-from qtool.pipeline.data import full_dataset
+from qtool.options import CalibrationOptions
+from qtool.pipeline.data import tapped_pass
 from qtool.pipeline.workspace import Workspace
-from qtool.progress import ProgressFactory, noop_progress
-from qtool.quantization.emit.kv_cache import RANGE_STEPS, cache_nodes, cache_ranges, quantize_cache
-from qtool.system.stages import stage
+from qtool.quantization.emit.kv_cache import RANGE_STEPS, CacheRanges, cache_nodes, quantize_cache
+
+NO_CACHE_NOTE = (
+    "kv_cache: the cache stays float: onnxruntime quantizes a cache only inside GroupQueryAttention "
+    "(the contrib form its model builder and transformer optimizer write), and this model has none"
+)
 
 
 def check_kv_cache(ws: Workspace, data_dir: Path | str | None) -> None:
@@ -29,10 +33,27 @@ def check_kv_cache(ws: Workspace, data_dir: Path | str | None) -> None:
         )
 
 
+def cache_ranges_tap(ws: Workspace) -> CacheRanges | None:
+    """The calibration pass's tap of the cache ranges, when ``kv_cache:`` is set and the model has a cache to store."""
+    found = cache_nodes(ws.prepared)
+    decoder = decoder_to_score(ws.prepared)
+    if ws.config.kv_cache is None or not found or decoder is None:
+        return None
+    session = create_session(ws.prepared, "the float model", weights=ws.weights)
+    return CacheRanges(session, decoder, {name for node in found for name in node.present})
+
+
 def apply_kv_cache(
-    ws: Workspace, model: onnx.ModelProto, data_dir: Path | str | None, progress: ProgressFactory | None
+    ws: Workspace,
+    model: onnx.ModelProto,
+    ranges: CacheRanges | None,
+    data_dir: Path | str | None,
+    calibration: CalibrationOptions,
 ) -> str | None:
-    """Quantize ``model``'s key/value cache as the config's ``kv_cache:`` says; the note for the summary (None: unset).
+    """Store ``model``'s key/value cache int8 as ``kv_cache:`` says; the note for the summary (None: unset).
+
+    ``ranges``: the tap the calibration pass fed (see :func:`cache_ranges_tap`); when no pass fed it (statistics
+    read from a file), a float pass over ``data_dir`` does.
 
     Raises:
         QtoolError: the setting is given without token files to calibrate the cache on (see :func:`check_kv_cache`).
@@ -40,24 +61,14 @@ def apply_kv_cache(
     setting = ws.config.kv_cache
     if setting is None:
         return None
-    _, granularity = setting
-    found = cache_nodes(model)
-    decoder = decoder_to_score(ws.prepared)
-    if not found or decoder is None:
-        return (
-            "kv_cache: the cache stays float: onnxruntime quantizes a cache only inside GroupQueryAttention "
-            "(the contrib form its model builder and transformer optimizer write), and this model has none"
-        )
-    check_kv_cache(ws, data_dir)
-    assert data_dir is not None  # checked above
-    dataset = full_dataset(ws, data_dir)
-    presents = {name for node in found for name in node.present}
-    with stage(f"key/value cache ranges on {len(dataset)} samples"):
-        session = create_session(ws.prepared, "the float model", weights=ws.weights)
-        on_sample = (progress or noop_progress)("key/value cache", len(dataset))
-        ranges = cache_ranges(session, decoder, dataset, presents, on_sample)
-    changed = quantize_cache(model, ranges, granularity)
+    if ranges is None or not cache_nodes(model):
+        return NO_CACHE_NOTE
+    if not ranges.samples:
+        check_kv_cache(ws, data_dir)
+        assert data_dir is not None  # checked above
+        tapped_pass(ws, data_dir, calibration, ranges, "key/value cache ranges")
+    changed = quantize_cache(model, ranges.largest, setting[1])
     return (
-        f"key/value cache int8 {granularity} in {len(changed)} GroupQueryAttention nodes: scales from "
-        f"{len(dataset)} samples (each prefill and {RANGE_STEPS} greedy decode steps after it)"
+        f"key/value cache int8 {setting[1]} in {len(changed)} GroupQueryAttention nodes: scales from "
+        f"{ranges.samples} samples (each prefill and {RANGE_STEPS} greedy decode steps after it)"
     )

@@ -31,11 +31,12 @@ from qtool.options import QUANTIZE_EVALUATION, CalibrationOptions, EvaluationOpt
 from qtool.pipeline.build import Builder, Built, input_collector, weight_algorithms
 from qtool.pipeline.calibrate import observe, read_statistics, without_data
 from qtool.pipeline.choose import choose
-from qtool.pipeline.kv_cache import apply_kv_cache, check_kv_cache
+from qtool.pipeline.kv_cache import apply_kv_cache, cache_ranges_tap, check_kv_cache
 from qtool.pipeline.passes import BEFORE_QUANTIZATION, PassInputs, run_passes, with_statistics
 from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory
 from qtool.quantization.algorithms.rounding.node_inputs import NodeInputCollector
+from qtool.quantization.emit.kv_cache import CacheRanges
 from qtool.quantization.plan.branches import every_kernel
 from qtool.quantization.plan.kernels import float_boundaries
 from qtool.quantization.plan.records import QuantPlan
@@ -74,7 +75,8 @@ class Statistics:
     stats: CalibrationStats
     known: FloatOutputs | None  # float outputs of the calibration samples (placement choice, comparison)
     collector: NodeInputCollector | None  # the weight algorithms' inputs, when a node asks for them
-    calibrated: bool  # the collector was fed by the calibration pass
+    calibrated: bool  # the collector (and the cache ranges) were fed by the calibration pass
+    cache: CacheRanges | None = None  # a decoder's key/value cache ranges, when kv_cache: is set
 
 
 def check_outputs(model_path: Path, output_path: Path) -> None:
@@ -98,14 +100,14 @@ def statistics(ws: Workspace, request: QuantizeRequest, progress: ProgressFactor
         run_passes(
             ws, with_statistics(stats, request.stats_path), PassInputs(search_data, calibration, stats.smoothing)
         )
-        return Statistics(stats, None, input_collector(ws), calibrated=False)
+        return Statistics(stats, None, input_collector(ws), calibrated=False, cache=cache_ranges_tap(ws))
     if request.data_dir is None:
         return Statistics(without_data(ws), None, None, calibrated=False)
     run_passes(ws, BEFORE_QUANTIZATION, PassInputs(request.data_dir, calibration))
-    collector = input_collector(ws)
+    collector, cache = input_collector(ws), cache_ranges_tap(ws)
     known = FloatOutputs()  # computed anyway: they serve the placement choice and the comparison
-    stats = observe(ws, request.data_dir, calibration, progress, known, collector)
-    return Statistics(stats, known, collector, calibrated=True)
+    stats = observe(ws, request.data_dir, calibration, progress, known, collector, cache)
+    return Statistics(stats, known, collector, calibrated=True, cache=cache)
 
 
 def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory | None) -> QuantizeResult:
@@ -129,7 +131,7 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
         built = builder.build(config)
         builder.forget()
     _credit_passes(ws, built)
-    cache_note = apply_kv_cache(ws, built.model, request.data_dir or search_dir, progress)
+    cache_note = apply_kv_cache(ws, built.model, data.cache, request.data_dir or search_dir, request.calibration)
     result, session = _write(ws, built, request.output_path, request.output, data.stats, choice)
     result.notes += [n for n in (note, cache_note) if n]
     result.notes += [unmeasured[1]] if unmeasured is not None else []

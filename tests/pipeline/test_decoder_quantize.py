@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import qtool
 from qtool.calibration.decoder import complete_feed, model_decoder
 from qtool.cli import app
-from qtool.options import EvaluationOptions
+from qtool.options import EvaluationOptions, SearchOptions
 from tests.conftest import SAMPLES, calib_dir, eval_dir, run_model, sample
 
 runner = CliRunner()
@@ -221,3 +221,24 @@ def test_a_judge_runs_only_the_decode_loop_it_is_asked_for(tmp_path: Path) -> No
     assert free.free_running_by_sample == both.free_running_by_sample and len(both.free_running_by_sample) == 32
     assert not forced.free_running_by_sample and forced.ppl_ratio == both.ppl_ratio
     assert both.free_running_agreement is not None and both.free_running_agreement < 1  # int4 differs somewhere
+
+
+def test_the_cache_ranges_come_from_the_calibration_pass_and_from_a_pass_of_their_own_only_with_stats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import qtool.pipeline.kv_cache as kv_cache
+
+    passes: list[str] = []
+    real = kv_cache.tapped_pass
+    monkeypatch.setattr(kv_cache, "tapped_pass", lambda *args: passes.append(args[-1]) or real(*args))
+    config = _kv_config(tmp_path, "per_channel")
+    calibrated = qtool.quantize(GQA, tmp_path / "a.onnx", config_path=config, data_dir=calib_dir("decoder"))
+    assert passes == []  # the calibration pass fed the ranges: no second pass over the token files
+    stats = tmp_path / "s.json"
+    qtool.write_stats(qtool.calibrate(GQA, calib_dir("decoder"), config_path=config), stats)
+    search = SearchOptions(data_dir=calib_dir("decoder"))  # the token files the cache ranges read
+    read = qtool.quantize(GQA, tmp_path / "b.onnx", config_path=config, stats_path=stats, search=search)
+    assert passes == ["key/value cache ranges"]  # statistics from a file: the ranges need a pass of their own
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()  # the same samples' ranges
+    notes = [n for n in calibrated.notes + read.notes if n.startswith("key/value cache int8")]
+    assert len(notes) == 2 and notes[0] == notes[1]  # the same samples, the same scales note

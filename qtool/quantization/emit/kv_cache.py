@@ -3,16 +3,16 @@
 The cache is most of a decoder's memory traffic at long contexts. onnxruntime's ``GroupQueryAttention``
 (the contrib form its model builder writes) keeps it as int8 when told how (``k_quant_type`` /
 ``v_quant_type``, ``kv_cache_bit_width``) and given its scales (``k_scale``, ``v_scale``); nothing
-calibrates those. :func:`cache_ranges` runs the float model over the calibration token files - each
-prefill and :data:`RANGE_STEPS` greedy decode steps after it, so the ranges cover positions past the
-prompt - and keeps the largest magnitude of every cache per head and head dimension;
+calibrates those. :class:`CacheRanges`, a tap of the calibration pass, takes each prefill of the token
+files and :data:`RANGE_STEPS` greedy decode steps after it, so the ranges cover positions past the
+prompt, and keeps the largest magnitude of every cache per head and head dimension;
 :func:`quantize_cache` writes symmetric scales (``max / 127``) per tensor or per channel
 (``[kv_heads, 1, head_dim]``, the shape onnxruntime reads) and turns the cache inputs and outputs int8.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,8 +20,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from qtool.calibration.dataset import Dataset
-from qtool.calibration.decoder import DecoderInterface, complete_feed, last_token_scores, next_step_feed
+from qtool.calibration.decoder import DecoderInterface, last_token_scores, next_step_feed
 from qtool.graph.index import GraphView
 from qtool.graph.session import run_session
 
@@ -53,28 +52,40 @@ def cache_nodes(model: onnx.ModelProto) -> list[CacheNode]:
     return found
 
 
-def cache_ranges(
-    session: ort.InferenceSession,
-    decoder: DecoderInterface,
-    dataset: Dataset,
-    presents: set[str],
-    on_sample: Callable[[int], None] | None = None,
-) -> dict[str, np.ndarray]:
-    """The largest magnitude of each cache output in ``presents``, per head and head dimension ([heads, head_dim])."""
-    names = [o.name for o in session.get_outputs()]
-    largest: dict[str, np.ndarray] = {}
-    for path, sample in dataset.samples():
-        feed = complete_feed(decoder, sample)
+class CacheRanges:
+    """A tap of the calibration pass: the largest magnitude of each cache output, per head and head dimension.
+
+    The float pass hands it each prefill's outputs; from there it runs :data:`RANGE_STEPS` greedy decode steps on
+    its own float ``session``, so the ranges (``largest``: output -> [heads, head_dim]) cover positions past the
+    prompt. ``samples`` counts the prefills it saw.
+    """
+
+    def __init__(self, session: ort.InferenceSession, decoder: DecoderInterface, presents: set[str]) -> None:
+        self.session, self.decoder, self.presents = session, decoder, sorted(presents)
+        self.names = [o.name for o in session.get_outputs()]
+        self.largest: dict[str, np.ndarray] = {}
+        self.samples = 0
+
+    @property
+    def tensors(self) -> list[str]:
+        """Every output of the model: a decode step's feed is made of them."""
+        return list(self.names)
+
+    def observe(self, values: dict[str, np.ndarray], count: int, feed: dict[str, np.ndarray]) -> None:
+        """Keep the prefill's cache magnitudes, then decode greedily from it and keep each step's."""
+        results = values
         for step in range(RANGE_STEPS + 1):
-            results = dict(zip(names, run_session(session, None, feed, f"the float model on {path}"), strict=True))
-            for name in presents:
+            if step:
+                run = run_session(self.session, None, feed, "the float model (a decode step of the cache ranges)")
+                results = dict(zip(self.names, run, strict=True))
+            for name in self.presents:
                 value = np.abs(results[name]).max(axis=(0, 2))
-                largest[name] = np.maximum(largest[name], value) if name in largest else value
-            if step < RANGE_STEPS and decoder.logits is not None:
-                feed = next_step_feed(decoder, feed, results, last_token_scores(results[decoder.logits]).argmax(-1))
-        if on_sample is not None:
-            on_sample(1)
-    return largest
+                self.largest[name] = np.maximum(self.largest[name], value) if name in self.largest else value
+            if step == RANGE_STEPS or self.decoder.logits is None:
+                break
+            tokens = last_token_scores(results[self.decoder.logits]).argmax(-1)
+            feed = next_step_feed(self.decoder, feed, results, tokens)
+        self.samples += count
 
 
 def _scale(largest: np.ndarray, granularity: str) -> np.ndarray:
