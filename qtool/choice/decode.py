@@ -59,7 +59,7 @@ class DecodeJudge:
         """A candidate's language-model figures against the float model's runs (``forced``/``free``: which loops)."""
         decoders = (self.decoder, self.decoder)
         return language_model_metrics(
-            None, session, decoders, self.dataset, steps=self.steps, runs=self.runs, forced=forced, free=free
+            self.runs, session, decoders, self.dataset, steps=self.steps, forced=forced, free=free
         )
 
     def agreement(self, name: str, model: onnx.ModelProto) -> float:

@@ -130,9 +130,8 @@ def sensitivity_search(
     config: QConfig,
     quantize: Callable[[QConfig], tuple[onnx.ModelProto, set[str]]],
     scorer: OutputScorer,
-    rank_dataset: Dataset,
+    ranked: tuple[Dataset, dict[str, int] | None],
     *,
-    elements: dict[str, int] | None = None,
     progress: ProgressFactory | None = None,
     initial: tuple[onnx.ModelProto, set[str], float] | None = None,
     moves: Moves | None = None,
@@ -145,8 +144,8 @@ def sensitivity_search(
             Its ``accuracy`` section sets the target SQNR, the node budget and the time budget.
         quantize: builds the quantized model for a config, and the names of the nodes it may move.
         scorer: scores a model's outputs on the search samples (its threads and weights serve the pass too).
-        rank_dataset: the samples of the per-layer pass that ranks the nodes.
-        elements: per-sample element counts of tensors (bounds the per-layer pass's memory).
+        ranked: the samples of the per-layer pass that ranks the nodes, and the per-sample element counts of
+            tensors (they bound its memory).
         progress: receives progress updates.
         initial: ``config``'s model, the nodes it may move and its score, when already measured.
         moves: how a node moves and what each move costs (default: float activations, ranked by drop).
@@ -166,6 +165,7 @@ def sensitivity_search(
     if sqnr >= settings.target_sqnr_db:
         result.stopped, result.final_bound_db = "target reached", sqnr  # the start reached it: nothing to refine
         return config, result
+    rank_dataset, elements = ranked
     rows = layer_errors(
         reference,
         model,

@@ -280,8 +280,7 @@ def _search(
         replace(built.configs[start], accuracy=config.accuracy),  # the search's budget, from the caller
         movable,
         scorer,
-        samples.ranked,
-        elements=float_model.elements,
+        (samples.ranked, float_model.elements),
         progress=progress,
         initial=(start_model, _movable(start_plan, moves), built.scores[start]),
         moves=_priced_moves(choice, built, float_model, start_plan, moves),

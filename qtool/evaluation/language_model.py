@@ -260,26 +260,23 @@ class _Decoded:
 
 
 def language_model_metrics(
-    reference: ort.InferenceSession | None,
+    reference: ort.InferenceSession | list[ReferenceRun],
     candidate: ort.InferenceSession,
     decoders: tuple[DecoderInterface, DecoderInterface],
     dataset: Dataset,
     *,
     steps: int = DECODE_STEPS,
     on_progress: Callable[[int], None] | None = None,
-    runs: list[ReferenceRun] | None = None,
     forced: bool = True,
     free: bool = True,
 ) -> LanguageModelScore:
     """Perplexity, next-token and decode agreement of ``candidate`` against ``reference`` (see the module).
 
-    ``runs``: the reference's :func:`reference_runs` on ``dataset`` with ``steps``, when several
-    candidates are scored against it (``reference`` is then not run). ``forced``/``free``: run the
+    ``reference``: the float model's session, or its :func:`reference_runs` on ``dataset`` with ``steps``
+    when several candidates are scored against it (then it is not run again). ``forced``/``free``: run the
     decode loop fed the reference's tokens / the candidate's own (a figure not run is None).
     """
-    if runs is None:
-        assert reference is not None  # one of the two is given
-        runs = reference_runs(reference, decoders[0], dataset, steps)
+    runs = reference if isinstance(reference, list) else reference_runs(reference, decoders[0], dataset, steps)
     cand = _Model(candidate, decoders[1], "candidate")
     nll_ref = nll_cand = 0.0
     scored = agree = positions = 0

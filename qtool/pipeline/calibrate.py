@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from qtool.pipeline.workspace import Workspace, open_workspace
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.algorithms.rounding.node_inputs import NodeInputCollector
 from qtool.quantization.algorithms.transforms.graph_transforms import smoothing_nodes
+from qtool.schemes import TensorScheme
 from qtool.system.stages import stage
 
 
@@ -39,13 +40,10 @@ def observe(
     ``inputs`` gathers the weight algorithms' calibration inputs; ``cache``, a decoder's key/value cache ranges.
     """
     config = ws.config
-    name = options.observer or config.calibration.observer
-    observer_options = dict(config.calibration.observer_options) if name == config.calibration.observer else {}
-    observer_options.update(options.observer_options)
-    create_observer(name, None, observer_options)  # fail on an unknown name or option before any work
     plan = ws.plan()  # without tensor sizes every "auto" node is planned integer: all it may need is observed
-    done = ws.transforms
     activations = plan.every_activation()  # the bodies' too: observed on the samples and iterations that run them
+    observing = _observing(ws, options, activations)
+    name, done = observing.observer, ws.transforms
     taps = [tap for tap in (inputs, cache) if tap is not None]
     if not activations and not taps:  # weight-only: no activation needs a range, skip the float pass
         return CalibrationStats(ws.source.sha256, name, 0, {}, smoothing=done.smoothing, equalized=list(done.equalized))
@@ -54,18 +52,13 @@ def observe(
         inputs.expect(len(dataset))
     advance = (progress or noop_progress)("calibrating", len(dataset))
     with stage("calibrate (float pass)"):
-        per_tensor = {
-            tensor: split_observer(scheme.observer)
-            for tensor, scheme in activations.items()
-            if scheme.observer is not None
-        }
         state = tuple(sorted(judged_outputs(ws.prepared, pairs=config.accuracy.state).state.items()))  # carried
         batch = options.batch_size or config.calibration.batch_size
         observers, seen, elements = collect_statistics(
             ws.prepared,
             activations,
             dataset,
-            Observing(name, observer_options, per_tensor),
+            observing,
             FloatPass(batch, options.threads, ws.weights, state),
             on_progress=advance,
             known=known,
@@ -86,6 +79,21 @@ def observe(
         smoothing=done.smoothing,
         equalized=list(done.equalized),
     )
+
+
+def _observing(ws: Workspace, options: CalibrationOptions, activations: Mapping[str, TensorScheme]) -> Observing:
+    """The observer of every activation: the command line's over the config's, a rule's own where it names one.
+
+    Raises:
+        QtoolError: an unknown observer or option (before any work).
+    """
+    calibration = ws.config.calibration
+    name = options.observer or calibration.observer
+    observer_options = dict(calibration.observer_options) if name == calibration.observer else {}
+    observer_options.update(options.observer_options)
+    create_observer(name, None, observer_options)  # fail on an unknown name or option before any work
+    per_tensor = {t: split_observer(s.observer) for t, s in activations.items() if s.observer is not None}
+    return Observing(name, observer_options, per_tensor)
 
 
 def without_data(ws: Workspace) -> CalibrationStats:

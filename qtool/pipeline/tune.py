@@ -26,7 +26,7 @@ from qtool.calibration.decode_steps import with_decode_steps
 from qtool.calibration.outputs import FloatOutputs
 from qtool.choice.decode import DecodeJudge, decoder_to_score
 from qtool.choice.tune.cache import cache_key, default_cache_dir, load_sensitivity, save_sensitivity
-from qtool.choice.tune.candidates import Candidates
+from qtool.choice.tune.candidates import Candidates, Halves
 from qtool.choice.tune.metric import read_labels
 from qtool.choice.tune.sensitivity import Sensitivity, measure
 from qtool.choice.tune.space import (
@@ -127,27 +127,22 @@ def _tune(
     selection, validation = scorers
     sens = _sensitivity(tuning, selection, progress)
     labels = tuning.goal.labels
+    split = tuning.split
+    per_half = (
+        ([labels[i] for i in split.selection_positions], [labels[i] for i in split.validation_positions])
+        if labels is not None
+        else (None, None)
+    )
+    halves = Halves(selection, validation, per_half, judges, split.validation_files, VALIDATION_ROUNDS)
     candidates = Candidates(
         ws.prepared,
-        selection,
-        validation,
+        halves,
         ws.weights,
         ws.source.size_bytes,
         tuning.goal,
         timed=timed(options),
         latency_runs=options.latency_runs,
         threads=options.threads,
-        labels=(
-            (
-                [labels[i] for i in tuning.split.selection_positions],
-                [labels[i] for i in tuning.split.validation_positions],
-            )
-            if labels is not None
-            else (None, None)
-        ),
-        validations=VALIDATION_ROUNDS,
-        decode=judges,
-        validation_files=tuning.split.validation_files,
     )
     outcome = search_and_validate(tuning, sens, candidates, progress or noop_progress)
     return write_chosen(tuning, sens, candidates, outcome, progress)

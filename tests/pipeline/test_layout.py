@@ -143,3 +143,19 @@ def test_no_module_is_over_400_lines():
         if len(path.read_text().splitlines()) > 400
     ]
     assert long == []
+
+
+def test_no_function_takes_more_than_eight_parameters_but_the_public_api():
+    # the documented entry points (qtool.quantize, qtool.tune, qtool.compare) take their options keyword-only;
+    # a command function of cli/ is its options; every other function takes at most 8 (related ones travel as a record)
+    public = {("api.py", "quantize"), ("api.py", "tune"), ("compare.py", "compare")}
+    wide = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.parent.name == "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (path.name, node.name) not in public:
+                given = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+                if len([a for a in given if a.arg not in ("self", "cls")]) > 8:
+                    wide.append(f"{path.relative_to(PACKAGE)}:{node.name}")
+    assert wide == []

@@ -95,14 +95,25 @@ class Goal:
         return trial.bound_db - self.target_sqnr_db - self.margin_db
 
 
+@dataclass(frozen=True)
+class Halves:
+    """The evaluation samples in two: the selection chooses, the validation checks the choice."""
+
+    selection: OutputScorer
+    validation: OutputScorer
+    labels: tuple[Sequence[Any] | None, Sequence[Any] | None] = (None, None)  # per sample of each half
+    decode: tuple[DecodeJudge, DecodeJudge] | None = None  # a decode goal's float greedy decodes of each half
+    validation_files: Sequence[str] | None = None  # the EVAL files the validation scorer stands for
+    validations: int = 1  # choices validated at most: each bound at a confidence that holds for them all
+
+
 class Candidates:
     """Measures candidate models against the float model: selection on one set, validation on another."""
 
     def __init__(
         self,
         reference: onnx.ModelProto,
-        selection: OutputScorer,
-        validation: OutputScorer,
+        halves: Halves,
         weights: Weights,
         source_bytes: int,
         goal: Goal,
@@ -110,13 +121,9 @@ class Candidates:
         timed: bool,
         latency_runs: int,
         threads: int | None,
-        labels: tuple[Sequence[Any] | None, Sequence[Any] | None] = (None, None),
-        validations: int = 1,
-        decode: tuple[DecodeJudge, DecodeJudge] | None = None,
-        validation_files: Sequence[str] | None = None,
     ) -> None:
-        self.selection = selection
-        self.validation = validation
+        selection, validation = self.selection, self.validation = halves.selection, halves.validation
+        validation_files, validations = halves.validation_files, halves.validations
         # the EVAL files the validation scorer stands for (a decoder's also scores the decode step after each)
         self.validation_files = list(validation_files) if validation_files is not None else list(validation.files)
         self.weights = weights
@@ -124,8 +131,8 @@ class Candidates:
         self.goal = goal
         self.threads = threads
         self.latency_runs = latency_runs
-        self.labels = labels  # per sample of the selection and of the validation set
-        self.decode = decode  # a decode goal's float greedy decodes of the selection and of the validation set
+        self.labels = halves.labels  # per sample of the selection and of the validation set
+        self.decode = halves.decode  # a decode goal's float greedy decodes of the selection and of the validation set
         # up to ``validations`` choices are validated: each bound at a confidence that holds for them all (Bonferroni)
         self.validation_confidence = 1.0 - (1.0 - goal.confidence) / max(1, validations)
         self.signal = signal_means([selection, validation])  # the float outputs' energy over all of EVAL
