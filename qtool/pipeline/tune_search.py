@@ -146,7 +146,7 @@ def search_and_validate(
     reachable = best_trial(trials, objective) is not None
     if not reachable and not any(_quantizes(t) for t in trials):  # the target asks for more than any option gives
         trials.append(verify(_most_accurate_quantized(tuning, sens)))
-    choice = _validate_choices(tuning, sens, candidates, verify, trials, reachable)
+    choice = _validate_choices(_AtMargins(tuning, sens, candidates, verify, trials, reachable))
     return Outcome(
         choice.trials,
         choice.chosen,
@@ -229,16 +229,9 @@ class _AtMargins:
         return None if chosen is None else MarginChoice(self.trials.index(chosen), margin)
 
 
-def _validate_choices(
-    tuning: Tuning,
-    sens: Sensitivity,
-    candidates: Candidates,
-    verify: Callable[[dict[str, str]], Trial],
-    trials: list[Trial],
-    reachable: bool,
-) -> _Validated:
+def _validate_choices(chooser: _AtMargins) -> _Validated:
     """Validate the choice; move the selection margin (see :class:`Margins`) and choose again, up to the limit."""
-    chooser = _AtMargins(tuning, sens, candidates, verify, trials, reachable)
+    tuning, candidates = chooser.tuning, chooser.candidates
 
     def validate(choice: MarginChoice) -> Validation:
         begun = time.monotonic()
