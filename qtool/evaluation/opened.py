@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from qtool.results import ModelFile
 
 @dataclass(frozen=True)
 class OpenedModel:
-    """A model compare reads, already open: its file, its graph and, when one is made, its CPU session.
+    """A model compare reads, already open: its file, its graph and where its CPU session is made from.
 
     ``quantize`` compares the models it holds (the input as read, the output as written) without
     reading either again; its graphs' large weights are detached, so a per-layer comparison, which
@@ -25,7 +26,8 @@ class OpenedModel:
     path: Path
     file: ModelFile  # size and digest of the file and its data files
     graph: onnx.ModelProto
-    session: ort.InferenceSession | None = None  # a CPU session at the comparison's threads
+    # makes its CPU session at the given threads from what is held (None: from the file)
+    held: Callable[[int | None], ort.InferenceSession] | None = None
     detached: bool = False  # the graph's large weights live elsewhere: only the file runs it whole
 
     @classmethod
@@ -38,7 +40,7 @@ class OpenedModel:
         return OpenedModel.read(self.path) if self.detached else self
 
     def cpu_session(self, threads: int | None) -> ort.InferenceSession:
-        """Its session on the CPU provider (the one already made, else one from the file)."""
-        if self.session is not None:
-            return self.session
+        """Its session on the CPU provider, made from what is held (else from the file)."""
+        if self.held is not None:
+            return self.held(threads)
         return create_session(self.path, str(self.path), threads=threads)

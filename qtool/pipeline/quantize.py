@@ -132,13 +132,12 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
         builder.forget()
     _credit_passes(ws, built)
     cache_note = apply_kv_cache(ws, built.model, data.cache, request.data_dir or search_dir, request.calibration)
-    result, session = _write(ws, built, request.output_path, request.output, data.stats, choice)
+    result = _write(ws, built, request.output_path, request.output, data.stats, choice)
     result.notes += [n for n in (note, cache_note) if n]
     result.notes += [unmeasured[1]] if unmeasured is not None else []
     result.notes += preparation_notes(ws)
     if request.evaluation is not None and (request.eval_dir is not None or request.data_dir is not None):
-        written = OpenedModel(request.output_path, result.output, built.model, session, detached=True)
-        result.comparison = compared(result, ws, request, progress, (written, data.known))
+        result.comparison = compared(result, ws, (built, request), progress, data.known)
     return result
 
 
@@ -197,8 +196,8 @@ def _write(
     output: OutputOptions,
     stats: CalibrationStats,
     choice: PlacementChoice | None,
-) -> tuple[QuantizeResult, ort.InferenceSession]:
-    """Check the quantized model, load it in onnxruntime, write it atomically and describe it (and that session)."""
+) -> QuantizeResult:
+    """Check the quantized model, load it in onnxruntime, write it atomically and describe it."""
     quantized, plan = built.model, built.plan
     if ws.report.float16_weights:  # first, so that retain frees the float32 copies of the weights kept float
         store_float16(quantized, set(ws.report.float16_weights), ws.weights)
@@ -208,7 +207,8 @@ def _write(
     restore_input_dims(quantized, ws.original_inputs)
     check_note = check_quantized_model(quantized, ws.prepared)
     with stage("load the result in onnxruntime"):
-        session = create_session(quantized, "the quantized model", weights=ws.weights)  # onnxruntime loads it
+        # onnxruntime loads it: write it (the session is let go first, its copy of the weights with it)
+        create_session(quantized, "the quantized model", weights=ws.weights)
     with stage(f"write {output_path}"):
         written = save_model(quantized, output_path, ws.weights, external=output.external_data)
     result = QuantizeResult(
@@ -229,7 +229,7 @@ def _write(
     relu_note = fp8_relu_note(quantized)
     result.notes += [relu_note] if relu_note else []
     result.notes += _static_instead_of_dynamic(plan)
-    return result, session
+    return result
 
 
 def _static_instead_of_dynamic(plan: QuantPlan) -> list[str]:
@@ -267,16 +267,16 @@ def preparation_notes(ws: Workspace) -> list[str]:
 def compared(
     result: QuantizeResult,
     ws: Workspace,
-    request: QuantizeRequest,
+    written: tuple[Built, QuantizeRequest],
     progress: ProgressFactory | None,
-    held: tuple[OpenedModel, FloatOutputs | None],
+    known: FloatOutputs | None,
 ) -> ComparisonResult:
     """The written model compared with the float one, both as held in memory; a timed choice's latency is reused.
 
-    ``held``: the written model (its graph and session) and the float outputs calibration kept.
+    ``written``: the model as written (its graph, whose weights ``ws`` holds) and the request that wrote it.
     """
+    built, request = written
     assert request.evaluation is not None  # the caller compares only when asked
-    written, known = held
     evaluation, choice = request.evaluation, result.placement_choice
     timed = choice is not None and choice.chosen in choice.times and evaluation.runs > 0
     if request.eval_dir is None:
@@ -290,13 +290,16 @@ def compared(
     named = request.search.outputs if request.search is not None else ()
     accuracy = ws.config.accuracy  # what the target judged, and the state it carried
     evaluation = replace(evaluation, outputs=named or accuracy.outputs, state=accuracy.state)
-    # the input as read (its session made from the file when needed), the output as written and loaded
+    # the input as read (its session made from the file), the output as written (its session from memory)
     source = OpenedModel(ws.path, ws.source, ws.model, detached=True)
-    if evaluation.threads is not None:  # the written model's session runs on every core: another is made
-        written = replace(written, session=None)
+
+    def output_session(threads: int | None) -> ort.InferenceSession:
+        return create_session(built.model, "the quantized model", threads=threads, weights=ws.weights)
+
+    output = OpenedModel(request.output_path, result.output, built.model, output_session, detached=True)
     comparison = compare(
         source,
-        written,
+        output,
         scored,
         options=replace(evaluation, runs=0) if timed else evaluation,
         config_path=request.config_source,
