@@ -308,9 +308,11 @@ def compared(
         input_shapes=request.input_shapes,
     )
     comparison = replace(comparison, calibration_data=request.eval_dir is None)
-    if not timed:
-        return comparison
-    assert choice is not None  # checked in timed
+    return _with_choice_latency(comparison, choice) if timed and choice is not None else comparison
+
+
+def _with_choice_latency(comparison: ComparisonResult, choice: PlacementChoice) -> ComparisonResult:
+    """``comparison`` with the latency the placement choice measured of the kept model against fp32."""
     # The choice already timed this very model against fp32, interleaved: that is the latency to report.
     ratio, interval = paired_ratio(choice.times["fp32"], choice.times[choice.chosen])
     latency = LatencyComparison(
