@@ -63,7 +63,7 @@ from qtool.choice.timing import (
     ratio_interval,
     time_candidates,
 )
-from qtool.choice.validation import validate_choice
+from qtool.choice.validation import Validator, validate_choice
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
@@ -134,22 +134,24 @@ def measure_placements(
         with stage("timing the candidates"):
             time_all()
     search_plan = _search_plan(choice, built, timed) if settings.target_sqnr_db is not None else None
+    validating = samples.validation is not None and len(samples.validation) > 0 and settings.target_sqnr_db is not None
+    validator = Validator(choice, built.plans, samples, float_model, (scorer, factory)) if validating else None
+    missed: frozenset[CandidateName] = frozenset()
     if search_plan is not None:
         # The search may cost at most SEARCH_COST_FACTOR times what building, scoring and timing the
         # candidates did (and never more than accuracy.search_seconds): it can only refine them.
         budget = min(settings.search_seconds, SEARCH_COST_FACTOR * (time.perf_counter() - started))
         bounded = replace(config, accuracy=replace(settings, search_seconds=budget))
         added = _search(choice, built, bounded, build, (scorer, samples, float_model), progress, search_plan)
-        if added and timed and choice.fp32_ms is not None and _may_win(choice, "search"):
+        missed = _missed_before_timing(choice, validator) if added else frozenset()
+        if added and not missed and timed and choice.fp32_ms is not None and _may_win(choice, "search"):
             # time the new candidate with fp32 and every candidate that can be kept: the decision compares
             # those on paired rounds; the others keep their first measurement
             time_all([c.name for c in choice.candidates if c.name == "search" or c.meets_target])
     scorer.release()
-    _decide(choice)
-    if samples.validation is not None and len(samples.validation) > 0 and settings.target_sqnr_db is not None:
-        models = {name: model for name, (_, model) in built.plans.items()}
-        redecide = lambda missed: _decide(choice, missed)  # noqa: E731 - the rule, again without some candidates
-        validate_choice(choice, models, samples, float_model, factory, scorer, redecide=redecide)
+    _decide(choice, missed)
+    if validator is not None:
+        validate_choice(choice, validator, redecide=lambda more: _decide(choice, more))
     return built.configs[choice.chosen], choice
 
 
@@ -308,6 +310,20 @@ def _priced_moves(
     by_node = {n.name: costs.of(n, float_model.elements) for n in start.nodes}
     measured = f"the candidates' latencies ({costs.measured})" if costs.measured else "each node's work"
     return Moves(kind, by_node, measured)
+
+
+def _missed_before_timing(choice: PlacementChoice, validator: Validator | None) -> frozenset[CandidateName]:
+    """{"search"} when the search's placement misses on the validation samples and another one can be kept.
+
+    When the search's placement and another reach the target on the scored samples, the search's is
+    validated before it is timed: missing there, it is never kept (the choice is made again without
+    it), so it is not timed. When it is the only one that reaches the target, it is timed as before.
+    """
+    search = next(c for c in choice.candidates if c.name == "search")
+    others = any(c.meets_target for c in choice.candidates if c.name != "search")
+    if validator is None or not (search.meets_target and others) or validator("search").meets:
+        return frozenset()
+    return frozenset({"search"})
 
 
 def _may_win(choice: PlacementChoice, name: str) -> bool:

@@ -7,17 +7,67 @@ from collections.abc import Callable, Mapping
 import onnx
 
 from qtool.choice.records import CandidateName, FloatModel, PlacementChoice, Samples, meets
-from qtool.choice.validated import Chooser, Validation, choose_then_validate
+from qtool.choice.validated import Chooser, Validation, ValidationRound, choose_then_validate
 from qtool.evaluation.scoring import OutputScorer, signal_means
 from qtool.progress import ProgressFactory
+from qtool.quantization.plan.records import QuantPlan
+
+
+class Validator:
+    """Scores placements on the validation samples, each once: the figure each promises.
+
+    ``plans``: the candidates' plans and models by name (read when a placement is scored, so a candidate
+    added later, the search's, is found).
+    """
+
+    def __init__(
+        self,
+        choice: PlacementChoice,
+        plans: Mapping[CandidateName, tuple[QuantPlan, onnx.ModelProto]],
+        samples: Samples,
+        float_model: FloatModel,
+        scoring: tuple[OutputScorer, ProgressFactory],
+    ) -> None:
+        scored, factory = scoring
+        assert samples.validation is not None  # checked by the caller
+        self.choice, self.plans, self.samples = choice, plans, samples
+        self.scorer = float_model.scorer(
+            samples.validation, samples.known, factory("validation samples", len(samples.validation))
+        )
+        self.signal = signal_means([scored, self.scorer])  # the float outputs' energy over every sample at hand
+        self.rounds: list[ValidationRound[CandidateName]] = []  # each placement scored, in order
+
+    def __call__(self, name: CandidateName) -> Validation:
+        """``name`` scored on the validation samples (once: a second call reads the first's figure)."""
+        done = next((r.validation for r in self.rounds if r.choice == name), None)
+        if done is not None:
+            return done
+        # a streaming model over sequences is scored as it runs, each model on its own state (see OutputScorer);
+        # its bound is also taken over whole sequences, whose spread a new sequence will see
+        confidence = self.choice.confidence
+        score = self.scorer.score(self.plans[name][1], f"the '{name}' placement")
+        bound = score.worst_bound_db(confidence, self.signal)
+        sequences = self.scorer.per_sequence(score)
+        if sequences:
+            bound = min(bound, *(e.lower_bound_db(confidence) for e in sequences.values()))
+        files = self.samples.validation_files if self.samples.validation_files is not None else self.scorer.files
+        target = self.choice.target_sqnr_db
+        found = Validation(list(files), score.worst_db, bound, meets(bound, target), closed_loop=sequences is not None)
+        self.rounds.append(ValidationRound(name, found))
+        return found
+
+    def release(self) -> None:
+        self.scorer.release()
 
 
 class _WithoutMissed:
     """The placement choice's rule, made again without each candidate that missed on the validation samples."""
 
-    def __init__(self, choice: PlacementChoice, redecide: Callable[[frozenset[CandidateName]], bool]) -> None:
+    def __init__(
+        self, choice: PlacementChoice, redecide: Callable[[frozenset[CandidateName]], bool], missed: frozenset[str]
+    ) -> None:
         self.choice, self.redecide = choice, redecide
-        self.missed: list[CandidateName] = []
+        self.missed: list[CandidateName] = [c.name for c in choice.candidates if c.name in missed]
 
     def first(self) -> CandidateName | None:
         return self.choice.chosen
@@ -31,11 +81,7 @@ class _WithoutMissed:
 
 def validate_choice(
     choice: PlacementChoice,
-    models: Mapping[CandidateName, onnx.ModelProto],
-    samples: Samples,
-    float_model: FloatModel,
-    factory: ProgressFactory,
-    scored: OutputScorer,
+    validator: Validator,
     redecide: Callable[[frozenset[CandidateName]], bool],
 ) -> None:
     """Score the kept placement on the validation samples; when its bound misses the target, decide again.
@@ -43,29 +89,14 @@ def validate_choice(
     ``redecide(missed)`` makes the choice again, by the same rule, without the candidates that
     missed on the validation samples: the next fastest that reached the target on the scored
     samples is validated next, not the most accurate one. When every candidate that reached the
-    target misses it here, the one with the best validation bound is kept.
+    target misses it here, the one with the best validation bound is kept. A placement ``validator``
+    scored before (the search's, before it was timed) counts with its figure, in its place.
     """
-    assert samples.validation is not None  # checked by the caller
-    scorer = float_model.scorer(
-        samples.validation, samples.known, factory("validation samples", len(samples.validation))
-    )
     target = choice.target_sqnr_db
-    signal = signal_means([scored, scorer])  # the float outputs' energy over every sample at hand
-
-    def check(name: CandidateName) -> Validation:
-        # a streaming model over sequences is scored as it runs, each model on its own state (see OutputScorer);
-        # its bound is also taken over whole sequences, whose spread a new sequence will see
-        score = scorer.score(models[name], f"the '{name}' placement")
-        bound = score.worst_bound_db(choice.confidence, signal)
-        sequences = scorer.per_sequence(score)
-        if sequences:
-            bound = min(bound, *(e.lower_bound_db(choice.confidence) for e in sequences.values()))
-        files = samples.validation_files if samples.validation_files is not None else scorer.files
-        return Validation(list(files), score.worst_db, bound, meets(bound, target), closed_loop=sequences is not None)
-
-    chooser: Chooser[CandidateName] = _WithoutMissed(choice, redecide)
-    rounds = choose_then_validate(chooser, check)
-    choice.validations = rounds
+    earlier = frozenset(r.choice for r in validator.rounds if not r.validation.meets)
+    chooser: Chooser[CandidateName] = _WithoutMissed(choice, redecide, earlier)
+    choose_then_validate(chooser, validator)
+    rounds = choice.validations = list(validator.rounds)
     missed = [r for r in rounds if not r.validation.meets]
     if rounds and rounds[-1].validation.meets and missed:
         names = ", ".join(f"'{r.choice}' ({r.validation.bound_db:.2f} dB)" for r in missed)
@@ -80,4 +111,4 @@ def validate_choice(
             f"no placement reaches {target:g} dB on the validation samples ({choice.confidence:.0%} bound): "
             f"'{best.choice}' comes closest ({best.validation.bound_db:.2f} dB)"
         )
-    scorer.release()
+    validator.release()

@@ -48,12 +48,10 @@ class _FakeScore:
         return self.worst_db - 1.0  # the bound sits a decibel below the figure
 
 
-def _validate(choice: PlacementChoice, validation_db: dict[str, float], monkeypatch) -> list[str]:
-    """Run validate_choice with each candidate scoring ``validation_db`` there; returns the candidates checked."""
+def _validator(choice: PlacementChoice, validation_db: dict[str, float], monkeypatch, checked: list[str]):
+    """A Validator whose candidates score ``validation_db`` on the validation samples (each scoring in ``checked``)."""
     from qtool.choice import validation as placement_validation
     from qtool.choice.records import Samples
-
-    checked: list[str] = []
 
     class Scorer:
         files = ("v0.npy", "v1.npy")
@@ -74,10 +72,17 @@ def _validate(choice: PlacementChoice, validation_db: dict[str, float], monkeypa
     monkeypatch.setattr(placement_validation, "signal_means", lambda scorers: None)
     float_model = type("F", (), {"scorer": lambda self, *args: Scorer(), "state": {}, "judged": None})()
     samples = Samples(scored=[], ranked=[], validation=["v0", "v1"])  # type: ignore[arg-type]
-    models = {c.name: c.name for c in choice.candidates}
-    placement_validation.validate_choice(
-        choice, models, samples, float_model, lambda *_: lambda _: None, None, lambda missed: _decide(choice, missed)
-    )  # type: ignore[arg-type]
+    plans = {c.name: (None, c.name) for c in choice.candidates}
+    return placement_validation.Validator(choice, plans, samples, float_model, (None, lambda *_: lambda _: None))
+
+
+def _validate(choice: PlacementChoice, validation_db: dict[str, float], monkeypatch) -> list[str]:
+    """Run validate_choice with each candidate scoring ``validation_db`` there; returns the candidates checked."""
+    from qtool.choice.validation import validate_choice
+
+    checked: list[str] = []
+    validator = _validator(choice, validation_db, monkeypatch, checked)
+    validate_choice(choice, validator, lambda missed: _decide(choice, missed))
     return checked
 
 
@@ -99,6 +104,26 @@ def test_when_every_candidate_misses_on_validation_the_best_bound_is_kept(monkey
     checked = _validate(choice, {"integer": 25.0, "auto": 29.5, "storage": 28.0}, monkeypatch)
     assert checked == ["integer", "auto", "storage"] and choice.chosen == "auto"
     assert "comes closest" in choice.reason
+
+
+def test_a_search_placement_that_misses_on_validation_is_not_timed_and_the_choice_goes_on_without_it(monkeypatch):
+    from qtool.choice.selection import _missed_before_timing
+    from qtool.choice.validation import validate_choice
+
+    # the search's placement reaches the target on the scored samples, as storage does; it is not timed yet
+    choice = _choice({"fp32": [1.0] * 9, "storage": [1.0] * 9}, {"search": 30.3, "storage": 34.0})
+    checked: list[str] = []
+    validator = _validator(choice, {"search": 30.0, "storage": 33.9}, monkeypatch, checked)
+    missed = _missed_before_timing(choice, validator)
+    assert missed == {"search"} and checked == ["search"]  # validated first: its bound (29.0 dB) misses
+    assert _decide(choice, missed) and choice.chosen == "storage"
+    validate_choice(choice, validator, lambda more: _decide(choice, more))
+    assert checked == ["search", "storage"] and choice.chosen == "storage"  # each validated once
+    assert [r.choice for r in choice.validations] == ["search", "storage"]
+    assert "'search' (29.00 dB) missed" in choice.reason
+    # when it is the only placement that reaches the target, it is timed and decided on as before
+    alone = _choice({"fp32": [1.0] * 9, "storage": [1.0] * 9}, {"search": 30.3, "storage": 29.0})
+    assert _missed_before_timing(alone, _validator(alone, {"search": 30.0}, monkeypatch, [])) == frozenset()
 
 
 def test_timing_goes_on_only_while_a_comparison_that_matters_is_undecided():
