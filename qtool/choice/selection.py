@@ -381,8 +381,12 @@ def _decide(choice: PlacementChoice, missed: frozenset[CandidateName] = frozense
             best = max(faster, key=lambda c: (c.sqnr_db, -candidates.index(c)))
         choice.chosen = best.name
         if best is start:
-            others = "the only placement" if len(meeting) == 1 else f"the most accurate of {len(meeting)} placements"
-            choice.reason = f"{others} that reach {target}" + (
+            others = (
+                "the only placement that reaches"
+                if len(meeting) == 1
+                else f"the most accurate of {len(meeting)} placements that reach"
+            )
+            choice.reason = f"{others} {target}" + (
                 f"; none measured more than {TIE:.0%} faster" if len(meeting) > 1 else ""
             )
         else:
