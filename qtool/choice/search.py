@@ -29,7 +29,7 @@ import onnx
 
 from qtool.calibration.dataset import Dataset
 from qtool.config import QConfig
-from qtool.evaluation.layers import LayerError, layer_errors
+from qtool.evaluation.layers import Exposure, LayerError, layer_errors
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
 
@@ -165,17 +165,8 @@ def sensitivity_search(
     if sqnr >= settings.target_sqnr_db:
         result.stopped, result.final_bound_db = "target reached", sqnr  # the start reached it: nothing to refine
         return config, result
-    rank_dataset, elements = ranked
-    rows = layer_errors(
-        reference,
-        model,
-        rank_dataset,
-        threads=scorer.threads,
-        weights=scorer.weights,
-        elements=elements,
-        progress=progress,
-    )
-    result.ranked_on = len(rank_dataset)
+    rows = _measured_layers((reference, model), ranked, scorer, movable, progress)
+    result.ranked_on = len(ranked[0])
     del model
     ranking = _ranking(rows, movable, moves, result)
     advance = (progress or noop_progress)("sensitivity", min(len(ranking), settings.max_float_nodes + PATIENCE))
@@ -184,6 +175,21 @@ def sensitivity_search(
     config, sqnr = _try_in_float(config, ranking, quantize, scorer, result, (time.perf_counter(), advance), prices)
     result.final_sqnr_db = sqnr
     return config, result
+
+
+def _measured_layers(
+    models: tuple[onnx.ModelProto, onnx.ModelProto],
+    ranked: tuple[Dataset, dict[str, int] | None],
+    scorer: OutputScorer,
+    movable: set[str],
+    progress: ProgressFactory | None,
+) -> list[LayerError]:
+    """The one per-layer pass of the start's model: only the nodes the search may move, and what they read."""
+    dataset, elements = ranked
+    exposure = Exposure(elements, only=frozenset(movable))
+    return layer_errors(
+        *models, dataset, threads=scorer.threads, weights=scorer.weights, exposure=exposure, progress=progress
+    )
 
 
 def _ranking(rows: list[LayerError], movable: set[str], moves: Moves, result: SearchResult) -> list[LayerError]:

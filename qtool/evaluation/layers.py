@@ -61,6 +61,21 @@ def _capped(value: float) -> float:
 EXPOSED_BYTES = 64 << 20  # at most this many bytes of exposed tensors per sample and session
 
 
+@dataclass(frozen=True)
+class Exposure:
+    """What a per-layer pass exposes: which nodes, and how many bytes at once.
+
+    Exposed tensors stay alive until a run ends, so they are measured in groups of at most ``max_bytes``
+    per sample (sized from ``elements``, per-sample element counts; an unknown size counts as the largest
+    known one): each group runs both models over the samples. ``only``: the candidate nodes to measure
+    (with the tensors they read, which their drop is taken from); None: every node.
+    """
+
+    elements: dict[str, int] | None = None
+    max_bytes: int = EXPOSED_BYTES
+    only: frozenset[str] | None = None
+
+
 def layer_errors(
     reference: onnx.ModelProto,
     candidate: onnx.ModelProto,
@@ -69,25 +84,37 @@ def layer_errors(
     threads: int | None = None,
     progress: ProgressFactory | None = None,
     weights: Weights | None = None,
-    elements: dict[str, int] | None = None,
-    max_exposed_bytes: int = EXPOSED_BYTES,
+    exposure: Exposure = Exposure(),
 ) -> list[LayerError]:
     """SQNR/MSE of every paired float tensor and the drop its candidate node introduces, worst SQNR first.
 
-    ``weights`` holds the detached values both models use (see :mod:`qtool.graph.weights`).
-    Exposed tensors stay alive until a run ends, so they are measured in groups of at most
-    ``max_exposed_bytes`` per sample (sized from ``elements``, per-sample element counts; an
-    unknown size counts as the largest known one): each group runs both models over the samples.
+    ``weights`` holds the detached values both models use (see :mod:`qtool.graph.weights`); ``exposure``
+    what is exposed (every pair, in groups that bound the memory, by default).
     """
     pairing = pair_tensors(reference, candidate)
-    against = dict(measured_tensors(pairing))  # candidate tensor -> the reference tensor it holds
+    against = _measured(pairing, exposure.only)  # candidate tensor -> the reference tensor it holds
     accumulators = {t: ErrorAccumulator() for t in against}
-    groups = _groups(against, elements or {}, max_exposed_bytes)
+    groups = _groups(against, exposure.elements or {}, exposure.max_bytes)
     advance = (progress or noop_progress)("per-layer", len(dataset) * len(groups))
     for group in groups:
         _measure_group((reference, candidate), dataset, group, against, accumulators, threads, weights, advance)
     measured = {t: acc.metrics(t) for t, acc in accumulators.items() if acc.count}
     return sorted(_rows(pairing, measured), key=lambda r: (_capped(r.sqnr_db), r.tensor))
+
+
+def _measured(pairing: Pairing, only: frozenset[str] | None) -> dict[str, str]:
+    """The candidate tensors to expose, and the reference tensor each holds, in the pairing's order.
+
+    Every pair's; or ``only`` those nodes' outputs and the tensors they read (their copies, and the float
+    tensors those copy).
+    """
+    every = dict(measured_tensors(pairing))
+    if only is None:
+        return every
+    wanted = set()
+    for pair in (p for p in pairing.pairs if p.node in only):
+        wanted |= {pair.candidate, *pair.inputs, *(pairing.sources.get(i, i) for i in pair.inputs)}
+    return {tensor: source for tensor, source in every.items() if tensor in wanted}
 
 
 def _rows(pairing: Pairing, measured: dict[str, ErrorMetrics]) -> list[LayerError]:

@@ -222,7 +222,7 @@ def test_a_model_whose_float_outputs_are_few_is_scored_on_those_only(tmp_path):
 
 def test_per_layer_errors_measured_in_small_groups_equal_one_pass(tmp_path):
     from qtool.calibration.dataset import model_inputs
-    from qtool.evaluation.layers import layer_errors
+    from qtool.evaluation.layers import Exposure, layer_errors
 
     out = tmp_path / "q.onnx"
     qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), search=None, evaluation=None)
@@ -235,7 +235,7 @@ def test_per_layer_errors_measured_in_small_groups_equal_one_pass(tmp_path):
         parts.append(total)
         return lambda n: None
 
-    grouped = layer_errors(reference, candidate, data, max_exposed_bytes=1, progress=progress)
+    grouped = layer_errors(reference, candidate, data, exposure=Exposure(max_bytes=1), progress=progress)
     assert parts[0] > 3 * len(data)  # many passes, one per tensor
     assert sorted((r.tensor, r.node) for r in grouped) == sorted((r.tensor, r.node) for r in whole)
     whole = sorted(whole, key=lambda r: r.tensor)
@@ -243,6 +243,12 @@ def test_per_layer_errors_measured_in_small_groups_equal_one_pass(tmp_path):
     # exposing fewer tensors lets onnxruntime fuse a little differently: the same errors within rounding
     for a, b in zip(grouped, whole, strict=True):
         assert a.sqnr_db == pytest.approx(b.sqnr_db, abs=0.05) and a.drop_db == pytest.approx(b.drop_db, abs=0.05)
+    # the search's pass measures only the nodes it may move, with what they read: their drops are the same
+    node = max(whole, key=lambda r: r.drop_with_inputs_db).node
+    only = layer_errors(reference, candidate, data, exposure=Exposure(only=frozenset({node})))
+    assert {r.node for r in only} < {r.node for r in whole} and node in {r.node for r in only}
+    ours, theirs = (next(r for r in rows if r.node == node) for rows in (only, whole))
+    assert ours.drop_with_inputs_db == pytest.approx(theirs.drop_with_inputs_db, abs=0.05)
 
 
 def test_float_outputs_kept_by_calibration_spare_the_reference_runs_and_change_no_number(tmp_path, monkeypatch):
