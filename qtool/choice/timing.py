@@ -54,13 +54,14 @@ def decided(interval: tuple[float, float] | None) -> bool:
     return interval is not None and not interval[0] <= 1 - TIE <= interval[1]
 
 
-def undecided_comparisons(choice: PlacementChoice, names: list[str]) -> Callable[[dict[str, list[float]]], bool]:
-    """A test of timed rounds: whether a comparison the choice depends on is still undecided.
+def undecided_comparisons(choice: PlacementChoice, names: list[str]) -> Callable[[dict[str, list[float]]], set[str]]:
+    """A test of timed rounds: the candidates of the comparisons the choice depends on that are still undecided.
 
     Those are each candidate reaching the target against every more accurate one that reaches it
     (a faster one displaces it only when decisively faster), and "auto" and "unchained" against
     storage-only (where the sensitivity search may start). A candidate that misses the target is never kept
-    for its speed, so its comparisons do not hold timing up.
+    for its speed, so its comparisons do not hold timing up. The names returned (none: all decided) go on
+    being timed, with fp32, whose rounds every reported speed-up is paired with.
     """
     listed = {c.name: c for c in choice.candidates if c.name in names}
     ranked = sorted(listed.values(), key=lambda c: -c.sqnr_db)
@@ -73,8 +74,9 @@ def undecided_comparisons(choice: PlacementChoice, names: list[str]) -> Callable
     if "storage" in listed:
         pairs += [(name, "storage") for name in ("auto", "unchained") if name in listed]
 
-    def unsettled(times: dict[str, list[float]]) -> bool:
-        return any(not decided(ratio_interval(times, fast, slow)) for fast, slow in pairs)
+    def unsettled(times: dict[str, list[float]]) -> set[str]:
+        open_pairs = [(fast, slow) for fast, slow in pairs if not decided(ratio_interval(times, fast, slow))]
+        return {"fp32", *(name for pair in open_pairs for name in pair)} if open_pairs else set()
 
     return unsettled
 

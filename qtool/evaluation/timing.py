@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import onnxruntime as ort
@@ -59,7 +59,7 @@ def time_interleaved(
     *,
     on_round: Callable[[int], None] | None = None,
     device: str | None = None,
-    unsettled: Callable[[dict[str, list[float]]], bool] | None = None,
+    unsettled: Callable[[dict[str, list[float]]], Collection[str]] | None = None,
 ) -> tuple[dict[str, list[float]], bool]:
     """Seconds per run of each session, one number per round, and whether the runs were device-bound.
 
@@ -73,8 +73,10 @@ def time_interleaved(
     ``rounds.block_seconds``: a round runs each session back to back enough times to last about this
     long (the slowest model's warm-up run sets the count, see :func:`runs_per_block`) and records the
     mean: a thread's wake-up or a cache miss in one short run no longer decides the sample.
-    ``unsettled``: asked after the planned rounds; while it returns True, timing goes on within
-    ``rounds.extra_count`` and ``rounds.extra_seconds`` (a slow model gets the rounds its decision needs).
+    ``unsettled``: asked after the planned rounds; while it names sessions whose comparison is still
+    undecided, timing goes on for those alone (in the same order), within ``rounds.extra_count`` and
+    ``rounds.extra_seconds`` (a slow model gets the rounds its decision needs). A session's list then
+    ends with the last round it ran in: round ``i`` of every list that has one is the same round.
     """
     names = list(sessions)
     for name in names:
@@ -88,15 +90,17 @@ def time_interleaved(
     repeat = runs_per_block(runners, rounds.block_seconds)
     times: dict[str, list[float]] = {name: [] for name in names}
     started = time.perf_counter()
-    done = 0
+    done, timed = 0, names
     while True:
         elapsed = time.perf_counter() - started
         if done >= rounds.count or (done >= rounds.minimum and elapsed > rounds.seconds):
             over = done >= rounds.count + rounds.extra_count or elapsed > rounds.seconds + rounds.extra_seconds
-            if unsettled is None or over or not unsettled(times):
+            pending = set() if unsettled is None or over else set(unsettled(times))
+            timed = [name for name in timed if name in pending]
+            if not timed:
                 break
         done += 1
-        for name in names:
+        for name in timed:
             begin = time.perf_counter()
             for _ in range(repeat):
                 runners[name]()

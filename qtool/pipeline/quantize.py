@@ -313,13 +313,16 @@ def compared(
 
 def _with_choice_latency(comparison: ComparisonResult, choice: PlacementChoice) -> ComparisonResult:
     """``comparison`` with the latency the placement choice measured of the kept model against fp32."""
-    # The choice already timed this very model against fp32, interleaved: that is the latency to report.
-    ratio, interval = paired_ratio(choice.times["fp32"], choice.times[choice.chosen])
+    # The choice already timed this very model against fp32, interleaved: that is the latency to report (over the
+    # rounds both ran in: fp32 goes on with the candidates whose comparison took more rounds)
+    rounds = min(len(choice.times["fp32"]), len(choice.times[choice.chosen]))
+    fp32, chosen = choice.times["fp32"][:rounds], choice.times[choice.chosen][:rounds]
+    ratio, interval = paired_ratio(fp32, chosen)
     latency = LatencyComparison(
         "CPUExecutionProvider",
         choice.threads,
-        LatencyStats.from_seconds(choice.times["fp32"]),
-        LatencyStats.from_seconds(choice.times[choice.chosen]),
+        LatencyStats.from_seconds(fp32),
+        LatencyStats.from_seconds(chosen),
         ratio=ratio,
         ratio_interval=interval,
     )

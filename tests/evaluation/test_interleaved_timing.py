@@ -46,9 +46,14 @@ def test_timing_goes_past_its_rounds_only_while_the_comparison_is_undecided_and_
     feed = {"x": np.zeros(1, np.float32)}
     plan = Rounds(5, minimum=5, warmup=0, extra_count=10)
     settled_after = 8
-    times, _ = time_interleaved(sessions, feed, plan, unsettled=lambda t: len(t["a"]) < settled_after)  # type: ignore[arg-type]
+    undecided = lambda t: {"a", "b"} if len(t["a"]) < settled_after else set()  # noqa: E731
+    times, _ = time_interleaved(sessions, feed, plan, unsettled=undecided)  # type: ignore[arg-type]
     assert len(times["a"]) == len(times["b"]) == settled_after  # 3 more rounds, then decided
-    times, _ = time_interleaved(sessions, feed, plan, unsettled=lambda t: True)  # type: ignore[arg-type]
+    times, _ = time_interleaved(sessions, feed, plan, unsettled=lambda t: {"a", "b"})  # type: ignore[arg-type]
     assert len(times["a"]) == 15  # never decided: the 10 extra rounds, no more
+    # the extra rounds time only the sessions whose comparison is undecided, still interleaved
+    log.clear()
+    times, _ = time_interleaved(sessions, feed, plan, unsettled=lambda t: {"b"})  # type: ignore[arg-type]
+    assert len(times["a"]) == 5 and len(times["b"]) == 15 and log == ["a", "b"] * 5 + ["b"] * 10
     times, _ = time_interleaved(sessions, feed, plan)  # type: ignore[arg-type]
     assert len(times["a"]) == 5  # no test: the planned rounds
