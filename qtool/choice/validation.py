@@ -96,7 +96,7 @@ def validate_choice(
     earlier = frozenset(r.choice for r in validator.rounds if not r.validation.meets)
     chooser: Chooser[CandidateName] = _WithoutMissed(choice, redecide, earlier)
     choose_then_validate(chooser, validator)
-    rounds = choice.validations = list(validator.rounds)
+    rounds = choice.validations = list(validator.rounds)  # every placement it scored, the search's first too
     missed = [r for r in rounds if not r.validation.meets]
     if rounds and rounds[-1].validation.meets and missed:
         names = ", ".join(f"'{r.choice}' ({r.validation.bound_db:.2f} dB)" for r in missed)
