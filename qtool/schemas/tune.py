@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
-
-class _Report(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from qtool.schemas.reports.base import _Report
 
 
 class TunedFile(_Report):

@@ -156,7 +156,7 @@ def adaround(
     )
 
 
-def _layer(weight_rows: np.ndarray, hessian: np.ndarray, grid: RowGrid) -> _Layer:
+def _layer(weight_rows: np.ndarray, hessian: np.ndarray, grid: RowGrid) -> _RoundedLayer:
     """The weight, Hessian and grid as groups of rows, or a clear error when they do not fit together."""
     w = np.asarray(weight_rows, np.float32)
     rows, k = w.shape
@@ -170,10 +170,10 @@ def _layer(weight_rows: np.ndarray, hessian: np.ndarray, grid: RowGrid) -> _Laye
         )
     shape = (groups, rows // groups, k)
     scale_full, zero_full = grid.per_element(rows, k)
-    return _Layer(w.reshape(shape), h, scale_full.reshape(shape), zero_full.reshape(shape), grid.qmin, grid.qmax)
+    return _RoundedLayer(w.reshape(shape), h, scale_full.reshape(shape), zero_full.reshape(shape), grid.qmin, grid.qmax)
 
 
-def _start(layer: _Layer, init: Literal["nearest"] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _start(layer: _RoundedLayer, init: Literal["nearest"] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Nearest rounding's loss per row, and the codes (and their loss) each row starts from.
 
     A row whose given codes are worse than nearest rounding starts from nearest rounding.
@@ -192,7 +192,7 @@ def _start(layer: _Layer, init: Literal["nearest"] | np.ndarray) -> tuple[np.nda
 
 
 def _learn(
-    layer: _Layer, start: np.ndarray, start_loss: np.ndarray, from_codes: bool, schedule: AdaRoundSchedule
+    layer: _RoundedLayer, start: np.ndarray, start_loss: np.ndarray, from_codes: bool, schedule: AdaRoundSchedule
 ) -> tuple[np.ndarray, np.ndarray, int, set[StopReason]]:
     """Learn each tile of rows from its starting codes; a tile's learned codes replace them only where better."""
     codes, loss = start.copy(), start_loss.copy()
@@ -211,7 +211,7 @@ def _learn(
 
 
 @dataclass(frozen=True)
-class _Layer:
+class _RoundedLayer:
     """A weight, its Hessian and grid as [groups, rows, K], [groups, K, K] and [groups, rows, K]."""
 
     w: np.ndarray  # float32
@@ -221,8 +221,8 @@ class _Layer:
     qmin: int
     qmax: int
 
-    def tile(self, g: slice, r: slice) -> _Layer:
-        return _Layer(self.w[g, r], self.h[g], self.scale[g, r], self.zero[g, r], self.qmin, self.qmax)
+    def tile(self, g: slice, r: slice) -> _RoundedLayer:
+        return _RoundedLayer(self.w[g, r], self.h[g], self.scale[g, r], self.zero[g, r], self.qmin, self.qmax)
 
     def loss(self, codes: np.ndarray) -> np.ndarray:
         """``(Q - W) H (Q - W)^T`` per row of codes [groups, rows, K], in float64 -> [groups, rows]."""

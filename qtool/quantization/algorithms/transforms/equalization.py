@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 from qtool.graph.index import GraphView, all_nodes
 from qtool.graph.names import fresh_name
 from qtool.graph.weights import Weights
-from qtool.quantization.algorithms.transforms.equalization_pairs import Layer, candidates, channels_problem, layer
+from qtool.quantization.algorithms.transforms.equalization_pairs import ScaledLayer, candidates, channels_problem, layer
 
 MAX_SCALE = 1e4  # one sweep's scale stays within [1 / MAX_SCALE, MAX_SCALE]
 _SHIFT_SAFE = {"Relu", "MaxPool", "Identity"}  # relu(y) - c == relu(y - c) once y >= c >= 0; max and identity commute
@@ -59,15 +59,15 @@ class EqualizationReport:
 
 
 @dataclass(frozen=True)
-class _Pair:
-    first: Layer
-    second: Layer
+class _RescaledPair:
+    first: ScaledLayer
+    second: ScaledLayer
     ops: tuple[str, ...]
 
 
 @dataclass
 class _Values:
-    """Canonical float64 weights and biases (see :class:`Layer`) of the layers in pairs, by node index."""
+    """Canonical float64 weights and biases (see :class:`ScaledLayer`) of the layers in pairs, by node index."""
 
     weights: dict[int, np.ndarray] = field(default_factory=dict)
     biases: dict[int, np.ndarray] = field(default_factory=dict)
@@ -124,25 +124,25 @@ def equalize(
 
 def _pairs(
     graph: GraphView, store: Weights, selected: Callable[[str], bool], clip_pairs: bool, values: _Values
-) -> tuple[list[_Pair], list[EqualizationSkip]]:
+) -> tuple[list[_RescaledPair], list[EqualizationSkip]]:
     """The pairs to equalize, with their canonical values loaded into ``values``, and the skipped ones."""
     pairs, skipped = [], []
     for candidate in candidates(graph, clip_pairs):
         first, second = layer(candidate.first, graph), layer(candidate.second, graph)
         names = graph.label(candidate.first), graph.label(candidate.second)
         problem = candidate.reason or _pair_problem(first, second, selected)
-        if not problem and isinstance(first, Layer) and isinstance(second, Layer):
+        if not problem and isinstance(first, ScaledLayer) and isinstance(second, ScaledLayer):
             for found in (first, second):
                 _load(found, graph, store, values)
             problem = channels_problem(values.weights[first.index], values.weights[second.index], second.group)
-        if problem or not isinstance(first, Layer) or not isinstance(second, Layer):
+        if problem or not isinstance(first, ScaledLayer) or not isinstance(second, ScaledLayer):
             skipped.append(EqualizationSkip(*names, problem))
             continue
-        pairs.append(_Pair(first, second, candidate.ops))
+        pairs.append(_RescaledPair(first, second, candidate.ops))
     return pairs, skipped
 
 
-def _pair_problem(first: Layer | str, second: Layer | str, selected: Callable[[str], bool]) -> str:
+def _pair_problem(first: ScaledLayer | str, second: ScaledLayer | str, selected: Callable[[str], bool]) -> str:
     if isinstance(first, str) or isinstance(second, str):
         return first if isinstance(first, str) else str(second)
     if first.family != second.family:
@@ -153,7 +153,7 @@ def _pair_problem(first: Layer | str, second: Layer | str, selected: Callable[[s
     return f"{unselected[0]} is not selected" if unselected else ""
 
 
-def _load(found: Layer, graph: GraphView, store: Weights, values: _Values) -> None:
+def _load(found: ScaledLayer, graph: GraphView, store: Weights, values: _Values) -> None:
     if found.index in values.weights:
         return
     weight = np.array(store.value(graph.initializers[found.weight]), dtype=np.float64)
@@ -191,7 +191,7 @@ def _pair_scales(first: np.ndarray, second: np.ndarray, group: int) -> np.ndarra
     return np.clip(scale, 1.0 / MAX_SCALE, MAX_SCALE)
 
 
-def _balance(pairs: list[_Pair], values: _Values, iterations: int, tolerance: float) -> int:
+def _balance(pairs: list[_RescaledPair], values: _Values, iterations: int, tolerance: float) -> int:
     """Sweep the pairs in order until every scale is within ``tolerance`` of 1; returns the sweeps made."""
     for sweep in range(1, iterations + 1):
         worst = 0.0
@@ -210,7 +210,7 @@ def _balance(pairs: list[_Pair], values: _Values, iterations: int, tolerance: fl
     return iterations if pairs else 0
 
 
-def _absorb_problem(pair: _Pair) -> str:
+def _absorb_problem(pair: _RescaledPair) -> str:
     if any(op not in _SHIFT_SAFE for op in pair.ops):
         return f"a bias is absorbed only through Relu or MaxPool, not {'+'.join(pair.ops)}"
     if pair.first.bias_node < 0:
@@ -225,7 +225,7 @@ def _absorb_problem(pair: _Pair) -> str:
 
 
 def _absorb(
-    pairs: list[_Pair], values: _Values, channel_min: Mapping[str, np.ndarray], skipped: list[EqualizationSkip]
+    pairs: list[_RescaledPair], values: _Values, channel_min: Mapping[str, np.ndarray], skipped: list[EqualizationSkip]
 ) -> list[str]:
     """High-bias absorption: ``b1 -= c``, ``b2 += W2 c`` with ``c = max(0, min)``; returns the first layers."""
     absorbed = []
@@ -259,7 +259,9 @@ def _absorb(
     return absorbed
 
 
-def _rewrite(model: onnx.ModelProto, store: Weights, layers: dict[int, Layer], values: _Values) -> onnx.ModelProto:
+def _rewrite(
+    model: onnx.ModelProto, store: Weights, layers: dict[int, ScaledLayer], values: _Values
+) -> onnx.ModelProto:
     """A copy of ``model`` reading the new values under new initializer names."""
     equalized = onnx.ModelProto()
     equalized.CopyFrom(model)

@@ -26,7 +26,7 @@ _HOMOGENEOUS = {"Relu", "LeakyRelu", "PRelu", "Identity"}  # f(s x) = s f(x) for
 
 
 @dataclass(frozen=True)
-class Layer:
+class ScaledLayer:
     """One Conv, Gemm or MatMul whose weight (and bias) may be rescaled per channel.
 
     The weight is handled in a canonical layout ``[out, in / group, *kernel]``: a Conv's own, a Gemm
@@ -79,8 +79,8 @@ def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
     return default
 
 
-def layer(index: int, graph: GraphView) -> Layer | str:
-    """The :class:`Layer` node ``index`` is, or why it cannot be rescaled."""
+def layer(index: int, graph: GraphView) -> ScaledLayer | str:
+    """The :class:`ScaledLayer` node ``index`` is, or why it cannot be rescaled."""
     node = graph.nodes[index]
     name, output = graph.label(index), node.output[0]
     if node.op_type == "Conv":
@@ -89,12 +89,13 @@ def layer(index: int, graph: GraphView) -> Layer | str:
         padded = any(int(p) for p in pads) or auto_pad not in (b"NOTSET", b"VALID")
         bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
         group = int(_attribute(node, "group", 1))
-        return _checked(graph, Layer(index, name, "conv", node.input[1], False, group, bias, index, 2, output, padded))
+        found = ScaledLayer(index, name, "conv", node.input[1], False, group, bias, index, 2, output, padded)
+        return _checked(graph, found)
     if node.op_type == "Gemm":
         bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
         transposed = not int(_attribute(node, "transB", 0))
         problem = "Gemm reads its input transposed (transA=1)" if int(_attribute(node, "transA", 0)) else ""
-        found = Layer(index, name, "linear", node.input[1], transposed, 1, bias, index, 2, output, False, problem)
+        found = ScaledLayer(index, name, "linear", node.input[1], transposed, 1, bias, index, 2, output, False, problem)
         alpha, beta = float(_attribute(node, "alpha", 1.0)), float(_attribute(node, "beta", 1.0))
         return _checked(graph, replace(found, alpha=alpha, beta=beta))
     if node.op_type == "MatMul":
@@ -110,12 +111,12 @@ def layer(index: int, graph: GraphView) -> Layer | str:
             if tensor is not None and (not tensor.dims or tensor.dims[-1] in (1, weight.dims[1])):
                 bias, bias_node, bias_slot, output = constant, reader[0], 1 - reader[1], add.output[0]
         return _checked(
-            graph, Layer(index, name, "linear", node.input[1], True, 1, bias, bias_node, bias_slot, output, False)
+            graph, ScaledLayer(index, name, "linear", node.input[1], True, 1, bias, bias_node, bias_slot, output, False)
         )
     return f"{name}: {node.op_type} is not a Conv, Gemm or MatMul"
 
 
-def _checked(graph: GraphView, found: Layer) -> Layer | str:
+def _checked(graph: GraphView, found: ScaledLayer) -> ScaledLayer | str:
     for constant in (found.weight, found.bias):
         problem = constant_problem(graph, constant) if constant else ""
         if problem:
@@ -168,8 +169,8 @@ def candidates(graph: GraphView, clip_pairs: bool) -> list[PairCandidate]:
         if node.op_type not in LAYER_OPS:
             continue
         first = layer(index, graph)
-        family = first.family if isinstance(first, Layer) else ("conv" if node.op_type == "Conv" else "linear")
-        start = first.output if isinstance(first, Layer) else node.output[0]
+        family = first.family if isinstance(first, ScaledLayer) else ("conv" if node.op_type == "Conv" else "linear")
+        start = first.output if isinstance(first, ScaledLayer) else node.output[0]
         walked = _walk(start, family, graph, clip_pairs)
         if walked is not None:
             found.append(PairCandidate(index, *walked))
