@@ -26,10 +26,22 @@ TIMING_MAX_BYTES = 1 << 30  # the float model's bytes times the sessions timed t
 
 
 def faster_than_storage(choice: PlacementChoice, storage_name: str | None, name: str = "auto") -> bool:
-    """Whether candidate ``name`` measured decisively faster than storage-only (True when untimed)."""
+    """Whether candidate ``name`` ran more than :data:`TIE` faster than storage-only, by the median paired ratio.
+
+    The sensitivity search starts only from such a candidate (True when untimed). The median, not a decisive
+    interval: the search's own placement is timed in its turn and kept only when decisively faster, so where
+    it starts needs no rounds of its own (a ratio near the line held every session for dozens more rounds).
+    """
     if storage_name is None or name not in choice.times or storage_name not in choice.times:
         return True
-    return decisively_faster(choice.times, name, storage_name)
+    ratio = median_ratio(choice.times, name, storage_name)
+    return ratio is not None and ratio < 1 - TIE
+
+
+def median_ratio(times: dict[str, list[float]], fast: str, slow: str) -> float | None:
+    """The median of the paired per-round ratios ``fast / slow`` (None: no round of both)."""
+    ratios = [f / s for f, s in zip(times.get(fast, []), times.get(slow, []), strict=False) if s > 0]
+    return statistics.median(ratios) if ratios else None
 
 
 def decisively_faster(times: dict[str, list[float]], fast: str, slow: str) -> bool:
@@ -58,9 +70,9 @@ def undecided_comparisons(choice: PlacementChoice, names: list[str]) -> Callable
     """A test of timed rounds: the candidates of the comparisons the choice depends on that are still undecided.
 
     Those are each candidate reaching the target against every more accurate one that reaches it
-    (a faster one displaces it only when decisively faster), and "auto" and "unchained" against
-    storage-only (where the sensitivity search may start). A candidate that misses the target is never kept
-    for its speed, so its comparisons do not hold timing up. The names returned (none: all decided) go on
+    (a faster one displaces it only when decisively faster). A candidate that misses the target is never
+    kept for its speed, so its comparisons do not hold timing up (nor does where the search starts: see
+    :func:`faster_than_storage`). The names returned (none: all decided) go on
     being timed, with fp32, whose rounds every reported speed-up is paired with.
     """
     listed = {c.name: c for c in choice.candidates if c.name in names}
@@ -71,8 +83,6 @@ def undecided_comparisons(choice: PlacementChoice, names: list[str]) -> Callable
         for fast in ranked[i + 1 :]
         if accurate.meets_target and fast.meets_target
     ]
-    if "storage" in listed:
-        pairs += [(name, "storage") for name in ("auto", "unchained") if name in listed]
 
     def unsettled(times: dict[str, list[float]]) -> set[str]:
         open_pairs = [(fast, slow) for fast, slow in pairs if not decided(ratio_interval(times, fast, slow))]

@@ -139,3 +139,17 @@ def test_timing_goes_on_only_while_a_comparison_that_matters_is_undecided():
     # a candidate that misses the target holds nothing up (only auto vs storage still counts)
     missing = _choice({}, {"integer": 20.0, "auto": 33.0, "storage": 40.0})
     assert not undecided_comparisons(missing, ["integer", "auto", "storage"])({**clear, "integer": [0.5, 1.2] * 4})
+
+
+def test_where_the_search_starts_holds_no_timing_up_and_reads_the_medians():
+    from qtool.choice.timing import faster_than_storage, undecided_comparisons
+
+    # "unchained" misses the target and storage reaches it: only storage can be kept, so the rounds that would
+    # decide "unchained" against storage at the 10 % line are not timed; the search's start reads the median
+    choice = _choice({}, {"unchained": 29.4, "storage": 34.0})
+    near_line = {"fp32": [1.0] * 9, "unchained": [0.85, 0.92] * 4 + [0.86], "storage": [1.0] * 9}
+    assert not undecided_comparisons(choice, ["unchained", "storage"])(near_line)
+    choice.times = near_line
+    assert faster_than_storage(choice, "storage", "unchained")  # median 0.86: more than 10 % faster
+    choice.times = {**near_line, "unchained": [0.93] * 9}
+    assert not faster_than_storage(choice, "storage", "unchained")
