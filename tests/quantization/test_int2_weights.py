@@ -19,11 +19,13 @@ INT2 = (
 K = 128
 
 
-def _matmul(path: Path, n: int) -> Path:
-    """x [2, K] @ W [K, n]: one weighted MatMul whose output columns number ``n``."""
-    weight = np.random.default_rng(n).normal(size=(K, n)).astype(np.float32)
+def _matmul(path: Path, n: int, op: str = "MatMul") -> Path:
+    """x [2, K] @ W: one weighted node (MatMul, Gemm, or Gemm reading W transposed) with ``n`` output columns."""
+    transposed = op == "Gemm transB"
+    weight = np.random.default_rng(n).normal(size=(n, K) if transposed else (K, n)).astype(np.float32)
+    node = helper.make_node(op.split()[0], ["x", "w"], ["y"], name="proj", **({"transB": 1} if transposed else {}))
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")],
+        [node],
         "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, K])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, n])],
@@ -42,9 +44,17 @@ def _run(path: Path, x: np.ndarray, optimized: bool = True) -> np.ndarray:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
-@pytest.mark.parametrize("columns, form", [(10, "MatMulNBits"), (12, "DequantizeLinear")])
-def test_int2_weights_compute_the_dequantized_product_in_every_session(tmp_path, columns, form):
-    model = _matmul(tmp_path / "model.onnx", columns)
+@pytest.mark.parametrize(
+    "op, columns, form",
+    [
+        ("MatMul", 10, "MatMulNBits"),
+        ("MatMul", 12, "DequantizeLinear"),
+        ("Gemm", 10, "MatMulNBits"),  # a Gemm reading [K, N] is fused the same way
+        ("Gemm transB", 10, "DequantizeLinear"),  # an [N, K] weight is not: it stays as written
+    ],
+)
+def test_int2_weights_compute_the_dequantized_product_in_every_session(tmp_path, op, columns, form):
+    model = _matmul(tmp_path / "model.onnx", columns, op)
     config = tmp_path / "int2.yaml"
     config.write_text(INT2)
     out = tmp_path / "int2.onnx"
@@ -52,7 +62,8 @@ def test_int2_weights_compute_the_dequantized_product_in_every_session(tmp_path,
     assert form in [n.op_type for n in onnx.load(out).graph.node]
     (row,) = qtool.inspect(model, config_path=config).rows
     # onnxruntime's own fusion of the QDQ form corrupts the columns that split bytes: inspect says why
-    assert ("not a multiple of 4" in row.reason) == (form == "MatMulNBits") and row.kernel == "MatMulNBits"
+    assert ("not a multiple of 4" in row.reason) == (form == "MatMulNBits")
+    assert row.kernel == ("float Gemm" if op == "Gemm transB" else "MatMulNBits")
     x = np.random.default_rng(1).normal(size=(2, K)).astype(np.float32)
     as_written = _run(out, x, optimized=False)  # the weight dequantized exactly as stored, then multiplied
     outputs = [_run(out, x) for _ in range(4)]

@@ -1,10 +1,11 @@
 """When a weight-only MatMul weight is written as MatMulNBits: where ``weight.format`` asks, and where QDQ would break.
 
 MatMulNBits holds 2-D MatMul/Gemm weights in blocks along K. With ``weight.format: qdq`` onnxruntime
-turns a block-wise ``DequantizeLinear`` before a MatMul into MatMulNBits itself at load; for 2-bit
-weights whose output columns are not a multiple of 4 that fusion (onnxruntime 1.32, measured) repacks
-the bytes wrongly: the model computes garbage, different in every session. Written as MatMulNBits by
-qtool (which packs each column on its own) the same weights run the same kernel correctly.
+turns a block-wise ``DequantizeLinear`` before a MatMul (or a Gemm reading a [K, N] weight) into
+MatMulNBits itself at load; for 2-bit weights whose output columns are not a multiple of 4 that fusion
+(onnxruntime 1.32, measured) repacks the bytes wrongly: the model computes garbage, different in every
+session. Written as MatMulNBits by qtool (which packs each column on its own) the same weights run the
+same kernel correctly.
 """
 
 from __future__ import annotations
@@ -50,14 +51,17 @@ def nbits_fallback(node: NodeProto, weight: WeightPlan, scheme: NodeScheme, g: G
 
 
 def int2_fusion_fault(node: NodeProto, weight: WeightPlan, scheme: NodeScheme, g: GraphView) -> str | None:
-    """Why a QDQ 2-bit block-wise MatMul weight is written as MatMulNBits instead (None: QDQ is sound).
+    """Why a QDQ 2-bit block-wise MatMul (or Gemm) weight is written as MatMulNBits instead (None: QDQ is sound).
 
     onnxruntime fuses it into MatMulNBits at load and, where the output columns are not a multiple
     of :data:`INT2_PACKED_COLUMNS`, corrupts it; qtool's own MatMulNBits is the kernel that fusion means.
     """
     spec = scheme.weight
-    if node.op_type != "MatMul" or spec.format not in (None, "qdq") or spec.dtype not in ("int2", "uint2"):
+    two_bit = spec.dtype in ("int2", "uint2") and spec.format in (None, "qdq")
+    if node.op_type not in ("MatMul", "Gemm") or not two_bit:
         return None
+    if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
+        return None  # an [N, K] weight: onnxruntime leaves it to Gemm (measured right)
     dims = list(g.initializers[weight.name].dims) if weight.name in g.initializers else []
     if len(dims) != 2 or dims[1] % INT2_PACKED_COLUMNS == 0 or weight.block_size is None or weight.axis != 0:
         return None
