@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import onnx
@@ -22,6 +22,7 @@ import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset, Feed, SequenceOrder, in_sequences
 from qtool.calibration.outputs import FloatOutputs
+from qtool.calibration.taps import BatchTap, Taps
 from qtool.errors import QtoolError
 from qtool.graph.branches import expose
 from qtool.graph.session import create_session, run_session
@@ -35,15 +36,6 @@ log = logging.getLogger(__name__)
 STATS_MAX_BYTES = 1 << 30  # a statistics file larger than this is not one qtool wrote
 
 ProgressCallback = Callable[[int], None]  # called with the number of samples just processed
-
-
-class BatchTap(Protocol):
-    """Something else the float pass feeds: it names the tensors it needs and sees each batch of them."""
-
-    @property
-    def tensors(self) -> list[str]: ...
-
-    def observe(self, values: dict[str, np.ndarray], count: int, feed: dict[str, np.ndarray]) -> None: ...
 
 
 @dataclass
@@ -271,19 +263,20 @@ def collect_statistics(
         element count per sample (from the first batch).
     """
     names = list(dict.fromkeys(tensors))
-    tapped = list(dict.fromkeys(name for tap in taps for name in tap.tensors))
-    if not names and not tapped:  # weight-only quantization: nothing to observe, and no reason to run the model
+    tapped = Taps(taps)
+    if not names and not tapped.tensors:  # weight-only quantization: nothing to observe, and no reason to run the model
         return {}, len(dataset), {}
     default = (observing.observer, observing.options)
     specs = {name: observing.per_tensor.get(name, default) for name in names}
     observers = {name: create_observer(spec[0], None, spec[1]) for name, spec in specs.items()}
     observe = _BatchObserver([observers[name] for name in names], run.threads)
     try:
-        session, fetch = _exposing_session(prepared, [*names, *tapped], run, spinning=observe.threads == 1)
+        session, fetch = _exposing_session(prepared, [*names, *tapped.tensors], run, spinning=observe.threads == 1)
         seen, elements = 0, dict[str, int]()
         graph_outputs = [o.name for o in prepared.graph.output] if known is not None else []
         carry = _StateCarry(dataset, run.state)
         fetched = list(dict.fromkeys([*fetch.values(), *graph_outputs, *carry.state]))
+        tapped.run_on(session, fetch)
         for paths, given in dataset.batches(1 if carry.state else run.batch_size):
             count = len(paths)
             feed, fed = carry.feed(paths, given)
@@ -292,8 +285,7 @@ def collect_statistics(
             if known is not None and count == 1 and not fed:
                 known.add(paths[0], {name: np.asarray(by_name[name]) for name in graph_outputs})
             values = [np.asarray(by_name[fetch[name]]) if name in fetch else _NOTHING for name in names]
-            for tap in taps:
-                tap.observe({name: np.asarray(by_name[fetch[name]]) for name in tap.tensors}, count, feed)
+            tapped.observe(by_name, count, feed)
             del fetched_values, by_name
             observe(values)
             for name, value in zip(names, values, strict=True):

@@ -8,7 +8,8 @@ from typing import Any
 
 from qtool.calibration.feeds import sample_directory
 from qtool.calibration.outputs import FloatOutputs
-from qtool.calibration.statistics import BatchTap, CalibrationStats, FloatPass, Observing, collect_statistics
+from qtool.calibration.statistics import CalibrationStats, FloatPass, Observing, collect_statistics
+from qtool.calibration.taps import BatchTap
 from qtool.config import load_config, split_observer
 from qtool.distributed.calibration import ShardRequest, calibrate_on_workers
 from qtool.errors import QtoolError

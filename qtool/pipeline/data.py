@@ -6,7 +6,8 @@ from pathlib import Path
 
 from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.remote import is_url, sample_files
-from qtool.calibration.statistics import BatchTap, FloatPass, Observing, collect_statistics
+from qtool.calibration.statistics import FloatPass, Observing, collect_statistics
+from qtool.calibration.taps import BatchTap
 from qtool.errors import QtoolError
 from qtool.options import CalibrationOptions
 from qtool.pipeline.workspace import Workspace

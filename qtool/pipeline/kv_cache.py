@@ -8,7 +8,6 @@ import onnx
 
 from qtool.choice.decode import decoder_to_score
 from qtool.errors import QtoolError
-from qtool.graph.session import create_session
 from qtool.options import CalibrationOptions
 from qtool.pipeline.data import tapped_pass
 from qtool.pipeline.workspace import Workspace
@@ -39,8 +38,8 @@ def cache_ranges_tap(ws: Workspace) -> CacheRanges | None:
     decoder = decoder_to_score(ws.prepared)
     if ws.config.kv_cache is None or not found or decoder is None:
         return None
-    session = create_session(ws.prepared, "the float model", weights=ws.weights)
-    return CacheRanges(session, decoder, {name for node in found for name in node.present})
+    outputs = [o.name for o in ws.prepared.graph.output]
+    return CacheRanges(decoder, outputs, {name for node in found for name in node.present})
 
 
 def apply_kv_cache(

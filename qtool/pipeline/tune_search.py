@@ -9,16 +9,7 @@ from dataclasses import dataclass, replace
 
 from qtool.choice.tune.allocation import allocate, cheaper_moves, costlier_moves, predicted_nsr
 from qtool.choice.tune.candidates import Candidates, Goal, node_costs
-from qtool.choice.tune.loop import (
-    MIN_GAIN,
-    MarginChoice,
-    Margins,
-    Search,
-    Trial,
-    best_trial,
-    refine,
-    search_budgets,
-)
+from qtool.choice.tune.loop import MarginChoice, Margins, Search, Trial, best_trial, refine, search_budgets
 from qtool.choice.tune.sensitivity import Sensitivity, nsr
 from qtool.choice.tune.space import (
     OPTIONS,
@@ -92,7 +83,7 @@ def _search(
                 max_trials=refine_trials * len(names) + 10,
                 upgrades=lambda allocation: costlier_moves(allocation, option_names, costs, sens),
                 restart_trials=len(names),
-                stall=(max(8, len(names) // 4), MIN_GAIN),
+                stall_trials=max(8, len(names) // 4),
             )
         search.trials += refined.trials
         search.out_of_time, search.stalled = refined.out_of_time, refined.stalled

@@ -125,7 +125,7 @@ def refine(
     max_trials: int,
     upgrades: Callable[[Allocation], list[tuple[str, str]]] | None = None,
     restart_trials: int = 0,
-    stall: tuple[int, float] = (8, MIN_GAIN),
+    stall_trials: int = 8,
 ) -> Search:
     """Greedy descent from a trial that meets the target, then restarts from one node made more accurate.
 
@@ -141,11 +141,11 @@ def refine(
     and the first that ends smaller replaces the best, for as long as trials and time remain. No
     allocation is verified twice.
 
-    The refinement costs what it can gain: ``stall`` is (trials, gain): once the last so many verifications
-    together made the best model less than that gain (a fraction of its size) smaller, it stops (``stalled``).
+    The refinement costs what it can gain: once the last ``stall_trials`` verifications together made the
+    best model less than :data:`MIN_GAIN` (a fraction of its size) smaller, it stops (``stalled``).
     """
     search = Search()
-    check = _Verifier(search, verify, (deadline, max_trials), stall, start)
+    check = _Verifier(search, verify, (deadline, max_trials), (stall_trials, MIN_GAIN), start)
     best = _descend(start, moves, check, set(), max_trials)
     while upgrades is not None and restart_trials > 0:
         for node, option in upgrades(best.allocation)[:RESTARTS]:

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from qtool.calibration.decoder import DecoderInterface, last_token_scores, next_step_feed
 from qtool.graph.index import GraphView
-from qtool.graph.session import run_session
+
+if TYPE_CHECKING:
+    from qtool.calibration.taps import Rerun
 
 RANGE_STEPS = 8  # greedy decode steps after each calibration prefill whose cache the ranges include
 QUANT_TYPES = {"per_tensor": "PER_TENSOR", "per_channel": "PER_CHANNEL"}
@@ -55,29 +57,30 @@ def cache_nodes(model: onnx.ModelProto) -> list[CacheNode]:
 class CacheRanges:
     """A tap of the calibration pass: the largest magnitude of each cache output, per head and head dimension.
 
-    The float pass hands it each prefill's outputs; from there it runs :data:`RANGE_STEPS` greedy decode steps on
-    its own float ``session``, so the ranges (``largest``: output -> [heads, head_dim]) cover positions past the
-    prompt. ``samples`` counts the prefills it saw.
+    The float pass hands it each prefill's outputs; from there it runs :data:`RANGE_STEPS` greedy decode steps
+    on the pass's own session, so the ranges (``largest``: output -> [heads, head_dim]) cover positions past the
+    prompt. ``outputs``: every output of the model (a decode step's feed is made of them); ``samples`` counts the
+    prefills it saw.
     """
 
-    def __init__(self, session: ort.InferenceSession, decoder: DecoderInterface, presents: set[str]) -> None:
-        self.session, self.decoder, self.presents = session, decoder, sorted(presents)
-        self.names = [o.name for o in session.get_outputs()]
+    def __init__(self, decoder: DecoderInterface, outputs: list[str], presents: set[str]) -> None:
+        self.decoder, self.outputs, self.presents = decoder, list(outputs), sorted(presents)
         self.largest: dict[str, np.ndarray] = {}
         self.samples = 0
 
     @property
     def tensors(self) -> list[str]:
-        """Every output of the model: a decode step's feed is made of them."""
-        return list(self.names)
+        return list(self.outputs)
 
-    def observe(self, values: dict[str, np.ndarray], count: int, feed: dict[str, np.ndarray]) -> None:
+    def observe(
+        self, values: dict[str, np.ndarray], count: int, feed: dict[str, np.ndarray], rerun: Rerun | None = None
+    ) -> None:
         """Keep the prefill's cache magnitudes, then decode greedily from it and keep each step's."""
+        assert rerun is not None  # the float pass runs the decode steps
         results = values
         for step in range(RANGE_STEPS + 1):
             if step:
-                run = run_session(self.session, None, feed, "the float model (a decode step of the cache ranges)")
-                results = dict(zip(self.names, run, strict=True))
+                results = rerun(feed)
             for name in self.presents:
                 value = np.abs(results[name]).max(axis=(0, 2))
                 self.largest[name] = np.maximum(self.largest[name], value) if name in self.largest else value

@@ -15,6 +15,7 @@ import math
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -28,6 +29,9 @@ from qtool.quantization.algorithms.rounding.patches import (
     MatMulGeometry,
     input_stats,
 )
+
+if TYPE_CHECKING:
+    from qtool.calibration.taps import Rerun
 
 POSITIONS_PER_NODE = 32_768  # at most this many patches are summed into one node's Hessian over the whole pass
 POSITIONS_PER_INPUT = 32  # ... and at most this many per Hessian row: a K x K estimate needs a few times K
@@ -136,7 +140,13 @@ class NodeInputCollector:
         """The node inputs the float pass must expose."""
         return list(dict.fromkeys(layout.tensor for layout in self.result.layouts.values()))
 
-    def observe(self, values: dict[str, np.ndarray], count: int, feed: dict[str, np.ndarray] | None = None) -> None:
+    def observe(
+        self,
+        values: dict[str, np.ndarray],
+        count: int,
+        feed: dict[str, np.ndarray] | None = None,
+        rerun: Rerun | None = None,
+    ) -> None:
         """Add one batch of ``count`` samples (``values``: at least :attr:`tensors`; ``feed``: the model inputs)."""
         first, self.seen = self.seen, self.seen + count
         chosen = [i for i in range(count) if (first + i) % self.every == 0]

@@ -10,6 +10,7 @@ into the statistics file, and ``quantize --stats`` smooths with them instead of 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -25,6 +26,9 @@ from qtool.quantization.algorithms.transforms.smoothing_scales import channel_ab
 from qtool.quantization.plan.records import QuantPlan
 from qtool.schemes import TensorScheme
 
+if TYPE_CHECKING:
+    from qtool.calibration.taps import Rerun
+
 
 @dataclass
 class ChannelMaxima:
@@ -37,7 +41,9 @@ class ChannelMaxima:
     def tensors(self) -> list[str]:
         return self.names
 
-    def observe(self, values: dict[str, np.ndarray], count: int, feed: dict[str, np.ndarray]) -> None:
+    def observe(
+        self, values: dict[str, np.ndarray], count: int, feed: dict[str, np.ndarray], rerun: Rerun | None = None
+    ) -> None:
         for name, value in values.items():
             batch = channel_absmax(value)
             known = self.maxima.get(name)
@@ -91,7 +97,9 @@ class InputMoments:
     def tensors(self) -> list[str]:
         return self.names
 
-    def observe(self, values: dict[str, np.ndarray], count: int, feed: dict[str, np.ndarray]) -> None:
+    def observe(
+        self, values: dict[str, np.ndarray], count: int, feed: dict[str, np.ndarray], rerun: Rerun | None = None
+    ) -> None:
         for name, value in values.items():
             seen = self.rows.get(name, 0)
             if seen >= AWQ_MAX_ROWS or value.ndim == 0:
