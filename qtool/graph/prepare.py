@@ -144,27 +144,48 @@ def prepare_model(
 
 
 def _constants_to_initializers(graph: onnx.GraphProto) -> int:
-    """Turn top-level Constant nodes (as Paddle and TensorFlow exporters emit) into initializers."""
-    kept, moved = [], 0
+    """Turn Constant nodes (as Paddle and TensorFlow exporters emit) into initializers of the main graph.
+
+    A body's Constant (an If branch or a Loop body exported with its weights inlined) moves up too: a
+    constant reads nothing, so it means the same in the outer scope, where the bodies' pipeline finds the
+    weights it may quantize (see :mod:`qtool.graph.branches`). One a body returns as its output stays.
+    """
+    moved = [_constant_tensor(node) for node in _hoisted_constants(graph, top=True)]
+    graph.initializer.extend(moved)
+    return len(moved)
+
+
+def _hoisted_constants(graph: onnx.GraphProto, *, top: bool) -> list[onnx.NodeProto]:
+    """Remove the Constant nodes that can become initializers from ``graph`` and its bodies; return them."""
+    outputs = set() if top else {o.name for o in graph.output}
+    kept, moved = [], []
     for node in graph.node:
         attr = node.attribute[0] if node.op_type == "Constant" and len(node.attribute) == 1 else None
-        if attr is None or attr.name not in _CONSTANT_VALUE_ATTRS or node.domain not in ("", "ai.onnx"):
-            kept.append(node)
+        movable = attr is not None and attr.name in _CONSTANT_VALUE_ATTRS and node.domain in ("", "ai.onnx")
+        if movable and node.output[0] not in outputs:
+            moved.append(node)
             continue
-        value = helper.get_attribute_value(attr)
-        if attr.name == "value":
-            tensor = onnx.TensorProto()
-            tensor.CopyFrom(value)
-        else:
-            dtype = np.float32 if attr.name.startswith("value_float") else np.int64
-            tensor = numpy_helper.from_array(np.asarray(value, dtype=dtype))
-        tensor.name = node.output[0]
-        graph.initializer.append(tensor)
-        moved += 1
-    if moved:
+        kept.append(node)
+        for body in node_subgraphs(node):
+            moved.extend(_hoisted_constants(body, top=False))
+    if len(kept) != len(graph.node):
         del graph.node[:]
         graph.node.extend(kept)
     return moved
+
+
+def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto:
+    """The value of a Constant node as a tensor named after its output."""
+    attr = node.attribute[0]
+    value = helper.get_attribute_value(attr)
+    if attr.name == "value":
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(value)
+    else:
+        dtype = np.float32 if attr.name.startswith("value_float") else np.int64
+        tensor = numpy_helper.from_array(np.asarray(value, dtype=dtype))
+    tensor.name = node.output[0]
+    return tensor
 
 
 def _initializers_out_of_inputs(model: onnx.ModelProto) -> int:

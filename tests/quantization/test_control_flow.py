@@ -127,6 +127,67 @@ def test_the_if_branches_weights_are_stored_int8_in_their_branches_and_both_stay
     assert "then_branch 3 quantized" in reasons["branch"] and "else_branch 2 quantized" in reasons["branch"]
 
 
+def _weights_as_constant_nodes(branch: onnx.GraphProto) -> onnx.GraphProto:
+    """The branch with its weights inlined as Constant nodes, as TorchScript's and tf2onnx's If exports hold them."""
+    constants = [
+        helper.make_node("Constant", [], [i.name], value=i, name=f"{i.name}/const") for i in branch.initializer
+    ]
+    # and one Constant the branch returns as it is (moving it out would leave the branch's output undefined)
+    scale = helper.make_node("Constant", [], [f"{branch.name}_k"], value_float=0.5, name=f"{branch.name}/k")
+    outputs = [*branch.output, helper.make_tensor_value_info(f"{branch.name}_k", TensorProto.FLOAT, [])]
+    return helper.make_graph([*constants, *branch.node, scale], branch.name, [], outputs)
+
+
+def test_weights_a_branch_holds_as_constant_nodes_are_stored_int8(tmp_path: Path) -> None:
+    then_branch, else_branch = _branch("then", [16, 16]), _branch("else", [16])
+    for branch in (then_branch, else_branch):
+        branch.initializer.append(numpy_helper.from_array(_w(10, 16), f"{branch.name}_fc_w"))
+    branch = helper.make_node(
+        "If",
+        ["flag"],
+        ["y", "k"],
+        then_branch=_weights_as_constant_nodes(then_branch),
+        else_branch=_weights_as_constant_nodes(else_branch),
+        name="branch",
+    )
+    graph = helper.make_graph(
+        [branch],
+        "inlined",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10]),
+            helper.make_tensor_value_info("k", TensorProto.FLOAT, []),
+        ],
+    )
+    model, data = tmp_path / "inlined.onnx", tmp_path / "data"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    data.mkdir()
+    for i in range(16):
+        x = RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)
+        np.savez(data / f"{i:02d}.npz", x=x, flag=np.array(i % 2 == 0))
+    out = tmp_path / "q.onnx"
+    report = _quantize(model, data, out)
+    reasons = {entry["node"]: entry["reason"] for entry in report["skipped"]}
+    assert "then_branch 3 quantized" in reasons["branch"] and "else_branch 2 quantized" in reasons["branch"]
+    written = onnx.load(str(out))
+    for name, weights in (
+        ("then_branch", ("then_conv0_w", "then_conv1_w", "then_fc_w")),
+        ("else_branch", ("else_conv0_w", "else_fc_w")),
+    ):
+        body = _body(written, name)
+        stored = {i.name for i in body.initializer if i.data_type == TensorProto.INT8}
+        assert all(any(n.startswith(f"{w}/quantized") for n in stored) for w in weights), stored
+        assert [n.op_type for n in body.node].count("Constant") == 1  # the one the branch returns stayed
+    assert out.stat().st_size < model.stat().st_size / 2
+    for flag in (True, False):
+        assert _sqnr(model, out, _feeds(data, flag)) > 30
+        k = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(["k"], _feeds(data, flag)[0])[0]
+        assert float(k) == 0.5
+
+
 def test_integer_kernels_run_inside_the_branches_the_data_takes(if_model: tuple[Path, Path], tmp_path: Path) -> None:
     model, data = if_model
     out = tmp_path / "q.onnx"
