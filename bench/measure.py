@@ -55,6 +55,9 @@ def run_worker(script: str, args: list[str], timeout: int, root: str) -> dict[st
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+PER_CHANNEL_OPSET = 13  # DequantizeLinear takes an axis (per-channel scales) from opset 13
+
+
 def onnxruntime_quantize_static(
     model: str, calib: str, out: str, *, per_channel: bool, method: str, tensorrt: bool = False
 ) -> str:
@@ -103,18 +106,35 @@ def onnxruntime_quantize_static(
             source, note = model, f"quant_pre_process failed ({type(e).__name__}); quantized without it"
         finally:
             os.chdir(here)
-    quantize_static(
-        source,
-        out,
-        Reader(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=per_channel,
-        activation_type=QuantType.QInt8 if tensorrt else QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        calibrate_method=getattr(CalibrationMethod, method),
-        # TensorRT's explicit quantization: symmetric int8 on both sides (onnxruntime's recipe for it)
-        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True} if tensorrt else None,
-    )
+        opset = next(
+            (
+                o.version
+                for o in onnx.load(source, load_external_data=False).opset_import
+                if o.domain in ("", "ai.onnx")
+            ),
+            0,
+        )
+        if per_channel and opset < PER_CHANNEL_OPSET:
+            # onnxruntime writes per-channel DequantizeLinear (its axis attribute) into an opset-11 model as it is,
+            # and no runtime loads that: the model is converted first, as onnxruntime's documentation advises
+            from onnx import version_converter
+
+            converted = os.path.join(scratch, "opset13.onnx")
+            onnx.save(version_converter.convert_version(onnx.load(source), PER_CHANNEL_OPSET), converted)
+            source, note = converted, f"{note}; " if note else ""
+            note += f"converted from opset {opset} to {PER_CHANNEL_OPSET} (per-channel DequantizeLinear)"
+        quantize_static(
+            source,
+            out,
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=per_channel,
+            activation_type=QuantType.QInt8 if tensorrt else QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=getattr(CalibrationMethod, method),
+            # TensorRT's explicit quantization: symmetric int8 on both sides (onnxruntime's recipe for it)
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True} if tensorrt else None,
+        )
     return note
 
 

@@ -73,3 +73,37 @@ def test_observer_bench_runs_on_the_sample_cnn(tmp_path):
     assert all(r["seconds"] > 0 and not r["errors"] for r in rows)
     assert rows[3]["overhead"] is not None and rows[3]["float_pass"] > 0  # the float pass was timed from qtool's log
     assert "| cnn | percentile |" in (tmp_path / "observers.md").read_text()
+
+
+def test_onnxruntime_per_channel_peer_runs_on_an_opset_11_model(tmp_path):
+    """onnxruntime writes per-channel DequantizeLinear into an opset-11 model as it is (no runtime loads it)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from bench.measure import onnxruntime_quantize_static
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4), helper.make_node("Relu", ["c"], ["y"])],
+        "opset11",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [weight],
+    )
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]), model)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(4):
+        np.save(calib / f"{i}.npy", rng.standard_normal((3, 16, 16)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    note = onnxruntime_quantize_static(str(model), str(calib), str(out), per_channel=True, method="MinMax")
+    assert "from opset 11 to 13" in note
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    reference = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = session.run(None, {"x": x})[0]
+    assert 10 * np.log10(np.sum(reference**2) / np.sum((reference - got) ** 2)) > 20
