@@ -12,7 +12,9 @@ model's outputs only (:mod:`qtool.evaluation.scoring`, float outputs computed on
 worst output and its lower confidence bound over those samples both reach the target (the choice
 validates on other samples against that bound).
 A node whose fallback does not raise the worst output by :data:`MIN_GAIN_DB` is
-quantized again. The search stops when the target is met, the node budget is
+quantized again. The nodes of If/Loop bodies (which the per-layer pass does not reach) are tried after
+the ranked ones, in graph order, each whatever came before it (bodies the data never ran are left alone).
+The search stops when the target is met, the node budget is
 spent, :data:`PATIENCE` candidates in a row did not help, the target is out of reach
 (once a node has helped: the nodes left could not close the gap even if each gained as
 much as the best trial so far), or its time is up.
@@ -31,6 +33,7 @@ from qtool.calibration.dataset import Dataset
 from qtool.config import QConfig
 from qtool.evaluation.layers import Exposure, LayerError, layer_errors
 from qtool.evaluation.scoring import OutputScorer
+from qtool.graph.index import all_nodes, node_subgraphs
 from qtool.progress import ProgressFactory, noop_progress
 
 PATIENCE = 3  # the search stops after this many candidates in a row that did not help
@@ -61,7 +64,8 @@ class SearchStep:
 
     node: str
     op_type: str
-    drop_db: float  # the SQNR drop that made it the candidate, its input quantization included
+    drop_db: float | None  # the SQNR drop that made it the candidate, its input quantization included (None: not
+    # measured: a node inside an If/Loop body, which the per-layer pass does not reach, is tried after those it ranked)
     sqnr_db: float  # the worst output's SQNR with it in float
     kept: bool  # False: no gain, the node was quantized again
     cost_ms: float | None = None  # the latency the move was estimated to cost (None: ranked by drop alone)
@@ -97,6 +101,15 @@ class SearchResult:
     @property
     def reached(self) -> bool:
         return self.reached_at(self.final_sqnr_db)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A node the search will try, and the drop the per-layer pass measured for it (None: not measured)."""
+
+    node: str
+    op_type: str
+    drop_db: float | None
 
 
 def rank_nodes(rows: list[LayerError], movable: set[str], costs: Mapping[str, float] | None = None) -> list[LayerError]:
@@ -166,9 +179,9 @@ def sensitivity_search(
         result.stopped, result.final_bound_db = "target reached", sqnr  # the start reached it: nothing to refine
         return config, result
     rows = _measured_layers((reference, model), ranked, scorer, movable, progress)
-    result.ranked_on = len(ranked[0])
+    result.ranked_on = len(ranked[0]) if rows else 0  # (none measured: every movable node is in a body)
+    ranking = _ranking(rows, movable, moves, result, model)
     del model
-    ranking = _ranking(rows, movable, moves, result)
     advance = (progress or noop_progress)("sensitivity", min(len(ranking), settings.max_float_nodes + PATIENCE))
     # the time budget is for the trials: the one per-layer pass that ranks the nodes is what makes them worth it
     prices = (_size_prices(reference) if moves.kind == FLOAT else {}, moves.costs or {})
@@ -192,11 +205,20 @@ def _measured_layers(
     )
 
 
-def _ranking(rows: list[LayerError], movable: set[str], moves: Moves, result: SearchResult) -> list[LayerError]:
-    """The order the nodes are tried in (see :func:`rank_nodes`); ``result`` records how they were ranked."""
+def _ranking(
+    rows: list[LayerError], movable: set[str], moves: Moves, result: SearchResult, model: onnx.ModelProto
+) -> list[Candidate]:
+    """The order the nodes are tried in; ``result`` records how they were ranked.
+
+    First :func:`rank_nodes`' order, then the movable nodes the per-layer pass did not measure (inside If/Loop
+    bodies) in graph order.
+    """
     if moves.costs:
         result.ranked_by = "dB per ms lost" + (f", from {moves.costs_from}" if moves.costs_from else "")
-    return rank_nodes(rows, movable, moves.costs)
+    ranked = [Candidate(r.node, r.op_type, r.drop_with_inputs_db) for r in rank_nodes(rows, movable, moves.costs)]
+    measured = {r.node for r in rows}
+    unmeasured = [Candidate(n.name, n.op_type, None) for n in all_nodes(model.graph) if n.name in movable - measured]
+    return ranked + unmeasured
 
 
 def _measured_start(
@@ -209,7 +231,7 @@ def _measured_start(
 
 def _try_in_float(
     config: QConfig,
-    ranking: list[LayerError],
+    ranking: list[Candidate],
     quantize: Callable[[QConfig], tuple[onnx.ModelProto, set[str]]],
     scorer: OutputScorer,
     result: SearchResult,
@@ -228,7 +250,10 @@ def _try_in_float(
     rejected_in_a_row, best_gain = 0, -math.inf
     result.stopped = "no node left to try"
     for candidate in ranking:
-        stop = _stop_reason(result, sqnr, rejected_in_a_row, time.perf_counter() - started, seconds, best_gain)
+        # a node the per-layer pass did not measure (in a body) is tried whatever came before: no ranking put it last
+        measured = candidate.drop_db is not None
+        patience = rejected_in_a_row if measured else 0
+        stop = _stop_reason(result, sqnr, patience, time.perf_counter() - started, seconds, best_gain)
         if stop:
             result.stopped = stop
             break
@@ -241,12 +266,12 @@ def _try_in_float(
         needed = MIN_GAIN_DB if trial_sqnr >= target else max(MIN_GAIN_DB, price.get(candidate.node, 0.0))
         kept = trial_sqnr >= sqnr + needed
         cost = costs.get(candidate.node)
-        step = SearchStep(candidate.node, candidate.op_type, candidate.drop_with_inputs_db, trial_sqnr, kept, cost)
+        step = SearchStep(candidate.node, candidate.op_type, candidate.drop_db, trial_sqnr, kept, cost)
         result.steps.append(step)
         if kept:
             config, sqnr = trial, trial_sqnr
             result.final_bound_db = score.worst_bound_db()
-        rejected_in_a_row = 0 if kept else rejected_in_a_row + 1
+        rejected_in_a_row = 0 if kept else rejected_in_a_row + measured
         advance(1)
     else:
         if result.reached_at(sqnr):
@@ -255,11 +280,12 @@ def _try_in_float(
 
 
 def _size_prices(reference: onnx.ModelProto) -> dict[str, float]:
-    """By node, :data:`DB_PER_SIZE` times the share its float weight adds to the model's 8-bit weights."""
-    sizes = {i.name: math.prod(i.dims) for i in reference.graph.initializer}
+    """By node (bodies' too), :data:`DB_PER_SIZE` times the share its float weight adds to the model's 8-bit weights."""
+    graphs = [reference.graph, *(body for node in all_nodes(reference.graph) for body in node_subgraphs(node))]
+    sizes = {i.name: math.prod(i.dims) for graph in graphs for i in graph.initializer}
     stored = sum(sizes.values()) or 1  # an 8-bit byte per value
     prices = {}
-    for node in reference.graph.node:
+    for node in all_nodes(reference.graph):
         own = sum(sizes.get(name, 0) for name in node.input[1:2])  # the weight input of Conv, Gemm, MatMul
         prices[node.name] = DB_PER_SIZE * 3 * own / stored  # float32: 3 bytes more per value
     return prices

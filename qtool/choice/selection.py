@@ -88,12 +88,15 @@ def _matmul_heavy(plan: QuantPlan) -> bool:
 def _movable(plan: QuantPlan, moves: str = FLOAT_ACTIVATIONS) -> set[str]:
     """The nodes the search may move: only those placed by "auto" (an explicit placement is the user's).
 
-    Float activations only change integer nodes; moving to float changes storage-only nodes too.
+    Float activations only change integer nodes; moving to float changes storage-only nodes too. A body's nodes
+    count (the search tries them after the ones it measured), but not those of a body the data never ran: moving
+    them could change no score.
     """
     placements = ("integer",) if moves == FLOAT_ACTIVATIONS else ("integer", "storage")
+    observed = [*plan.nodes, *(n for b in plan.every_branch() if b.observed for n in b.plan.nodes)]
     return {
         n.name
-        for n in plan.nodes
+        for n in observed
         if n.placement in placements and (n.scheme.placement == "auto" or n.scheme.rule.startswith("choice:"))
     }
 

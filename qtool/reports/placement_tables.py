@@ -26,7 +26,8 @@ def render_search(console: Console, f: SearchResult) -> None:
     for step in f.steps:
         outcome = f.moves if step.kept else "no gain, kept quantized"
         cost = f", ~{step.cost_ms:.2f} ms" if step.cost_ms is not None else ""
-        what = f"{step.op_type}, drop {step.drop_db:.1f} dB{cost}"
+        drop = f"drop {step.drop_db:.1f} dB" if step.drop_db is not None else "in a body, not measured"
+        what = f"{step.op_type}, {drop}{cost}"
         console.print(
             f"  {step.node} ({what}): {outcome}, output {step.sqnr_db:.2f} dB",
             highlight=False,

@@ -188,6 +188,44 @@ def test_weights_a_branch_holds_as_constant_nodes_are_stored_int8(tmp_path: Path
         assert float(k) == 0.5
 
 
+def test_the_search_keeps_a_body_node_float_when_even_storage_misses_the_target(tmp_path: Path) -> None:
+    then_branch, else_branch = _branch("then", [16, 16]), _branch("else", [16])
+    for branch in (then_branch, else_branch):
+        branch.initializer.append(numpy_helper.from_array(_w(10, 16), f"{branch.name}_fc_w"))
+    branch = helper.make_node("If", ["flag"], ["y"], then_branch=then_branch, else_branch=else_branch, name="branch")
+    graph = helper.make_graph(
+        [branch],
+        "coarse",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+    )
+    model, data = tmp_path / "coarse.onnx", tmp_path / "data"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    data.mkdir()
+    for i, flag in enumerate(RNG.permutation([True, False] * 16)):  # not alternating: samples are spread evenly
+        x = RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)
+        np.savez(data / f"{i:02d}.npz", x=x, flag=np.array(flag))
+    out = tmp_path / "q.onnx"
+    config = tmp_path / "coarse.yaml"  # one body node's weights too coarse for the target: only float reaches it
+    config.write_text('node_name: {"then/conv1": {weight: {dtype: int4}}}\n')
+    report = _quantize(model, data, out, "--config", str(config))
+    search = report["sensitivity"]
+    assert not search["float_activation_nodes"] and search["initial_sqnr_db"] < 30  # even storage-only misses
+    assert search["reached"] and search["float_nodes"] == ["then/conv1"], search
+    assert all(step["drop_db"] is None for step in search["steps"])  # tried, not measured by the per-layer pass
+    assert report["placement_choice"]["chosen"] == "search"
+    feeds = [dict(np.load(p)) for p in sorted(data.glob("*.npz"))]
+    assert _sqnr(model, out, feeds) > 30
+    written = onnx.load(str(out))
+    for node in search["float_nodes"]:
+        branch, name = node.split("/")
+        weight = f"{branch}_{name}_w"
+        assert weight in {i.name for i in _body(written, f"{branch}_branch").initializer}  # kept float, in its body
+
+
 def test_integer_kernels_run_inside_the_branches_the_data_takes(if_model: tuple[Path, Path], tmp_path: Path) -> None:
     model, data = if_model
     out = tmp_path / "q.onnx"

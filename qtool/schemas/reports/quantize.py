@@ -89,7 +89,9 @@ class SearchStep(_Report):
 
     node: str
     op_type: str
-    drop_db: float
+    drop_db: float | None = Field(
+        description="the SQNR drop the per-layer pass measured (null: not measured, a node inside an If/Loop body)"
+    )
     sqnr_db: float | None
     kept: bool
     cost_ms: float | None = Field(
