@@ -78,6 +78,15 @@ def _speedups(model: Path, candidates: dict[str, Path], eval_dir: Path, runs: in
     return {key: medians["fp32"] / medians[key] for key in candidates}
 
 
+def _unloadable(path: Path) -> str | None:
+    """Why onnxruntime refuses a model a tool wrote (a peer's quantizer can write one it cannot load), or None."""
+    try:
+        open_session(path, 1)
+    except Exception as e:  # noqa: BLE001 - any refusal is the row's result, not the benchmark's end
+        return f"onnxruntime cannot load the model it wrote: {str(e).strip().splitlines()[0][:300]}"
+    return None
+
+
 def _worst_output_sqnr(model: Path, candidate: Path, eval_dir: Path) -> float:
     """The worst output's SQNR over the evaluation files (each output pooled over them), as qtool scores it."""
     reference, quantized = open_session(model, 2), open_session(candidate, 2)
@@ -145,7 +154,13 @@ def main() -> None:
                     "peak_rss_mb": _median(runs, "peak_rss_mb"),
                     "error": errors[0] if errors else None,
                 }
-            done = {tool: path for tool, path in outputs.items() if path.exists()}
+            done = {}
+            for tool, path in outputs.items():
+                refused = _unloadable(path) if path.exists() else "no model written"
+                if refused is None:
+                    done[tool] = path
+                elif row[tool]["error"] is None:  # type: ignore[index]
+                    row[tool]["error"] = refused  # type: ignore[index]
             for tool, path in done.items():
                 row[tool]["sqnr_db"] = accuracy(model, path, evaluation)["sqnr_db"]  # type: ignore[index]
                 row[tool]["worst_output_db"] = _worst_output_sqnr(model, path, evaluation)  # type: ignore[index]

@@ -107,3 +107,28 @@ def test_onnxruntime_per_channel_peer_runs_on_an_opset_11_model(tmp_path):
     reference = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = session.run(None, {"x": x})[0]
     assert 10 * np.log10(np.sum(reference**2) / np.sum((reference - got) ** 2)) > 20
+
+
+def test_a_model_onnxruntime_refuses_is_a_rows_error_not_the_benchmarks_end(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from bench.cost import _unloadable
+
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 3, 1])],  # a 4-D perm on a 1-D input
+        "refused",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [36])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    refused, fine = tmp_path / "refused.onnx", tmp_path / "fine.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), refused)
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "fine",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [36])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [36])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), fine)
+    assert _unloadable(refused).startswith("onnxruntime cannot load the model it wrote: ")
+    assert _unloadable(fine) is None
