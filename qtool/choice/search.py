@@ -275,7 +275,7 @@ def _try_in_float(
         advance(1)
     else:
         if result.reached_at(sqnr):
-            result.stopped = "target reached"
+            result.stopped = "the last node tried reached it"
     return config, sqnr
 
 
