@@ -8,6 +8,7 @@ prepared model line up with the original model's tensors.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,16 +149,23 @@ def _constants_to_initializers(graph: onnx.GraphProto) -> int:
 
     A body's Constant (an If branch or a Loop body exported with its weights inlined) moves up too: a
     constant reads nothing, so it means the same in the outer scope, where the bodies' pipeline finds the
-    weights it may quantize (see :mod:`qtool.graph.branches`). One a body returns as its output stays.
+    weights it may quantize (see :mod:`qtool.graph.branches`). One a body returns as its output stays, and so
+    does one whose name another scope uses too (sibling branches may each define their own).
     """
-    moved = [_constant_tensor(node) for node in _hoisted_constants(graph, top=True)]
+    defined = Counter(n for node in all_nodes(graph) if node.op_type == "Constant" for n in node.output)
+    shared = {name for name, count in defined.items() if count > 1}
+    shared |= {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    moved = [_constant_tensor(node) for node in _hoisted_constants(graph, shared, top=True)]
     graph.initializer.extend(moved)
     return len(moved)
 
 
-def _hoisted_constants(graph: onnx.GraphProto, *, top: bool) -> list[onnx.NodeProto]:
-    """Remove the Constant nodes that can become initializers from ``graph`` and its bodies; return them."""
-    outputs = set() if top else {o.name for o in graph.output}
+def _hoisted_constants(graph: onnx.GraphProto, shared: set[str], *, top: bool) -> list[onnx.NodeProto]:
+    """Remove the Constant nodes that can become main-graph initializers from ``graph`` and its bodies; return them.
+
+    ``shared``: names defined more than once in the model (a body's Constant of such a name stays in its body).
+    """
+    outputs = set() if top else {o.name for o in graph.output} | shared
     kept, moved = [], []
     for node in graph.node:
         attr = node.attribute[0] if node.op_type == "Constant" and len(node.attribute) == 1 else None
@@ -167,7 +175,7 @@ def _hoisted_constants(graph: onnx.GraphProto, *, top: bool) -> list[onnx.NodePr
             continue
         kept.append(node)
         for body in node_subgraphs(node):
-            moved.extend(_hoisted_constants(body, top=False))
+            moved.extend(_hoisted_constants(body, shared, top=False))
     if len(kept) != len(graph.node):
         del graph.node[:]
         graph.node.extend(kept)

@@ -192,6 +192,24 @@ def test_weights_a_branch_holds_as_constant_nodes_are_stored_int8(tmp_path: Path
         assert float(k) == 0.5
 
 
+def test_sibling_branches_constants_of_one_name_stay_their_own(tmp_path: Path) -> None:
+    branches = []
+    for branch, gain in zip(_branches_with_own_heads(), (2.0, 3.0), strict=True):
+        y = branch.output[0].name
+        scaled = helper.make_node("Mul", [y, "gain"], [f"{branch.name}_scaled"], name=f"{branch.name}/gain")
+        constant = helper.make_node("Constant", [], ["gain"], value_float=gain, name=f"{branch.name}/gain_value")
+        output = helper.make_tensor_value_info(f"{branch.name}_scaled", TensorProto.FLOAT, None)
+        branches.append(
+            helper.make_graph([constant, *branch.node, scaled], branch.name, [], [output], branch.initializer)
+        )
+    branch = helper.make_node("If", ["flag"], ["y"], then_branch=branches[0], else_branch=branches[1], name="branch")
+    model, data = _saved_if_model(tmp_path, branch, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])])
+    out = tmp_path / "q.onnx"
+    _quantize(model, data, out)
+    for flag in (True, False):  # each branch still multiplies by its own gain (a shared hoisted name would not)
+        assert _sqnr(model, out, _feeds(data, flag)) > 30
+
+
 def test_the_search_keeps_a_body_node_float_when_even_storage_misses_the_target(tmp_path: Path) -> None:
     then_branch, else_branch = _branches_with_own_heads()
     branch = helper.make_node("If", ["flag"], ["y"], then_branch=then_branch, else_branch=else_branch, name="branch")
