@@ -106,6 +106,18 @@ def test_when_every_candidate_misses_on_validation_the_best_bound_is_kept(monkey
     assert "comes closest" in choice.reason
 
 
+def test_the_only_placement_that_reached_the_target_says_so_when_it_misses_on_validation(monkeypatch):
+    times = {"fp32": [1.0] * 9, "auto": [0.6] * 9, "storage": [1.0] * 9}
+    choice = _choice(times, {"auto": 25.0, "storage": 31.0})
+    _decide(choice)
+    assert choice.chosen == "storage" and "the only placement that reaches 30 dB" in choice.reason
+    checked = _validate(choice, {"storage": 27.0}, monkeypatch)
+    assert checked == ["storage"] and choice.chosen == "storage"  # nothing else reached it: it stays
+    assert choice.reason.endswith(
+        "on the scored samples, but not on 2 other samples (26.00 dB, 90% bound): none is validated at 30 dB"
+    )
+
+
 def test_a_search_placement_that_misses_on_validation_is_not_timed_and_the_choice_goes_on_without_it(monkeypatch):
     from qtool.choice.selection import _missed_before_timing
     from qtool.choice.validation import validate_choice
