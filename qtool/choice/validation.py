@@ -79,10 +79,6 @@ class _WithoutMissed:
         return self.choice.chosen if self.redecide(frozenset(self.missed)) else None
 
 
-def _met_when_scored(choice: PlacementChoice, name: CandidateName) -> bool:
-    return any(c.name == name and c.meets_target for c in choice.candidates)
-
-
 def validate_choice(
     choice: PlacementChoice,
     validator: Validator,
@@ -115,7 +111,7 @@ def validate_choice(
             f"no placement reaches {target:g} dB on the validation samples ({choice.confidence:.0%} bound): "
             f"'{best.choice}' comes closest ({best.validation.bound_db:.2f} dB)"
         )
-    elif missed and _met_when_scored(choice, missed[-1].choice):  # the only one that reached it: it stays
+    elif missed and choice.chosen_candidate.meets_target:  # the only one that reached it (the last one validated)
         validation = missed[-1].validation
         choice.reason = (
             f"{choice.reason} on the scored samples, but not on {len(validation.samples)} other samples "
