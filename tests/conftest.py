@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
+from onnx import helper
 
 import qtool
 
@@ -43,6 +45,15 @@ def run_model(path: Path | str | bytes, feed: dict[str, np.ndarray]) -> list[np.
         path if isinstance(path, bytes) else str(path), options, providers=["CPUExecutionProvider"]
     )
     return session.run(None, feed)
+
+
+def save_checked(graph: onnx.GraphProto, path: Path, opset: int = 17) -> Path:
+    """Write ``graph`` as a model at the default-domain ``opset`` after onnx's full check; returns ``path``."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,11 @@ from qtool.quantization.plan.records import QuantPlan
 
 
 def signature(plan: QuantPlan) -> tuple[tuple[str, str], ...]:
-    """What makes two plans the same placement: each node's name and placement."""
-    return tuple((n.name, n.placement) for n in plan.every_node())
+    """What makes two plans the same placement: each node's name and placement, and the weights stored for float ops."""
+    return (
+        *((n.name, n.placement) for n in plan.every_node()),
+        *((w.weight, "stored") for w in plan.every_stored_weight()),
+    )
 
 
 @dataclass
@@ -90,7 +93,10 @@ def candidate_records(
             name,
             tuple(aliases[name]),
             sum(1 for n in plan.every_node() if n.placement in ("integer", "dynamic") and not n.chained),
-            sum(1 for n in plan.every_node() if n.placement == "storage") + len(plan.body_weights),  # bodies too
+            # storage nodes, and the weights of bodies and recurrent nodes stored the same way
+            sum(1 for n in plan.every_node() if n.placement == "storage")
+            + len(plan.body_weights)
+            + len(plan.recurrent_nodes()),
             scores[name],
             meets(scores[name], target),
             chained_nodes=sum(1 for n in plan.every_node() if n.chained),

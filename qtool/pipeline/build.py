@@ -59,7 +59,7 @@ class Builder:
     def build(self, config: QConfig, *, keep: bool = False) -> Built:
         """The model of ``config``; with ``keep``, remembered so that a later build of its plan is free."""
         plan = self.plan(config)
-        key = repr((plan.every_node(), config.activation_ranges))
+        key = repr((plan.every_node(), plan.every_stored_weight(), config.activation_ranges))
         if key in self._built:
             return self._built.pop(key)
         built = self._rewrite(plan, config.activation_ranges)

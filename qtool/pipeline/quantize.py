@@ -217,7 +217,7 @@ def _write(
         prepare=ws.report,
         rewrite=built.report,
         skipped=list(plan.skipped),
-        placements=dict(sorted(Counter(node.kind for node in plan.every_node()).items())),
+        placements=dict(sorted(_placements(plan).items())),
         kernels=dict(sorted(Counter(k.kernel for k in every_kernel(ws.prepared, plan).values()).items())),
         boundaries=float_boundaries(ws.graph, plan) if plan.target in CPU_TARGETS else {},
         calibration_samples=stats.samples,
@@ -332,3 +332,8 @@ def _with_choice_latency(comparison: ComparisonResult, choice: PlacementChoice) 
         "providers_measured": [latency.provider],
     }
     return replace(comparison, latency=[latency], reproducibility=reproducibility)
+
+
+def _placements(plan: QuantPlan) -> Counter[str]:
+    """How many nodes run each way; a recurrent node whose weights are stored counts as storage."""
+    return Counter(n.kind for n in plan.every_node()) + Counter({"storage": len(plan.recurrent_nodes())})

@@ -1,10 +1,11 @@
-"""Body weights written stored quantized: the integers in the main graph, restored at load, read from inside.
+"""Weights written stored quantized for nodes that compute in float: body weights and recurrent ops' weights.
 
 A body may read any value of the scopes around it, so each planned weight
 (:mod:`qtool.quantization.plan.bodies`) becomes an integer initializer of the main graph and the
 Cast/Sub/Mul that restore it there (onnxruntime folds them when the session starts, as for a storage
 node); the body's nodes read the restored tensor by its new name. The float weight goes where no node
-reads it any more. Nothing else in a body changes: no annotation is added to it.
+reads it any more. Nothing else in a body changes: no annotation is added to it. A recurrent op's W and R
+(:mod:`qtool.quantization.plan.recurrent`) are stored the same way, and the op itself reads the restored tensors.
 """
 
 from __future__ import annotations
@@ -17,14 +18,27 @@ from qtool.graph.index import GraphView, all_nodes, node_subgraphs
 from qtool.graph.weights import Weights
 from qtool.numerics.qparams import quantize
 from qtool.numerics.ranges import weight_qparams
+from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.emit.stored_forms import Names, StoredForms
 from qtool.quantization.emit.weight_copies import DEQUANTIZED, RESTORED, CopyKey
-from qtool.quantization.plan.records import BodyWeightPlan
+from qtool.quantization.plan.records import QuantPlan, StoredWeightPlan
+
+
+def store_outer_weights(
+    model: onnx.ModelProto,
+    plan: QuantPlan,
+    store: Weights,
+    restored: Mapping[tuple[str, CopyKey, str], str],
+    report: RewriteReport,
+) -> None:
+    """Store ``plan``'s body and recurrent weights quantized; the report counts them, and the recurrent nodes."""
+    report.quantized_weights += store_body_weights(model, plan.stored_weights(), store, restored)
+    report.quantized_nodes += list(dict.fromkeys(w.owner for w in plan.recurrent_weights))  # in graph order
 
 
 def store_body_weights(
     model: onnx.ModelProto,
-    plans: tuple[BodyWeightPlan, ...],
+    plans: tuple[StoredWeightPlan, ...],
     store: Weights,
     restored: Mapping[tuple[str, CopyKey, str], str] | None = None,
 ) -> list[str]:
@@ -54,9 +68,10 @@ def store_body_weights(
             float_form = names.new(f"{plan.weight}/restored")
             forms.restored_at_load(plan.weight, integers, qp, float_form, tuple(values.shape))
             stored.append(plan.weight)
-        for body in node_subgraphs(owners[plan.owner]):
-            for node in all_nodes(body):
-                node.input[:] = [float_form if name == plan.weight else name for name in node.input]
+        owner = owners[plan.owner]
+        readers = [owner] if not plan.body else [n for body in node_subgraphs(owner) for n in all_nodes(body)]
+        for node in readers:
+            node.input[:] = [float_form if name == plan.weight else name for name in node.input]
         if init is not None and holder is not None and not _read(graph, plan.weight):
             holder.initializer.remove(init)  # the store keeps its values: other builds of the model read them
     nodes = [*prologue, *graph.node]

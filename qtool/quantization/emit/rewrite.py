@@ -28,7 +28,7 @@ from qtool.numerics.matmul_nbits import DOMAIN as CONTRIB_DOMAIN
 from qtool.numerics.qparams import QParams, quantize_bias
 from qtool.numerics.saturation import weight_form
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
-from qtool.quantization.emit.body_weights import store_body_weights
+from qtool.quantization.emit.body_weights import store_outer_weights
 from qtool.quantization.emit.branches import write_branches
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.emit.stored_forms import Names, StoredForms
@@ -396,5 +396,5 @@ def insert_qdq(
     rewriter = _Rewriter(model, plan, act_qparams, store, algorithms, bias_shifts, correct_biases)
     rewritten, report = rewriter.run()
     report.merge(write_branches(rewritten, model, plan, lambda sub, p: insert_qdq(sub, p, act_qparams, store), store))
-    report.quantized_weights += store_body_weights(rewritten, plan.body_weights, store, rewriter.restored)
+    store_outer_weights(rewritten, plan, store, rewriter.restored, report)
     return rewritten, report

@@ -17,16 +17,16 @@ from onnx import TensorProto, helper
 
 from qtool.config import QConfig
 from qtool.graph.index import node_subgraphs
-from qtool.quantization.plan.records import BodyWeightPlan
+from qtool.quantization.plan.records import STORED_DTYPES, StoredWeightPlan
+from qtool.quantization.plan.recurrent import GATE_ROWS, RECURRENT_OPS, RECURRENT_WEIGHT_INPUTS
 
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}  # which input holds the weight
-STORED_DTYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2")  # float16/fp8 weights in bodies stay float
 
 
-def plan_body_weights(graph: onnx.GraphProto, config: QConfig) -> tuple[BodyWeightPlan, ...]:
+def plan_body_weights(graph: onnx.GraphProto, config: QConfig) -> tuple[StoredWeightPlan, ...]:
     """The body weights ``config`` quantizes, each weight once (its first reader's scheme)."""
     constants = {init.name: init for init in graph.initializer}
-    plans: dict[str, BodyWeightPlan] = {}
+    plans: dict[str, StoredWeightPlan] = {}
     for owner in graph.node:
         for plan in owner_body_weights(owner, constants, config):
             plans.setdefault(plan.weight, plan)
@@ -35,14 +35,12 @@ def plan_body_weights(graph: onnx.GraphProto, config: QConfig) -> tuple[BodyWeig
 
 def owner_body_weights(
     owner: onnx.NodeProto, constants: Mapping[str, TensorProto], config: QConfig
-) -> list[BodyWeightPlan]:
+) -> list[StoredWeightPlan]:
     """The weights read inside ``owner``'s bodies (at any depth) that ``config`` quantizes."""
     plans = []
     for where, body, scope in _bodies(owner, constants, ""):
         for node in body.node:
-            plan = _weight_plan(owner.name, where, node, scope, config)
-            if plan is not None:
-                plans.append(plan)
+            plans += _weight_plans(owner.name, where, node, scope, config)
     return plans
 
 
@@ -85,21 +83,27 @@ def _bodies(
                 yield from _bodies(child, inner, f"{where}/{child.name or child.op_type}/")
 
 
-def _weight_plan(
+def _weight_plans(
     owner: str, where: str, node: onnx.NodeProto, scope: Mapping[str, TensorProto], config: QConfig
-) -> BodyWeightPlan | None:
-    index = WEIGHT_INPUT.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-    if index is None or len(node.input) <= index:
-        return None
-    weight = scope.get(node.input[index])
-    if weight is None or weight.data_type != TensorProto.FLOAT or len(weight.dims) < 2:
-        return None
+) -> list[StoredWeightPlan]:
+    """The weights of one node in a body that ``config`` stores: a recurrent op's W and R, another op's one weight."""
+    if node.domain not in ("", "ai.onnx"):
+        return []
+    recurrent = node.op_type in RECURRENT_OPS
+    indices = RECURRENT_WEIGHT_INPUTS if recurrent else (WEIGHT_INPUT.get(node.op_type, len(node.input)),)
+    found = (scope.get(node.input[i]) for i in indices if i < len(node.input))
+    weights = [w for w in found if w is not None and w.data_type == TensorProto.FLOAT and len(w.dims) >= 2]
+    if not weights:
+        return []
     scheme, rule = config.resolve(node.name, node.op_type)
     if scheme is None or scheme.weight.dtype not in STORED_DTYPES:
-        return None
-    tensor = scheme.weight
-    axis = None if tensor.granularity == "per_tensor" else _channel_axis(node, len(weight.dims))
-    return BodyWeightPlan(owner, where, node.name, node.op_type, weight.name, tensor, axis, rule)
+        return []
+    tensor, plans = scheme.weight, []
+    for weight in weights:
+        axis: int | None = GATE_ROWS if recurrent else _channel_axis(node, len(weight.dims))
+        axis = None if tensor.granularity == "per_tensor" else axis
+        plans.append(StoredWeightPlan(owner, where, node.name, node.op_type, weight.name, tensor, axis, rule))
+    return plans
 
 
 def _channel_axis(node: onnx.NodeProto, rank: int) -> int:

@@ -17,7 +17,7 @@ from qtool.config import QConfig
 from qtool.graph.branches import Branch, branch_model, control_bodies, owned_constants
 from qtool.graph.index import GraphView
 from qtool.quantization.plan.kernels import KernelPrediction, predict_kernels
-from qtool.quantization.plan.records import BodyWeightPlan, BranchPlan, QuantPlan
+from qtool.quantization.plan.records import BranchPlan, QuantPlan, StoredWeightPlan
 from qtool.quantization.plan.roles import static_elements
 
 Planner = Callable[..., QuantPlan]  # the planner: (model, config, elements, observed=...) -> plan
@@ -71,8 +71,8 @@ def plan_branches(
 
 
 def outer_body_weights(
-    weights: tuple[BodyWeightPlan, ...], branches: tuple[BranchPlan, ...], g: GraphView
-) -> tuple[BodyWeightPlan, ...]:
+    weights: tuple[StoredWeightPlan, ...], branches: tuple[BranchPlan, ...], g: GraphView
+) -> tuple[StoredWeightPlan, ...]:
     """Of the body weights stored in the main graph, those its branch plans leave there.
 
     A planned branch quantizes its own constants and those only it reads; a constant it shares with
@@ -83,7 +83,7 @@ def outer_body_weights(
     return tuple(w for w in weights if w.owner not in owners or (w.weight in g.initializers and w.weight not in moved))
 
 
-def branch_summary(branches: tuple[BranchPlan, ...], owner: str, shared: tuple[BodyWeightPlan, ...] = ()) -> str:
+def branch_summary(branches: tuple[BranchPlan, ...], owner: str, shared: tuple[StoredWeightPlan, ...] = ()) -> str:
     """What the bodies of If, Loop or Scan ``owner`` became, for the list of nodes kept float."""
     mine = [b for b in branches if b.branch.owner == owner]
     parts = []

@@ -14,6 +14,7 @@ from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.kernels import predict_kernels
 from qtool.quantization.plan.planner import passthrough_ops
 from qtool.quantization.plan.records import NodePlan, QuantPlan
+from qtool.quantization.plan.recurrent import recurrent_reason
 from qtool.schemes import NodeKind
 
 _FLOAT_BYTES = 4
@@ -140,18 +141,25 @@ def _node_rows(model: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[str, 
 
 
 def _body_rows(prepared: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[str, str]]) -> list[NodeRow]:
-    """One row per node inside an If/Loop/Scan body whose weight is stored quantized, named with its body."""
+    """One row per weight stored for a node that computes in float: in an If/Loop/Scan body, or a recurrent op's."""
     shapes = {init.name: list(init.dims) for graph in _graphs(prepared.graph) for init in graph.initializer}
+    recurrent = [w for p in (plan, *(b.plan for b in plan.every_branch())) for w in p.recurrent_weights]
     rows = []
-    for body in plan.body_weights:
+    for body in (*plan.body_weights, *recurrent):
         shape = shapes.get(body.weight, [])
         elements = int(np.prod(shape)) if shape else 0
         key = (body.weight, body.scheme.describe())
         fresh = key not in counted
         counted.add(key)
         groups = shape[body.axis] if body.axis is not None and shape else 1
+        if body.body:
+            name = body.node or f"({body.op_type} in {body.owner})"
+            why = f"inside {body.owner}'s {body.body}: activations stay float (not observed there)"
+            kernel = f"float {body.op_type} (in {body.owner}.{body.body})"
+        else:
+            name, why, kernel = f"{body.node} ({body.weight})", recurrent_reason(body), f"float {body.op_type}"
         row = NodeRow(
-            body.node or f"({body.op_type} in {body.owner})",
+            name,
             body.op_type,
             body.rule,
             body.scheme.describe(),
@@ -160,8 +168,8 @@ def _body_rows(prepared: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[st
             elements * _FLOAT_BYTES if fresh else 0,
             _stored_bytes(elements, groups, body.scheme.dtype) if fresh else 0,
             "storage",
-            f"inside {body.owner}'s {body.body}: activations stay float (not observed there)",
-            kernel=f"float {body.op_type} (in {body.owner}.{body.body})",
+            why,
+            kernel=kernel,
         )
         rows.append(row)
     return rows

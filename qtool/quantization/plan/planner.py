@@ -25,6 +25,7 @@ from qtool.quantization.plan.chains import plan_chains
 from qtool.quantization.plan.nbits_form import int2_fusion_fault, nbits_fallback
 from qtool.quantization.plan.placement import isolated_integer_nodes, node_placement
 from qtool.quantization.plan.records import NodePlan, QuantPlan, WeightPlan
+from qtool.quantization.plan.recurrent import plan_recurrent_weights
 from qtool.quantization.plan.roles import (
     HANDLERS,
     LOOKUP_OPS,
@@ -142,7 +143,10 @@ def _plan_nodes(
         residual = for_target(config.global_scheme, "tensorrt").activation
         _quantize_residual_inputs(model, g, nodes, activations, residual)
     body_weights = plan_body_weights(model.graph, config)
-    return QuantPlan(tuple(nodes), activations, tuple(skipped), config.target, shared, body_weights)
+    recurrent = plan_recurrent_weights(model.graph, config)
+    return QuantPlan(
+        tuple(nodes), activations, tuple(skipped), config.target, shared, body_weights, recurrent_weights=recurrent
+    )
 
 
 def _in_graph_order(g: GraphView, nodes: list[NodePlan]) -> list[NodePlan]:
@@ -341,7 +345,9 @@ def _dynamic_reason(node: onnx.NodeProto, weight: WeightPlan | None, scheme: Nod
 
 def passthrough_ops(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, int]:
     """Op type -> number of main-graph nodes qtool has no quantization for and leaves untouched."""
-    decided = {n.name for n in plan.nodes} | {name for name, _ in plan.skipped}
+    decided = (
+        {n.name for n in plan.nodes} | {name for name, _ in plan.skipped} | {w.owner for w in plan.recurrent_weights}
+    )
     counts = Counter(n.op_type for n in model.graph.node if n.name not in decided and n.op_type not in HANDLERS)
     return dict(sorted(counts.items()))
 

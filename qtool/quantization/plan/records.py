@@ -30,13 +30,22 @@ class WeightPlan:
     block_size: int | None = None
 
 
-@dataclass(frozen=True)
-class BodyWeightPlan:
-    """A constant weight read inside a body, stored quantized and restored at load."""
+# the dtypes a StoredWeightPlan's weight may take (float16/fp8 ones stay float there)
+STORED_DTYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2")
 
-    owner: str  # the main-graph If/Loop/Scan node whose body (at any depth) reads it
-    body: str  # the body's attribute (then_branch, else_branch, body), nested ones joined by '/'
-    node: str  # the node inside the body that reads it as its weight
+
+@dataclass(frozen=True)
+class StoredWeightPlan:
+    """A constant weight stored quantized and restored at load, read in float by a node with no integer kernel.
+
+    Either a weight read inside an If/Loop/Scan body (:mod:`.bodies`), or a recurrent op's (LSTM, GRU,
+    RNN) input or recurrence weight in the graph itself (:mod:`.recurrent`): then ``body`` is empty and
+    ``owner`` and ``node`` both name the recurrent node.
+    """
+
+    owner: str  # the main-graph If/Loop/Scan node whose body (at any depth) reads it; or the recurrent node
+    body: str  # the body's attribute (then_branch, else_branch, body), nested ones joined by '/'; "" for none
+    node: str  # the node that reads it as its weight (inside the body, or the recurrent node)
     op_type: str
     weight: str
     scheme: TensorScheme
@@ -110,9 +119,10 @@ class QuantPlan:
     target: str = "cpu"  # the config's target (see qtool.config.for_target)
     # a pass-through op's output -> the input whose scale and zero point it takes (see qtool.quantization.plan.chains)
     shared: dict[str, str] = field(default_factory=dict)
-    body_weights: tuple[BodyWeightPlan, ...] = ()  # weights inside If/Loop/Scan bodies, stored quantized
+    body_weights: tuple[StoredWeightPlan, ...] = ()  # weights inside If/Loop/Scan bodies, stored quantized
     # the main graph's If branches and Loop/Scan bodies, each planned as a model of its own
     branches: tuple[BranchPlan, ...] = ()
+    recurrent_weights: tuple[StoredWeightPlan, ...] = ()  # LSTM/GRU/RNN weights, stored quantized
 
     def every_branch(self) -> tuple[BranchPlan, ...]:
         """The plans of this plan's bodies and of the bodies nested in them."""
@@ -129,6 +139,18 @@ class QuantPlan:
     def every_node(self) -> tuple[NodePlan, ...]:
         """The nodes of this plan and of its bodies' plans (at any depth)."""
         return (*self.nodes, *(n for branch in self.every_branch() for n in branch.plan.nodes))
+
+    def stored_weights(self) -> tuple[StoredWeightPlan, ...]:
+        """The weights stored for nodes that compute in float: in bodies, and of recurrent nodes."""
+        return (*self.body_weights, *self.recurrent_weights)
+
+    def every_stored_weight(self) -> tuple[StoredWeightPlan, ...]:
+        """:meth:`stored_weights` of this plan and of its bodies' plans (at any depth)."""
+        return tuple(w for plan in (self, *(b.plan for b in self.every_branch())) for w in plan.stored_weights())
+
+    def recurrent_nodes(self) -> tuple[str, ...]:
+        """The recurrent nodes (LSTM/GRU/RNN) whose weights are stored, here and in the bodies' plans."""
+        return tuple(dict.fromkeys(w.owner for w in self.every_stored_weight() if not w.body))
 
 
 @dataclass(frozen=True)
