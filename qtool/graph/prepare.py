@@ -16,6 +16,7 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from qtool.errors import QtoolError
+from qtool.graph.computed_weights import fold_computed_weights
 from qtool.graph.float16 import has_float16, upcast_float16
 from qtool.graph.foreign_ops import infer_through_contrib_ops, park_unknown_ops, unpark
 from qtool.graph.index import GraphView, all_nodes, node_subgraphs, subgraph_reads
@@ -37,6 +38,7 @@ class PrepareReport:
     folded_batchnorms: list[str] = field(default_factory=list)
     folded_shapes: list[str] = field(default_factory=list)  # Shape nodes of initializers, now constants
     folded_weight_layouts: list[str] = field(default_factory=list)  # Transpose/Reshape/... of weights, now constants
+    folded_computed_weights: list[str] = field(default_factory=list)  # nodes computing weights from constants
     einsums_as_matmuls: list[str] = field(default_factory=list)  # Einsums with a constant weight, now MatMuls
     removed_initializers: int = 0
     initializers_removed_from_inputs: int = 0
@@ -105,7 +107,8 @@ def prepare_model(
     Steps: Constant nodes become initializers; the opset is converted to
     ``target_opset`` (raised or lowered), or raised to ``min_opset`` when lower
     (see :mod:`qtool.graph.opsets`); layout ops of weights are folded and Einsums with a constant
-    weight become MatMuls (see :mod:`qtool.graph.weight_layout`); BatchNormalization is folded into the Conv before
+    weight become MatMuls (see :mod:`qtool.graph.weight_layout`); weights computed from constants at run
+    time are computed (see :mod:`qtool.graph.computed_weights`); BatchNormalization is folded into the Conv before
     it; the Shape of an initializer becomes a constant, and initializers no node reads any
     more are dropped; ONNX shape inference annotates tensor types where it can. Detached values
     (see :mod:`qtool.graph.weights`) are read from ``weights``; folded ones replace them there.
@@ -137,6 +140,7 @@ def prepare_model(
     fixed |= _subgraph_inputs(prepared.graph)
     report.folded_weight_layouts = fold_weight_layout_ops(prepared.graph, weights, fixed)
     report.einsums_as_matmuls = einsums_as_matmuls(prepared.graph, weights, fixed)
+    report.folded_computed_weights = fold_computed_weights(prepared, weights)
     report.folded_batchnorms = _fold_batchnorms(prepared.graph, weights)
     report.folded_shapes = _fold_shapes_of_initializers(prepared.graph)
     report.removed_initializers = _remove_unused_initializers(prepared.graph)

@@ -345,15 +345,14 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
     _render_algorithms(console, r)
     _render_weight_forms(console, r)
     p = result.prepare
-    done = []
-    if p.folded_batchnorms:
-        done.append(f"folded {len(p.folded_batchnorms)} BatchNormalization")
-    if p.folded_shapes:
-        done.append(f"folded {len(p.folded_shapes)} Shape of constants")
-    if p.folded_weight_layouts:
-        done.append(f"folded {len(p.folded_weight_layouts)} layout ops of weights")
-    if p.einsums_as_matmuls:
-        done.append(f"{len(p.einsums_as_matmuls)} Einsum -> MatMul")
+    folds = (
+        (p.folded_batchnorms, "folded {} BatchNormalization"),
+        (p.folded_shapes, "folded {} Shape of constants"),
+        (p.folded_weight_layouts, "folded {} layout ops of weights"),
+        (p.einsums_as_matmuls, "{} Einsum -> MatMul"),
+        (p.folded_computed_weights, "folded {} nodes computing weights from constants"),
+    )
+    done = [words.format(len(nodes)) for nodes, words in folds if nodes]
     if p.constants_to_initializers:
         done.append(f"{p.constants_to_initializers} Constant nodes -> initializers")
     if p.opset_after != p.opset_before:

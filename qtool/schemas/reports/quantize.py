@@ -78,6 +78,9 @@ class Prepare(_Report):
     einsums_as_matmuls: list[str] = Field(
         default_factory=list, description="Einsums of an activation and a constant weight, rewritten as MatMuls"
     )
+    folded_computed_weights: list[str] = Field(
+        default_factory=list, description="nodes that computed weights from constants at run time, folded"
+    )
     removed_initializers: int = Field(0, description="initializers no node read any more, dropped")
     opset_before: int
     opset_after: int

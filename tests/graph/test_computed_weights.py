@@ -1,0 +1,91 @@
+"""Weights an exporter computes from constants at run time (weight_norm): folded, then quantized."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+import qtool
+from qtool.graph.prepare import prepare_model
+from tests.conftest import save_checked
+
+RNG = np.random.default_rng(11)
+
+
+def _init(name: str, *shape: int, low: float | None = None) -> onnx.TensorProto:
+    values = RNG.uniform(low, 1.5, shape) if low is not None else RNG.standard_normal(shape)
+    return numpy_helper.from_array(values.astype(np.float32), name)
+
+
+def _weight_norm_model(path: Path) -> Path:
+    """Three Convs whose weights are PyTorch weight_norm's g * v / ||v|| (ReduceL2, Div, Mul), LeakyRelu between."""
+    nodes, inits, x, cin = [], [], "x", 8
+    for i, cout in enumerate([32, 32, 16]):
+        inits += [_init(f"v{i}", cout, cin, 5), _init(f"g{i}", cout, 1, 1, low=0.5), _init(f"b{i}", cout)]
+        nodes += [
+            helper.make_node("ReduceL2", [f"v{i}"], [f"n{i}"], axes=[1, 2], keepdims=1, name=f"norm{i}"),
+            helper.make_node("Div", [f"v{i}", f"n{i}"], [f"d{i}"], name=f"div{i}"),
+            helper.make_node("Mul", [f"g{i}", f"d{i}"], [f"w{i}"], name=f"mul{i}"),
+            helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[2, 2], name=f"conv{i}"),
+            helper.make_node("LeakyRelu", [f"c{i}"], [f"a{i}"], alpha=0.1, name=f"act{i}"),
+        ]
+        x, cin = f"a{i}", cout
+    graph = helper.make_graph(
+        nodes,
+        "weight_norm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 400])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 16, 400])],
+        inits,
+    )
+    return save_checked(graph, path)
+
+
+def test_weight_norm_convolutions_get_constant_weights_and_are_quantized(tmp_path):
+    model = _weight_norm_model(tmp_path / "wn.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(8):
+        np.save(data / f"{i:03d}.npy", RNG.standard_normal((1, 8, 400)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    result = qtool.quantize(model, out, data_dir=data, search=None, evaluation=None)
+    assert result.prepare.folded_computed_weights == [f"{op}{i}" for i in range(3) for op in ("norm", "div", "mul")]
+    assert sorted(result.rewrite.quantized_nodes) == ["conv0", "conv1", "conv2"]
+    quantized = onnx.load(str(out))
+    onnx.checker.check_model(quantized, full_check=True)
+    assert not {"ReduceL2", "Div"} & {n.op_type for n in quantized.graph.node}
+    inits = {i.name: i for i in quantized.graph.initializer}
+    assert {f"v{i}" for i in range(3)}.isdisjoint(inits)  # the float sources are gone: int8 weights only
+    assert all(inits[f"w{i}/quantized"].data_type == TensorProto.INT8 for i in range(3))
+    reference = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    candidate = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    x = np.load(data / "000.npy")
+    r, c = reference.run(None, {"x": x})[0].astype(np.float64), candidate.run(None, {"x": x})[0]
+    assert 10 * np.log10(np.sum(r**2) / np.sum((r - c) ** 2)) > 25
+    assert model.stat().st_size / out.stat().st_size > 2.5
+
+
+def test_a_weight_whose_folded_form_would_take_more_bytes_stays_computed(tmp_path):
+    # MatMul(x, Concat(w, w)): folded, w would be stored twice; and a weight a graph output returns stays a node
+    graph = helper.make_graph(
+        [
+            helper.make_node("Concat", ["w", "w"], ["ww"], axis=1, name="twice"),
+            helper.make_node("MatMul", ["x", "ww"], ["y"], name="mm"),
+            helper.make_node("Mul", ["u", "two"], ["u2"], name="scaled"),
+            helper.make_node("MatMul", ["y", "u2"], ["z"], name="mm2"),
+        ],
+        "kept",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8]),
+            helper.make_tensor_value_info("u2", TensorProto.FLOAT, [32, 8]),
+        ],
+        [_init("w", 16, 16), _init("u", 32, 8), numpy_helper.from_array(np.array(2.0, np.float32), "two")],
+    )
+    model = onnx.load(str(save_checked(graph, tmp_path / "kept.onnx")))
+    prepared, report = prepare_model(model)
+    assert report.folded_computed_weights == []
+    assert [n.name for n in prepared.graph.node] == ["twice", "mm", "scaled", "mm2"]
