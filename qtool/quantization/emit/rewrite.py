@@ -30,6 +30,7 @@ from qtool.numerics.saturation import weight_form
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
 from qtool.quantization.emit.body_weights import store_outer_weights
 from qtool.quantization.emit.branches import write_branches
+from qtool.quantization.emit.propagation import read_float_before_bodies
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.emit.stored_forms import Names, StoredForms
 from qtool.quantization.emit.weight_codes import WeightCodes
@@ -76,7 +77,7 @@ class _Rewriter:
         self.graph_inputs = {i.name for i in self.graph.input}
         view = self.view = GraphView(self.model)
         self.nodes = view.by_name
-        self.planned_outputs = {n.output for n in plan.nodes if n.output}
+        self.planned_outputs, self.planned = {n.output for n in plan.nodes if n.output}, {n.name for n in plan.nodes}
         self.prologue: list[onnx.NodeProto] = []  # DQ of weights, Q/DQ of graph inputs and constants
         self.forms = StoredForms(self.names, self.graph, self.prologue)
         self.after: dict[str, list[onnx.NodeProto]] = {}  # tensor -> Q/DQ to emit after its producer
@@ -87,9 +88,7 @@ class _Rewriter:
         self.replacements: dict[str, list[onnx.NodeProto]] = {}  # node -> the nodes that compute it instead
         self.report = RewriteReport()
         self.weight_codes = WeightCodes(plan, self.uses, store, self.inits, act_qparams, algorithms, self.report)
-        # An If/Loop/Scan reads what its bodies use from the outer scope: such a weight is not
-        # exclusive to its quantized readers, so it keeps its float initializer under its name.
-        self.consumers = view.consumers
+        self.consumers = view.consumers  # (an If/Loop/Scan's bodies' reads are not among them)
 
     def _rename_input(self, node: onnx.NodeProto, old: str, new: str) -> None:
         for i, name in enumerate(node.input):
@@ -105,8 +104,8 @@ class _Rewriter:
         """Insert one Q/DQ pair for ``tensor``.
 
         The quantized output of a planned node is read by every consumer (what onnxruntime needs to fuse the
-        producer into an integer kernel). Any other tensor (a graph input, a constant, the output of a float
-        node) is only rewired for the planned ``readers``; other consumers keep the float value.
+        producer into an integer kernel; but see :mod:`.propagation`). Any other tensor (a graph input, a constant,
+        the output of a float node) is only rewired for the planned ``readers``; other consumers keep the float value.
         """
         qp = self.act_qparams[tensor]
         scale, zero = self.forms.add_qparam_inits(tensor, qp)
@@ -116,6 +115,7 @@ class _Rewriter:
             source, output = self.names.new(f"{tensor}/float"), tensor
             producer = self.view.nodes[self.view.producers[tensor]]
             producer.output[list(producer.output).index(tensor)] = source
+            read_float_before_bodies(self.view, tensor, source, self.planned)
         else:
             source, output = tensor, self.names.new(f"{tensor}/dequantized")
             for name in readers:
