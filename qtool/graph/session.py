@@ -14,14 +14,17 @@ from onnx import helper
 from qtool.calibration.dataset import Feed
 from qtool.errors import QtoolError
 from qtool.graph.ort_rewrites import unsafe_rewrites
-from qtool.graph.weights import Weights
+from qtool.graph.weights import Weights, is_detached
 
 _SOURCE_LOCATION = re.compile(r"^\S+\.(?:cc|cpp|h):\d+ ")
 
 
 def _first_line(error: Exception) -> str:
-    text = runtime_message(str(error))
-    return text.splitlines()[0] if text else type(error).__name__
+    """The message's first line; with the next one when it ends in a colon (what it announces is there)."""
+    lines = [line.strip() for line in runtime_message(str(error)).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 
 def runtime_message(text: str) -> str:
@@ -142,8 +145,9 @@ def create_session(
     source = model.SerializeToString()
     store = weights or Weights()
     options = session_options(threads=threads, level=level, spinning=spinning)
-    shared = store.session_options(model, options)
-    if not shared:
+    folds = _folds_detached(model)
+    shared = store.session_options(model, options, copy=folds)
+    if not shared or folds:
         return _session(source, options, providers, what, disabled=unsafe or None)
     # onnxruntime reads shared arrays in place, but its constant folding would try to read them from
     # the placeholder location: it is turned off, and a model that still needs them read gets copies.
@@ -156,6 +160,25 @@ def create_session(
         session = _session(source, options, providers, what, disabled=unsafe or None)
     session._qtool_initializers = shared  # onnxruntime reads these arrays: they live as long as the session
     return session
+
+
+def _folds_detached(model: onnx.ModelProto) -> bool:
+    """Whether the model computes something from a detached initializer alone, which only constant folding can run.
+
+    A DINOv2 export resizes its position embeddings with a cubic Resize to scales below 1 that onnxruntime's kernel
+    refuses at run time, but folds when the session starts: such a model gets copies of the values (folding on).
+    """
+    constants = {init.name for init in model.graph.initializer}
+    detached = {init.name for init in model.graph.initializer if is_detached(init)}
+    for node in model.graph.node:
+        inputs = [name for name in node.input if name]
+        if node.op_type in ("Shape", "Size"):  # a shape onnxruntime knows when the session starts, say
+            constants.update(node.output)
+        elif inputs and all(name in constants for name in inputs):
+            if detached & set(inputs):
+                return True
+            constants.update(node.output)
+    return False
 
 
 def _session(
