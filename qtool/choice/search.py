@@ -36,6 +36,7 @@ from qtool.evaluation.scoring import OutputScorer
 from qtool.graph.index import all_nodes, node_subgraphs
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan.recurrent import RECURRENT_OPS
+from qtool.quantization.plan.roles import LOOKUP_OPS
 
 PATIENCE = 3  # the search stops after this many candidates in a row that did not help
 FLOAT_ACTIVATIONS = "float activations"  # a moved node computes in float on its stored quantized weight
@@ -287,7 +288,14 @@ def _size_prices(reference: onnx.ModelProto) -> dict[str, float]:
     stored = sum(sizes.values()) or 1  # an 8-bit byte per value
     prices = {}
     for node in all_nodes(reference.graph):
-        weights = node.input[1:3] if node.op_type in RECURRENT_OPS else node.input[1:2]  # W and R; Conv/Gemm/MatMul's
+        # a recurrent node's W and R, a lookup's table, the weight input of Conv, Gemm, MatMul
+        weights = (
+            node.input[1:3]
+            if node.op_type in RECURRENT_OPS
+            else node.input[:1]
+            if node.op_type in LOOKUP_OPS
+            else node.input[1:2]
+        )
         own = sum(sizes.get(name, 0) for name in weights)
         prices[node.name] = DB_PER_SIZE * 3 * own / stored  # float32: 3 bytes more per value
     return prices

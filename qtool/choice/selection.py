@@ -88,11 +88,11 @@ def _matmul_heavy(plan: QuantPlan) -> bool:
 def _movable(plan: QuantPlan, moves: str = FLOAT_ACTIVATIONS) -> set[str]:
     """The nodes the search may move: only those placed by "auto" (an explicit placement is the user's).
 
-    Float activations only change integer nodes; moving to float changes storage-only nodes too, and the recurrent
-    nodes whose weights are stored (they then keep float weights). A body's nodes count (the search tries them
-    after the ones it measured), but not those of a body the data never ran: moving them could change no score.
+    Float activations only change integer nodes; moving to float changes storage-only nodes and lookups too, and
+    the recurrent nodes whose weights are stored. A body's nodes count (the search tries them after the ones it
+    measured), but not those of a body the data never ran: moving them could change no score.
     """
-    placements = ("integer",) if moves == FLOAT_ACTIVATIONS else ("integer", "storage")
+    placements = ("integer",) if moves == FLOAT_ACTIVATIONS else ("integer", "storage", "lookup")
     plans = [plan, *(b.plan for b in plan.every_branch() if b.observed)]
     recurrent = {w.owner for p in plans for w in p.recurrent_weights} if moves == FLOAT else set()
     return recurrent | {

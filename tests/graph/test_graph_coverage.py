@@ -240,7 +240,7 @@ def test_several_inputs_and_outputs_with_int64_and_bool_inputs_beside_float_ones
         ],
         [_value("e", FLOAT, ["N", 4, 6]), _value("y", FLOAT, ["N", 3]), _value("masked", FLOAT, ["N", 6])],
         [
-            _weight("table", 10, 8, scale=1.0),
+            _weight("table", 600, 8, scale=1.0),  # 4,800 values: a table large enough to be stored quantized
             _weight("w_emb", 8, 6),
             _weight("w_x", 8, 6),
             numpy_helper.from_array(np.zeros((), np.float32), "zero"),

@@ -176,7 +176,7 @@ def test_an_fp8_lookup_table_is_dequantized_before_the_gather(tmp_path):
         [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])],
         [
-            numpy_helper.from_array(rng.normal(size=(50, 16)).astype(np.float32), "table"),
+            numpy_helper.from_array(rng.normal(size=(300, 16)).astype(np.float32), "table"),  # >= 4,096 values
             numpy_helper.from_array(rng.normal(size=(16, 8)).astype(np.float32), "w"),
         ],
     )

@@ -321,8 +321,10 @@ def test_the_bert_style_encoder_is_quantized_in_every_weight_form_by_default(tmp
     result = qtool.quantize(sample("encoder"), out, data_dir=calib_dir("encoder"), evaluation=None)
     # The tf2onnx-style layer's Einsum projections became MatMuls, the transposed key weight was folded.
     assert len(result.prepare.einsums_as_matmuls) == 4 and result.prepare.folded_weight_layouts
-    assert {"embeddings/word", "embeddings/position", "embeddings/type"} <= set(result.rewrite.quantized_nodes)
-    assert len(result.rewrite.quantized_weights) == 15  # 3 tables, 12 projections: every weight
+    assert "embeddings/word" in result.rewrite.quantized_nodes
+    # the position (32 x 64) and token-type (2 x 64) tables are too small for storing them 8-bit to pay
+    assert {name for name, _ in result.skipped} >= {"embeddings/position", "embeddings/type"}
+    assert len(result.rewrite.quantized_weights) == 13  # the word table, 12 projections
     choice = result.placement_choice
     assert choice is not None and "dynamic" in {c.name for c in choice.candidates} | {
         a for c in choice.candidates for a in c.same_as
@@ -381,3 +383,47 @@ def test_block_scales_of_a_table_restored_at_load_are_stored_once_per_block(tmp_
     rows = table[ids]
     step = (rows.reshape(2, 8, -1).max() - rows.min()) / 15
     assert np.abs(got - rows).max() <= step  # within one step of the coarsest block's grid
+
+
+def test_a_tiny_table_stays_float_and_a_shape_gather_is_no_lookup(tmp_path):
+    # BERT's token-type table: two rows added to every token, one dimension 50 times the others; and the Gather
+    # of a Shape that tf2onnx and torch exports are full of: neither is a table worth quantizing
+    rng = np.random.default_rng(5)
+    words = rng.normal(0, 0.05, (512, 32)).astype(np.float32)
+    types = rng.normal(0, 0.02, (2, 32)).astype(np.float32)
+    types[:, 7] = 1.0
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["words", "ids"], ["w"], name="word_embed"),
+            helper.make_node("Gather", ["types", "zero"], ["t"], name="type_embed"),
+            helper.make_node("Add", ["w", "t"], ["e"], name="add"),
+            helper.make_node("Shape", ["e"], ["shape"], name="shape"),
+            helper.make_node("Gather", ["shape", "zero"], ["batch"], name="batch_size", axis=0),
+            helper.make_node("Reshape", ["e", "flat"], ["y"], name="flatten"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 16])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512]),
+            helper.make_tensor_value_info("batch", TensorProto.INT64, []),
+        ],
+        [
+            numpy_helper.from_array(words, "words"),
+            numpy_helper.from_array(types, "types"),
+            numpy_helper.from_array(np.array(0, np.int64), "zero"),
+            numpy_helper.from_array(np.array([1, 512], np.int64), "flat"),
+        ],
+    )
+    model = tmp_path / "tables.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
+    data = tmp_path / "calib"
+    data.mkdir()
+    for i in range(4):
+        np.save(data / f"{i}.npy", rng.integers(0, 512, (1, 16)))
+    out, result = _quantize(tmp_path, model, data, "", "tables")
+    assert result.rewrite.quantized_nodes == ["word_embed"]
+    assert dict(result.skipped) == {"type_embed": "a table of 64 values: too small for storing it quantized to pay"}
+    assert result.rewrite.passthrough.get("Gather") == 1  # the shape's Gather: passed through, not "kept in float"
+    assert {i.name for i in onnx.load(out).graph.initializer} >= {"types"}
+    feeds = [{"ids": rng.integers(0, 512, (1, 16))} for _ in range(4)]
+    assert _sqnr(model, out, feeds) > 35

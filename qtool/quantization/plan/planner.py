@@ -167,7 +167,7 @@ def _eligible(node: onnx.NodeProto, config: QConfig, g: GraphView) -> tuple[Node
             return "kept in float by the sensitivity search (quantizing it cost the most accuracy)"
         return "kept in float by the config"
     roles = handler(node, g) if len(node.input) >= 2 else "it has fewer than two inputs"
-    if isinstance(roles, str):
+    if roles is None or isinstance(roles, str):  # None: this instance is not what qtool quantizes (a shape Gather)
         return roles
     unknown = [t for t in roles.activations if t not in g.elem_types]
     if unknown:
@@ -348,7 +348,10 @@ def passthrough_ops(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, int]:
     decided = (
         {n.name for n in plan.nodes} | {name for name, _ in plan.skipped} | {w.owner for w in plan.recurrent_weights}
     )
-    counts = Counter(n.op_type for n in model.graph.node if n.name not in decided and n.op_type not in HANDLERS)
+    untouched = [
+        n for n in model.graph.node if n.name not in decided and (n.op_type not in HANDLERS or n.op_type in LOOKUP_OPS)
+    ]
+    counts = Counter(n.op_type for n in untouched)  # (a Gather of a shape or of computed values is no lookup)
     return dict(sorted(counts.items()))
 
 

@@ -6,6 +6,7 @@ holds the lookups they need (constants, types, shapes, consumers).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -117,13 +118,18 @@ def _matmul_roles(node: onnx.NodeProto, g: GraphView) -> Roles | str:
     return Roles((a, b), None, None)
 
 
-def _gather_roles(node: onnx.NodeProto, g: GraphView) -> Roles | str:
+def _gather_roles(node: onnx.NodeProto, g: GraphView) -> Roles | str | None:
     """An embedding lookup: rows of a constant table [rows, width, ...] picked by run-time indices."""
     table = node.input[0]
+    if table in g.elem_types and not g.is_float(table):
+        return None  # a Gather of indices or of a shape (int64): not a table of weights
     if table in g.graph_inputs:
         return fed_at_run_time("the table", table)
     if table not in g.initializers:
-        return "not a lookup in a constant table"
+        return None  # a Gather of values computed at run time: not a table of weights
+    values = math.prod(g.initializers[table].dims)
+    if values < LOOKUP_MIN_VALUES:
+        return f"a table of {values} values: too small for storing it quantized to pay"
     rank = g.rank(table)
     axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
     if rank < 2 or axis % rank != 0:
@@ -132,7 +138,7 @@ def _gather_roles(node: onnx.NodeProto, g: GraphView) -> Roles | str:
     return Roles((), WeightRoles(table, 0, 1 if rank == 2 else None), None)
 
 
-HANDLERS: dict[str, Callable[[onnx.NodeProto, GraphView], Roles | str]] = {
+HANDLERS: dict[str, Callable[[onnx.NodeProto, GraphView], Roles | str | None]] = {
     "Conv": _conv_roles,
     "ConvTranspose": _conv_transpose_roles,
     "Gemm": _gemm_roles,
@@ -142,6 +148,9 @@ HANDLERS: dict[str, Callable[[onnx.NodeProto, GraphView], Roles | str]] = {
 
 # Ops that only read their weight, with no integer kernel: always stored quantized and restored at load.
 LOOKUP_OPS = frozenset({"Gather"})
+# A smaller table saves at most 12 KB stored 8-bit, but a row added to every token (BERT's two-row token type
+# table, one of whose dimensions is 50 times the others) costs accuracy for it: it stays float.
+LOOKUP_MIN_VALUES = 4096
 
 
 def _sole_consumer(tensor: str, g: GraphView) -> onnx.NodeProto | None:
