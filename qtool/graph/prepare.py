@@ -20,6 +20,7 @@ from qtool.graph.computed_weights import fold_computed_weights
 from qtool.graph.float16 import has_float16, upcast_float16
 from qtool.graph.foreign_ops import infer_through_contrib_ops, park_unknown_ops, unpark
 from qtool.graph.index import GraphView, all_nodes, node_subgraphs, subgraph_reads
+from qtool.graph.loop_constants import read_constant_loop_state
 from qtool.graph.names import fresh_name
 from qtool.graph.weight_layout import einsums_as_matmuls, fold_weight_layout_ops
 from qtool.graph.weights import Weights
@@ -39,6 +40,7 @@ class PrepareReport:
     folded_shapes: list[str] = field(default_factory=list)  # Shape nodes of initializers, now constants
     folded_weight_layouts: list[str] = field(default_factory=list)  # Transpose/Reshape/... of weights, now constants
     folded_computed_weights: list[str] = field(default_factory=list)  # nodes computing weights from constants
+    loops_reading_constant_state: list[str] = field(default_factory=list)  # Loops whose unchanged state is a constant
     einsums_as_matmuls: list[str] = field(default_factory=list)  # Einsums with a constant weight, now MatMuls
     removed_initializers: int = 0
     initializers_removed_from_inputs: int = 0
@@ -108,7 +110,8 @@ def prepare_model(
     ``target_opset`` (raised or lowered), or raised to ``min_opset`` when lower
     (see :mod:`qtool.graph.opsets`); layout ops of weights are folded and Einsums with a constant
     weight become MatMuls (see :mod:`qtool.graph.weight_layout`); weights computed from constants at run
-    time are computed (see :mod:`qtool.graph.computed_weights`); BatchNormalization is folded into the Conv before
+    time are computed (see :mod:`qtool.graph.computed_weights`) and a Loop's unchanged constant state is read
+    as the constant (see :mod:`qtool.graph.loop_constants`); BatchNormalization is folded into the Conv before
     it; the Shape of an initializer becomes a constant, and initializers no node reads any
     more are dropped; ONNX shape inference annotates tensor types where it can. Detached values
     (see :mod:`qtool.graph.weights`) are read from ``weights``; folded ones replace them there.
@@ -141,6 +144,7 @@ def prepare_model(
     report.folded_weight_layouts = fold_weight_layout_ops(prepared.graph, weights, fixed)
     report.einsums_as_matmuls = einsums_as_matmuls(prepared.graph, weights, fixed)
     report.folded_computed_weights = fold_computed_weights(prepared, weights)
+    report.loops_reading_constant_state = read_constant_loop_state(prepared.graph)
     report.folded_batchnorms = _fold_batchnorms(prepared.graph, weights)
     report.folded_shapes = _fold_shapes_of_initializers(prepared.graph)
     report.removed_initializers = _remove_unused_initializers(prepared.graph)

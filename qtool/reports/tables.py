@@ -351,6 +351,7 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         (p.folded_weight_layouts, "folded {} layout ops of weights"),
         (p.einsums_as_matmuls, "{} Einsum -> MatMul"),
         (p.folded_computed_weights, "folded {} nodes computing weights from constants"),
+        (p.loops_reading_constant_state, "{} Loop bodies read their constant state as constants"),
     )
     done = [words.format(len(nodes)) for nodes, words in folds if nodes]
     if p.constants_to_initializers:

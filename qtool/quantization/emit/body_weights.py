@@ -69,7 +69,9 @@ def store_body_weights(
             forms.restored_at_load(plan.weight, integers, qp, float_form, tuple(values.shape))
             stored.append(plan.weight)
         owner = owners[plan.owner]
-        readers = [owner] if not plan.body else [n for body in node_subgraphs(owner) for n in all_nodes(body)]
+        # a Loop's constant state starts from the weight its body reads (see qtool.graph.loop_constants): the owner
+        # reads it too, restored alike, so that the float initializer goes
+        readers = [owner, *(n for body in node_subgraphs(owner) for n in all_nodes(body))] if plan.body else [owner]
         for node in readers:
             node.input[:] = [float_form if name == plan.weight else name for name in node.input]
         if init is not None and holder is not None and not _read(graph, plan.weight):

@@ -81,6 +81,9 @@ class Prepare(_Report):
     folded_computed_weights: list[str] = Field(
         default_factory=list, description="nodes that computed weights from constants at run time, folded"
     )
+    loops_reading_constant_state: list[str] = Field(
+        default_factory=list, description="Loops whose bodies now read the constant state they carry unchanged"
+    )
     removed_initializers: int = Field(0, description="initializers no node read any more, dropped")
     opset_before: int
     opset_after: int
