@@ -57,17 +57,13 @@ from qtool.choice.records import (
     meets,
 )
 from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, Moves, sensitivity_search
-from qtool.choice.timing import (
-    decisively_faster,
-    faster_than_storage,
-    median_ratio,
-    time_candidates,
-)
+from qtool.choice.timing import decisively_faster, faster_than_storage, median_ratio, time_candidates
 from qtool.choice.validation import Validator, validate_choice
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan.records import QuantPlan
+from qtool.quantization.plan.recurrent import RECURRENT_OPS
 from qtool.quantization.plan.roles import FUSED_KERNELS
 from qtool.system.stages import stage
 
@@ -89,13 +85,13 @@ def _movable(plan: QuantPlan, moves: str = FLOAT_ACTIVATIONS) -> set[str]:
     """The nodes the search may move: only those placed by "auto" (an explicit placement is the user's).
 
     Float activations only change integer nodes; moving to float changes storage-only nodes and lookups too, and
-    the recurrent nodes whose weights are stored. A body's nodes count (the search tries them after the ones it
-    measured), but not those of a body the data never ran: moving them could change no score.
+    recurrent nodes whose weights are stored (in any body: calibration sees nothing of a nested one that runs).
+    A body's nodes count (tried after those the search measured), not a body's the data never ran.
     """
     placements = ("integer",) if moves == FLOAT_ACTIVATIONS else ("integer", "storage", "lookup")
     plans = [plan, *(b.plan for b in plan.every_branch() if b.observed)]
-    recurrent = {w.owner for p in plans for w in p.recurrent_weights} if moves == FLOAT else set()
-    return recurrent | {
+    stored = {w.node for w in plan.every_stored_weight() if w.op_type in RECURRENT_OPS}
+    return (stored if moves == FLOAT else set()) | {
         n.name
         for n in (n for p in plans for n in p.nodes)
         if n.placement in placements and (n.scheme.placement == "auto" or n.scheme.rule.startswith("choice:"))

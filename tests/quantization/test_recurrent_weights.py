@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 import qtool
 from qtool.cli import app
+from qtool.graph.index import node_subgraphs
 from tests.conftest import save_checked
 
 runner = CliRunner()
@@ -229,3 +230,29 @@ def test_the_search_keeps_an_lstm_float_when_its_stored_weights_cost_the_target(
     inits = _initializers(onnx.load(str(out)))
     assert inits["lstm_w"].data_type == TensorProto.FLOAT and inits["lstm_r"].data_type == TensorProto.FLOAT
     assert _sqnr(model, out, data) > 30
+
+
+def _widen(tag: str) -> onnx.GraphProto:
+    widen = helper.make_node("Concat", ["x", "x", "x"], [f"{tag}_lr"], axis=2, name=f"{tag}/widen")
+    return helper.make_graph([widen], tag, [], [helper.make_tensor_value_info(f"{tag}_lr", TensorProto.FLOAT, SHAPE)])
+
+
+def test_the_search_may_keep_an_lstm_inside_a_nested_branch_float(tmp_path):
+    # the LSTM sits in an If inside an If branch: calibration observes nothing of the inner If, which still runs
+    inner = helper.make_node("If", ["flag"], ["inner_y"], then_branch=_branch("then"), else_branch=_widen("in_else"))
+    inner.name = "inner"
+    outer_then = helper.make_graph(
+        [inner], "outer_then", [], [helper.make_tensor_value_info("inner_y", TensorProto.FLOAT, SHAPE)]
+    )
+    model, data = _if_model(outer_then, _widen("out_else"), tmp_path / "nested_lstm.onnx")
+    config = tmp_path / "c.yaml"  # 2-bit LSTM weights: storage-only misses 30 dB on the samples that take the branch
+    config.write_text("op_type: {LSTM: {weight: {dtype: int2, granularity: per_channel}}}\n")
+    out = tmp_path / "q.onnx"
+    result = qtool.quantize(model, out, data_dir=data, config_path=config, evaluation=None)
+    assert result.search is not None and "then/lstm" in result.search.float_nodes
+    quantized = onnx.load(str(out))
+    onnx.checker.check_model(quantized, full_check=True)
+    graphs = [quantized.graph, *(body for node in quantized.graph.node for body in node_subgraphs(node))]
+    graphs += [body for g in graphs[1:] for node in g.node for body in node_subgraphs(node)]
+    inits = {i.name: i for g in graphs for i in g.initializer}
+    assert inits["lstm_w"].data_type == TensorProto.FLOAT and "lstm_w/quantized" not in inits
