@@ -208,6 +208,9 @@ def _count_kind(
         ious.setdefault(name, _IouCounter()).add(ref, cand)
 
 
+_FLOAT_TYPES = ("tensor(float", "tensor(bfloat", "tensor(double")  # onnxruntime's names of the types compared
+
+
 def output_metrics(
     reference: ort.InferenceSession,
     candidate: ort.InferenceSession,
@@ -230,7 +233,7 @@ def output_metrics(
     """
     names = [o.name for o in reference.get_outputs()]
     # an output the candidate stores otherwise (a decoder's int8 key/value cache) is judged by what reads it
-    candidate_names = {o.name for o in candidate.get_outputs() if o.type.startswith(("tensor(float", "tensor(bfloat"))}
+    candidate_names = {o.name for o in candidate.get_outputs() if o.type.startswith(_FLOAT_TYPES)}
     names = [n for n in names if n in candidate_names]
     per_output = {name: ErrorAccumulator() for name in names}
     kinds: dict[str, OutputKind] = {}

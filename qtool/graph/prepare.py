@@ -22,6 +22,7 @@ from qtool.graph.foreign_ops import infer_through_contrib_ops, park_unknown_ops,
 from qtool.graph.index import GraphView, all_nodes, node_subgraphs, subgraph_reads
 from qtool.graph.loop_constants import read_constant_loop_state
 from qtool.graph.names import fresh_name
+from qtool.graph.node_order import sort_nodes
 from qtool.graph.weight_layout import einsums_as_matmuls, fold_weight_layout_ops
 from qtool.graph.weights import Weights
 
@@ -41,6 +42,7 @@ class PrepareReport:
     folded_weight_layouts: list[str] = field(default_factory=list)  # Transpose/Reshape/... of weights, now constants
     folded_computed_weights: list[str] = field(default_factory=list)  # nodes computing weights from constants
     loops_reading_constant_state: list[str] = field(default_factory=list)  # Loops whose unchanged state is a constant
+    sorted_nodes: bool = False  # the nodes were out of order (onnxruntime runs such a model; onnx refuses it)
     einsums_as_matmuls: list[str] = field(default_factory=list)  # Einsums with a constant weight, now MatMuls
     removed_initializers: int = 0
     initializers_removed_from_inputs: int = 0
@@ -122,6 +124,7 @@ def prepare_model(
     prepared = onnx.ModelProto()
     prepared.CopyFrom(model)
     report = PrepareReport(opset_before=default_opset(prepared))
+    report.sorted_nodes = sort_nodes(prepared.graph)
     weights = weights if weights is not None else Weights()
     report.constants_to_initializers = _constants_to_initializers(prepared.graph)
     if report.constants_to_initializers and weights.detach(prepared.graph):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
+from onnx import TensorProto
 
 from qtool._version import __version__
 from qtool.calibration.outputs import FloatOutputs
@@ -117,9 +118,11 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
     search_dir = request.search_dir
     algorithms, note = weight_algorithms(ws, data.collector, data.calibrated, search_dir, request.calibration)
     builder = Builder(ws, data.stats, algorithms)
-    config, choice = ws.config, None
+    config, choice, unjudged = ws.config, None, None
     if ws.config.target not in CPU_TARGETS and request.search is not None and search_dir is not None:
         log.info("target %s: placement by its rules (CPU timing says nothing about it)", ws.config.target)
+    elif request.search is not None and search_dir is not None and not _float_outputs(ws):
+        unjudged = "no placement choice: the model has no float output to judge accuracy by (its rules place the nodes)"
     elif request.search is not None and search_dir is not None:
         with stage("placement choice (accuracy, search, latency)"):
             evaluation = request.evaluation or QUANTIZE_EVALUATION
@@ -133,7 +136,7 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
     _credit_passes(ws, built)
     cache_note = apply_kv_cache(ws, built.model, data.cache, request.data_dir or search_dir, request.calibration)
     result = _write(ws, built, request.output_path, request.output, data.stats, choice)
-    result.notes += [n for n in (note, cache_note) if n]
+    result.notes += [n for n in (note, cache_note, unjudged) if n]
     result.notes += [unmeasured[1]] if unmeasured is not None else []
     result.notes += preparation_notes(ws)
     if request.evaluation is not None and (request.eval_dir is not None or request.data_dir is not None):
@@ -254,6 +257,8 @@ def preparation_notes(ws: Workspace) -> list[str]:
             f"{ws.report.initializers_removed_from_inputs} initializers were listed as graph inputs; "
             "they are treated as constants and no longer inputs"
         )
+    if ws.report.sorted_nodes:
+        notes.append("the model's nodes were out of order (onnx requires each after what it reads): they were sorted")
     if ws.report.shape_inference_error:
         notes.append(f"shape inference failed and was skipped: {ws.report.shape_inference_error}")
     if ws.report.float16_weights is not None:
@@ -337,3 +342,11 @@ def _with_choice_latency(comparison: ComparisonResult, choice: PlacementChoice) 
 def _placements(plan: QuantPlan) -> Counter[str]:
     """How many nodes run each way; a recurrent node whose weights are stored counts as storage."""
     return Counter(n.kind for n in plan.every_node()) + Counter({"storage": len(plan.recurrent_nodes())})
+
+
+def _float_outputs(ws: Workspace) -> list[str]:
+    """The model's outputs that hold floating-point values (what accuracy can be measured on)."""
+    return [o.name for o in ws.prepared.graph.output if o.type.tensor_type.elem_type in _FLOAT_TYPES]
+
+
+_FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})

