@@ -57,7 +57,10 @@ def fold_computed_weights(model: onnx.ModelProto, weights: Weights) -> list[str]
     """
     graph = model.graph
     constants = {init.name: init for init in graph.initializer}
-    chosen = _weight_computations(graph, constants, {o.name for o in graph.output})
+    try:
+        chosen = _weight_computations(graph, constants, {o.name for o in graph.output})
+    except RecursionError:  # a chain of thousands of nodes computing one weight: it stays computed
+        return []
     if not chosen:
         return []
     values = _run(
