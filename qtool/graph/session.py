@@ -147,8 +147,12 @@ def create_session(
     options = session_options(threads=threads, level=level, spinning=spinning)
     folds = _folds_detached(model)
     shared = store.session_options(model, options, copy=folds)
-    if not shared or folds:
+    if not shared:
         return _session(source, options, providers, what, disabled=unsafe or None)
+    if folds:  # onnxruntime gets copies, and folds what only folding runs
+        session = _session(source, options, providers, what, disabled=unsafe or None)
+        session._qtool_initializers = shared
+        return session
     # onnxruntime reads shared arrays in place, but its constant folding would try to read them from
     # the placeholder location: it is turned off, and a model that still needs them read gets copies.
     options.log_severity_level = 4  # a refusal here is expected and handled: not an error to show
@@ -163,22 +167,32 @@ def create_session(
 
 
 def _folds_detached(model: onnx.ModelProto) -> bool:
-    """Whether the model computes something from a detached initializer alone, which only constant folding can run.
+    """Whether the model computes something from a detached initializer alone that only constant folding runs.
 
     A DINOv2 export resizes its position embeddings with a cubic Resize to scales below 1 that onnxruntime's kernel
     refuses at run time, but folds when the session starts: such a model gets copies of the values (folding on).
+    Ops that only move or convert values run the same unfolded (a tied embedding's Transpose for the output
+    projection, say): a model whose computations on detached values are only those keeps sharing them.
     """
     constants = {init.name for init in model.graph.initializer}
-    detached = {init.name for init in model.graph.initializer if is_detached(init)}
+    from_detached = {init.name for init in model.graph.initializer if is_detached(init)}
     for node in model.graph.node:
         inputs = [name for name in node.input if name]
         if node.op_type in ("Shape", "Size"):  # a shape onnxruntime knows when the session starts, say
             constants.update(node.output)
         elif inputs and all(name in constants for name in inputs):
-            if detached & set(inputs):
-                return True
+            if from_detached & set(inputs):
+                if node.op_type not in _RUN_UNFOLDED:
+                    return True
+                from_detached.update(node.output)
             constants.update(node.output)
     return False
+
+
+# Ops whose kernels take whatever constant input they get: run unfolded, they compute what folding would.
+_RUN_UNFOLDED = frozenset(
+    {"Identity", "Cast", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Slice", "Gather"}
+)
 
 
 def _session(

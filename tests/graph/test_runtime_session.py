@@ -90,3 +90,28 @@ def test_a_constant_computation_on_a_detached_value_runs_with_constant_folding()
     session = create_session(model, "the model", weights=weights)
     got = session.run(None, {"x": np.zeros((1, 64, 16, 16), np.float32)})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_tied_embeddings_transpose_keeps_sharing_the_weights():
+    # an output projection reading the embedding table through a Transpose runs the same unfolded: no copies of
+    # a large model's weights for it, while the cubic Resize of a position table needs folding
+    from qtool.graph.session import _folds_detached
+
+    rng = np.random.default_rng(1)
+    table = numpy_helper.from_array(rng.standard_normal((4096, 64)).astype(np.float32), "embed")  # 1 MiB: detached
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["embed", "ids"], ["h"]),
+            helper.make_node("Transpose", ["embed"], ["embed_t"], perm=[1, 0]),
+            helper.make_node("MatMul", ["h", "embed_t"], ["logits"]),
+        ],
+        "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 8, 4096])],
+        [table],
+    )
+    tied = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    position = _position_embedding_model()
+    for model in (tied, position):
+        assert Weights().detach(model.graph) == 1
+    assert not _folds_detached(tied) and _folds_detached(position)
