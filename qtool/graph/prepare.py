@@ -220,7 +220,8 @@ def _initializers_out_of_inputs(model: onnx.ModelProto) -> int:
     if removed:
         del graph.input[:]
         graph.input.extend(kept)
-        model.ir_version = max(model.ir_version, 4)  # IR 4 is the first where initializers need not be inputs
+    if graph.initializer:  # IR 4 is the first where initializers need not be inputs (Constant nodes became some)
+        model.ir_version = max(model.ir_version, 4)
     return removed
 
 

@@ -73,3 +73,65 @@ def test_nodes_written_out_of_order_are_sorted_and_quantized(tmp_path):
     onnx.checker.check_model(written, full_check=True)
     names = [n.name for n in written.graph.node]
     assert names.index("matmul") < names.index("relu")
+
+
+def test_an_ir3_model_whose_constant_node_becomes_an_initializer_upgrades_its_opset(tmp_path):
+    # torch 0.3/0.4 exports: IR 3 (every initializer must be an input), opset 9, Constant nodes for the values
+    shape = numpy_helper.from_array(np.array([-1, 8], np.int64), "shape")
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("Constant", [], ["shape"], value=shape, name="const_shape"),
+        helper.make_node("Constant", [], ["w"], value=weight, name="const_w"),
+        helper.make_node("Reshape", ["x", "shape"], ["flat"], name="flatten"),
+        helper.make_node("MatMul", ["flat", "w"], ["y"], name="matmul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ir3",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    model.ir_version = 3
+    path = tmp_path / "ir3.onnx"
+    onnx.save(model, str(path))
+    data = tmp_path / "d"
+    data.mkdir()
+    for i in range(8):
+        np.save(data / f"{i}.npy", np.random.default_rng(i).standard_normal((2, 2, 4)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    result = runner.invoke(app, ["quantize", str(path), "--data", str(data), "-o", str(out)])
+    assert result.exit_code == 0, result.output  # was: exit 2, "cannot upgrade ... Input shape is undefined!"
+    written = onnx.load(str(out))
+    onnx.checker.check_model(written, full_check=True)
+    assert written.ir_version >= 4 and "w/quantized" in {i.name for i in written.graph.initializer}
+
+
+def test_storage_placement_claims_no_node_without_a_constant_weight(tmp_path):
+    # a weight already stored int8 and restored by Cast and Mul at run time: nothing for storage to store
+    rng = np.random.default_rng(2)
+    codes = numpy_helper.from_array(rng.integers(-127, 128, (16, 8)).astype(np.int8), "codes")
+    scale = numpy_helper.from_array(np.array(0.01, np.float32), "scale")
+    nodes = [
+        helper.make_node("Cast", ["codes"], ["widened"], to=TensorProto.FLOAT, name="widen"),
+        helper.make_node("Mul", ["widened", "scale"], ["w"], name="rescale"),
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "prequantized",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+        [codes, scale],
+    )
+    path = tmp_path / "pre.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    config = tmp_path / "storage.yaml"
+    config.write_text("global: {placement: storage}\n")
+    out, report = tmp_path / "q.onnx", tmp_path / "q.json"
+    args = ["quantize", str(path), "--data", str(_data(tmp_path / "d")), "-o", str(out), "--json", str(report)]
+    result = runner.invoke(app, [*args, "--config", str(config), "--no-search"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(report.read_text())
+    assert document["quantized"]["nodes"] == [] and document["placements"] == {}  # was: "1 nodes quantized", storage
+    assert any(item["node"] == "matmul" for item in document["skipped"])

@@ -34,6 +34,8 @@ def node_placement(
     if scheme.placement == "integer":
         return "integer", f"placement: integer ({scheme.rule})"
     if scheme.placement == "storage":
+        if roles.weight is None:  # a product of two activations (or a weight computed at run time): nothing to store
+            return "float", f"placement: storage ({scheme.rule}), but no constant weight to store: kept float"
         return "storage", f"placement: storage ({scheme.rule})"
     if elements is None:
         return "integer", "auto without tensor sizes (decided when quantizing with data)"
