@@ -63,7 +63,6 @@ from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan.records import QuantPlan
-from qtool.quantization.plan.recurrent import RECURRENT_OPS
 from qtool.quantization.plan.roles import FUSED_KERNELS
 from qtool.system.stages import stage
 
@@ -85,13 +84,13 @@ def _movable(plan: QuantPlan, moves: str = FLOAT_ACTIVATIONS) -> set[str]:
     """The nodes the search may move: only those placed by "auto" (an explicit placement is the user's).
 
     Float activations only change integer nodes; moving to float changes storage-only nodes and lookups too, and
-    recurrent nodes whose weights are stored (in any body: calibration sees nothing of a nested one that runs).
-    A body's nodes count (tried after those the search measured), not a body's the data never ran.
+    the recurrent nodes whose weights are stored. A body's nodes count (tried after those the search measured),
+    not a body's the data never ran.
     """
     placements = ("integer",) if moves == FLOAT_ACTIVATIONS else ("integer", "storage", "lookup")
     plans = [plan, *(b.plan for b in plan.every_branch() if b.observed)]
-    stored = {w.node for w in plan.every_stored_weight() if w.op_type in RECURRENT_OPS}
-    return (stored if moves == FLOAT else set()) | {
+    recurrent = {w.owner for p in plans for w in p.recurrent_weights}
+    return (recurrent if moves == FLOAT else set()) | {
         n.name
         for n in (n for p in plans for n in p.nodes)
         if n.placement in placements and (n.scheme.placement == "auto" or n.scheme.rule.startswith("choice:"))

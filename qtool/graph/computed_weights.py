@@ -18,14 +18,14 @@ graph returns, and nothing whose results would take more bytes than the constant
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from qtool.graph.index import node_subgraphs
+from qtool.graph.index import node_subgraphs, subgraph_reads
 from qtool.graph.weights import DETACH_MIN_BYTES, Weights, mark_detached
 
 FOLDABLE = frozenset(
@@ -130,15 +130,8 @@ def _read_elsewhere(graph: onnx.GraphProto, chosen: list[onnx.NodeProto]) -> set
     for node in graph.node:
         if id(node) not in inside:
             read.update(node.input)
-            read.update(_read_in_bodies(node))
+            read.update(subgraph_reads(node))
     return read
-
-
-def _read_in_bodies(node: onnx.NodeProto) -> Iterable[str]:
-    for body in node_subgraphs(node):
-        for inner in body.node:
-            yield from inner.input
-            yield from _read_in_bodies(inner)
 
 
 def _run(

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
-from onnx import TensorProto
 
 from qtool._version import __version__
 from qtool.calibration.outputs import FloatOutputs
@@ -21,6 +20,7 @@ from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare
 from qtool.evaluation.latency import LatencyComparison, LatencyStats, paired_ratio
 from qtool.evaluation.opened import OpenedModel
+from qtool.evaluation.pairing import FLOAT_TYPES
 from qtool.graph.checks import check_quantized_model
 from qtool.graph.float16 import store_float16
 from qtool.graph.input_shapes import restore_input_dims
@@ -346,7 +346,4 @@ def _placements(plan: QuantPlan) -> Counter[str]:
 
 def _float_outputs(ws: Workspace) -> list[str]:
     """The model's outputs that hold floating-point values (what accuracy can be measured on)."""
-    return [o.name for o in ws.prepared.graph.output if o.type.tensor_type.elem_type in _FLOAT_TYPES]
-
-
-_FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
+    return [o.name for o in ws.prepared.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]

@@ -238,7 +238,7 @@ def _widen(tag: str) -> onnx.GraphProto:
 
 
 def test_the_search_may_keep_an_lstm_inside_a_nested_branch_float(tmp_path):
-    # the LSTM sits in an If inside an If branch: calibration observes nothing of the inner If, which still runs
+    # the LSTM sits in an If inside an If branch, its weights in that inner branch's own plan
     inner = helper.make_node("If", ["flag"], ["inner_y"], then_branch=_branch("then"), else_branch=_widen("in_else"))
     inner.name = "inner"
     outer_then = helper.make_graph(
