@@ -6,7 +6,6 @@ import hashlib
 import json
 import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -26,15 +25,16 @@ from qtool.evaluation.closed_loop import closed_loop_score
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
 from qtool.evaluation.judged import judged_outputs
 from qtool.evaluation.language_model import MAX_DECODE_STEPS, LanguageModelScore, language_model_metrics
-from qtool.evaluation.latency import LatencyComparison, LatencyRun, measure_latency
+from qtool.evaluation.latency import LatencyComparison
+from qtool.evaluation.latency_runs import confirmed_latency_gates, latency_per_provider, requested_providers
 from qtool.evaluation.layers import layer_errors
 from qtool.evaluation.metrics import TASKS, output_metrics
 from qtool.evaluation.opened import OpenedModel
 from qtool.evaluation.output_kinds import output_sources
-from qtool.evaluation.providers import session_providers, unavailable_reason
+from qtool.evaluation.providers import session_providers
 from qtool.graph.input_shapes import fix_input_shapes
 from qtool.graph.model_files import file_sha256
-from qtool.graph.session import create_session, run_session
+from qtool.graph.session import create_session
 from qtool.options import (
     DEFAULT_EVALUATION,
     EvaluationOptions,
@@ -93,6 +93,8 @@ def compare(
     reproducibility = _reproducibility(dataset, config_path, options, result.latency)
     result = replace(result, data_dir=str(data_dir), reproducibility=reproducibility)
     judged = evaluate_gates(gates or [], result.measured(), result.intervals())
+    paths = (reference.path, candidate.path)
+    judged = confirmed_latency_gates(judged, result.primary_latency, paths, dataset, options, progress or noop_progress)
     if earlier is None:
         return replace(result, gates=judged)
     stated = [g.tolerance for g in gates or [] if g.metric == "latency_ratio"]
@@ -202,7 +204,7 @@ def _measured(
         with stage("per-layer error"):
             layers = layer_errors(reference_model, candidate_model, dataset, threads=threads, progress=factory)
     with stage(f"latency ({options.runs} runs per model and provider)"):
-        latency, skipped = _latency_per_provider(reference_path, candidate_path, dataset, options, factory)
+        latency, skipped = latency_per_provider(reference_path, candidate_path, dataset, options, factory)
     latency = [_provider_accuracy(lat, reference, candidate_path, dataset, threads, options) for lat in latency]
     return ComparisonResult(
         models[0].file,
@@ -267,61 +269,6 @@ def _snapshot(result: ComparisonResult) -> Snapshot:
     return Snapshot(numbers, result.reference.sha256, (result.data_dir, result.samples))
 
 
-def _latency_per_provider(
-    reference_path: Path | str,
-    candidate_path: Path | str,
-    dataset: Dataset,
-    options: EvaluationOptions,
-    factory: ProgressFactory,
-) -> tuple[list[LatencyComparison], list[tuple[str, str]]]:
-    """Interleaved latency on each provider; providers that cannot run are skipped with the reason."""
-    runs, warmup, threads, trt_engine_cache = options.runs, options.warmup, options.threads, options.trt_engine_cache
-    if not runs:
-        return [], []
-    _, feed = next(iter(dataset.samples()))
-    measured, skipped = [], []
-    for provider in _requested_providers(options):
-        reason = unavailable_reason(provider)
-        setup: list[float] = []
-        if reason is None:
-            try:
-                sessions = []
-                for path in (reference_path, candidate_path):
-                    # Session creation and the first run, apart from inference: TensorRT builds its engine here.
-                    began = time.perf_counter()
-                    session = create_session(
-                        path,
-                        str(path),
-                        threads=threads,
-                        providers=session_providers(provider, trt_engine_cache),
-                        spinning=False,
-                    )
-                    run_session(session, None, feed, str(path))
-                    setup.append((time.perf_counter() - began) * 1e3)
-                    sessions.append(session)
-            except QtoolError as e:
-                reason = e.message
-            else:
-                fell_back = next((s.get_providers() for s in sessions if provider not in s.get_providers()), None)
-                if fell_back is not None:  # a provider this build lists but cannot run on this model or machine
-                    others = ", ".join(p.removesuffix("ExecutionProvider") for p in fell_back)
-                    reason = f"onnxruntime could not start it and fell back to {others}"
-        if reason is not None:
-            log.warning("latency on %s skipped: %s", provider, reason)
-            skipped.append((provider, reason))
-            continue
-        measured.append(
-            measure_latency(
-                sessions[0],
-                sessions[1],
-                feed,
-                LatencyRun(runs, warmup, threads, provider, (setup[0], setup[1])),
-                on_progress=factory(f"latency {provider.removesuffix('ExecutionProvider')}", runs),
-            )
-        )
-    return measured, skipped
-
-
 def _provider_accuracy(
     latency: LatencyComparison,
     reference: ort.InferenceSession,
@@ -339,11 +286,6 @@ def _provider_accuracy(
         measured = output_metrics(reference, candidate, dataset, {}, task="none")
     worst = min((o.sqnr_db for o in measured.outputs), default=measured.overall.sqnr_db)
     return replace(latency, candidate_sqnr_db=worst)
-
-
-def _requested_providers(options: EvaluationOptions) -> list[str]:
-    """The execution providers to time on (the CPU when none is named)."""
-    return list(options.providers) or ["CPUExecutionProvider"]
 
 
 def _reproducibility(
@@ -365,6 +307,6 @@ def _reproducibility(
         "versions": versions(),
         "cpu": cpu_info(),
         "threads": {"intra_op": threads, "onnxruntime_default": threads is None},
-        "providers_requested": _requested_providers(options),
+        "providers_requested": requested_providers(options),
         "providers_measured": [lat.provider for lat in latency],
     }

@@ -367,6 +367,35 @@ def test_a_model_at_reference_speed_passes_a_ratio_1_gate_19_times_in_20(tmp_pat
     assert passed >= 19
 
 
+def test_a_failed_latency_gate_is_timed_again_on_fresh_sessions(tmp_path, monkeypatch):
+    # The first pair of sessions reads 10 % slow (as sessions can for their whole life); the fresh pair
+    # measures the byte copy as it is, so the gate passes and says why. A slow candidate fails both.
+    import qtool.evaluation.latency as latency
+    from qtool.evaluation.gates import parse_gates
+
+    copy = tmp_path / "copy.onnx"
+    copy.write_bytes(sample("mlp").read_bytes())
+    real, calls = latency.paired_ratio, []
+
+    def first_pair_slow(reference, candidate):
+        calls.append(1)
+        return (1.10, (1.08, 1.12)) if len(calls) == 1 else real(reference, candidate)
+
+    monkeypatch.setattr(latency, "paired_ratio", first_pair_slow)
+    options = EvaluationOptions(limit=1, runs=30)
+    result = qtool.compare(
+        sample("mlp"), copy, eval_dir("mlp"), options=options, gates=parse_gates(max_latency_ratio=1.0)
+    )
+    (gate,) = result.gates
+    assert len(calls) == 2 and result.primary_latency is not None and result.primary_latency.ratio == 1.10
+    assert gate.passed and "fresh sessions" in gate.note and "was not the models'" in gate.note
+    monkeypatch.setattr(latency, "paired_ratio", real)
+    slow = qtool.compare(
+        sample("mlp"), copy, eval_dir("mlp"), options=options, gates=parse_gates(max_latency_ratio=0.01)
+    )
+    assert not slow.gates[0].passed and "fails again" in slow.gates[0].note
+
+
 def test_quantize_says_when_it_scores_the_calibration_samples(tmp_path):
     base = ["quantize", sample("mlp"), "--data", calib_dir("mlp"), "--runs", "0", "--no-search"]
     same = invoke(*base, "-o", tmp_path / "a.onnx", "--json", tmp_path / "a.json")
