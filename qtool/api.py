@@ -13,7 +13,6 @@ from typing import Any
 from qtool.calibration.statistics import CalibrationStats
 from qtool.config import load_config
 from qtool.distributed.calibration import shard_request
-from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare as _compare
 from qtool.graph.model_io import write_text
 from qtool.options import (
@@ -95,6 +94,7 @@ def quantize(
     progress: ProgressFactory | None = None,
     target: str | None = None,
     input_shapes: InputShapes = None,
+    vs_onnxruntime: bool = False,
 ) -> QuantizeResult:
     """Quantize a float model to QDQ and write it atomically (nothing is written on bad input).
 
@@ -105,19 +105,18 @@ def quantize(
     ``evaluation`` (None: skip) compares the result with the float model on ``eval_dir``, or on
     the calibration samples with a warning that they are not held out. ``output``: external data
     and opset. ``target``: cpu, cpu_vnni, cuda or tensorrt (off the CPU nothing is timed). ``input_shapes``
-    fixes dynamic dimensions for the work; the written model keeps the inputs it had.
+    fixes dynamic dimensions for the work; the written model keeps the inputs it had. ``vs_onnxruntime``:
+    onnxruntime's ``quantize_static`` model of the same file measured beside (:mod:`qtool.evaluation.peer`).
     """
     model_path, output_path = Path(model_path), Path(output_path)
-    if stats_path is not None and data_dir is not None:
-        raise QtoolError("give either --stats STATS.json or --data DATA_DIR, not both")
+    quantize_pipeline.check_sources(stats_path, data_dir, vs_onnxruntime)
     quantize_pipeline.check_outputs(model_path, output_path)
     config = load_config(config_path).with_target(target)
     if search is not None:
         check_search(search)  # before any work: a bad budget must not cost a calibration
     ws = open_workspace(model_path, config, output.opset, input_shapes)
-    request = quantize_pipeline.QuantizeRequest(
-        output_path, stats_path, data_dir, calibration, search, evaluation, eval_dir, output, config_path, input_shapes
-    )
+    given = (output_path, stats_path, data_dir, calibration, search, evaluation, eval_dir, output, config_path)
+    request = quantize_pipeline.QuantizeRequest(*given, input_shapes, vs_onnxruntime)
     return quantize_pipeline.quantize(ws, request, progress)
 
 

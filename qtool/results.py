@@ -19,6 +19,7 @@ from qtool.evaluation.latency import LatencyComparison
 from qtool.evaluation.layers import LayerError
 from qtool.evaluation.metrics import Agreement, BoxIoU, ErrorMetrics
 from qtool.evaluation.output_kinds import OutputKind
+from qtool.evaluation.peer import PeerComparison
 from qtool.graph.model_files import files_sha256, model_files
 from qtool.graph.prepare import PrepareReport
 from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exported
@@ -120,6 +121,7 @@ class QuantizeResult:
     search: SearchResult | None = None  # the sensitivity search, when a target SQNR was given
     placement_choice: PlacementChoice | None = None  # the measured choice of placement, with data
     data_files: list[str] = field(default_factory=list)  # external data written beside the output
+    peer: PeerComparison | None = None  # onnxruntime's quantize_static model of the same file, measured beside
 
     @property
     def compression_ratio(self) -> float:

@@ -39,6 +39,7 @@ from qtool.cli.quantize_options import (
     SearchDataOption,
     SearchSecondsOption,
     StatsOption,
+    VsOnnxruntimeOption,
     quantize_action,
 )
 from qtool.cli.run import run_command
@@ -69,6 +70,7 @@ def quantize(
     latency_runs: LatencyRunsOption = None,
     outputs: OutputsOption = None,
     no_search: NoSearchOption = False,
+    vs_onnxruntime: VsOnnxruntimeOption = False,
     external_data: ExternalDataOption = None,
     opset: OpsetOption = None,
     json_out: JsonOption = None,

@@ -34,6 +34,7 @@ from qtool.pipeline.calibrate import observe, read_statistics, without_data
 from qtool.pipeline.choose import choose
 from qtool.pipeline.kv_cache import apply_kv_cache, cache_ranges_tap, check_kv_cache
 from qtool.pipeline.passes import BEFORE_QUANTIZATION, PassInputs, run_passes, with_statistics
+from qtool.pipeline.peer import check_peer_data, measured_beside_onnxruntime
 from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory
 from qtool.quantization.algorithms.rounding.node_inputs import NodeInputCollector
@@ -62,6 +63,7 @@ class QuantizeRequest:
     output: OutputOptions
     config_source: Path | str | Mapping[str, Any] | None = None  # as given: the comparison reads it again
     input_shapes: Mapping[str, Sequence[int]] | None = None
+    vs_onnxruntime: bool = False  # also measure onnxruntime's quantize_static model of the same file beside
 
     @property
     def search_dir(self) -> Path | str | None:
@@ -78,6 +80,14 @@ class Statistics:
     collector: NodeInputCollector | None  # the weight algorithms' inputs, when a node asks for them
     calibrated: bool  # the collector (and the cache ranges) were fed by the calibration pass
     cache: CacheRanges | None = None  # a decoder's key/value cache ranges, when kv_cache: is set
+
+
+def check_sources(stats_path: Path | str | None, data_dir: Path | str | None, vs_onnxruntime: bool) -> None:
+    """Refuse before any work statistics given twice, and ``--vs-onnxruntime`` without local samples."""
+    if stats_path is not None and data_dir is not None:
+        raise QtoolError("give either --stats STATS.json or --data DATA_DIR, not both")
+    if vs_onnxruntime:
+        check_peer_data(data_dir)
 
 
 def check_outputs(model_path: Path, output_path: Path) -> None:
@@ -141,6 +151,9 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
     result.notes += preparation_notes(ws)
     if request.evaluation is not None and (request.eval_dir is not None or request.data_dir is not None):
         result.comparison = compared(result, ws, (built, request), progress, data.known)
+    if request.vs_onnxruntime and request.data_dir is not None:
+        data_dirs, options = (request.data_dir, request.eval_dir), (request.calibration, request.evaluation)
+        result.peer = measured_beside_onnxruntime(ws, request.output_path, data_dirs, *options)
     return result
 
 

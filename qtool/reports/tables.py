@@ -15,6 +15,7 @@ from qtool.evaluation.layers import LayerError, largest_drop, layer_drop, layer_
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.plan.inspection import Inspection
 from qtool.reports.ci import improved
+from qtool.reports.peer_table import render_peer
 from qtool.reports.placement_tables import render_choice, render_search
 from qtool.reports.terminal import for_terminal, printable
 from qtool.results import ComparisonResult, QuantizeResult
@@ -280,11 +281,7 @@ GROUPED_AFTER = 3  # more nodes than this kept float for the same reason: one li
 
 
 def grouped_by_reason(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(node, reason) pairs with the reasons many nodes share collapsed into one (nodes, reason) line each.
-
-    A decoder keeps dozens of shape-arithmetic Gathers float for one reason: one line says so, naming
-    the first two, instead of a line per node.
-    """
+    """(node, reason) pairs; a reason many nodes share (a decoder's shape Gathers) is one line naming two."""
     by_reason: dict[str, list[str]] = {}
     for node, reason in pairs:
         by_reason.setdefault(reason, []).append(node)
@@ -373,6 +370,8 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         console.print(f"[yellow]note[/yellow] {note}")
     if result.comparison is not None:
         render_comparison(console, result.comparison, title="float vs quantized")
+    if result.peer is not None:
+        render_peer(console, result.peer)
 
 
 def render_doctor(console: Console, result: Doctor) -> None:

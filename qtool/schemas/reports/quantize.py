@@ -188,6 +188,28 @@ class PlacementChoiceReport(_Report):
     )
 
 
+class PeerRowReport(_Report):
+    """One model of ``--vs-onnxruntime``'s side-by-side."""
+
+    model: str = Field(description="'fp32', 'qtool' or 'onnxruntime quantize_static'")
+    bytes: int = Field(description="the model file and its external data files")
+    worst_sqnr_db: float | None = Field(description="worst float output's SQNR against fp32 (null for fp32)")
+    speedup_one_thread: float | None = Field(description="fp32 time / this model's, 1 intra-op thread")
+    speedup_all_threads: float | None = Field(description="the same at onnxruntime's default threads (every core)")
+
+
+class PeerReport(_Report):
+    """``--vs-onnxruntime``: onnxruntime's quantize_static model of the same file, measured beside qtool's."""
+
+    recipe: str = Field(description="how onnxruntime's model was made")
+    rows: list[PeerRowReport]
+    samples: int = Field(description="samples the worst outputs were scored on")
+    held_out: bool = Field(description="the scored samples are not the calibration samples")
+    cpu: str
+    runs: int = Field(description="interleaved timed rounds per thread setting")
+    notes: list[str]
+
+
 class QuantizeReport(_Report):
     """``qtool quantize --json``: what was quantized, how, and (with --data) how it compares."""
 
@@ -211,3 +233,4 @@ class QuantizeReport(_Report):
     placement_choice: PlacementChoiceReport | None
     notes: list[str]
     comparison: CompareReport | None
+    peer: PeerReport | None = None

@@ -1,0 +1,84 @@
+"""onnxruntime's own static quantization of a model, the recipe most users would otherwise run.
+
+``quant_pre_process`` (shape inference and graph optimization), then ``quantize_static`` in QDQ format
+with MinMax calibration, per-channel int8 weights and uint8 activations, fed the samples given. It runs
+in a scratch directory (``quant_pre_process`` writes its temporary files into the working directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import onnx
+
+from qtool.calibration.dataset_types import Feed
+
+RECIPE = "QDQ, MinMax calibration, per-channel int8 weights, uint8 activations"
+PER_CHANNEL_OPSET = 13  # DequantizeLinear takes an axis (per-channel scales) from opset 13
+
+
+@contextlib.contextmanager
+def _working_directory(path: str) -> Iterator[None]:
+    here = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+
+
+def quantize_with_onnxruntime(model: Path, feeds: Iterable[Feed], out: Path) -> list[str]:
+    """Write onnxruntime's static quantization of ``model`` (see :data:`RECIPE`) to ``out``; notes on the way.
+
+    Raises whatever onnxruntime raises when it cannot quantize the model: the caller reports it.
+    """
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter(feeds)
+
+        def get_next(self) -> Feed | None:
+            return next(self.feeds, None)
+
+    model, out, notes = model.resolve(), out.resolve(), []
+    with tempfile.TemporaryDirectory(prefix="qtool-ort-") as scratch, _working_directory(scratch):
+        source = Path(scratch) / "preprocessed.onnx"
+        try:
+            quant_pre_process(str(model), str(source))
+        except Exception as e:  # noqa: BLE001 - its symbolic shape inference fails on many models
+            source = model
+            notes.append(f"onnxruntime's quant_pre_process failed ({type(e).__name__}); quantized without it")
+        header = onnx.load(str(source), load_external_data=False)
+        opset = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), 0)
+        if opset < PER_CHANNEL_OPSET:
+            # onnxruntime writes per-channel DequantizeLinear (its axis) into an older opset as it is, which no
+            # runtime loads: the model is converted first, as onnxruntime's documentation advises
+            from onnx import version_converter
+
+            converted = Path(scratch) / "converted.onnx"
+            onnx.save(version_converter.convert_version(onnx.load(str(source)), PER_CHANNEL_OPSET), converted)
+            source = converted
+            notes.append(f"converted from opset {opset} to {PER_CHANNEL_OPSET} for onnxruntime's per-channel weights")
+        quantize_static(
+            str(source),
+            str(out),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+        )
+    return notes
