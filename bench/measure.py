@@ -55,9 +55,6 @@ def run_worker(script: str, args: list[str], timeout: int, root: str) -> dict[st
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-PER_CHANNEL_OPSET = 13  # DequantizeLinear takes an axis (per-channel scales) from opset 13
-
-
 def onnxruntime_quantize_static(
     model: str, calib: str, out: str, *, per_channel: bool, method: str, tensorrt: bool = False
 ) -> str:
@@ -65,77 +62,21 @@ def onnxruntime_quantize_static(
 
     Feeds every ``*.npy`` file of ``calib`` (sorted) to the model's single input. ``method`` names a
     ``CalibrationMethod`` (MinMax, Entropy, Percentile). ``tensorrt``: symmetric int8 activations and
-    weights, onnxruntime's recipe for TensorRT. Returns a note: empty, or why pre-processing was skipped.
+    weights, onnxruntime's recipe for TensorRT. Returns a note: empty, or what was done on the way
+    (qtool's own :func:`~qtool.evaluation.onnxruntime_static.quantize_with_onnxruntime`, which ``quantize
+    --vs-onnxruntime`` runs too).
     """
     from pathlib import Path
 
     import numpy as np
     import onnx
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    name = onnx.load(model).graph.input[0].name
-    files = sorted(Path(calib).glob("*.npy"))
+    from qtool.evaluation.onnxruntime_static import quantize_with_onnxruntime
 
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.it = iter(files)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            f = next(self.it, None)
-            return None if f is None else {name: np.load(f)[None]}
-
-    import os
-    import tempfile
-
-    source, note = os.path.abspath(out + ".pre.onnx"), ""
-    model = os.path.abspath(model)
-    # quant_pre_process writes sym_shape_infer_temp.onnx into the working directory: run it in a scratch one
-    here = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="ort-pre-") as scratch:
-        os.chdir(scratch)
-        try:
-            quant_pre_process(model, source)
-        except Exception as e:  # noqa: BLE001 - onnxruntime's symbolic shape inference fails on many models
-            source, note = model, f"quant_pre_process failed ({type(e).__name__}); quantized without it"
-        finally:
-            os.chdir(here)
-        opset = next(
-            (
-                o.version
-                for o in onnx.load(source, load_external_data=False).opset_import
-                if o.domain in ("", "ai.onnx")
-            ),
-            0,
-        )
-        if per_channel and opset < PER_CHANNEL_OPSET:
-            # onnxruntime writes per-channel DequantizeLinear (its axis attribute) into an opset-11 model as it is,
-            # and no runtime loads that: the model is converted first, as onnxruntime's documentation advises
-            from onnx import version_converter
-
-            converted = os.path.join(scratch, "opset13.onnx")
-            onnx.save(version_converter.convert_version(onnx.load(source), PER_CHANNEL_OPSET), converted)
-            source, note = converted, f"{note}; " if note else ""
-            note += f"converted from opset {opset} to {PER_CHANNEL_OPSET} (per-channel DequantizeLinear)"
-        quantize_static(
-            source,
-            out,
-            Reader(),
-            quant_format=QuantFormat.QDQ,
-            per_channel=per_channel,
-            activation_type=QuantType.QInt8 if tensorrt else QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=getattr(CalibrationMethod, method),
-            # TensorRT's explicit quantization: symmetric int8 on both sides (onnxruntime's recipe for it)
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True} if tensorrt else None,
-        )
-    return note
+    name = onnx.load(model, load_external_data=False).graph.input[0].name
+    feeds = ({name: np.load(f)[None]} for f in sorted(Path(calib).glob("*.npy")))
+    notes = quantize_with_onnxruntime(model, feeds, out, per_channel=per_channel, method=method, symmetric=tensorrt)
+    return "; ".join(notes)
 
 
 def environment(date: str | None = None) -> dict[str, object]:

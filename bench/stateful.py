@@ -376,43 +376,12 @@ def onnxruntime_quantize_static(model: str, calib: str, out: str) -> str:
     """``quant_pre_process`` + ``quantize_static`` (QDQ, MinMax, per-channel int8 weights, uint8 activations).
 
     The reader feeds every chunk of every sequence in order, each with the caches its file holds (the float
-    model's, carried from the chunk before). Runs in the worker's scratch directory. Returns a note.
+    model's, carried from the chunk before). Returns a note (qtool's own recipe runner, as ``--vs-onnxruntime``).
     """
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    from qtool.evaluation.onnxruntime_static import quantize_with_onnxruntime
 
-    files = sorted(Path(calib).glob("*/*.npz"))
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.it = iter(files)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            f = next(self.it, None)
-            return None if f is None else dict(np.load(f))
-
-    source, note = os.path.abspath(out + ".pre.onnx"), ""
-    try:
-        quant_pre_process(model, source)
-    except Exception as e:  # noqa: BLE001 - onnxruntime's symbolic shape inference fails on many models
-        source, note = model, f"quant_pre_process failed ({type(e).__name__}); quantized without it"
-    quantize_static(
-        source,
-        out,
-        Reader(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        calibrate_method=CalibrationMethod.MinMax,
-    )
-    return note
+    feeds = (dict(np.load(f)) for f in sorted(Path(calib).glob("*/*.npz")))
+    return "; ".join(quantize_with_onnxruntime(model, feeds, out))
 
 
 # ------------------------------------------------------------------------------------------------ measurement

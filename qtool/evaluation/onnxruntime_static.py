@@ -31,10 +31,20 @@ def _working_directory(path: str) -> Iterator[None]:
         os.chdir(here)
 
 
-def quantize_with_onnxruntime(model: Path, feeds: Iterable[Feed], out: Path) -> list[str]:
+def quantize_with_onnxruntime(
+    model: Path | str,
+    feeds: Iterable[Feed],
+    out: Path | str,
+    *,
+    per_channel: bool = True,
+    method: str = "MinMax",
+    symmetric: bool = False,
+) -> list[str]:
     """Write onnxruntime's static quantization of ``model`` (see :data:`RECIPE`) to ``out``; notes on the way.
 
-    Raises whatever onnxruntime raises when it cannot quantize the model: the caller reports it.
+    ``method`` names a ``CalibrationMethod`` (MinMax, Entropy, Percentile); ``symmetric``: int8 activations and
+    weights both symmetric (onnxruntime's recipe for TensorRT). Raises whatever onnxruntime raises when it cannot
+    quantize the model: the caller reports it.
     """
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -52,7 +62,7 @@ def quantize_with_onnxruntime(model: Path, feeds: Iterable[Feed], out: Path) -> 
         def get_next(self) -> Feed | None:
             return next(self.feeds, None)
 
-    model, out, notes = model.resolve(), out.resolve(), []
+    model, out, notes = Path(model).resolve(), Path(out).resolve(), []
     with tempfile.TemporaryDirectory(prefix="qtool-ort-") as scratch, _working_directory(scratch):
         source = Path(scratch) / "preprocessed.onnx"
         try:
@@ -62,7 +72,7 @@ def quantize_with_onnxruntime(model: Path, feeds: Iterable[Feed], out: Path) -> 
             notes.append(f"onnxruntime's quant_pre_process failed ({type(e).__name__}); quantized without it")
         header = onnx.load(str(source), load_external_data=False)
         opset = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), 0)
-        if opset < PER_CHANNEL_OPSET:
+        if per_channel and opset < PER_CHANNEL_OPSET:
             # onnxruntime writes per-channel DequantizeLinear (its axis) into an older opset as it is, which no
             # runtime loads: the model is converted first, as onnxruntime's documentation advises
             from onnx import version_converter
@@ -76,9 +86,10 @@ def quantize_with_onnxruntime(model: Path, feeds: Iterable[Feed], out: Path) -> 
             str(out),
             Reader(),
             quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            activation_type=QuantType.QUInt8,
+            per_channel=per_channel,
+            activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
             weight_type=QuantType.QInt8,
-            calibrate_method=CalibrationMethod.MinMax,
+            calibrate_method=getattr(CalibrationMethod, method),
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True} if symmetric else None,
         )
     return notes
