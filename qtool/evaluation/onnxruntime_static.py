@@ -8,6 +8,7 @@ in a scratch directory (``quant_pre_process`` writes its temporary files into th
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -23,11 +24,15 @@ PER_CHANNEL_OPSET = 13  # DequantizeLinear takes an axis (per-channel scales) fr
 
 @contextlib.contextmanager
 def _working_directory(path: str) -> Iterator[None]:
-    here = os.getcwd()
+    """Run in ``path``, with warnings onnxruntime's quantizer logs on the root logger held back (its own advice)."""
+    here, root = os.getcwd(), logging.getLogger()
+    level = root.level
     os.chdir(path)
+    root.setLevel(logging.ERROR)
     try:
         yield
     finally:
+        root.setLevel(level)
         os.chdir(here)
 
 
@@ -69,7 +74,9 @@ def quantize_with_onnxruntime(
             quant_pre_process(str(model), str(source))
         except Exception as e:  # noqa: BLE001 - its symbolic shape inference fails on many models
             source = model
-            notes.append(f"onnxruntime's quant_pre_process failed ({type(e).__name__}); quantized without it")
+            said = str(e).strip().splitlines()[:1]
+            why = f"{type(e).__name__}: {said[0][:200]}" if said else type(e).__name__
+            notes.append(f"onnxruntime's quant_pre_process failed ({why}); quantized without it")
         header = onnx.load(str(source), load_external_data=False)
         opset = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), 0)
         if per_channel and opset < PER_CHANNEL_OPSET:
