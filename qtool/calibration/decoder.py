@@ -217,15 +217,21 @@ def next_step_feed(
 
     Args:
         decoder: the model's interface.
-        previous: the feed just run (its mask and positions are extended by one).
+        previous: the feed just run (its mask and positions are extended by one; any other input, such as a
+            seq2seq decoder's encoder states and encoder mask, is passed on as it was).
         results: that run's outputs by name (the present cache).
         tokens: the next token of each row, [batch].
     """
-    feed: Feed = {decoder.input_ids: tokens.astype(previous[decoder.input_ids].dtype).reshape(-1, 1)}
+    stepped = {decoder.input_ids, decoder.attention_mask, decoder.position_ids, decoder.cache_position}
+    stepped |= {decoder.cache_branch, *(cache.past for cache in decoder.cache)}
+    feed: Feed = {name: value for name, value in previous.items() if name not in stepped}
+    feed[decoder.input_ids] = tokens.astype(previous[decoder.input_ids].dtype).reshape(-1, 1)
     for cache in decoder.cache:
         if cache.present is None:
             raise ValueError(f"no output returns the cache input '{cache.past}'")
-        feed[cache.past] = results[cache.present]
+        present = results[cache.present]
+        # a merged seq2seq decoder's cached step returns its encoder cache empty (it never changes): the past stays
+        feed[cache.past] = previous[cache.past] if present.size == 0 and cache.past in previous else present
     if decoder.attention_mask is not None:
         mask = previous[decoder.attention_mask]
         feed[decoder.attention_mask] = np.concatenate([mask, np.ones((mask.shape[0], 1), mask.dtype)], axis=1)

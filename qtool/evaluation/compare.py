@@ -242,7 +242,7 @@ def _language_model(
     if steps < options.decode_steps:
         log.warning("the decode loop is skipped: an output returning each cache input was not found")
     with stage(f"language model on {len(dataset)} samples ({steps} decode steps each)"):
-        return language_model_metrics(
+        score = language_model_metrics(
             sessions[0],
             sessions[1],
             (reference, candidate),
@@ -250,6 +250,14 @@ def _language_model(
             steps=steps,
             on_progress=factory("decode", len(dataset)),
         )
+    if score.tokens == 0:
+        log.warning(
+            "%s: every sample holds a single token (a decode step with its past): no perplexity to score, the "
+            "outputs are compared by their errors (give token files of 2 or more tokens for the decoder's figures)",
+            dataset.directory,
+        )
+        return None
+    return score
 
 
 def _snapshot(result: ComparisonResult) -> Snapshot:

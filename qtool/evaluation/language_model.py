@@ -33,7 +33,6 @@ from qtool.calibration.decoder import (
     next_step_feed,
     prefix_feed,
 )
-from qtool.errors import QtoolError
 from qtool.evaluation.confidence import CONFIDENCE, mean_bound
 from qtool.graph.session import run_session
 from qtool.options import DECODE_STEPS
@@ -293,18 +292,14 @@ def language_model_metrics(
             decoded.add(cand, feed, first, run.continued, forced=forced, free=free)
         if on_progress is not None:
             on_progress(index)
-    samples = len(runs)
-    if scored == 0:
-        raise QtoolError(
-            f"{dataset.directory}: every sample holds a single token: perplexity needs a next token to score",
-            hint="give token files of 2 or more tokens",
-        )
+    # every sample a single token (decode steps with their past): no next token inside a sample to score
+    # perplexity on (NaN, tokens 0); the agreements and the decode loop are measured all the same
     return LanguageModelScore(
         logits=decoders[0].logits or "",
-        samples=samples,
+        samples=len(runs),
         tokens=scored,
-        reference_perplexity=math.exp(nll_ref / max(1, scored)),
-        candidate_perplexity=math.exp(nll_cand / max(1, scored)),
+        reference_perplexity=math.exp(nll_ref / scored) if scored else math.nan,
+        candidate_perplexity=math.exp(nll_cand / scored) if scored else math.nan,
         next_token_agreement=agree / max(1, positions),
         decode_steps=steps,
         decode_agreement=decoded.forced_same / decoded.generated if decoded.generated and forced else None,

@@ -36,6 +36,23 @@ def _working_directory(path: str) -> Iterator[None]:
         os.chdir(here)
 
 
+def _per_channel_opset(source: Path, converted: Path, notes: list[str]) -> Path:
+    """``source``, or its conversion to opset 13 written to ``converted`` when older (said in ``notes``).
+
+    onnxruntime writes per-channel DequantizeLinear (its axis) into an older opset as it is, which no runtime
+    loads: the model is converted first, as onnxruntime's documentation advises.
+    """
+    header = onnx.load(str(source), load_external_data=False)
+    opset = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset >= PER_CHANNEL_OPSET:
+        return source
+    from onnx import version_converter
+
+    onnx.save(version_converter.convert_version(onnx.load(str(source)), PER_CHANNEL_OPSET), converted)
+    notes.append(f"converted from opset {opset} to {PER_CHANNEL_OPSET} for onnxruntime's per-channel weights")
+    return converted
+
+
 def quantize_with_onnxruntime(
     model: Path | str,
     feeds: Iterable[Feed],
@@ -77,17 +94,8 @@ def quantize_with_onnxruntime(
             said = str(e).strip().splitlines()[:1]
             why = f"{type(e).__name__}: {said[0][:200]}" if said else type(e).__name__
             notes.append(f"onnxruntime's quant_pre_process failed ({why}); quantized without it")
-        header = onnx.load(str(source), load_external_data=False)
-        opset = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), 0)
-        if per_channel and opset < PER_CHANNEL_OPSET:
-            # onnxruntime writes per-channel DequantizeLinear (its axis) into an older opset as it is, which no
-            # runtime loads: the model is converted first, as onnxruntime's documentation advises
-            from onnx import version_converter
-
-            converted = Path(scratch) / "converted.onnx"
-            onnx.save(version_converter.convert_version(onnx.load(str(source)), PER_CHANNEL_OPSET), converted)
-            source = converted
-            notes.append(f"converted from opset {opset} to {PER_CHANNEL_OPSET} for onnxruntime's per-channel weights")
+        if per_channel:
+            source = _per_channel_opset(source, Path(scratch) / "converted.onnx", notes)
         quantize_static(
             str(source),
             str(out),

@@ -19,6 +19,11 @@ def node_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return [sub for attr in node.attribute for sub in ([attr.g] if attr.HasField("g") else attr.graphs)]
 
 
+def all_subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """Every subgraph of ``graph``'s nodes, depth first."""
+    return [body for node in graph.node for sub in node_subgraphs(node) for body in [sub, *all_subgraphs(sub)]]
+
+
 def all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """The nodes of ``graph`` and of every subgraph in it."""
     return [*graph.node, *(inner for node in graph.node for sub in node_subgraphs(node) for inner in all_nodes(sub))]

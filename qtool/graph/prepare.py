@@ -1,8 +1,7 @@
 """Graph preparation before quantization: our own replacement for onnxruntime's quant_pre_process.
 
-Each step degrades gracefully: shape inference that fails is reported, not
-fatal. Float tensor names that users see are kept, so statistics gathered on the
-prepared model line up with the original model's tensors.
+Each step degrades gracefully: shape inference that fails is reported, not fatal. Float tensor names that
+users see are kept, so statistics gathered on the prepared model line up with the original model's tensors.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from qtool.errors import QtoolError
 from qtool.graph.computed_weights import fold_computed_weights
 from qtool.graph.float16 import has_float16, upcast_float16
 from qtool.graph.foreign_ops import infer_through_contrib_ops, park_unknown_ops, unpark
-from qtool.graph.index import GraphView, all_nodes, node_subgraphs, subgraph_reads
+from qtool.graph.index import GraphView, all_nodes, all_subgraphs, node_subgraphs, subgraph_reads
 from qtool.graph.loop_constants import read_constant_loop_state
 from qtool.graph.names import fresh_name
 from qtool.graph.node_order import sort_nodes
@@ -387,14 +386,11 @@ def _infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         log.warning("ONNX shape inference failed, continuing without it: %s", message)
         return model, message
-    # nothing reads a body's annotations, and the written model would carry them (hundreds of entries in a
-    # model of If bodies): each body keeps the ones it came with
-    for before, after in zip(_bodies(model.graph), _bodies(inferred.graph), strict=True):
-        del after.value_info[:]
-        after.value_info.extend(before.value_info)
+    # nothing reads a body's annotations, and the written model would carry them (hundreds of entries in a model
+    # of If bodies): each body keeps the ones it came with, its outputs' too (data propagation can fix a branch
+    # output to the size of one export's example, which onnxruntime then allocates: a merged decoder)
+    for before, after in zip(all_subgraphs(model.graph), all_subgraphs(inferred.graph), strict=True):
+        for kept, inferred_field in ((before.value_info, after.value_info), (before.output, after.output)):
+            del inferred_field[:]
+            inferred_field.extend(kept)
     return inferred, None
-
-
-def _bodies(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
-    """Every subgraph of ``graph``'s nodes, depth first."""
-    return [body for node in graph.node for sub in node_subgraphs(node) for body in [sub, *_bodies(sub)]]

@@ -10,6 +10,7 @@ anywhere else (``node_name`` rules name nodes inside bodies too).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 
 import onnx
@@ -19,6 +20,7 @@ from qtool.config import QConfig
 from qtool.graph.index import node_subgraphs
 from qtool.quantization.plan.records import STORED_DTYPES, StoredWeightPlan
 from qtool.quantization.plan.recurrent import GATE_ROWS, RECURRENT_OPS, RECURRENT_WEIGHT_INPUTS
+from qtool.quantization.plan.roles import LOOKUP_MIN_VALUES, LOOKUP_OPS
 
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}  # which input holds the weight
 
@@ -86,11 +88,16 @@ def _bodies(
 def _weight_plans(
     owner: str, where: str, node: onnx.NodeProto, scope: Mapping[str, TensorProto], config: QConfig
 ) -> list[StoredWeightPlan]:
-    """The weights of one node in a body that ``config`` stores: a recurrent op's W and R, another op's one weight."""
+    """The weights of one node in a body that ``config`` stores: W and R, a row lookup's table, one weight.
+
+    A row lookup's table is a merged decoder's embedding, which both its branches read.
+    """
     if node.domain not in ("", "ai.onnx"):
         return []
     recurrent = node.op_type in RECURRENT_OPS
     indices = RECURRENT_WEIGHT_INPUTS if recurrent else (WEIGHT_INPUT.get(node.op_type, len(node.input)),)
+    if node.op_type in LOOKUP_OPS and _row_lookup(node, scope):
+        indices = (0,)
     found = (scope.get(node.input[i]) for i in indices if i < len(node.input))
     weights = [w for w in found if w is not None and w.data_type == TensorProto.FLOAT and len(w.dims) >= 2]
     if not weights:
@@ -106,9 +113,16 @@ def _weight_plans(
     return plans
 
 
+def _row_lookup(node: onnx.NodeProto, scope: Mapping[str, TensorProto]) -> bool:
+    """Whether a Gather picks rows (axis 0) of a constant table large enough to store quantized (as in the graph)."""
+    table = scope.get(node.input[0]) if node.input else None
+    axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+    return table is not None and axis == 0 and math.prod(table.dims) >= LOOKUP_MIN_VALUES
+
+
 def _channel_axis(node: onnx.NodeProto, rank: int) -> int:
-    """The output-channel axis of the weight (per-block rules get per-channel scales inside bodies)."""
-    if node.op_type == "Conv":
+    """The output-channel axis of the weight (a table's rows; per-block rules get per-channel scales in bodies)."""
+    if node.op_type in LOOKUP_OPS or node.op_type == "Conv":
         return 0
     if node.op_type == "ConvTranspose":
         return 1
