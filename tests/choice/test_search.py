@@ -166,9 +166,11 @@ def test_the_search_starts_from_the_most_accurate_integer_candidate_faster_than_
     assert _start(scores, {"auto": 0.95, "unchained": 0.97}) is None
     # a start that already reaches the target needs no search: the other one is refined
     assert _start({**scores, "unchained": 31.0}, {"auto": 0.7, "unchained": 0.8}) == ("auto", "float activations")
-    # storage misses too: whole nodes float, from the faster integer candidate, else from storage
+    # storage misses too: whole nodes float, from the faster integer candidate when it is the more accurate,
+    # else from storage
     assert _start({**scores, "storage": 28.0}, {"auto": 0.7, "unchained": 0.8}) == ("unchained", "float")
     assert _start({**scores, "storage": 28.0}, {"auto": 0.95, "unchained": 0.97}) == ("storage", "float")
+    assert _start({**scores, "storage": 29.6}, {"auto": 0.7, "unchained": 0.8}) == ("storage", "float")
 
 
 def test_the_search_goes_on_until_the_bound_of_its_samples_reaches_the_target():
