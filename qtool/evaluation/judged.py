@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import onnx
 
@@ -30,6 +30,8 @@ class JudgedOutputs:
     judged: tuple[str, ...]
     state: dict[str, str]  # output -> the input it feeds back (recognised, not judged)
     named: bool  # the user named the judged outputs
+    # judged output -> the TopK / NonMaxSuppression node that selects and orders its rows (see reordering_note)
+    reordered: dict[str, str] = field(default_factory=dict)
 
     @property
     def subset(self) -> frozenset[str] | None:
@@ -38,6 +40,22 @@ class JudgedOutputs:
 
     def note(self) -> str:
         """What the target judges, in words (empty when it is every output as usual)."""
+        said = self._judged_note()
+        reordering = self.reordering_note()
+        return f"{said}; {reordering}" if said and reordering else said or reordering
+
+    def reordering_note(self) -> str:
+        """Which judged outputs a selection orders: their element-wise error is not a measure of them ("": none)."""
+        if not self.reordered:
+            return ""
+        listed = ", ".join(f"'{out}' (by {node})" for out, node in self.reordered.items())
+        return (
+            f"rows ordered by a selection in the graph: {listed}; where two scores nearly tie, their rows trade "
+            "places between the float and the quantized model, so the element-wise SQNR of such an output "
+            "understates the model's accuracy (export without the in-graph selection to judge the scores before it)"
+        )
+
+    def _judged_note(self) -> str:
         if self.named:
             carried = ", ".join(f"{out} -> {inp}" for out, inp in sorted(self.state.items()))
             fed = f"; state fed back: {carried}" if carried else ""
@@ -78,11 +96,36 @@ def judged_outputs(
                     hint=f"its outputs are: {', '.join(outputs)}",
                 )
             named += [name for name in found if name not in named]
-        return JudgedOutputs(tuple(named), state, named=True)
+        return _with_reordering(JudgedOutputs(tuple(named), state, named=True), model)
     judged = tuple(name for name in outputs if name not in state)
     if not judged:  # every output is state: nothing else to judge by
-        return JudgedOutputs(tuple(outputs), {}, named=False)
-    return JudgedOutputs(judged, state, named=False)
+        return _with_reordering(JudgedOutputs(tuple(outputs), {}, named=False), model)
+    return _with_reordering(JudgedOutputs(judged, state, named=False), model)
+
+
+SELECTING_OPS = ("TopK", "NonMaxSuppression")  # pick rows by score and order them
+
+
+def _with_reordering(judged: JudgedOutputs, model: onnx.ModelProto) -> JudgedOutputs:
+    """``judged`` with the judged outputs computed from a TopK or NonMaxSuppression result (in the main graph)."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type not in SELECTING_OPS:
+            continue
+        reached, pending = set(), list(node.output)
+        while pending:
+            tensor = pending.pop()
+            if tensor not in reached:
+                reached.add(tensor)
+                pending += [out for user in consumers.get(tensor, []) for out in user.output]
+        for output in judged.judged:
+            if output in reached:
+                found.setdefault(output, f"{node.op_type} '{node.name}'" if node.name else node.op_type)
+    return replace(judged, reordered=found) if found else judged
 
 
 def _given_state(model: onnx.ModelProto, pairs: Sequence[tuple[str, str]]) -> dict[str, str]:

@@ -177,3 +177,54 @@ def test_accuracy_state_in_a_config_reaches_quantize(tmp_path: Path) -> None:
         app, ["quantize", str(model_path), "--config", str(config), "--data", str(data), "-o", str(out)]
     )
     assert wrong.exit_code == 2 and "'nope' (fed by out_cache0) is no input" in wrong.output
+
+
+def _end_to_end_detector() -> onnx.ModelProto:
+    """Scores and boxes from a 1x1 convolution head, then the 5 best rows picked and ordered by TopK (a NMS-free
+    detector's export): 'detections' [1, 5, 4] are boxes gathered by the TopK indices, 'raw' is not selected."""
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((5, 8, 1, 1)) * 0.5).astype(np.float32), "head"),
+        numpy_helper.from_array(np.array([5], np.int64), "k"),
+        numpy_helper.from_array(np.array([1, 5, 64], np.int64), "flat"),
+        numpy_helper.from_array(np.array([1, 4], np.int64), "sizes"),
+        numpy_helper.from_array(np.array([1], np.int64), "channel_axis"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["image", "head"], ["maps"], name="head_conv"),
+        helper.make_node("Reshape", ["maps", "flat"], ["rows"], name="flatten"),
+        helper.make_node("Split", ["rows", "sizes"], ["scores", "boxes"], name="split", axis=1),
+        helper.make_node("ReduceMax", ["scores", "channel_axis"], ["best"], name="best", keepdims=0),
+        helper.make_node("TopK", ["best", "k"], ["top", "picked"], name="select", axis=1),
+        helper.make_node("Transpose", ["boxes"], ["by_row"], name="rows_first", perm=[0, 2, 1]),
+        helper.make_node("Gather", ["by_row", "picked"], ["gathered"], name="gather", axis=1),
+        helper.make_node("Squeeze", ["gathered"], ["detections"], name="squeeze"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "e2e",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [
+            helper.make_tensor_value_info("detections", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("maps", TensorProto.FLOAT, [1, 5, 8, 8]),
+        ],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_an_output_a_topk_orders_is_said_to_be_ordered_by_it(tmp_path: Path) -> None:
+    model = _end_to_end_detector()
+    judged = judged_outputs(model)
+    assert judged.reordered == {"detections": "TopK 'select'"} and judged.subset is None
+    assert "'detections' (by TopK 'select')" in judged.note() and "understates" in judged.note()
+    # the same words reach compare's report
+    path, data = tmp_path / "e2e.onnx", tmp_path / "data"
+    onnx.save(model, path)
+    data.mkdir()
+    rng = np.random.default_rng(4)
+    for i in range(4):
+        np.save(data / f"{i}.npy", rng.standard_normal((1, 8, 8, 8)).astype(np.float32))
+    r = runner.invoke(app, ["compare", str(path), str(path), "--data", str(data), "--runs", "0"])
+    assert r.exit_code == 0, r.output
+    assert "rows ordered by a selection in the graph: 'detections' (by TopK 'select')" in r.output
