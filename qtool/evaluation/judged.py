@@ -18,6 +18,7 @@ import onnx
 
 from qtool.calibration.decoder import model_decoder
 from qtool.errors import QtoolError
+from qtool.evaluation.row_matching import MAX_MATCHED_ROWS, selection_ordered
 
 # name parts that mark one step of a state: what is left of both names must be the same
 _STEP_WORDS = ("input", "output", "in", "out", "prev", "next", "new", "old", "past", "present", "n", "0", "1", "t")
@@ -45,14 +46,14 @@ class JudgedOutputs:
         return f"{said}; {reordering}" if said and reordering else said or reordering
 
     def reordering_note(self) -> str:
-        """Which judged outputs a selection orders: their element-wise error is not a measure of them ("": none)."""
+        """Which judged outputs a selection orders, compared as sets of rows (see :mod:`row_matching`; "": none)."""
         if not self.reordered:
             return ""
         listed = ", ".join(f"'{out}' (by {node})" for out, node in self.reordered.items())
         return (
-            f"rows ordered by a selection in the graph: {listed}; where two scores nearly tie, their rows trade "
-            "places between the float and the quantized model, so the element-wise SQNR of such an output "
-            "understates the model's accuracy (export without the in-graph selection to judge the scores before it)"
+            f"rows ordered by a selection in the graph: {listed}; compared as sets of rows, each of the quantized "
+            f"model's rows paired with the float model's nearest (where two scores nearly tie the rows trade places; "
+            f"up to {MAX_MATCHED_ROWS} rows)"
         )
 
     def _judged_note(self) -> str:
@@ -103,28 +104,9 @@ def judged_outputs(
     return _with_reordering(JudgedOutputs(judged, state, named=False), model)
 
 
-SELECTING_OPS = ("TopK", "NonMaxSuppression")  # pick rows by score and order them
-
-
 def _with_reordering(judged: JudgedOutputs, model: onnx.ModelProto) -> JudgedOutputs:
-    """``judged`` with the judged outputs computed from a TopK or NonMaxSuppression result (in the main graph)."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    found: dict[str, str] = {}
-    for node in model.graph.node:
-        if node.op_type not in SELECTING_OPS:
-            continue
-        reached, pending = set(), list(node.output)
-        while pending:
-            tensor = pending.pop()
-            if tensor not in reached:
-                reached.add(tensor)
-                pending += [out for user in consumers.get(tensor, []) for out in user.output]
-        for output in judged.judged:
-            if output in reached:
-                found.setdefault(output, f"{node.op_type} '{node.name}'" if node.name else node.op_type)
+    """``judged`` with the judged outputs a TopK or NonMaxSuppression orders (compared as sets of rows)."""
+    found = {out: node for out, node in selection_ordered(model).items() if out in judged.judged}
     return replace(judged, reordered=found) if found else judged
 
 

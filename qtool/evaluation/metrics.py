@@ -14,6 +14,7 @@ from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
 from qtool.evaluation.confidence import ratio_db
 from qtool.evaluation.output_kinds import OutputKind, OutputSource, decide_kind, task_note
+from qtool.evaluation.row_matching import matched_rows
 from qtool.graph.session import run_session
 
 
@@ -182,15 +183,22 @@ class OutputComparison:
     judged: ErrorMetrics | None = None  # the judged outputs pooled, when not every output is judged
 
 
-def _same_shape(name: str, reference: np.ndarray, candidate: np.ndarray, path: object) -> tuple[np.ndarray, np.ndarray]:
-    """The two values of one output as arrays, refused when their shapes differ."""
+def _same_shape(
+    name: str, reference: np.ndarray, candidate: np.ndarray, path: object, *, ordered: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """The two values of one output as arrays, refused when their shapes differ.
+
+    ``ordered``: a selection in the graph orders the output's rows: the candidate's are paired with the
+    reference's (:func:`~qtool.evaluation.row_matching.matched_rows`).
+    """
     if np.shape(reference) != np.shape(candidate):
         raise QtoolError(
             f"output '{name}' has shape {list(np.shape(reference))} in the reference but "
             f"{list(np.shape(candidate))} in the candidate (sample {path})",
             hint="compare a quantized model with the float model it came from",
         )
-    return np.asarray(reference), np.asarray(candidate)
+    ref, cand = np.asarray(reference), np.asarray(candidate)
+    return ref, matched_rows(ref, cand) if ordered else cand
 
 
 def _count_kind(
@@ -248,7 +256,7 @@ def output_metrics(
         for name, r, c in zip(names, ref_values, cand_values, strict=True):
             if not is_float(r):
                 continue
-            ref, cand = _same_shape(name, r, c, path)
+            ref, cand = _same_shape(name, r, c, path, ordered=name in sources and bool(sources[name].ordered_by))
             per_output[name].add(ref, cand)
             if name not in kinds:
                 kinds[name] = decide_kind(sources.get(name, OutputSource(name, None)), ref, task)

@@ -30,6 +30,7 @@ import onnx
 
 from qtool.calibration.decoder import model_decoder
 from qtool.errors import QtoolError
+from qtool.evaluation.row_matching import selection_ordered
 from qtool.graph.index import GraphView
 
 Kind = Literal["class_scores", "boxes", "next_token", "values"]
@@ -62,6 +63,7 @@ class OutputSource:
     name: str
     op_type: str | None  # None for a graph input or an initializer passed straight out
     next_token: bool = False  # the logits of a decoder with a key/value cache (see qtool.calibration.decoder)
+    ordered_by: str | None = None  # the TopK / NonMaxSuppression whose selection orders its rows (row_matching)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ def output_sources(model: onnx.ModelProto) -> dict[str, OutputSource]:
     except QtoolError:  # an input numpy cannot feed: not a decoder this module can run
         decoder = None
     logits = decoder.logits if decoder is not None else None
+    ordered = selection_ordered(model)
     sources = {}
     for output in graph.output:
         node = view.producer(output.name)
@@ -98,7 +101,8 @@ def output_sources(model: onnx.ModelProto) -> dict[str, OutputSource]:
                 break
             node = view.producer(upstream)
         op_type = node.op_type if node is not None else None
-        sources[output.name] = OutputSource(output.name, op_type, next_token=output.name == logits)
+        name = output.name
+        sources[name] = OutputSource(name, op_type, next_token=name == logits, ordered_by=ordered.get(name))
     return sources
 
 

@@ -28,6 +28,7 @@ from qtool.calibration.dataset import Dataset, Feed, continuations
 from qtool.calibration.outputs import FloatOutputs
 from qtool.evaluation.confidence import CONFIDENCE, SampleEnergies
 from qtool.evaluation.metrics import ErrorAccumulator, is_float
+from qtool.evaluation.row_matching import matched_rows, selection_ordered
 from qtool.graph.session import create_session, run_session
 from qtool.graph.weights import Weights
 
@@ -91,6 +92,7 @@ class OutputScorer:
         self.state = dict(state or {})  # state output -> the input it feeds back (closed loop over sequences)
         self.weights = weights
         self._reference_model = reference
+        self.ordered = frozenset(selection_ordered(reference))  # outputs compared as sets of rows (row_matching)
         self._session: ort.InferenceSession | None = None  # created only when a float output must be computed
         self.samples: list[tuple[Path, Feed]] = list(dataset.samples())
         self.files = [path.name for path, _ in self.samples]
@@ -200,7 +202,7 @@ class OutputScorer:
             for name, r, c in zip(self.names, self._reference(index), values, strict=True):
                 if np.shape(r) == np.shape(c):
                     one = ErrorAccumulator()
-                    one.add(r, np.asarray(c))
+                    one.add(r, matched_rows(r, np.asarray(c)) if name in self.ordered else np.asarray(c))
                     accumulators[name].merge(one)
                     signal[name].append(one.sum_ref_sq)
                     noise[name].append(one.sum_err_sq)

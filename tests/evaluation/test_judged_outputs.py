@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -217,14 +218,63 @@ def test_an_output_a_topk_orders_is_said_to_be_ordered_by_it(tmp_path: Path) -> 
     model = _end_to_end_detector()
     judged = judged_outputs(model)
     assert judged.reordered == {"detections": "TopK 'select'"} and judged.subset is None
-    assert "'detections' (by TopK 'select')" in judged.note() and "understates" in judged.note()
-    # the same words reach compare's report
-    path, data = tmp_path / "e2e.onnx", tmp_path / "data"
+    assert "'detections' (by TopK 'select')" in judged.note() and "compared as sets of rows" in judged.note()
+    # a candidate returning the same rows in reverse order: exact as a set, in compare's report too
+    path, reversed_rows, data = tmp_path / "e2e.onnx", tmp_path / "reversed.onnx", tmp_path / "data"
     onnx.save(model, path)
+    flipped = onnx.ModelProto()
+    flipped.CopyFrom(model)
+    squeeze = next(n for n in flipped.graph.node if n.name == "squeeze")
+    squeeze.output[0] = "in_order"
+    flipped.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array(v, np.int64), n)
+            for n, v in (("s", [-1]), ("e", [-9]), ("ax", [0]), ("st", [-1]))
+        ]
+    )
+    flipped.graph.node.append(
+        helper.make_node("Slice", ["in_order", "s", "e", "ax", "st"], ["detections"], name="flip")
+    )
+    onnx.save(flipped, reversed_rows)
     data.mkdir()
     rng = np.random.default_rng(4)
     for i in range(4):
         np.save(data / f"{i}.npy", rng.standard_normal((1, 8, 8, 8)).astype(np.float32))
-    r = runner.invoke(app, ["compare", str(path), str(path), "--data", str(data), "--runs", "0"])
+    r = runner.invoke(
+        app,
+        [
+            "compare",
+            str(path),
+            str(reversed_rows),
+            "--data",
+            str(data),
+            "--runs",
+            "0",
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "rows ordered by a selection in the graph: 'detections' (by TopK 'select')" in r.output
+    outputs = {o["name"]: o for o in json.loads((tmp_path / "r.json").read_text())["accuracy"]["outputs"]}
+    assert outputs["detections"]["sqnr_db"] is None or outputs["detections"]["sqnr_db"] > 100  # exact: +inf
+    # and so the placement choice scores it
+    from qtool.calibration.dataset import Dataset, model_inputs
+    from qtool.evaluation.scoring import OutputScorer
+
+    scorer = OutputScorer(model, Dataset(data, model_inputs(model)))
+    assert scorer.score(flipped).outputs["detections"] == float("inf")
+
+
+def test_rows_are_paired_nearest_first_and_a_moved_row_costs_its_move() -> None:
+    from qtool.evaluation.row_matching import MAX_MATCHED_ROWS, matched_rows
+
+    rng = np.random.default_rng(0)
+    reference = rng.standard_normal((1, 40, 6)).astype(np.float32)
+    shuffled = reference[:, rng.permutation(40)]
+    assert np.array_equal(matched_rows(reference, shuffled), reference)
+    moved = shuffled.copy()
+    moved[0, 3] += 0.01
+    assert np.abs(matched_rows(reference, moved) - reference).max() == pytest.approx(0.01, abs=1e-6)
+    many = rng.standard_normal((MAX_MATCHED_ROWS + 1, 2)).astype(np.float32)
+    assert matched_rows(many, many[::-1]) is not None and np.array_equal(matched_rows(many, many[::-1]), many[::-1])
