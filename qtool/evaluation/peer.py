@@ -15,11 +15,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnx
+
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.dataset_types import Feed
 from qtool.evaluation.latency import LATENCY_BLOCK_SECONDS, paired_ratio
 from qtool.evaluation.metrics import output_metrics
 from qtool.evaluation.onnxruntime_static import RECIPE, quantize_with_onnxruntime
+from qtool.evaluation.output_kinds import output_sources
 from qtool.evaluation.timing import Rounds, time_interleaved
 from qtool.graph.model_files import model_files
 from qtool.graph.session import create_session
@@ -93,12 +96,13 @@ def beside_onnxruntime(run: PeerRun) -> PeerComparison:
 def _worst_outputs(models: dict[str, Path], scored: Dataset) -> dict[str, float]:
     """Each quantized model's worst float output SQNR against fp32 on ``scored`` (outputs pooled over samples)."""
     reference = create_session(models["fp32"], "the float model")
+    sources = output_sources(onnx.load(str(models["fp32"]), load_external_data=False))  # rows a selection orders
     worst = {}
     for name, path in models.items():
         if name == "fp32":
             continue
         candidate = create_session(path, f"the {name} model")
-        measured = output_metrics(reference, candidate, scored, {}, task="none")
+        measured = output_metrics(reference, candidate, scored, sources, task="none")
         worst[name] = min((o.sqnr_db for o in measured.outputs), default=measured.overall.sqnr_db)
     return worst
 

@@ -18,6 +18,7 @@ from qtool.errors import QtoolError
 from qtool.graph.computed_weights import fold_computed_weights
 from qtool.graph.float16 import has_float16, upcast_float16
 from qtool.graph.foreign_ops import infer_through_contrib_ops, park_unknown_ops, unpark
+from qtool.graph.functions import inline_local_functions
 from qtool.graph.index import GraphView, all_nodes, all_subgraphs, node_subgraphs, subgraph_reads
 from qtool.graph.loop_constants import read_constant_loop_state
 from qtool.graph.names import fresh_name
@@ -38,6 +39,7 @@ class PrepareReport:
     constants_to_initializers: int = 0
     folded_batchnorms: list[str] = field(default_factory=list)
     folded_shapes: list[str] = field(default_factory=list)  # Shape nodes of initializers, now constants
+    inlined_functions: list[str] = field(default_factory=list)  # model-local functions inlined (domain:name)
     folded_weight_layouts: list[str] = field(default_factory=list)  # Transpose/Reshape/... of weights, now constants
     folded_computed_weights: list[str] = field(default_factory=list)  # nodes computing weights from constants
     loops_reading_constant_state: list[str] = field(default_factory=list)  # Loops whose unchanged state is a constant
@@ -123,6 +125,7 @@ def prepare_model(
     prepared = onnx.ModelProto()
     prepared.CopyFrom(model)
     report = PrepareReport(opset_before=default_opset(prepared))
+    prepared, report.inlined_functions = inline_local_functions(prepared)
     report.sorted_nodes = sort_nodes(prepared.graph)
     weights = weights if weights is not None else Weights()
     report.constants_to_initializers = _constants_to_initializers(prepared.graph)

@@ -16,7 +16,7 @@ PEER_RUNS = 20  # timed rounds per thread setting when the comparison times noth
 
 
 def check_peer_data(data_dir: Path | str | None) -> None:
-    """Refuse ``--vs-onnxruntime`` before any work unless calibration samples are in a local directory ("": off)."""
+    """Refuse ``--vs-onnxruntime`` before any work unless its calibration samples are in a local directory."""
     if data_dir is None or is_url(data_dir):
         raise QtoolError(
             "--vs-onnxruntime needs --data DIR, a local directory: onnxruntime's quantize_static calibrates on it"

@@ -349,6 +349,7 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         (p.einsums_as_matmuls, "{} Einsum -> MatMul"),
         (p.folded_computed_weights, "folded {} nodes computing weights from constants"),
         (p.loops_reading_constant_state, "{} Loop bodies read their constant state as constants"),
+        (p.inlined_functions, "inlined the calls of {} model-local functions"),
     )
     done = [words.format(len(nodes)) for nodes, words in folds if nodes]
     if p.constants_to_initializers:

@@ -84,6 +84,9 @@ class Prepare(_Report):
     loops_reading_constant_state: list[str] = Field(
         default_factory=list, description="Loops whose bodies now read the constant state they carry unchanged"
     )
+    inlined_functions: list[str] = Field(
+        default_factory=list, description="model-local functions (domain:name) whose calls were inlined"
+    )
     sorted_nodes: bool = Field(False, description="the nodes were out of order and were sorted topologically")
     removed_initializers: int = Field(0, description="initializers no node read any more, dropped")
     opset_before: int
