@@ -29,15 +29,20 @@ _LAYOUT_OPS = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Ident
 
 
 def fold_weight_layout_ops(graph: onnx.GraphProto, weights: Weights, fixed: set[str]) -> list[str]:
-    """Replace layout ops of float initializers read by that op alone with initializers of their result.
+    """Replace layout ops of float initializers with initializers of their result.
 
-    ``fixed``: names that must stay as they are (graph inputs and outputs, names subgraphs read).
+    A weight read by that op alone is replaced. A weight other nodes read too (a language model's embedding
+    table, tied to its output projection through a Transpose; parameters torch's exporter found equal and
+    wrote once, behind an Identity per use) is kept for them: an Identity's readers read the weight itself,
+    and another layout op whose result only weighted ops read as their weight gets a copy of its own (else
+    the float weight stayed in the file beside the quantized copy, and the model grew). ``fixed``: names that
+    must stay as they are (graph inputs and outputs, names subgraphs read).
     """
     inits = {init.name: init for init in graph.initializer}
-    keep_names = fixed
     folded: list[str] = []
     kept: list[onnx.NodeProto] = []
-    readers = _reader_counts(graph)
+    readers, weight_reads = _reader_counts(graph), _weight_reads(graph)
+    aliases: dict[str, str] = {}
     for node in graph.node:
         source = inits.get(node.input[0]) if node.input else None
         if (
@@ -45,10 +50,17 @@ def fold_weight_layout_ops(graph: onnx.GraphProto, weights: Weights, fixed: set[
             or node.domain not in ("", "ai.onnx")
             or source is None
             or source.data_type != TensorProto.FLOAT
-            or readers.get(source.name, 0) != 1
-            or source.name in keep_names
-            or node.output[0] in keep_names
+            or source.name in fixed
+            or node.output[0] in fixed
         ):
+            kept.append(node)
+            continue
+        shared = readers.get(source.name, 0) != 1
+        if shared and node.op_type == "Identity":
+            aliases[node.output[0]] = source.name
+            folded.append(node.name)
+            continue
+        if shared and not _own_copy_pays(source, readers.get(node.output[0], 0), weight_reads.get(node.output[0], 0)):
             kept.append(node)
             continue
         result = _layout_result(node, weights.value(source), inits, weights)
@@ -58,11 +70,32 @@ def fold_weight_layout_ops(graph: onnx.GraphProto, weights: Weights, fixed: set[
         new = _add_initializer(graph, weights, node.output[0], result, detached=is_detached(source))
         inits[new.name] = new
         readers[new.name] = readers.pop(node.output[0], 0)
+        readers[source.name] -= 1
         folded.append(node.name)
     if folded:
         del graph.node[:]
         graph.node.extend(kept)
+        for node in graph.node:
+            for index, name in enumerate(node.input):
+                node.input[index] = aliases.get(name, name)
     return folded
+
+
+SHARED_COPY_MIN_VALUES = 4096  # a smaller shared weight is not worth a copy of its own
+
+
+def _own_copy_pays(source: TensorProto, readers: int, weight_reads: int) -> bool:
+    """Whether a shared weight's layout op gets a copy: large, and read only as the weight of weighted ops."""
+    return math.prod(source.dims) >= SHARED_COPY_MIN_VALUES and readers > 0 and readers == weight_reads
+
+
+def _weight_reads(graph: onnx.GraphProto) -> dict[str, int]:
+    """How often each name is read as the weight input of a Conv, ConvTranspose, Gemm or MatMul."""
+    counts: dict[str, int] = {}
+    for node in graph.node:
+        if node.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and len(node.input) > 1:
+            counts[node.input[1]] = counts.get(node.input[1], 0) + 1
+    return counts
 
 
 def _layout_result(
