@@ -16,12 +16,33 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qtool.errors import QtoolError
 from qtool.graph.names import fresh_name
 from qtool.graph.weights import Weights, is_detached, mark_detached
 
 FLOAT16, FLOAT = TensorProto.FLOAT16, TensorProto.FLOAT
 _TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")  # integer attributes naming an element type
 STORE_MIN_ELEMENTS = 64  # smaller float weights (norm epsilons, scalars) stay float32: a Cast would cost more
+
+
+def refuse_bfloat16(model: onnx.ModelProto, source: str) -> None:
+    """Raise, before any sample is read, when ``model`` computes in bfloat16 (its inputs or most of its weights).
+
+    qtool quantizes float32 and float16 models, and onnxruntime's CPU provider has no bfloat16 Conv, Gemm or
+    most other kernels: samples could not even be given in a type numpy writes (``|V2``).
+    """
+    inputs = [v.name for v in model.graph.input if v.type.tensor_type.elem_type == TensorProto.BFLOAT16]
+    sizes = {kind: 0 for kind in (TensorProto.BFLOAT16, FLOAT, FLOAT16)}
+    for init in model.graph.initializer:
+        if init.data_type in sizes:
+            sizes[init.data_type] += int(np.prod(init.dims))
+    if inputs or sizes[TensorProto.BFLOAT16] > sizes[FLOAT] + sizes[FLOAT16]:
+        what = f"input '{inputs[0]}' is" if inputs else "its weights are"
+        raise QtoolError(
+            f"{source}: {what} bfloat16; qtool quantizes float32 and float16 models, and onnxruntime's CPU "
+            "provider runs few bfloat16 kernels",
+            hint="export the model in float32: for PyTorch, model.float() before torch.onnx.export",
+        )
 
 
 def has_float16(graph: onnx.GraphProto) -> bool:

@@ -22,7 +22,7 @@ from qtool.evaluation.latency import LatencyComparison, LatencyStats, paired_rat
 from qtool.evaluation.opened import OpenedModel
 from qtool.evaluation.pairing import FLOAT_TYPES
 from qtool.graph.checks import check_quantized_model
-from qtool.graph.float16 import store_float16
+from qtool.graph.float16 import refuse_bfloat16, store_float16
 from qtool.graph.input_shapes import restore_input_dims
 from qtool.graph.model_files import same_file
 from qtool.graph.model_io import save_model
@@ -123,6 +123,7 @@ def statistics(ws: Workspace, request: QuantizeRequest, progress: ProgressFactor
 
 def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory | None) -> QuantizeResult:
     """Quantize the workspace's model and write it; compare it with the float model when asked."""
+    refuse_bfloat16(ws.model, str(ws.path))  # (inspect shows the nodes it would keep float)
     check_kv_cache(ws, request.data_dir or request.search_dir)
     data = statistics(ws, request, progress)
     search_dir = request.search_dir

@@ -171,3 +171,29 @@ def test_a_bfloat16_model_is_kept_float_with_one_line_for_all_its_nodes(tmp_path
     lines = [line for line in result.output.splitlines() if reason in line]
     assert len(lines) == 1 and "5 nodes (mm0, mm1, ...)" in lines[0], result.output
     assert not has_float16(model.graph)
+
+
+def test_a_bfloat16_model_is_refused_in_one_line_before_any_sample_is_read(tmp_path: Path) -> None:
+    import pytest
+    from typer.testing import CliRunner
+
+    from qtool.cli import app
+    from qtool.errors import QtoolError
+
+    weight = helper.make_tensor("w", TensorProto.BFLOAT16, [8, 8], np.zeros(64, np.uint16).tobytes(), raw=True)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "bf16",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [1, 8])],
+        [weight],
+    )
+    model = tmp_path / "bf16.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
+    out = tmp_path / "q.onnx"
+    # before: each sample was refused ("expects bfloat16, got float32"), a type numpy cannot write
+    r = CliRunner().invoke(app, ["quantize", str(model), "--data", str(tmp_path / "none"), "-o", str(out)])
+    assert r.exit_code == 2 and "input 'x' is bfloat16" in r.stderr and "model.float()" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+    with pytest.raises(QtoolError, match="bfloat16"):
+        qtool.quantize(model, out)
