@@ -10,7 +10,8 @@ values are the ones the model would compute), and puts their results in as initi
 Only what reaches a weight input is folded (a Conv/ConvTranspose/Gemm/MatMul/LSTM/GRU/RNN input that holds
 weights or a bias; not a Gather's, whose input 0 is as often a shape as a table), through pure elementwise,
 reduction and layout ops (:data:`FOLDABLE`): no op that makes values from nothing or from a shape
-(ConstantOfShape, Range, Expand, Tile: a small file whose weight grows at load keeps that form), no random
+(ConstantOfShape, Range, Expand, Tile: a small file whose weight grows at load keeps that form; the Shape of
+an Expand of constants is read off first, as torch sizes an LSTM's gate slices by its initial state), no random
 op, no MatMul of two constants (a factorised weight would lose its factorisation), no node whose output a
 graph returns, and nothing whose results would take more bytes than the constants they replace.
 """
@@ -57,6 +58,7 @@ def fold_computed_weights(model: onnx.ModelProto, weights: Weights) -> list[str]
     """
     graph = model.graph
     constants = {init.name: init for init in graph.initializer}
+    _shapes_of_constant_expands(model, constants, weights)
     try:
         chosen = _weight_computations(graph, constants, {o.name for o in graph.output})
     except RecursionError:  # a chain of thousands of nodes computing one weight: it stays computed
@@ -75,6 +77,51 @@ def fold_computed_weights(model: onnx.ModelProto, weights: Weights) -> list[str]
     del graph.node[:]
     graph.node.extend(keep)
     return [node.name for node in chosen]
+
+
+def _shapes_of_constant_expands(model: onnx.ModelProto, constants: dict[str, TensorProto], weights: Weights) -> None:
+    """Each Shape of an Expand of values computed from constants becomes a constant.
+
+    torch's exporter (without its optimizer) sizes an LSTM's gate slices by the shape of its zero initial state,
+    an Expand: Expand makes values from a shape and is never folded, so the weights it sizes stayed computed.
+    Only the shape is kept (the Expand stays for whatever else reads it).
+    """
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output if out}
+    returned = {o.name for o in graph.output}
+    for shape in list(graph.node):
+        expand = producer.get(shape.input[0]) if shape.op_type == "Shape" and shape.input else None
+        if expand is None or expand.op_type != "Expand" or shape.output[0] in returned:
+            continue
+        chain = _constant_chain(list(expand.input), producer, constants)
+        if chain is None:
+            continue
+        versions = (list(model.opset_import), model.ir_version)
+        value = _run([*chain, expand, shape], [shape.output[0]], constants, weights, versions)
+        if value is None:
+            continue
+        tensor = numpy_helper.from_array(value[shape.output[0]], shape.output[0])
+        graph.initializer.append(tensor)
+        constants[tensor.name] = tensor
+        graph.node.remove(shape)
+
+
+def _constant_chain(
+    names: list[str], producer: Mapping[str, onnx.NodeProto], constants: Mapping[str, TensorProto]
+) -> list[onnx.NodeProto] | None:
+    """The foldable nodes that compute ``names`` from constants alone, in dependency order (None: not all can)."""
+    chain: list[onnx.NodeProto] = []
+    for name in names:
+        if not name or name in constants:
+            continue
+        node = producer.get(name)
+        if node is None or node.op_type not in FOLDABLE or node.domain not in ("", "ai.onnx") or node_subgraphs(node):
+            return None
+        inner = _constant_chain(list(node.input), producer, constants)
+        if inner is None:
+            return None
+        chain += [n for n in [*inner, node] if all(n is not c for c in chain)]
+    return chain
 
 
 def _weight_computations(

@@ -89,3 +89,45 @@ def test_a_weight_whose_folded_form_would_take_more_bytes_stays_computed(tmp_pat
     prepared, report = prepare_model(model)
     assert report.folded_computed_weights == []
     assert [n.name for n in prepared.graph.node] == ["twice", "mm", "scaled", "mm2"]
+
+
+def test_a_weight_sliced_by_the_shape_of_an_expanded_state_is_computed_and_quantized(tmp_path):
+    # torch's exporter without its optimizer: the gate slices of a weight are sized by the Shape of the zero
+    # initial state, an Expand of a scalar that the model also reads; before, Expand (never folded) kept the
+    # whole chain computed and the weight float (1.02x)
+    rng = np.random.default_rng(9)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((64, 256)) * 0.1).astype(np.float32), "w_stack"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([128], np.int64), "hidden"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis"),
+        numpy_helper.from_array(np.array([0], np.int64), "start"),
+        numpy_helper.from_array(np.array([2], np.int64), "two"),
+    ]
+    nodes = [
+        helper.make_node("Concat", ["one", "hidden"], ["state_shape"], name="state_shape", axis=0),
+        helper.make_node("Expand", ["zero", "state_shape"], ["state"], name="zeros"),
+        helper.make_node("Shape", ["state"], ["sizes"], name="shape"),
+        helper.make_node("Slice", ["sizes", "one", "two"], ["width"], name="width"),
+        helper.make_node("Slice", ["w_stack", "start", "width", "axis"], ["w"], name="gate"),
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+        helper.make_node("Add", ["h", "state"], ["y"], name="plus_state"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "expanded_state",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128])],
+        inits,
+    )
+    model = save_checked(graph, tmp_path / "m.onnx")
+    prepared, report = prepare_model(onnx.load(model))
+    assert "gate" in report.folded_computed_weights and "w" in {i.name for i in prepared.graph.initializer}
+    assert any(n.op_type == "Expand" for n in prepared.graph.node)  # still there for the Add that reads it
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(8):
+        np.save(data / f"{i}.npy", rng.standard_normal((1, 64)).astype(np.float32))
+    result = qtool.quantize(model, tmp_path / "q.onnx", data_dir=data, evaluation=None)
+    assert "w" in result.rewrite.quantized_weights and result.compression_ratio > 2.5
