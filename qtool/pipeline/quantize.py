@@ -9,7 +9,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import onnx
 import onnxruntime as ort
+from onnx import numpy_helper
 
 from qtool._version import __version__
 from qtool.calibration.outputs import FloatOutputs
@@ -23,6 +25,7 @@ from qtool.evaluation.opened import OpenedModel
 from qtool.evaluation.pairing import FLOAT_TYPES
 from qtool.graph.checks import check_quantized_model
 from qtool.graph.float16 import refuse_bfloat16, store_float16
+from qtool.graph.index import all_nodes
 from qtool.graph.input_shapes import restore_input_dims
 from qtool.graph.model_files import same_file
 from qtool.graph.model_io import save_model
@@ -280,7 +283,29 @@ def preparation_notes(ws: Workspace) -> list[str]:
             "the model computes in float16: it is quantized from its float32 form and the written model computes "
             "in float32 behind the same float16 inputs and outputs; the weights it keeps in float stay float16"
         )
-    return notes
+    return notes + _training_form(ws.model)
+
+
+def _training_form(model: onnx.ModelProto) -> list[str]:
+    """A note when the model was exported in training form (BatchNorm on each batch's statistics, live Dropout)."""
+    constants = {i.name: i for i in model.graph.initializer}
+    for node in model.graph.node:  # Constant nodes too: the model as read
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = node.attribute[0].t
+    norms = [
+        n
+        for n in all_nodes(model.graph)
+        if n.op_type == "BatchNormalization"
+        and (len([o for o in n.output if o]) > 1 or any(a.name == "training_mode" and a.i for a in n.attribute))
+    ]
+    live = [n.input[2] for n in all_nodes(model.graph) if n.op_type == "Dropout" and len(n.input) > 2]
+    drops = [name for name in live if name in constants and numpy_helper.to_array(constants[name]).all()]
+    if not norms and not drops:
+        return []
+    parts = [f"{len(norms)} BatchNormalization normalize each batch by its own statistics"] if norms else []
+    parts += [f"{len(drops)} Dropout drop values at random"] if drops else []
+    said = " and ".join(parts)
+    return [f"the model was exported in training form: {said}; export it with model.eval() to quantize what it runs"]
 
 
 def compared(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+import onnx
 import pytest
 
 import qtool
@@ -84,3 +86,50 @@ def test_the_comparison_reads_the_models_held_in_memory_and_measures_what_compar
     # the same candidate outputs; the float ones quantize took from calibration's pass of the prepared model
     assert [o.name for o in held.outputs] == [o.name for o in again.outputs]
     assert all(abs(h.sqnr_db - a.sqnr_db) < 1e-3 for h, a in zip(held.outputs, again.outputs, strict=True))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_model_exported_in_training_form_is_said_to_be(tmp_path, training):
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32), "w"),
+        *(numpy_helper.from_array(v.astype(np.float32), n) for n, v in (("s", np.ones(16)), ("b", np.zeros(16)))),
+        *(numpy_helper.from_array(v.astype(np.float32), n) for n, v in (("m", np.zeros(16)), ("v", np.ones(16)))),
+        numpy_helper.from_array(np.array(0.1, np.float32), "ratio"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node(  # training form: the batch's statistics, and the running ones as two more outputs
+            "BatchNormalization",
+            ["c", "s", "b", "m", "v"],
+            ["n", "running_mean", "running_var"] if training else ["n"],
+            name="bn",
+            training_mode=training,
+        ),
+        helper.make_node("Constant", [], ["train"], value=numpy_helper.from_array(np.array(training))),
+        helper.make_node("Dropout", ["n", "ratio", "train"], ["y"], name="drop", seed=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "trained",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])],
+        inits,
+    )
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):
+        np.save(data / f"{i}.npy", rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
+    result = qtool.quantize(model, tmp_path / "q.onnx", data_dir=data, evaluation=None, search=None)
+    said = [n for n in result.notes if "training form" in n]
+    if training:
+        assert said == [
+            "the model was exported in training form: 1 BatchNormalization normalize each batch by its own "
+            "statistics and 1 Dropout drop values at random; export it with model.eval() to quantize what it runs"
+        ]
+    else:
+        assert said == []
