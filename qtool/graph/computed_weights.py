@@ -34,7 +34,7 @@ FOLDABLE = frozenset(
         "Identity", "Cast", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split", "Slice",
         "Gather", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Sqrt", "Pow", "Exp", "Log", "Reciprocal", "Clip",
         "Max", "Min", "Sign", "Tanh", "Sigmoid", "ReduceL2", "ReduceL1", "ReduceSum", "ReduceSumSquare",
-        "ReduceMean", "ReduceMax", "ReduceMin", "Shape", "Size",
+        "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "Shape", "Size",
     }
 )  # fmt: skip
 # op -> the inputs that hold its weights (and bias): what folding is for

@@ -57,19 +57,9 @@ class PrepareReport:
 # MatMulNBits is not among them: a weight-only op with float inputs and outputs, which onnxruntime's
 # model builder writes for a decoder's projections, it is passed through and the rest is quantized.
 QUANTIZED_OPS = {
-    "QuantizeLinear",
-    "DequantizeLinear",
-    "DynamicQuantizeLinear",
-    "QLinearConv",
-    "QLinearMatMul",
-    "ConvInteger",
-    "MatMulInteger",
-    "QGemm",
-    "QLinearAdd",
-    "QLinearMul",
-    "MatMulIntegerToFloat",
-    "DynamicQuantizeMatMul",
-}
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
+    "MatMulInteger", "QGemm", "QLinearAdd", "QLinearMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+}  # fmt: skip
 
 
 def refuse_quantized(model: onnx.ModelProto, source: str) -> None:
@@ -148,10 +138,10 @@ def prepare_model(
     fixed |= _subgraph_inputs(prepared.graph)
     report.folded_weight_layouts = fold_weight_layout_ops(prepared.graph, weights, fixed)
     report.einsums_as_matmuls = einsums_as_matmuls(prepared.graph, weights, fixed)
+    report.folded_shapes = _fold_shapes_of_initializers(prepared.graph)  # constants for the computed weights' chains
     report.folded_computed_weights = fold_computed_weights(prepared, weights)
     report.loops_reading_constant_state = read_constant_loop_state(prepared.graph)
     report.folded_batchnorms = _fold_batchnorms(prepared.graph, weights)
-    report.folded_shapes = _fold_shapes_of_initializers(prepared.graph)
     report.removed_initializers = _remove_unused_initializers(prepared.graph)
     prepared, report.shape_inference_error = _infer_shapes(prepared)
     return prepared, report
@@ -237,6 +227,9 @@ def _name_unnamed_nodes(graph: onnx.GraphProto, taken: set[str] | None = None) -
 
 
 def _convert_opset(model: onnx.ModelProto, current: int, target: int, source: str) -> onnx.ModelProto:
+    if not any(entry.domain in ("", "ai.onnx") for entry in model.opset_import):  # ai.onnx.ml alone: no node to
+        model.opset_import.append(helper.make_opsetid("", target))  # convert, the Q/DQ opset is imported
+        return model
     parked = park_unknown_ops(model)
     try:
         converted = version_converter.convert_version(model, target)

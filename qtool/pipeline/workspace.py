@@ -20,6 +20,7 @@ import onnx
 from qtool.calibration.statistics import CalibrationStats
 from qtool.config import QConfig
 from qtool.errors import QtoolError
+from qtool.graph.checks import refuse_unknown_ops
 from qtool.graph.index import GraphView, all_nodes
 from qtool.graph.input_shapes import fix_input_shapes
 from qtool.graph.model_io import load_model
@@ -160,6 +161,7 @@ def open_workspace(
     with stage(f"load {model_path}"):
         model = load_model(model_path, weights)
     refuse_quantized(model, str(model_path))
+    refuse_unknown_ops(model, str(model_path))
     original_inputs = tuple(_copied(value) for value in model.graph.input)
     if input_shapes:
         fix_input_shapes(model, input_shapes, str(model_path))

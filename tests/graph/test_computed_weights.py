@@ -131,3 +131,36 @@ def test_a_weight_sliced_by_the_shape_of_an_expanded_state_is_computed_and_quant
         np.save(data / f"{i}.npy", rng.standard_normal((1, 64)).astype(np.float32))
     result = qtool.quantize(model, tmp_path / "q.onnx", data_dir=data, evaluation=None)
     assert "w" in result.rewrite.quantized_weights and result.compression_ratio > 2.5
+
+
+def test_a_weight_reshaped_by_a_product_of_its_own_dimensions_is_computed_and_quantized(tmp_path):
+    # tf2onnx's Keras attention at opset 15+: Reshape(W, Concat(-1, ReduceProd(Gather(Shape(W), axes)))); before,
+    # ReduceProd was not folded and the Shape of W counted as a new constant, so the Gemm kept its weight float
+    rng = np.random.default_rng(10)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((64, 4, 32)) * 0.1).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([1, 2], np.int64), "heads_dims"),
+        numpy_helper.from_array(np.array([-1], np.int64), "rest"),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["w"], ["w_shape"], name="shape"),
+        helper.make_node("Gather", ["w_shape", "heads_dims"], ["dims"], name="dims", axis=0),
+        helper.make_node("ReduceProd", ["dims"], ["width"], name="width", keepdims=1),
+        helper.make_node("Concat", ["rest", "width"], ["target"], name="target", axis=0),
+        helper.make_node("Reshape", ["w", "target"], ["w2"], name="flatten"),
+        helper.make_node("Gemm", ["x", "w2"], ["y"], name="proj"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "reduce_prod",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128])],
+        inits,
+    )
+    model = save_checked(graph, tmp_path / "m.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(8):
+        np.save(data / f"{i}.npy", rng.standard_normal((1, 64)).astype(np.float32))
+    result = qtool.quantize(model, tmp_path / "q.onnx", data_dir=data, evaluation=None)
+    assert "w2" in result.rewrite.quantized_weights and result.compression_ratio > 2.5

@@ -128,3 +128,46 @@ def test_a_shape_that_is_a_graph_output_is_left_alone():
     prepared, report = prepare_model(model)
     assert report.folded_shapes == ["shape_live"]
     assert "w_dead" in {i.name for i in prepared.graph.initializer}
+
+
+def test_an_op_no_onnx_domain_defines_is_refused_naming_its_node(tmp_path):
+    # tf2onnx leaves an exact GELU's Erfc unconverted: before, onnxruntime's refusal named qtool's prepared model
+    from typer.testing import CliRunner
+
+    from qtool.cli import app
+
+    graph = helper.make_graph(
+        [helper.make_node("Erfc", ["x"], ["y"], name="gelu/erfc")],
+        "unconverted",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), model)
+    out = tmp_path / "q.onnx"
+    r = CliRunner().invoke(app, ["quantize", str(model), "-o", str(out)])
+    assert r.exit_code == 2 and "node 'gelu/erfc' is 'Erfc', which is no ONNX operator" in r.stderr
+    assert not out.exists()
+
+
+def test_a_model_of_ml_operators_alone_is_left_as_it_is_not_refused(tmp_path):
+    # onnxmltools writes a tree ensemble with an ai.onnx.ml opset and none for the default domain: before, the
+    # "upgrade from opset 1" that Q/DQ would need failed and the model was refused
+
+    import qtool
+
+    graph = helper.make_graph(
+        [helper.make_node("Scaler", ["x"], ["y"], name="scale", domain="ai.onnx.ml", offset=[0.5], scale=[2.0])],
+        "ml_only",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 3)], ir_version=8), model)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):
+        np.save(data / f"{i}.npy", np.full((1, 4), i, np.float32))
+    result = qtool.quantize(model, tmp_path / "q.onnx", data_dir=data)
+    assert result.rewrite.quantized_nodes == [] and result.comparison is not None
+    assert result.comparison.overall.sqnr_db == float("inf")
