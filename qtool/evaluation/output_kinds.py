@@ -86,7 +86,7 @@ def output_sources(model: onnx.ModelProto) -> dict[str, OutputSource]:
     except QtoolError:  # an input numpy cannot feed: not a decoder this module can run
         decoder = None
     logits = decoder.logits if decoder is not None else None
-    ordered = selection_ordered(model)
+    ordered = selection_ordered(view)
     sources = {}
     for output in graph.output:
         node = view.producer(output.name)

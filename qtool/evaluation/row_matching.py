@@ -13,19 +13,17 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from qtool.graph.index import GraphView
+
 SELECTING_OPS = ("TopK", "NonMaxSuppression")  # pick rows by score and order them
 MAX_MATCHED_ROWS = 512  # more rows are compared in place (the greedy assignment grows with the square)
 
 
-def selection_ordered(model: onnx.ModelProto) -> dict[str, str]:
+def selection_ordered(model: onnx.ModelProto | GraphView) -> dict[str, str]:
     """The graph outputs computed from a TopK or NonMaxSuppression result: output -> the selecting node."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    outputs = [o.name for o in model.graph.output]
+    view = model if isinstance(model, GraphView) else GraphView(model)
     found: dict[str, str] = {}
-    for node in model.graph.node:
+    for node in view.nodes:
         if node.op_type not in SELECTING_OPS:
             continue
         reached, pending = set(), list(node.output)
@@ -33,8 +31,8 @@ def selection_ordered(model: onnx.ModelProto) -> dict[str, str]:
             tensor = pending.pop()
             if tensor not in reached:
                 reached.add(tensor)
-                pending += [out for user in consumers.get(tensor, []) for out in user.output]
-        for output in outputs:
+                pending += [out for user in view.consumers.get(tensor, []) for out in user.output]
+        for output in sorted(view.graph_outputs):
             if output in reached:
                 found.setdefault(output, f"{node.op_type} '{node.name}'" if node.name else node.op_type)
     return found

@@ -106,6 +106,11 @@ def _shapes_of_constant_expands(model: onnx.ModelProto, constants: dict[str, Ten
         graph.node.remove(shape)
 
 
+def _pure(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is an op of :data:`FOLDABLE` (ONNX's own, no body): constants in, the same values out."""
+    return node.op_type in FOLDABLE and node.domain in ("", "ai.onnx") and not node_subgraphs(node)
+
+
 def _constant_chain(
     names: list[str], producer: Mapping[str, onnx.NodeProto], constants: Mapping[str, TensorProto]
 ) -> list[onnx.NodeProto] | None:
@@ -115,7 +120,7 @@ def _constant_chain(
         if not name or name in constants:
             continue
         node = producer.get(name)
-        if node is None or node.op_type not in FOLDABLE or node.domain not in ("", "ai.onnx") or node_subgraphs(node):
+        if node is None or not _pure(node):
             return None
         inner = _constant_chain(list(node.input), producer, constants)
         if inner is None:
@@ -136,9 +141,7 @@ def _weight_computations(
         if key not in computable:
             computable[key] = False  # a cycle (never in a valid graph) folds nothing
             computable[key] = (
-                node.op_type in FOLDABLE
-                and node.domain in ("", "ai.onnx")
-                and not node_subgraphs(node)
+                _pure(node)
                 and not any(out in returned for out in node.output)
                 and all(
                     name in constants or (name in producer and can_fold(producer[name])) for name in node.input if name

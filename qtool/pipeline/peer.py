@@ -12,7 +12,7 @@ from qtool.pipeline.data import calibration_dataset, full_dataset
 from qtool.pipeline.workspace import Workspace
 from qtool.system.stages import stage
 
-PEER_RUNS = 20  # timed rounds per thread setting when the comparison times nothing (--runs 0 or --no-compare)
+PEER_RUNS = 20  # timed rounds per thread setting when the comparison times nothing (--runs 0, or no evaluation)
 
 
 def check_peer_data(data_dir: Path | str | None) -> None:

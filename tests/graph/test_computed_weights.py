@@ -91,6 +91,26 @@ def test_a_weight_whose_folded_form_would_take_more_bytes_stays_computed(tmp_pat
     assert [n.name for n in prepared.graph.node] == ["twice", "mm", "scaled", "mm2"]
 
 
+def _x_to_y(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], name: str) -> onnx.GraphProto:
+    """A graph of ``nodes`` from x [1, 64] to y [1, 128]."""
+    return helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128])],
+        inits,
+    )
+
+
+def _quantized_on_samples(model: Path, tmp_path: Path, rng: np.random.Generator) -> qtool.QuantizeResult:
+    """``model`` quantized on 8 random samples of x."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(8):
+        np.save(data / f"{i}.npy", rng.standard_normal((1, 64)).astype(np.float32))
+    return qtool.quantize(model, tmp_path / "q.onnx", data_dir=data, evaluation=None)
+
+
 def test_a_weight_sliced_by_the_shape_of_an_expanded_state_is_computed_and_quantized(tmp_path):
     # torch's exporter without its optimizer: the gate slices of a weight are sized by the Shape of the zero
     # initial state, an Expand of a scalar that the model also reads; before, Expand (never folded) kept the
@@ -114,22 +134,11 @@ def test_a_weight_sliced_by_the_shape_of_an_expanded_state_is_computed_and_quant
         helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
         helper.make_node("Add", ["h", "state"], ["y"], name="plus_state"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "expanded_state",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128])],
-        inits,
-    )
-    model = save_checked(graph, tmp_path / "m.onnx")
+    model = save_checked(_x_to_y(nodes, inits, "expanded_state"), tmp_path / "m.onnx")
     prepared, report = prepare_model(onnx.load(model))
     assert "gate" in report.folded_computed_weights and "w" in {i.name for i in prepared.graph.initializer}
     assert any(n.op_type == "Expand" for n in prepared.graph.node)  # still there for the Add that reads it
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(8):
-        np.save(data / f"{i}.npy", rng.standard_normal((1, 64)).astype(np.float32))
-    result = qtool.quantize(model, tmp_path / "q.onnx", data_dir=data, evaluation=None)
+    result = _quantized_on_samples(model, tmp_path, rng)
     assert "w" in result.rewrite.quantized_weights and result.compression_ratio > 2.5
 
 
@@ -150,17 +159,6 @@ def test_a_weight_reshaped_by_a_product_of_its_own_dimensions_is_computed_and_qu
         helper.make_node("Reshape", ["w", "target"], ["w2"], name="flatten"),
         helper.make_node("Gemm", ["x", "w2"], ["y"], name="proj"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "reduce_prod",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128])],
-        inits,
-    )
-    model = save_checked(graph, tmp_path / "m.onnx")
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(8):
-        np.save(data / f"{i}.npy", rng.standard_normal((1, 64)).astype(np.float32))
-    result = qtool.quantize(model, tmp_path / "q.onnx", data_dir=data, evaluation=None)
+    model = save_checked(_x_to_y(nodes, inits, "reduce_prod"), tmp_path / "m.onnx")
+    result = _quantized_on_samples(model, tmp_path, rng)
     assert "w2" in result.rewrite.quantized_weights and result.compression_ratio > 2.5
