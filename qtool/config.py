@@ -24,8 +24,9 @@ from qtool.schemas.config import FP8_DTYPES, ConfigDocument, NodeSettings
 from qtool.schemas.config_checks import validate_document
 from qtool.schemes import (
     TARGETS,
-    AccuracySettings,
+    AccuracyOptions,
     AutoPlacement,
+    CacheGranularity,
     CalibrationSettings,
     NodeScheme,
 )
@@ -36,13 +37,12 @@ from qtool.system.files import CONFIG_MAX_BYTES, read_text
 class QConfig:
     """A validated QConfigDict. Build it with :func:`load_config`."""
 
-    version: int
     global_scheme: NodeScheme
     op_type: dict[str, NodeSettings | None]
     node_name: dict[str, NodeSettings | None]
     exclude: tuple[str, ...]
     calibration: CalibrationSettings
-    accuracy: AccuracySettings
+    accuracy: AccuracyOptions
     preprocess: dict[str, Any] | None
     source: str
     document: ConfigDocument = field(repr=False)  # the validated, merged document: what the fields above come from
@@ -65,10 +65,10 @@ class QConfig:
     )
 
     @property
-    def kv_cache(self) -> tuple[str, str] | None:
-        """(dtype, granularity) of a decoder's quantized key/value cache; None: the cache stays float."""
+    def kv_cache(self) -> CacheGranularity | None:
+        """The granularity of a decoder's int8 key/value cache (its one dtype); None: the cache stays float."""
         section = self.document.kv_cache
-        return (section.dtype, section.granularity) if section is not None else None
+        return section.granularity if section is not None else None
 
     def resolve(self, node_name: str, op_type: str) -> tuple[NodeScheme | None, str]:
         """A node's settings (``None``: keep it in float) and the most specific rule that decided them.
@@ -307,17 +307,16 @@ def _from_document(document: ConfigDocument, raw: dict[str, Any], source: str) -
     cal, acc = document.calibration, document.accuracy
     assert cal.observer is not None and cal.batch_size is not None  # complete: merged over the default
     assert acc.max_float_nodes is not None and acc.samples is not None and acc.search_seconds is not None
-    assert acc.latency_runs is not None and document.version is not None
+    assert acc.latency_runs is not None
     observer, observer_options = split_observer(cal.observer)
     config = QConfig(
-        version=document.version,
         global_scheme=node_scheme(document.global_.model_dump(), "global"),
         op_type=dict(document.op_type or {}),
         node_name=dict(document.node_name or {}),
         exclude=tuple(document.exclude or ()),
         preprocess=document.preprocess.model_dump(exclude_unset=True) if document.preprocess is not None else None,
         calibration=CalibrationSettings(observer, cal.batch_size, cal.limit, observer_options),
-        accuracy=AccuracySettings(
+        accuracy=AccuracyOptions(
             target_sqnr_db=acc.target_sqnr_db,
             max_float_nodes=acc.max_float_nodes,
             samples=acc.samples,

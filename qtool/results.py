@@ -13,17 +13,17 @@ from qtool.choice.tune.sensitivity import Sensitivity
 from qtool.choice.validated import Validation, ValidationRound
 from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.closed_loop import ClosedLoopScore
-from qtool.evaluation.gates import LANGUAGE_MODEL_METRICS, GateResult
+from qtool.evaluation.gates import LANGUAGE_MODEL_METRICS
 from qtool.evaluation.language_model import LanguageModelScore
 from qtool.evaluation.latency import LatencyComparison
 from qtool.evaluation.layers import LayerError
-from qtool.evaluation.metrics import Agreement, BoxIoU, ErrorMetrics
-from qtool.evaluation.output_kinds import OutputKind
+from qtool.evaluation.metrics import ErrorMetrics
 from qtool.evaluation.peer import PeerComparison
 from qtool.graph.model_files import files_sha256, model_files
 from qtool.graph.prepare import PrepareReport
 from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exported
 from qtool.quantization.emit.report import RewriteReport
+from qtool.schemas.reports.compare import Agreement, BoxIoU, GateResult, OutputKind
 
 
 @dataclass(frozen=True)

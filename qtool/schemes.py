@@ -20,6 +20,11 @@ NodeKind = Literal["integer", "dynamic", "storage", "weight_only", "lookup", "ch
 integer kernels (see qtool.quantization.plan.chains)."""
 AutoPlacement = Literal["integer", "storage", "dynamic"]
 """What the placement choice makes of every node a rule placed "auto", one candidate each."""
+CandidateName = RulePlacement | AutoPlacement | Literal["unchained", "search"]
+"""The placement choice's candidates: the rules' placement ("auto"), auto with its chained ops float, every node
+an integer kernel, every weight stored (float compute), dynamic int8 MatMul/Gemm, and the search's mixed placement."""
+CacheGranularity = Literal["per_tensor", "per_channel"]
+"""How a decoder's int8 key/value cache is scaled (``kv_cache.granularity``)."""
 SaturationSetting = Literal["auto", "uint8", "reduce_range", "ignore"]
 """``weight.saturation`` as a config writes it."""
 Saturation = SaturationSetting | Literal["fit"]
@@ -116,7 +121,7 @@ class CalibrationSettings:
 
 
 @dataclass(frozen=True)
-class AccuracySettings:
+class AccuracyOptions:
     """The `accuracy:` section: the target of the placement choice and the budgets of its sensitivity search."""
 
     target_sqnr_db: float | None  # None: no search

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import onnx
 
 from qtool.choice.decode import DecodeJudge, decode_bar
-from qtool.choice.records import CandidateBuilder, CandidateName, PlacementCandidate, meets
+from qtool.choice.records import CandidateBuilder, meets
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.quantization.plan.records import QuantPlan
+from qtool.schemas.reports.quantize import PlacementCandidate
+from qtool.schemes import CandidateName
 
 
 def signature(plan: QuantPlan) -> tuple[tuple[str, str], ...]:
@@ -72,10 +74,11 @@ class BuiltCandidates:
         listed = candidate_records(self.plans, self.aliases, self.scores, target)
         bar = self.bar()
         return [
-            replace(
-                c,
-                decode_agreement=self.decodes.get(c.name),
-                meets_target=c.meets_target and (bar is None or self.decodes.get(c.name, 0.0) >= bar),
+            c.model_copy(
+                update={
+                    "decode_agreement": self.decodes.get(c.name),
+                    "meets_target": c.meets_target and (bar is None or self.decodes.get(c.name, 0.0) >= bar),
+                }
             )
             for c in listed
         ]
@@ -90,15 +93,15 @@ def candidate_records(
     """One record per distinct plan: its node counts, its score and whether it reaches ``target``."""
     return [
         PlacementCandidate(
-            name,
-            tuple(aliases[name]),
-            sum(1 for n in plan.every_node() if n.placement in ("integer", "dynamic") and not n.chained),
+            name=name,
+            same_as=aliases[name],
+            integer_nodes=sum(1 for n in plan.every_node() if n.placement in ("integer", "dynamic") and not n.chained),
             # storage nodes, and the weights of bodies and recurrent nodes stored the same way
-            sum(1 for n in plan.every_node() if n.placement == "storage")
+            storage_nodes=sum(1 for n in plan.every_node() if n.placement == "storage")
             + len(plan.body_weights)
             + len(plan.recurrent_nodes()),
-            scores[name],
-            meets(scores[name], target),
+            sqnr_db=scores[name],
+            meets_target=meets(scores[name], target),
             chained_nodes=sum(1 for n in plan.every_node() if n.chained),
         )
         for name, (plan, _) in plans.items()

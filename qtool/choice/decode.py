@@ -17,12 +17,12 @@ import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decoder import DecoderInterface, model_decoder
-from qtool.choice.records import CandidateName
 from qtool.errors import QtoolError
 from qtool.evaluation.language_model import LanguageModelScore, language_model_metrics, reference_runs
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
 from qtool.options import DECODE_STEPS
+from qtool.schemes import CandidateName
 
 BAR = "dynamic"  # the placement whose decode agreement every kept candidate must reach
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from qtool.choice.records import CandidateName, PlacementChoice
+from qtool.choice.records import PlacementChoice
 from qtool.quantization.plan.records import NodePlan, QuantPlan
+from qtool.schemes import CandidateName
 
 # Where unmeasured: a chained op's written element costs, in float, what this many integer MACs save (a
 # DequantizeLinear, the float op and a QuantizeLinear each pass over it, against a few MACs per int8 cycle)

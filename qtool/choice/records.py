@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import onnx
 
@@ -19,6 +19,8 @@ from qtool.evaluation.confidence import CONFIDENCE
 from qtool.evaluation.scoring import OutputScorer
 from qtool.graph.weights import Weights
 from qtool.quantization.plan.records import QuantPlan
+from qtool.schemas.reports.quantize import PlacementCandidate
+from qtool.schemes import CandidateName
 
 # A candidate must be more than 10 % faster to displace a more accurate one. The bar sits beyond what load on
 # the other core does to a ratio (the sample CNN's all-integer model, 3-4 % faster than "auto" when the machine
@@ -31,30 +33,10 @@ TIE = 0.10
 DECISIVE_CONFIDENCE = 0.99
 
 
-CandidateName = Literal["auto", "unchained", "integer", "storage", "dynamic", "search"]
-"""The placement choice's candidates: the rules' placement ("auto"), auto with its chained ops float, every node
-an integer kernel, every weight stored (float compute), dynamic int8 MatMul/Gemm, and the search's mixed placement."""
-
-
 class CandidateBuilder(Protocol):
     """Plans and rewrites the model of a config; ``keep``: remembered, so writing it later costs nothing."""
 
     def __call__(self, config: QConfig, /, keep: bool = True) -> tuple[QuantPlan, onnx.ModelProto]: ...
-
-
-@dataclass(frozen=True)
-class PlacementCandidate:
-    """One placement the choice measured."""
-
-    name: CandidateName
-    same_as: tuple[str, ...]  # other candidates that planned exactly this placement
-    integer_nodes: int
-    storage_nodes: int
-    sqnr_db: float  # the worst output's SQNR on the scored samples
-    meets_target: bool
-    latency_ms: float | None = None  # median at the choice's thread count (None: not timed)
-    decode_agreement: float | None = None  # decoders: greedy decode-step agreement through its own cache
-    chained_nodes: int = 0  # unweighted ops between its integer kernels run on 8-bit values
 
 
 @dataclass

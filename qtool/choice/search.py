@@ -26,6 +26,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import onnx
 
@@ -37,10 +38,14 @@ from qtool.graph.index import all_nodes, node_subgraphs
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan.recurrent import RECURRENT_OPS
 from qtool.quantization.plan.roles import LOOKUP_OPS
+from qtool.schemas.reports.quantize import SearchStep
+from qtool.schemes import CandidateName
 
 PATIENCE = 3  # the search stops after this many candidates in a row that did not help
-FLOAT_ACTIVATIONS = "float activations"  # a moved node computes in float on its stored quantized weight
-FLOAT = "float"  # a moved node is not quantized at all (when the weights' rounding alone misses the target)
+MoveKind = Literal["float activations", "float"]
+"""How the search moves a node: float activations on its stored weight, or not quantized at all."""
+FLOAT_ACTIVATIONS: MoveKind = "float activations"  # a moved node computes in float on its stored quantized weight
+FLOAT: MoveKind = "float"  # a moved node is not quantized at all (when the weights' rounding alone misses the target)
 MIN_GAIN_DB = 0.1  # a node gets float activations only if the worst output gains at least this much
 # A node kept entirely float (weights too) grows the file: short of the target, it must buy this many decibels
 # times the share of the 8-bit weights' size it adds (1 dB per 10 %: 0.26 dB for a fifth more file is refused;
@@ -55,22 +60,9 @@ RANK_SHARE = 0.25
 class Moves:
     """How the search moves a node, and what each move costs in latency (ranks the nodes when given)."""
 
-    kind: str = FLOAT_ACTIVATIONS  # FLOAT_ACTIVATIONS (the node keeps its stored weight) or FLOAT (not quantized)
+    kind: MoveKind = FLOAT_ACTIVATIONS  # FLOAT_ACTIVATIONS (the node keeps its stored weight) or FLOAT (not quantized)
     costs: Mapping[str, float] | None = None  # estimated milliseconds lost, by node
     costs_from: str = ""  # what the milliseconds were read from, for the report
-
-
-@dataclass(frozen=True)
-class SearchStep:
-    """One node the search tried in float, and what it did to the output."""
-
-    node: str
-    op_type: str
-    drop_db: float | None  # the SQNR drop that made it the candidate, its input quantization included (None: not
-    # measured: a node inside an If/Loop body, which the per-layer pass does not reach, is tried after those it ranked)
-    sqnr_db: float  # the worst output's SQNR with it in float
-    kept: bool  # False: no gain, the node was quantized again
-    cost_ms: float | None = None  # the latency the move was estimated to cost (None: ranked by drop alone)
 
 
 @dataclass
@@ -85,8 +77,8 @@ class SearchResult:
     steps: list[SearchStep] = field(default_factory=list)
     ranked_on: int = 0  # samples of the one per-layer pass that ranked the nodes (0: no pass)
     stopped: str = ""  # why the search ended
-    moves: str = FLOAT_ACTIVATIONS  # what a kept node becomes: FLOAT_ACTIVATIONS or FLOAT
-    start: str = "auto"  # the candidate placement the search started from
+    moves: MoveKind = FLOAT_ACTIVATIONS  # what a kept node becomes: FLOAT_ACTIVATIONS or FLOAT
+    start: CandidateName = "auto"  # the candidate placement the search started from
     # the lower confidence bound of the final worst output over the search's samples: the search goes on until
     # it reaches the target too, so that the choice's validation on other samples does not miss it by a hair
     final_bound_db: float = -math.inf
@@ -268,7 +260,14 @@ def _try_in_float(
         needed = MIN_GAIN_DB if trial_sqnr >= target else max(MIN_GAIN_DB, price.get(candidate.node, 0.0))
         kept = trial_sqnr >= sqnr + needed
         cost = costs.get(candidate.node)
-        step = SearchStep(candidate.node, candidate.op_type, candidate.drop_db, trial_sqnr, kept, cost)
+        step = SearchStep(
+            node=candidate.node,
+            op_type=candidate.op_type,
+            drop_db=candidate.drop_db,
+            sqnr_db=trial_sqnr,
+            kept=kept,
+            cost_ms=cost,
+        )
         result.steps.append(step)
         if kept:
             config, sqnr = trial, trial_sqnr
@@ -301,7 +300,7 @@ def _size_prices(reference: onnx.ModelProto) -> dict[str, float]:
     return prices
 
 
-def _moved(config: QConfig, node: str, moves: str) -> QConfig:
+def _moved(config: QConfig, node: str, moves: MoveKind) -> QConfig:
     """``config`` with ``node`` moved as the search moves nodes."""
     if moves == FLOAT:
         return replace(config, float_nodes=config.float_nodes | {node})

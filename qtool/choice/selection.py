@@ -49,14 +49,12 @@ from qtool.choice.records import (
     DECISIVE_CONFIDENCE,
     TIE,
     CandidateBuilder,
-    CandidateName,
     FloatModel,
-    PlacementCandidate,
     PlacementChoice,
     Samples,
     meets,
 )
-from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, Moves, sensitivity_search
+from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, MoveKind, Moves, sensitivity_search
 from qtool.choice.timing import decisively_faster, faster_than_storage, median_ratio, time_candidates
 from qtool.choice.validation import Validator, validate_choice
 from qtool.config import QConfig
@@ -64,6 +62,8 @@ from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan.records import QuantPlan
 from qtool.quantization.plan.roles import FUSED_KERNELS
+from qtool.schemas.reports.quantize import PlacementCandidate
+from qtool.schemes import CandidateName
 from qtool.system.stages import stage
 
 DYNAMIC_MIN_SHARE = 0.5  # the dynamic candidate is built when weighted MatMul/Gemm do this share of the MACs
@@ -80,7 +80,7 @@ def _matmul_heavy(plan: QuantPlan) -> bool:
     return total > 0 and sum(macs for macs, matmul in work if matmul) >= DYNAMIC_MIN_SHARE * total
 
 
-def _movable(plan: QuantPlan, moves: str = FLOAT_ACTIVATIONS) -> set[str]:
+def _movable(plan: QuantPlan, moves: MoveKind = FLOAT_ACTIVATIONS) -> set[str]:
     """The nodes the search may move: only those placed by "auto" (an explicit placement is the user's).
 
     Float activations only change integer nodes; moving to float changes storage-only nodes and lookups too, and
@@ -209,7 +209,7 @@ def _built_candidates(
     return built
 
 
-def _search_plan(choice: PlacementChoice, built: BuiltCandidates, timed: bool) -> tuple[CandidateName, str] | None:
+def _search_plan(choice: PlacementChoice, built: BuiltCandidates, timed: bool) -> tuple[CandidateName, MoveKind] | None:
     """Where the sensitivity search starts and how it moves nodes, or None when it cannot pay off.
 
     It runs when "auto" misses the target, from the most accurate integer candidate that misses it
@@ -264,7 +264,7 @@ def _search(
     build: CandidateBuilder,
     scoring: tuple[OutputScorer, Samples, FloatModel],
     progress: ProgressFactory | None,
-    plan: tuple[CandidateName, str],
+    plan: tuple[CandidateName, MoveKind],
 ) -> bool:
     """Run the sensitivity search from the start ``plan`` names; True when it added a "search" candidate.
 
@@ -297,13 +297,13 @@ def _search(
     built.plans["search"], built.aliases["search"] = build(searched), []
     built.scores["search"] = choice.search.final_sqnr_db
     built.decode()
-    timed = {c.name: c.latency_ms for c in choice.candidates}  # kept until (unless) all are timed again
-    choice.candidates = [replace(c, latency_ms=timed.get(c.name)) for c in built.candidates(choice.target_sqnr_db)]
+    timed = {c.name: {"latency_ms": c.latency_ms} for c in choice.candidates}  # kept until all are timed again
+    choice.candidates = [c.model_copy(update=timed.get(c.name)) for c in built.candidates(choice.target_sqnr_db)]
     return True
 
 
 def _priced_moves(
-    choice: PlacementChoice, built: BuiltCandidates, float_model: FloatModel, start: QuantPlan, kind: str
+    choice: PlacementChoice, built: BuiltCandidates, float_model: FloatModel, start: QuantPlan, kind: MoveKind
 ) -> Moves:
     """Float activations priced by the latency each node's move is estimated to cost (see move_costs)."""
     if kind != FLOAT_ACTIVATIONS:  # moving whole nodes float: priced by their size instead

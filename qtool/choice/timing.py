@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import replace
 
 import onnx
 
 from qtool.calibration.dataset import Feed
-from qtool.choice.records import DECISIVE_CONFIDENCE, TIE, CandidateName, FloatModel, PlacementChoice
+from qtool.choice.records import DECISIVE_CONFIDENCE, TIE, FloatModel, PlacementChoice
 from qtool.evaluation.intervals import median_interval
 from qtool.evaluation.timing import Rounds, time_interleaved
 from qtool.graph.session import create_session
 from qtool.progress import ProgressFactory
 from qtool.quantization.plan.records import QuantPlan
+from qtool.schemes import CandidateName
 
 TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are done ...
 MIN_ROUNDS = 5
@@ -133,4 +133,6 @@ def time_candidates(
         # the passes cancels) times the first pass's fp32, so every row's speed-up reads against the same fp32
         return first_fp32 * statistics.median(t / f for t, f in zip(times[name], times["fp32"], strict=False) if f > 0)
 
-    choice.candidates = [replace(c, latency_ms=latency(c.name)) if c.name in times else c for c in choice.candidates]
+    choice.candidates = [
+        c.model_copy(update={"latency_ms": latency(c.name)}) if c.name in times else c for c in choice.candidates
+    ]

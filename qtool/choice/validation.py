@@ -6,11 +6,12 @@ from collections.abc import Callable, Mapping
 
 import onnx
 
-from qtool.choice.records import CandidateName, FloatModel, PlacementChoice, Samples, meets
+from qtool.choice.records import FloatModel, PlacementChoice, Samples, meets
 from qtool.choice.validated import Chooser, Validation, ValidationRound, choose_then_validate
 from qtool.evaluation.scoring import OutputScorer, signal_means
 from qtool.progress import ProgressFactory
 from qtool.quantization.plan.records import QuantPlan
+from qtool.schemes import CandidateName
 
 
 class Validator:

@@ -219,7 +219,7 @@ def compare_action(args: CompareArgs) -> None:
         )
     _reported(args, result)
     if not result.gates_passed:
-        failed = [g.gate.label for g in result.gates if not g.passed]
+        failed = [g.gate for g in result.gates if not g.passed]
         raise CheckFailedError(f"{len(failed)} of {len(result.gates)} gates failed: {', '.join(failed)}")
 
 

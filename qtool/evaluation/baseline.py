@@ -29,8 +29,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from qtool.errors import QtoolError
-from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, GateResult
+from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, gate_result
 from qtool.schemas.reports import CompareReport
+from qtool.schemas.reports.compare import GateResult
 from qtool.system.files import read_json
 
 REPORT_MAX_BYTES = 64 << 20
@@ -177,7 +178,7 @@ def regression_gates(comparison: BaselineComparison) -> list[GateResult]:
         limit = c.limit if c.limit is not None else c.baseline
         gate = Gate(f"{c.metric} vs baseline", direction, round(_finite_or(limit, 0.0), 6))
         note = c.note or ("regressed" if c.regressed else "")
-        results.append(GateResult(gate, c.current, not c.regressed, note))
+        results.append(gate_result(gate, c.current, not c.regressed, note))
     return results
 
 

@@ -94,7 +94,9 @@ def compare(
     result = replace(result, data_dir=str(data_dir), reproducibility=reproducibility)
     judged = evaluate_gates(gates or [], result.measured(), result.intervals())
     paths = (reference.path, candidate.path)
-    judged = confirmed_latency_gates(judged, result.primary_latency, paths, dataset, options, progress or noop_progress)
+    judged = confirmed_latency_gates(
+        gates or [], judged, result.primary_latency, paths, dataset, options, progress or noop_progress
+    )
     if earlier is None:
         return replace(result, gates=judged)
     stated = [g.tolerance for g in gates or [] if g.metric == "latency_ratio"]

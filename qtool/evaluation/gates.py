@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from qtool.errors import QtoolError
 from qtool.options import DECODE_STEPS
+from qtool.schemas.reports.compare import GateResult
 
 # metric -> direction: "under" gates fail when the value is below the threshold, "over" when above
 FAIL_UNDER = {
@@ -78,14 +79,17 @@ class Gate:
         return f"{self.metric} {symbol} {self.threshold:g}{extra}"
 
 
-@dataclass(frozen=True)
-class GateResult:
-    """A gate, what was measured, and whether it passed."""
-
-    gate: Gate
-    measured: float | None  # None when the metric was not measured (e.g. top1 without classification)
-    passed: bool
-    note: str = ""
+def gate_result(gate: Gate, measured: float | None, passed: bool, note: str = "") -> GateResult:
+    """The report's record of ``gate`` judged: what was measured (None: not measured) and whether it passed."""
+    return GateResult(
+        gate=gate.label,
+        metric=gate.metric,
+        direction=gate.direction,
+        threshold=gate.threshold,
+        measured=measured,
+        passed=passed,
+        note=note,
+    )
 
 
 def _number(text: str, option: str) -> float:
@@ -207,14 +211,14 @@ def evaluate_gates(
     for gate in gates:
         value = measured.get(gate.metric)
         if value is None:
-            results.append(GateResult(gate, None, False, "not measured"))
+            results.append(gate_result(gate, None, False, "not measured"))
             continue
         interval = (intervals or {}).get(gate.metric)
         if gate.direction == "under":
-            results.append(GateResult(gate, value, value >= gate.threshold))
+            results.append(gate_result(gate, value, value >= gate.threshold))
         elif interval is not None:
             note = f"99 % interval {interval[0]:.3f}-{interval[1]:.3f}"
-            results.append(GateResult(gate, value, interval[0] <= gate.allowed, note))
+            results.append(gate_result(gate, value, interval[0] <= gate.allowed, note))
         else:
-            results.append(GateResult(gate, value, value <= gate.allowed))
+            results.append(gate_result(gate, value, value <= gate.allowed))
     return results

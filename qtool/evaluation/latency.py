@@ -13,28 +13,19 @@ from qtool.calibration.dataset import Feed
 from qtool.evaluation.intervals import median_interval
 from qtool.evaluation.providers import GPU_PROVIDERS
 from qtool.evaluation.timing import Rounds, time_interleaved
+from qtool.schemas.reports.compare import LatencyStats
 
 
-@dataclass(frozen=True)
-class LatencyStats:
-    """Latency of one model in milliseconds."""
-
-    median_ms: float
-    p90_ms: float
-    p99_ms: float
-    mean_ms: float
-    runs: int
-
-    @classmethod
-    def from_seconds(cls, seconds: list[float]) -> LatencyStats:
-        ms = np.asarray(seconds) * 1e3
-        return cls(
-            float(np.median(ms)),
-            float(np.percentile(ms, 90)),
-            float(np.percentile(ms, 99)),
-            float(ms.mean()),
-            len(seconds),
-        )
+def latency_stats(seconds: Sequence[float]) -> LatencyStats:
+    """The report's latency record of one model's run times."""
+    ms = np.asarray(seconds) * 1e3
+    return LatencyStats(
+        median_ms=float(np.median(ms)),
+        p90_ms=float(np.percentile(ms, 90)),
+        p99_ms=float(np.percentile(ms, 99)),
+        mean_ms=float(ms.mean()),
+        runs=len(seconds),
+    )
 
 
 @dataclass(frozen=True)
@@ -129,8 +120,8 @@ def measure_latency(
     return LatencyComparison(
         run.provider,
         run.threads,
-        LatencyStats.from_seconds(ref_times),
-        LatencyStats.from_seconds(cand_times),
+        latency_stats(ref_times),
+        latency_stats(cand_times),
         run.setup_ms,
         bound,
         ratio=ratio,

@@ -9,12 +9,13 @@ from pathlib import Path
 
 from qtool.calibration.dataset import Dataset
 from qtool.errors import QtoolError
-from qtool.evaluation.gates import GateResult
+from qtool.evaluation.gates import Gate
 from qtool.evaluation.latency import LatencyComparison, LatencyRun, measure_latency
 from qtool.evaluation.providers import session_providers, unavailable_reason
 from qtool.graph.session import create_session, run_session
 from qtool.options import EvaluationOptions
 from qtool.results import ProgressFactory
+from qtool.schemas.reports.compare import GateResult
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def requested_providers(options: EvaluationOptions) -> list[str]:
 
 
 def confirmed_latency_gates(
+    gates: list[Gate],
     judged: list[GateResult],
     measured: LatencyComparison | None,
     paths: tuple[Path | str, Path | str],
@@ -87,14 +89,14 @@ def confirmed_latency_gates(
     options: EvaluationOptions,
     factory: ProgressFactory,
 ) -> list[GateResult]:
-    """``judged`` where each failed latency gate was measured again with fresh sessions.
+    """``judged`` (a result per gate of ``gates``) with each failed latency gate measured again on fresh sessions.
 
     Two sessions of one model can differ by a few per cent for their whole life (where their memory
     landed, which core their threads settled on), which no interval over one pair of sessions sees.
     A latency gate that fails is therefore timed once more on new sessions of both models, and fails
     only when that measurement's interval lies above the allowed ratio too; its note gives both.
     """
-    failed = [r for r in judged if r.gate.metric == "latency_ratio" and not r.passed and r.measured is not None]
+    failed = [r for r in judged if r.metric == "latency_ratio" and not r.passed and r.measured is not None]
     if not failed or measured is None or measured.ratio_interval is None:
         return judged
     log.info("the latency gate failed; timing both models again on fresh sessions")
@@ -104,11 +106,11 @@ def confirmed_latency_gates(
         return judged
     low, high = interval
     results = []
-    for result in judged:
+    for gate, result in zip(gates, judged, strict=True):
         if result in failed:
-            passed = low <= result.gate.allowed
+            passed = low <= gate.allowed
             verdict = "passes: the first sessions' difference was not the models'" if passed else "fails again"
             note = f"{result.note}; fresh sessions {low:.3f}-{high:.3f}, {verdict}"
-            result = replace(result, passed=passed, note=note)
+            result = result.model_copy(update={"passed": passed, "note": note})
         results.append(result)
     return results

@@ -13,9 +13,10 @@ from qtool.calibration.dataset import Dataset
 from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
 from qtool.evaluation.confidence import ratio_db
-from qtool.evaluation.output_kinds import OutputKind, OutputSource, decide_kind, task_note
+from qtool.evaluation.output_kinds import OutputSource, decide_kind, task_note
 from qtool.evaluation.row_matching import matched_rows
 from qtool.graph.session import run_session
+from qtool.schemas.reports.compare import Agreement, BoxIoU, OutputKind
 
 
 @dataclass(frozen=True)
@@ -97,16 +98,6 @@ def is_float(value: object) -> bool:
     return isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)
 
 
-@dataclass(frozen=True)
-class Agreement:
-    """How often the candidate picks the reference's class (classification outputs)."""
-
-    name: str
-    top1: float  # fraction of rows whose argmax matches the reference's
-    top5: float  # fraction of rows whose reference argmax is in the candidate's top 5
-    rows: int
-
-
 @dataclass
 class _AgreementCounter:
     top1: int = 0
@@ -124,7 +115,7 @@ class _AgreementCounter:
 
     def result(self, name: str) -> Agreement:
         rows = max(self.rows, 1)
-        return Agreement(name, self.top1 / rows, self.top5 / rows, self.rows)
+        return Agreement(output=name, top1=self.top1 / rows, top5=self.top5 / rows, rows=self.rows)
 
 
 def box_iou(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
@@ -141,15 +132,6 @@ def _area(boxes: np.ndarray) -> np.ndarray:
     return np.clip(boxes[:, 2] - boxes[:, 0], 0, None) * np.clip(boxes[:, 3] - boxes[:, 1], 0, None)
 
 
-@dataclass(frozen=True)
-class BoxIoU:
-    """How well the candidate's boxes overlap the reference's (box outputs)."""
-
-    name: str
-    mean_iou: float  # over the reference boxes with a positive area
-    boxes: int  # how many; empty reference boxes (padding) have no IoU and are left out
-
-
 @dataclass
 class _IouCounter:
     total: float = 0.0
@@ -162,7 +144,7 @@ class _IouCounter:
         self.boxes += int(kept.sum())
 
     def result(self, name: str) -> BoxIoU:
-        return BoxIoU(name, self.total / max(self.boxes, 1), self.boxes)
+        return BoxIoU(output=name, mean_iou=self.total / max(self.boxes, 1), boxes=self.boxes)
 
 
 TASKS = ("auto", "classification", "none")

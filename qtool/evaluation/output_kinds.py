@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import onnx
@@ -32,8 +31,7 @@ from qtool.calibration.decoder import model_decoder
 from qtool.errors import QtoolError
 from qtool.evaluation.row_matching import selection_ordered
 from qtool.graph.index import GraphView
-
-Kind = Literal["class_scores", "boxes", "next_token", "values"]
+from qtool.schemas.reports.compare import OutputKind
 
 # Head ops with fewer outputs than this are taken for regression, not logits. Regression heads are
 # small (1 score, 3 MOS scores, 4 box coordinates, 6-8 for poses, quadrilaterals and 3-D boxes),
@@ -64,15 +62,6 @@ class OutputSource:
     op_type: str | None  # None for a graph input or an initializer passed straight out
     next_token: bool = False  # the logits of a decoder with a key/value cache (see qtool.calibration.decoder)
     ordered_by: str | None = None  # the TopK / NonMaxSuppression whose selection orders its rows (row_matching)
-
-
-@dataclass(frozen=True)
-class OutputKind:
-    """How ``compare`` judges one output, and why (written to the report)."""
-
-    name: str
-    kind: Kind  # class_scores: error metrics and top-1/top-5; boxes: error metrics and IoU; values: error only
-    reason: str
 
 
 def output_sources(model: onnx.ModelProto) -> dict[str, OutputSource]:
@@ -115,14 +104,14 @@ def decide_kind(source: OutputSource, reference: np.ndarray, task: str = "auto")
     shape = tuple(int(d) for d in np.shape(reference))
     described = _shape_text(shape)
     if not shape or shape[-1] < 2:
-        return OutputKind(source.name, "values", f"{described}, one value per row")
+        return OutputKind(output=source.name, kind="values", reason=f"{described}, one value per row")
     if source.next_token and task != "classification":
-        return OutputKind(source.name, "next_token", f"{described} next-token logits of a decoder")
+        return OutputKind(output=source.name, kind="next_token", reason=f"{described} next-token logits of a decoder")
     if task == "classification":
-        return OutputKind(source.name, "class_scores", "--task classification")
+        return OutputKind(output=source.name, kind="class_scores", reason="--task classification")
     kind = _auto_kind(source, np.asarray(reference), shape, described)
     if task == "none" and kind.kind == "class_scores":
-        return OutputKind(source.name, "values", f"{kind.reason}; --task none")
+        return OutputKind(output=source.name, kind="values", reason=f"{kind.reason}; --task none")
     return kind
 
 
@@ -132,9 +121,9 @@ def task_note(kinds: list[OutputKind]) -> str:
     others = [k for k in kinds if k.kind != "class_scores"]
     parts = []
     if classified:
-        parts.append("classification: " + ", ".join(f"'{k.name}' ({k.reason})" for k in classified))
+        parts.append("classification: " + ", ".join(f"'{k.output}' ({k.reason})" for k in classified))
     if others:
-        parts.append("error metrics only: " + ", ".join(f"'{k.name}' ({k.reason})" for k in others))
+        parts.append("error metrics only: " + ", ".join(f"'{k.output}' ({k.reason})" for k in others))
     return "; ".join(parts) or "no float output compared"
 
 
@@ -144,21 +133,23 @@ def _auto_kind(source: OutputSource, reference: np.ndarray, shape: tuple[int, ..
     columns = shape[-1]
     if op in SOFTMAX_OPS:
         if _normalised_rows(reference, log=op == "LogSoftmax"):
-            return OutputKind(name, "class_scores", f"{op} output")
-        return OutputKind(name, "values", f"{described}, {op} over another axis")
+            return OutputKind(output=name, kind="class_scores", reason=f"{op} output")
+        return OutputKind(output=name, kind="values", reason=f"{described}, {op} over another axis")
     if _normalised_rows(reference, log=False):
-        return OutputKind(name, "class_scores", f"{described}, rows are probabilities")
+        return OutputKind(output=name, kind="class_scores", reason=f"{described}, rows are probabilities")
     if columns == 4 and _has_word(tokens, _BOX_WORDS):
         if _corner_boxes(reference):
-            return OutputKind(name, "boxes", f"{described} boxes, IoU")
-        return OutputKind(name, "values", f"{described} named like boxes but not (x1, y1, x2, y2) corners")
+            return OutputKind(output=name, kind="boxes", reason=f"{described} boxes, IoU")
+        return OutputKind(
+            output=name, kind="values", reason=f"{described} named like boxes but not (x1, y1, x2, y2) corners"
+        )
     if _regression_name(tokens):
-        return OutputKind(name, "values", f"{described}, named like a regression output")
+        return OutputKind(output=name, kind="values", reason=f"{described}, named like a regression output")
     if op in HEAD_OPS and len(shape) == 2 and columns >= MIN_LOGITS:
-        return OutputKind(name, "class_scores", f"{described} logits from {op}")
+        return OutputKind(output=name, kind="class_scores", reason=f"{described} logits from {op}")
     if _has_word(tokens, _CLASS_WORDS) and len(shape) in (2, 3):
-        return OutputKind(name, "class_scores", f"{described}, named like class scores")
-    return OutputKind(name, "values", f"{described}, not class scores")
+        return OutputKind(output=name, kind="class_scores", reason=f"{described}, named like class scores")
+    return OutputKind(output=name, kind="values", reason=f"{described}, not class scores")
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:

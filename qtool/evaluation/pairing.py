@@ -154,7 +154,6 @@ def pair_tensors(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> Pair
     ref, cand = _Graph(reference), _Graph(candidate)
     floats = float_tensors(reference)
     wanted = set(floats)
-    ref_by_name = {n.name: n for n in ref.nodes if n.name}
     carries = {
         name: name for name in cand.graph_inputs if name in ref.graph_inputs
     }  # candidate float tensor -> reference
@@ -165,7 +164,7 @@ def pair_tensors(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> Pair
         if cand.holds_integers(node):  # its float value is the Mul that rescales the rows it read
             continue
         inputs = _carried_inputs(node, cand, carries)
-        match, how = _reference_node(node, inputs, ref, ref_by_name)
+        match, how = _reference_node(node, inputs, ref, ref.by_name)
         for index, output in enumerate(node.output):
             if not output:
                 continue

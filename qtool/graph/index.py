@@ -44,7 +44,8 @@ class GraphView:
     def __init__(self, model: onnx.ModelProto | onnx.GraphProto) -> None:
         graph = model.graph if isinstance(model, onnx.ModelProto) else model
         self.nodes = list(graph.node)
-        self.by_name = {node.name: node for node in self.nodes}  # node name -> node
+        self.by_name = {node.name: node for node in self.nodes if node.name}  # node name -> node
+        self.positions = {node.name: index for index, node in enumerate(self.nodes) if node.name}  # name -> index
         self.graph_inputs = {value.name for value in graph.input}
         self.graph_outputs = {value.name for value in graph.output}
         # An initializer that is also a graph input can be overridden at run time: not a constant.

@@ -23,7 +23,7 @@ from qtool.pipeline.data import spread_dataset
 from qtool.progress import ProgressFactory
 from qtool.quantization.plan.records import QuantPlan
 from qtool.schemas.config import MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS
-from qtool.schemes import AccuracySettings
+from qtool.schemes import AccuracyOptions
 
 RANK_SAMPLES = 4  # samples of the sensitivity search's one per-layer pass (spread over the data)
 
@@ -40,9 +40,9 @@ def check_search(search: SearchOptions) -> None:
         raise QtoolError(f"--latency-runs must be an integer from 0 to {MAX_LATENCY_RUNS}")
 
 
-def accuracy_settings(given: AccuracySettings, search: SearchOptions) -> AccuracySettings:
+def accuracy_settings(given: AccuracyOptions, search: SearchOptions) -> AccuracyOptions:
     """The config's ``accuracy:`` section with the options given on the command line (or in code) over it."""
-    return AccuracySettings(
+    return AccuracyOptions(
         target_sqnr_db=given.target_sqnr_db if search.target_sqnr_db is None else search.target_sqnr_db,
         max_float_nodes=given.max_float_nodes if search.max_float_nodes is None else search.max_float_nodes,
         samples=given.samples if search.samples is None else search.samples,

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import onnx
 
+from qtool.calibration.kv_cache_ranges import RANGE_STEPS, CacheRanges
 from qtool.choice.decode import decoder_to_score
 from qtool.errors import QtoolError
 from qtool.options import CalibrationOptions
 from qtool.pipeline.data import tapped_pass
 from qtool.pipeline.workspace import Workspace
-from qtool.quantization.emit.kv_cache import RANGE_STEPS, CacheRanges, cache_nodes, quantize_cache
+from qtool.quantization.emit.kv_cache import cache_nodes, quantize_cache
 
 NO_CACHE_NOTE = (
     "kv_cache: the cache stays float: onnxruntime quantizes a cache only inside GroupQueryAttention "
@@ -66,8 +67,8 @@ def apply_kv_cache(
         check_kv_cache(ws, data_dir)
         assert data_dir is not None  # checked above
         tapped_pass(ws, data_dir, calibration, ranges, "key/value cache ranges")
-    changed = quantize_cache(model, ranges.largest, setting[1])
+    changed = quantize_cache(model, ranges.largest, setting)
     return (
-        f"key/value cache int8 {setting[1]} in {len(changed)} GroupQueryAttention nodes: scales from "
+        f"key/value cache int8 {setting} in {len(changed)} GroupQueryAttention nodes: scales from "
         f"{ranges.samples} samples (each prefill and {RANGE_STEPS} greedy decode steps after it)"
     )

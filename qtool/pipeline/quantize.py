@@ -14,13 +14,14 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from qtool._version import __version__
+from qtool.calibration.kv_cache_ranges import CacheRanges
 from qtool.calibration.outputs import FloatOutputs
 from qtool.calibration.statistics import CalibrationStats
 from qtool.choice.selection import PlacementChoice
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare
-from qtool.evaluation.latency import LatencyComparison, LatencyStats, paired_ratio
+from qtool.evaluation.latency import LatencyComparison, latency_stats, paired_ratio
 from qtool.evaluation.opened import OpenedModel
 from qtool.evaluation.pairing import FLOAT_TYPES
 from qtool.graph.checks import check_quantized_model
@@ -41,7 +42,6 @@ from qtool.pipeline.peer import check_peer_data, measured_beside_onnxruntime
 from qtool.pipeline.workspace import Workspace
 from qtool.progress import ProgressFactory
 from qtool.quantization.algorithms.rounding.node_inputs import NodeInputCollector
-from qtool.quantization.emit.kv_cache import CacheRanges
 from qtool.quantization.plan.branches import every_kernel
 from qtool.quantization.plan.kernels import float_boundaries
 from qtool.quantization.plan.records import QuantPlan
@@ -147,7 +147,7 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
     with stage("insert Q/DQ"):
         built = builder.build(config)
         builder.forget()
-    _credit_passes(ws, built)
+    ws.transforms.credit(built.report.algorithms, built.report.algorithm_notes)
     cache_note = apply_kv_cache(ws, built.model, data.cache, request.data_dir or search_dir, request.calibration)
     result = _write(ws, built, request.output_path, request.output, data.stats, choice)
     result.notes += [n for n in (note, cache_note, unjudged) if n]
@@ -191,22 +191,6 @@ def _unmeasured_placement(
         f"are stored quantized and compute in float (fp32 speed){unchecked}; give --search-data DIR (or --data) "
         "to measure whether integer kernels pay off here"
     )
-
-
-def _credit_passes(ws: Workspace, built: Built) -> None:
-    """Name the passes that changed each node among its algorithms (and why AWQ left some alone)."""
-    report, done = built.report, ws.transforms
-    for pair in done.equalized:
-        for node in pair.split(" -> "):
-            report.algorithms.setdefault(node, []).insert(0, "equalization")
-    for group in done.smoothed:
-        for node in group.nodes:
-            report.algorithms.setdefault(node, []).insert(0, "smoothquant")
-    for group in done.awq:
-        for node in group.nodes:
-            report.algorithms.setdefault(node, []).insert(0, "awq")
-    for node, why in done.awq_notes.items():
-        report.algorithm_notes.setdefault(node, why)
 
 
 def _write(
@@ -365,8 +349,8 @@ def _with_choice_latency(comparison: ComparisonResult, choice: PlacementChoice) 
     latency = LatencyComparison(
         "CPUExecutionProvider",
         choice.threads,
-        LatencyStats.from_seconds(fp32),
-        LatencyStats.from_seconds(chosen),
+        latency_stats(fp32),
+        latency_stats(chosen),
         ratio=ratio,
         ratio_interval=interval,
     )

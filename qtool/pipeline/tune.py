@@ -186,7 +186,7 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
     ws = open_workspace(request.model_path, config, None, request.input_shapes, at_least=(widest, "tune's precisions"))
     opset = default_opset(ws.prepared)
     _check_decoder_goal(request, ws)
-    float_outputs, split = _split_eval(ws, request)
+    evaluation_scorer, split = _split_eval(ws, request)
     named = request.options.outputs or config.accuracy.outputs
     source = "--outputs" if request.options.outputs else "accuracy.outputs"
     judged = judged_outputs(ws.prepared, named, source, config.accuracy.state)
@@ -205,7 +205,7 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
     # can miss the inputs that break a model (PP-OCRv4 det, one int8 layer alone: 46 dB on four CALIB crops,
     # 35 dB on the EVAL crops, where sparse text makes every stray pixel count).
     spread = spread_subset(split.selection, request.options.sensitivity_samples)
-    count = len(float_outputs.samples)
+    count = len(evaluation_scorer.samples)
     labels = read_labels(request.options.labels, count) if request.options.labels is not None else None
     goal = replace(request.goal, labels=labels, confidence=request.options.confidence)
     op_types = {n.op_type for n in plan.every_node()}
@@ -220,7 +220,7 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
         op_types,
         goal,
         split,
-        float_outputs,
+        evaluation_scorer,
         spread,
         opset,
         started,
@@ -239,8 +239,8 @@ def _split_eval(ws: Workspace, request: TuneRequest) -> tuple[OutputScorer, Samp
             "its choice on the other half",
             hint="give EVAL at least 2 samples (8 or more for a useful confidence bound)",
         )
-    float_outputs = OutputScorer(ws.prepared, evaluation, threads=request.options.threads, weights=ws.weights)
-    return float_outputs, split_samples(evaluation, output_energies(float_outputs.signal))
+    scorer = OutputScorer(ws.prepared, evaluation, threads=request.options.threads, weights=ws.weights)
+    return scorer, split_samples(evaluation, output_energies(scorer.signal))
 
 
 def _cache_key(tuning: Tuning) -> str:

@@ -49,6 +49,18 @@ class Transforms:
     awq: tuple[SmoothedGroup, ...] = ()  # what AWQ did
     awq_notes: dict[str, str] = field(default_factory=dict)  # node -> why AWQ did not scale it
 
+    def credit(self, algorithms: dict[str, list[str]], notes: dict[str, str]) -> None:
+        """Name the passes that changed each node first among its ``algorithms``; AWQ's reasons go to ``notes``."""
+        touched = [
+            *(("equalization", node) for pair in self.equalized for node in pair.split(" -> ")),
+            *(("smoothquant", node) for group in self.smoothed for node in group.nodes),
+            *(("awq", node) for group in self.awq for node in group.nodes),
+        ]
+        for name, node in touched:
+            algorithms.setdefault(node, []).insert(0, name)
+        for node, why in self.awq_notes.items():
+            notes.setdefault(node, why)
+
 
 class Workspace:
     """One model being quantized: the prepared model, its weights, the config and the plans (memoized)."""

@@ -117,9 +117,9 @@ def _md_accuracy(result: ComparisonResult) -> list[str]:
         lines.append(f"| {_md(m.name)} | {figures} |")
     lines += ["", f"Task: {_md(result.task_note)}."]
     for a in result.agreement:
-        lines.append(f"- `{_md(a.name)}`: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} ({a.rows} rows)")
+        lines.append(f"- `{_md(a.output)}`: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} ({a.rows} rows)")
     for b in result.boxes:
-        lines.append(f"- `{_md(b.name)}`: mean box IoU {b.mean_iou:.4f} ({b.boxes} boxes)")
+        lines.append(f"- `{_md(b.output)}`: mean box IoU {b.mean_iou:.4f} ({b.boxes} boxes)")
     if result.language_model is not None:
         lines += ["", f"Language model (`{_md(result.language_model.logits)}`):"]
         lines += [f"- {line}" for line in result.language_model.lines()]
@@ -184,7 +184,7 @@ def _md_gates(result: ComparisonResult) -> list[str]:
     for g in result.gates:
         mark = "pass" if g.passed else "**FAIL**"
         note = f" ({_md(g.note)})" if g.note else ""
-        lines.append(f"| `{_md(g.gate.label)}` | {_num(g.measured)}{note} | {mark} |")
+        lines.append(f"| `{_md(g.gate)}` | {_num(g.measured)}{note} | {mark} |")
     return lines
 
 
@@ -209,15 +209,15 @@ def to_junit(result: ComparisonResult) -> str:
     ):
         ET.SubElement(props, "property", name=name, value=value)
     for g in result.gates:
-        label = _xml(g.gate.label)
-        case = ET.SubElement(suite, "testcase", classname=f"qtool.evaluation.gates.{_xml(g.gate.metric)}", name=label)
+        label = _xml(g.gate)
+        case = ET.SubElement(suite, "testcase", classname=f"qtool.evaluation.gates.{_xml(g.metric)}", name=label)
         measured = _num(g.measured)
         if not g.passed:
             failure = ET.SubElement(
                 case, "failure", message=f"measured {measured}, required {label}", type="GateFailed"
             )
-            failure.text = _xml(f"{g.gate.metric} = {measured} ({g.note or 'threshold missed'}); gate {label}")
+            failure.text = _xml(f"{g.metric} = {measured} ({g.note or 'threshold missed'}); gate {label}")
         else:
-            ET.SubElement(case, "system-out").text = _xml(f"{g.gate.metric} = {measured}")
+            ET.SubElement(case, "system-out").text = _xml(f"{g.metric} = {measured}")
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

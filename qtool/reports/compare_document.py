@@ -8,7 +8,6 @@ from typing import Any
 from qtool._version import __version__
 from qtool.evaluation.baseline import BaselineComparison
 from qtool.evaluation.closed_loop import ClosedLoopScore
-from qtool.evaluation.gates import GateResult
 from qtool.evaluation.language_model import LanguageModelScore
 from qtool.evaluation.latency import LatencyComparison
 from qtool.evaluation.layers import LayerError, largest_drop
@@ -39,9 +38,9 @@ def _accuracy(result: ComparisonResult) -> doc.Accuracy:
         overall=_metrics(result.overall),
         outputs=[_metrics(m) for m in result.outputs],
         task=result.task_note,
-        output_kinds=[doc.OutputKind(output=k.name, kind=k.kind, reason=k.reason) for k in result.output_kinds],
-        classification=[doc.Agreement(output=a.name, top1=a.top1, top5=a.top5, rows=a.rows) for a in result.agreement],
-        boxes=[doc.BoxIoU(output=b.name, mean_iou=b.mean_iou, boxes=b.boxes) for b in result.boxes],
+        output_kinds=result.output_kinds,
+        classification=result.agreement,
+        boxes=result.boxes,
         language_model=_language_model(result.language_model),
         closed_loop=_closed_loop(result.closed_loop),
         judged=_metrics(result.judged) if result.judged is not None else None,
@@ -78,8 +77,6 @@ def _latency(lat: LatencyComparison) -> doc.Latency:
     return filled(
         doc.Latency,
         lat,
-        reference=filled(doc.LatencyStats, lat.reference),
-        candidate=filled(doc.LatencyStats, lat.candidate),
         speedup_interval=lat.speedup_interval or None,
         latency_ratio_interval=lat.ratio_interval or None,
         setup_ms=lat.setup_ms or None,
@@ -89,13 +86,8 @@ def _latency(lat: LatencyComparison) -> doc.Latency:
 def _gates(result: ComparisonResult) -> doc.Gates:
     return doc.Gates(
         passed=result.gates_passed,
-        results=[filled(doc.GateResult, g, **_gate_fields(g)) for g in result.gates],
+        results=result.gates,
     )
-
-
-def _gate_fields(g: GateResult) -> dict[str, object]:
-    """A gate's own fields (its label, metric, direction and threshold), read from the gate judged."""
-    return {"gate": g.gate.label, "metric": g.gate.metric, "direction": g.gate.direction, "threshold": g.gate.threshold}
 
 
 def comparison_report(result: ComparisonResult) -> doc.CompareReport:
@@ -104,10 +96,10 @@ def comparison_report(result: ComparisonResult) -> doc.CompareReport:
         schema_version=COMPARE_SCHEMA_VERSION,
         qtool_version=__version__,
         models=doc.Models(
-            reference=doc.ModelRef(path=result.reference.path, sha256=result.reference.sha256),
-            candidate=doc.ModelRef(path=result.candidate.path, sha256=result.candidate.sha256),
+            reference=filled(doc.ModelRef, result.reference),
+            candidate=filled(doc.ModelRef, result.candidate),
         ),
-        data=doc.Data(dir=result.data_dir, samples=result.samples, calibration_data=result.calibration_data),
+        data=filled(doc.Data, result, dir=result.data_dir),
         size=doc.Size(
             reference_bytes=result.reference.size_bytes,
             candidate_bytes=result.candidate.size_bytes,

@@ -73,7 +73,6 @@ def _search(f: SearchResult) -> doc.SearchReport:
         max_float_nodes=f.max_nodes,
         float_activation_nodes=f.float_nodes if f.moves == FLOAT_ACTIVATIONS else [],
         float_nodes=f.float_nodes if f.moves == FLOAT else [],
-        steps=[filled(doc.SearchStep, s) for s in f.steps],
         ranked_on_samples=f.ranked_on,
     )
 
@@ -87,9 +86,7 @@ def _choice(c: PlacementChoice) -> doc.PlacementChoiceReport:
             filled(doc.PlacementValidationReport, r.validation, candidate=r.choice, meets_target=r.validation.meets)
             for r in c.validations
         ],
-        candidates=[
-            filled(doc.PlacementCandidate, k, speedup=c.speedup(k), chosen=k.name == c.chosen) for k in c.candidates
-        ],
+        candidates=[k.model_copy(update={"speedup": c.speedup(k), "chosen": k.name == c.chosen}) for k in c.candidates],
     )
 
 

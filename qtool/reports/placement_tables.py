@@ -5,11 +5,12 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from qtool.choice.records import TIE, PlacementCandidate
+from qtool.choice.records import TIE
 from qtool.choice.search import SearchResult
 from qtool.choice.selection import PlacementChoice
 from qtool.options import DECODE_STEPS
 from qtool.results import ComparisonResult
+from qtool.schemas.reports.quantize import PlacementCandidate
 
 
 def render_search(console: Console, f: SearchResult) -> None:

@@ -83,7 +83,7 @@ def render_comparison(console: Console, result: ComparisonResult, title: str = "
         for column in ("gate", "measured", "verdict"):
             gates.add_column(column)
         for g in result.gates:
-            gates.add_row(g.gate.label, _value(g.measured) + (f" ({g.note})" if g.note else ""), _verdict(g.passed))
+            gates.add_row(g.gate, _value(g.measured) + (f" ({g.note})" if g.note else ""), _verdict(g.passed))
         console.print(gates)
 
 
@@ -117,9 +117,9 @@ def _render_accuracy(console: Console, result: ComparisonResult) -> None:
         )
     console.print(f"task: {result.task_note}", highlight=False)
     for a in result.agreement:
-        console.print(f"  {a.name}: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} over {a.rows} rows")
+        console.print(f"  {a.output}: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} over {a.rows} rows")
     for b in result.boxes:
-        console.print(f"  {b.name}: mean box IoU {b.mean_iou:.4f} over {b.boxes} boxes")
+        console.print(f"  {b.output}: mean box IoU {b.mean_iou:.4f} over {b.boxes} boxes")
     if result.language_model is not None:
         console.print(f"language model ('{result.language_model.logits}'):", highlight=False)
         for line in result.language_model.lines():

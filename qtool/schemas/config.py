@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from qtool.errors import QtoolError
-from qtool.schemes import RulePlacement, SaturationSetting
+from qtool.schemes import CacheGranularity, RulePlacement, SaturationSetting
 
 CONFIG_VERSION = 1
 # ONNX's FLOAT8E4M3FN: symmetric, per_tensor or per_channel. (qparams also has fp8_e5m2, not offered: onnxruntime
@@ -252,7 +252,7 @@ class KvCacheSection(_Strict):
     """A decoder's key/value cache stored quantized inside onnxruntime's GroupQueryAttention."""
 
     dtype: Literal["int8"] = Field(description="int8: the cache onnxruntime's CPU and CUDA GroupQueryAttention keep")
-    granularity: Literal["per_tensor", "per_channel"] = Field(
+    granularity: CacheGranularity = Field(
         "per_channel", description="per_tensor: one scale per cache; per_channel: one per head and head dimension"
     )
 

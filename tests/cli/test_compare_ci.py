@@ -133,7 +133,7 @@ def test_classification_is_auto_detected_on_the_cnn_and_not_on_the_transformer(c
     result = qtool.compare(sample("cnn"), cnn_int8, eval_dir("cnn"), options=EvaluationOptions(runs=0))
     assert result.task_note == "classification: 'logits' ([N,10] logits from Gemm)"
     (agreement,) = result.agreement
-    assert agreement.name == "logits" and agreement.rows == 32 and 0.9 <= agreement.top1 <= agreement.top5 == 1.0
+    assert agreement.output == "logits" and agreement.rows == 32 and 0.9 <= agreement.top1 <= agreement.top5 == 1.0
     q = tmp_path / "t.onnx"
     qtool.quantize(sample("transformer"), q, data_dir=calib_dir("transformer"), evaluation=None)
     plain = qtool.compare(sample("transformer"), q, eval_dir("transformer"), options=EvaluationOptions(runs=0))

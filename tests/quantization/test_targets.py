@@ -208,7 +208,7 @@ def test_device_bound_runs_give_the_same_outputs_and_compare_reports_setup_apart
 
 def test_accuracy_is_measured_again_on_each_gpu_provider(tmp_path, monkeypatch):
     from qtool.evaluation import compare as compare_module
-    from qtool.evaluation.latency import LatencyComparison, LatencyStats
+    from qtool.evaluation.latency import LatencyComparison, latency_stats
     from qtool.options import EvaluationOptions
 
     # Stand-in for a GPU: a session on the CPU under a GPU provider's name runs the plumbing for real.
@@ -216,7 +216,7 @@ def test_accuracy_is_measured_again_on_each_gpu_provider(tmp_path, monkeypatch):
     quantized = tmp_path / "q.onnx"
     qtool.quantize(sample("cnn"), quantized, data_dir=calib_dir("cnn"), search=None, evaluation=None)
     reference = ort.InferenceSession(str(sample("cnn")), providers=["CPUExecutionProvider"])
-    stats = LatencyStats(1.0, 1.0, 1.0, 1.0, 3)
+    stats = latency_stats([1e-3] * 3)
     dataset = qtool.calibration.dataset.Dataset(
         calib_dir("cnn"), qtool.calibration.dataset.model_inputs(onnx.load(sample("cnn"))), limit=4
     )

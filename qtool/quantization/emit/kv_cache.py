@@ -3,30 +3,24 @@
 The cache is most of a decoder's memory traffic at long contexts. onnxruntime's ``GroupQueryAttention``
 (the contrib form its model builder writes) keeps it as int8 when told how (``k_quant_type`` /
 ``v_quant_type``, ``kv_cache_bit_width``) and given its scales (``k_scale``, ``v_scale``); nothing
-calibrates those. :class:`CacheRanges`, a tap of the calibration pass, takes each prefill of the token
-files and :data:`RANGE_STEPS` greedy decode steps after it, so the ranges cover positions past the
-prompt, and keeps the largest magnitude of every cache per head and head dimension;
-:func:`quantize_cache` writes symmetric scales (``max / 127``) per tensor or per channel
-(``[kv_heads, 1, head_dim]``, the shape onnxruntime reads) and turns the cache inputs and outputs int8.
+calibrates those. The calibration pass keeps the largest magnitude of every cache per head and head
+dimension (:mod:`qtool.calibration.kv_cache_ranges`); :func:`quantize_cache` writes symmetric scales
+(``max / 127``) per tensor or per channel (``[kv_heads, 1, head_dim]``, the shape onnxruntime reads) and
+turns the cache inputs and outputs int8.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qtool.calibration.decoder import DecoderInterface, last_token_scores, next_step_feed
 from qtool.graph.index import GraphView
+from qtool.schemes import CacheGranularity
 
-if TYPE_CHECKING:
-    from qtool.calibration.taps import Rerun
-
-RANGE_STEPS = 8  # greedy decode steps after each calibration prefill whose cache the ranges include
 QUANT_TYPES = {"per_tensor": "PER_TENSOR", "per_channel": "PER_CHANNEL"}
 _K_SCALE, _V_SCALE = 12, 13  # GroupQueryAttention's input positions of the cache scales
 
@@ -54,43 +48,6 @@ def cache_nodes(model: onnx.ModelProto) -> list[CacheNode]:
     return found
 
 
-class CacheRanges:
-    """A tap of the calibration pass: the largest magnitude of each cache output, per head and head dimension.
-
-    The float pass hands it each prefill's outputs; from there it runs :data:`RANGE_STEPS` greedy decode steps
-    on the pass's own session, so the ranges (``largest``: output -> [heads, head_dim]) cover positions past the
-    prompt. ``outputs``: every output of the model (a decode step's feed is made of them); ``samples`` counts the
-    prefills it saw.
-    """
-
-    def __init__(self, decoder: DecoderInterface, outputs: list[str], presents: set[str]) -> None:
-        self.decoder, self.outputs, self.presents = decoder, list(outputs), sorted(presents)
-        self.largest: dict[str, np.ndarray] = {}
-        self.samples = 0
-
-    @property
-    def tensors(self) -> list[str]:
-        return list(self.outputs)
-
-    def observe(
-        self, values: dict[str, np.ndarray], count: int, feed: dict[str, np.ndarray], rerun: Rerun | None = None
-    ) -> None:
-        """Keep the prefill's cache magnitudes, then decode greedily from it and keep each step's."""
-        assert rerun is not None  # the float pass runs the decode steps
-        results = values
-        for step in range(RANGE_STEPS + 1):
-            if step:
-                results = rerun(feed)
-            for name in self.presents:
-                value = np.abs(results[name]).max(axis=(0, 2))
-                self.largest[name] = np.maximum(self.largest[name], value) if name in self.largest else value
-            if step == RANGE_STEPS or self.decoder.logits is None:
-                break
-            tokens = last_token_scores(results[self.decoder.logits]).argmax(-1)
-            feed = next_step_feed(self.decoder, feed, results, tokens)
-        self.samples += count
-
-
 def _scale(largest: np.ndarray, granularity: str) -> np.ndarray:
     """Symmetric int8 scales; a channel that never moved gets the tensor's (or 1) so nothing divides by zero."""
     fallback = float(largest.max()) or 127.0
@@ -100,7 +57,9 @@ def _scale(largest: np.ndarray, granularity: str) -> np.ndarray:
     return (safe / 127.0).astype(np.float32)[:, None, :]
 
 
-def quantize_cache(model: onnx.ModelProto, ranges: Mapping[str, np.ndarray], granularity: str) -> list[str]:
+def quantize_cache(
+    model: onnx.ModelProto, ranges: Mapping[str, np.ndarray], granularity: CacheGranularity
+) -> list[str]:
     """Store every :func:`cache_nodes` cache as int8 with scales from ``ranges``; returns the nodes changed."""
     nodes = GraphView(model).by_name
     typed: dict[str, int] = {}

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 
 from qtool.config import QConfig
-from qtool.graph.index import node_subgraphs
+from qtool.graph.index import GraphView, node_subgraphs
 from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.kernels import predict_kernels
 from qtool.quantization.plan.planner import passthrough_ops
@@ -89,11 +89,12 @@ def inspect_plan(
     counted: set[tuple[str, str]] = set()
     rows = _node_rows(prepared, plan, counted, "")
     rows += _body_rows(prepared, plan, counted)
-    op_types = {n.name: n.op_type for n in prepared.graph.node}
+    nodes = GraphView(prepared).by_name
     kept = []
     for name, reason in plan.skipped:
-        _, rule = config.resolve(name, op_types.get(name, ""))
-        kept.append((name, op_types.get(name, "?"), f"{reason} ({rule})" if "config" in reason else reason))
+        op_type = nodes[name].op_type if name in nodes else ""
+        _, rule = config.resolve(name, op_type)
+        kept.append((name, op_type or "?", f"{reason} ({rule})" if "config" in reason else reason))
     return Inspection(model_path, model_bytes, rows, kept, passthrough_ops(prepared, plan))
 
 

@@ -9,9 +9,9 @@ import onnx
 from qtool.graph.index import GraphView
 from qtool.quantization.plan.records import QuantPlan
 from qtool.quantization.plan.roles import Roles, is_depthwise, node_macs
-from qtool.schemes import NodeScheme
+from qtool.schemes import NodeScheme, RulePlacement
 
-Decision = Literal["integer", "storage", "float"]  # what the rules make of one node ("float": not quantized)
+Decision = RulePlacement | Literal["float"]  # what the rules make of one node ("float": not quantized)
 
 # A node runs as an integer kernel under placement "auto" only when it does at least this many
 # multiply-accumulates per sample: below it, onnxruntime spends more on Quantize/DequantizeLinear and

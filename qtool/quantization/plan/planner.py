@@ -150,8 +150,7 @@ def _plan_nodes(
 
 
 def _in_graph_order(g: GraphView, nodes: list[NodePlan]) -> list[NodePlan]:
-    position = {node.name: index for index, node in enumerate(g.nodes)}
-    return sorted(nodes, key=lambda n: position.get(n.name, len(position)))
+    return sorted(nodes, key=lambda n: g.positions.get(n.name, len(g.nodes)))
 
 
 def _eligible(node: onnx.NodeProto, config: QConfig, g: GraphView) -> tuple[NodeScheme, Roles] | str | None:

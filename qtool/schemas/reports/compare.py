@@ -62,11 +62,14 @@ class Agreement(_Report):
     rows: int
 
 
+Kind = Literal["class_scores", "boxes", "next_token", "values"]
+
+
 class OutputKind(_Report):
     """How one float output was judged, and why."""
 
     output: str
-    kind: Literal["class_scores", "boxes", "next_token", "values"] = Field(
+    kind: Kind = Field(
         description="class_scores: error metrics and top-1/top-5; boxes: error metrics and IoU; "
         "next_token: a decoder's logits, error metrics and the language_model section; values: error only"
     )

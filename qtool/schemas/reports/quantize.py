@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from qtool.schemas.reports.base import _Report
+from qtool.schemas.reports.base import Decibels, _Report
 from qtool.schemas.reports.compare import CompareReport
+from qtool.schemes import CandidateName
 
 
 class InputModel(_Report):
@@ -123,7 +124,9 @@ class SearchReport(_Report):
         description="nodes kept entirely float: chosen when even storage-only misses the target, so the weights' "
         "rounding costs accuracy too"
     )
-    start: str = Field(description="the candidate placement the search started from (auto, unchained, or storage)")
+    start: CandidateName = Field(
+        description="the candidate placement the search started from (auto, unchained, or storage)"
+    )
     steps: list[SearchStep]
     ranked_on_samples: int
     ranked_by: str = Field(
@@ -135,20 +138,20 @@ class SearchReport(_Report):
 
 
 class PlacementCandidate(_Report):
-    """One placement the choice measured."""
+    """One placement the choice measured (the choice's own record: speedup and chosen are set when it is made)."""
 
-    name: str
-    same_as: list[str]
+    name: CandidateName
+    same_as: list[CandidateName] = Field(description="other candidates that planned exactly this placement")
     integer_nodes: int
     storage_nodes: int
-    chained_nodes: int = Field(0, description="unweighted ops between its integer kernels run on 8-bit values")
-    sqnr_db: float | None
+    chained_nodes: int = Field(default=0, description="unweighted ops between its integer kernels run on 8-bit values")
+    sqnr_db: Decibels = Field(description="the worst output's SQNR on the scored samples (null: exact)")
     meets_target: bool
-    latency_ms: float | None
-    speedup: float | None
-    chosen: bool
+    latency_ms: float | None = Field(default=None, description="median at the choice's thread count (null: not timed)")
+    speedup: float | None = Field(default=None, description="fp32 median / this one's (null: not timed)")
+    chosen: bool = False
     decode_agreement: float | None = Field(
-        None, description="decoders: agreement with fp32 over greedy decode steps through its own cache"
+        default=None, description="decoders: agreement with fp32 over greedy decode steps through its own cache"
     )
 
 

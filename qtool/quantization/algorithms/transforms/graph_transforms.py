@@ -52,14 +52,14 @@ class ChannelMaxima:
 
 def smoothing_nodes(plan: QuantPlan, model: onnx.ModelProto) -> dict[str, str]:
     """The plan's MatMul/Gemm nodes that turn SmoothQuant on -> the activation tensor each reads."""
-    inputs = {n.name: list(n.input) for n in model.graph.node}
+    nodes = GraphView(model).by_name
     return {
-        node.name: inputs[node.name][0]
+        node.name: nodes[node.name].input[0]
         for node in plan.nodes
         if node.op_type in ("MatMul", "Gemm")
         and node.scheme.algorithms.smoothquant
         and node.weight is not None
-        and inputs[node.name][1] == node.weight.name
+        and nodes[node.name].input[1] == node.weight.name
     }
 
 

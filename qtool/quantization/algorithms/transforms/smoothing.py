@@ -95,7 +95,7 @@ def _name(node: onnx.NodeProto) -> str:
 
 
 @dataclass(frozen=True)
-class _Reader:
+class _SmoothedReader:
     """A smoothable reader: ``weight`` (input ``position``) reduces along ``axis`` over the tensor's channels."""
 
     index: int  # position in graph.node
@@ -143,7 +143,7 @@ class _Smoother:
         alpha_of: Callable[[str], float],
         min_ratio: float,
     ) -> tuple[onnx.ModelProto, SmoothingReport]:
-        readers: dict[str, list[_Reader]] = {}
+        readers: dict[str, list[_SmoothedReader]] = {}
         skipped: list[tuple[str, str]] = []
         for index, node in enumerate(self.g.nodes):
             if node.op_type not in ("MatMul", "Gemm") or node.domain not in _ONNX_DOMAINS or not selected(_name(node)):
@@ -165,7 +165,7 @@ class _Smoother:
         self._finish()
         return self.model, SmoothingReport(tuple(groups), tuple(skipped))
 
-    def _reader(self, index: int) -> _Reader | str:
+    def _reader(self, index: int) -> _SmoothedReader | str:
         """Why node ``index`` cannot be smoothed, or its weight's input position and reduction axis."""
         node = self.g.nodes[index]
         if len(node.input) < 2 or node.input[0] == node.input[1]:
@@ -178,16 +178,16 @@ class _Smoother:
         if node.op_type == "MatMul":
             if len(weight.dims) < 2:
                 return "the weight is a vector"
-            return _Reader(index, 1, len(weight.dims) - 2)
+            return _SmoothedReader(index, 1, len(weight.dims) - 2)
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if attrs.get("transA", 0):
             return "Gemm with transA=1 reduces over the first axis of A, not its channels"
-        return _Reader(index, 1, 1 if attrs.get("transB", 0) else 0)
+        return _SmoothedReader(index, 1, 1 if attrs.get("transB", 0) else 0)
 
     def _smooth_tensor(
         self,
         tensor: str,
-        readers: list[_Reader],
+        readers: list[_SmoothedReader],
         stats: np.ndarray | None,
         alpha_of: Callable[[str], float],
         min_ratio: float,
@@ -313,7 +313,7 @@ class _Smoother:
             edits.append(_Edit(index, 2, -1))
         return edits
 
-    def _insert_mul(self, tensor: str, s: np.ndarray, readers: list[_Reader]) -> None:
+    def _insert_mul(self, tensor: str, s: np.ndarray, readers: list[_SmoothedReader]) -> None:
         """Put ``Mul(tensor, 1/s)`` before the first reader and point the group at its output."""
         inverse = self._fresh(f"{tensor}/smooth_inverse_scale")
         self.graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), inverse))

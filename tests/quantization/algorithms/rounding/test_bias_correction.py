@@ -8,7 +8,7 @@ from qtool.numerics.qparams import QUANT_TYPES, compute_qparams, dequantize, qua
 from qtool.quantization.algorithms.rounding.bias_correction import bias_correction
 from qtool.quantization.algorithms.rounding.gptq import weight_rows
 from qtool.quantization.algorithms.rounding.patches import ConvGeometry, MatMulGeometry, input_stats
-from tests.quantization.algorithms.brute import conv
+from tests.quantization.algorithms.rounding.brute import conv
 
 INT4 = QUANT_TYPES["int4"]
 

@@ -323,7 +323,7 @@ def test_bias_correction_with_no_measurable_layer_in_a_candidate_does_not_crash(
     """The encoder's dynamic candidate asks for bias correction where no layer can be measured (it crashed)."""
     out = tmp_path / "enc.onnx"
     search = qtool.SearchOptions(latency_runs=0)
-    config = Path(__file__).parents[2] / "configs" / "accurate.yaml"
+    config = Path(__file__).parents[3] / "configs" / "accurate.yaml"
     result = qtool.quantize(
         sample("encoder"), out, config_path=config, data_dir=calib_dir("encoder"), search=search, evaluation=None
     )

@@ -10,7 +10,7 @@ from qtool.quantization.algorithms.rounding.patches import (
     input_stats,
     sample_positions,
 )
-from tests.quantization.algorithms.brute import im2col
+from tests.quantization.algorithms.rounding.brute import im2col
 
 CASES = {
     "plain 3x3 pad 1": (4, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
