@@ -20,7 +20,7 @@ from qtool.quantization.plan.kernels import KernelPrediction, predict_kernels
 from qtool.quantization.plan.records import BranchPlan, QuantPlan, StoredWeightPlan
 from qtool.quantization.plan.roles import static_elements
 
-Planner = Callable[..., QuantPlan]  # the planner: (model, config, elements, observed=...) -> plan
+Planner = Callable[..., QuantPlan]  # the planner: (model, config, elements, observed=..., body=True) -> plan
 
 
 def with_branches(
@@ -60,12 +60,12 @@ def plan_branches(
         sub, owned = _body_model(model, branch, g)
         # the body's static shapes, where calibration did not size a tensor
         sized = {**static_elements(sub), **elements} if elements is not None else None
-        planned = planner(sub, config, sized, observed=observed)
+        planned = planner(sub, config, sized, observed=observed, body=True)
         ran = observed is None or all(t in observed for t in planned.every_activation())
         if not ran:
             kept = frozenset(n.name for n in planned.every_node())
             quieter = replace(config, sensitive_nodes=config.sensitive_nodes | kept)
-            planned = planner(sub, quieter, sized, observed=observed)
+            planned = planner(sub, quieter, sized, observed=observed, body=True)
         plans.append(BranchPlan(branch, planned, ran, sub, owned))
     return tuple(plans)
 

@@ -23,6 +23,8 @@ from qtool.quantization.plan.bodies import bodies_note, plan_body_weights
 from qtool.quantization.plan.branches import with_branches
 from qtool.quantization.plan.chains import plan_chains
 from qtool.quantization.plan.nbits_form import int2_fusion_fault, nbits_fallback
+from qtool.quantization.plan.outputs import REASON as FLOAT_OUTPUT_REASON
+from qtool.quantization.plan.outputs import float_output_nodes
 from qtool.quantization.plan.placement import isolated_integer_nodes, node_placement
 from qtool.quantization.plan.records import NodePlan, QuantPlan, WeightPlan
 from qtool.quantization.plan.recurrent import plan_recurrent_weights
@@ -80,6 +82,7 @@ def build_plan(
     elements: dict[str, int] | None = None,
     view: GraphView | None = None,
     observed: frozenset[str] | None = None,
+    body: bool = False,
 ) -> QuantPlan:
     """Decide, node by node, what to quantize (see :class:`QuantPlan`).
 
@@ -89,12 +92,13 @@ def build_plan(
     between integer kernels and storage-only compression; without it every
     auto node is planned as integer, so calibration observes everything it may need.
     ``view`` is the model's :class:`GraphView`, when the caller holds one. ``observed``: the tensors
-    calibration saw (see :mod:`qtool.quantization.plan.branches`).
+    calibration saw (see :mod:`qtool.quantization.plan.branches`). ``body``: ``model`` is an If/Loop body's (its
+    outputs are not the model's: see :mod:`qtool.quantization.plan.outputs`).
     """
     g = view if view is not None else GraphView(model)
     demoted: dict[str, str] = {}
     while True:
-        plan = _plan_nodes(model, config, g, elements, demoted)
+        plan = _plan_nodes(model, config, g, (elements, body), demoted)
         # a demoted node's chains go with it, which can leave a neighbour isolated in turn: plan again
         newly = isolated_integer_nodes(plan, g, elements) if elements is not None else {}
         if not newly:
@@ -103,12 +107,18 @@ def build_plan(
 
 
 def _plan_nodes(
-    model: onnx.ModelProto, config: QConfig, g: GraphView, elements: dict[str, int] | None, demoted: dict[str, str]
+    model: onnx.ModelProto,
+    config: QConfig,
+    g: GraphView,
+    sizes: tuple[dict[str, int] | None, bool],
+    demoted: dict[str, str],
 ) -> QuantPlan:
+    elements, body = sizes
     nodes: list[NodePlan] = []
     activations: dict[str, TensorScheme] = {}
     skipped: list[tuple[str, str]] = []
     final = final_weighted_nodes(model, g)
+    float_outputs = float_output_nodes(model, g, final, elements) if elements is not None and not body else set()
     for node in model.graph.node:
         eligible = _eligible(node, config, g)
         if eligible is None:
@@ -130,6 +140,8 @@ def _plan_nodes(
         if isinstance(planned, str):
             skipped.append((node.name, planned))
             continue
+        if planned.placement == "integer" and planned.name in float_outputs:
+            planned = replace(planned, output=None, reason=f"{planned.reason}; {FLOAT_OUTPUT_REASON}")
         nodes.append(planned)
         _claim_activations(activations, planned, scheme)
     shared: dict[str, str] = {}
