@@ -21,7 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from qtool.choice.records import PlacementChoice
+from qtool.choice.candidates import BuiltCandidates
+from qtool.choice.records import TIE, FloatModel, PlacementChoice
+from qtool.choice.search import FLOAT_ACTIVATIONS, MoveKind, Moves
 from qtool.quantization.plan.records import NodePlan, QuantPlan
 from qtool.schemes import CandidateName
 
@@ -75,3 +77,29 @@ def _written(node: NodePlan) -> tuple[str, ...]:
 
 def _integer_macs(plan: QuantPlan) -> int:
     return sum(n.macs or 0 for n in plan.every_node() if n.placement == "integer" and not n.chained)
+
+
+def priced_moves(
+    choice: PlacementChoice, built: BuiltCandidates, float_model: FloatModel, start: CandidateName, kind: MoveKind
+) -> Moves:
+    """Float activations priced by the latency each node's move is estimated to cost (see move_costs).
+
+    Their budget: what the start may lose and still run more than :data:`TIE` faster than storage-only, which
+    reaches the target (a slower placement is never kept over it: storage-only is more accurate).
+    """
+    if kind != FLOAT_ACTIVATIONS:  # moving whole nodes float: priced by their size instead
+        return Moves(kind)
+    costs = move_costs(choice, {name: plan for name, (plan, _) in built.plans.items()}, float_model.elements)
+    by_node = {n.name: costs.of(n, float_model.elements) for n in built.plans[start][0].nodes}
+    measured = f"the candidates' latencies ({costs.measured})" if costs.measured else "each node's work"
+    latency = {c.name: c.latency_ms for c in choice.candidates if c.latency_ms is not None}
+    storage = storage_candidate(built)
+    budget = None
+    if costs.measured and storage in latency and start in latency:
+        budget = (1 - TIE) * latency[storage] - latency[start]
+    return Moves(kind, by_node, measured, budget)
+
+
+def storage_candidate(built: BuiltCandidates) -> CandidateName | None:
+    """The candidate that plans storage-only (it, or another that planned the same model), if any."""
+    return next((n for n, a in built.aliases.items() if n == "storage" or "storage" in a), None)

@@ -63,6 +63,9 @@ class Moves:
     kind: MoveKind = FLOAT_ACTIVATIONS  # FLOAT_ACTIVATIONS (the node keeps its stored weight) or FLOAT (not quantized)
     costs: Mapping[str, float] | None = None  # estimated milliseconds lost, by node
     costs_from: str = ""  # what the milliseconds were read from, for the report
+    # the most milliseconds the kept moves may cost together: past it the placement could no longer run decisively
+    # faster than the more accurate one it must beat (storage-only), so a node whose move would cross it is not tried
+    budget_ms: float | None = None
 
 
 @dataclass
@@ -178,7 +181,7 @@ def sensitivity_search(
     del model
     advance = (progress or noop_progress)("sensitivity", min(len(ranking), settings.max_float_nodes + PATIENCE))
     # the time budget is for the trials: the one per-layer pass that ranks the nodes is what makes them worth it
-    prices = (_size_prices(reference) if moves.kind == FLOAT else {}, moves.costs or {})
+    prices = (_size_prices(reference) if moves.kind == FLOAT else {}, moves)
     config, sqnr = _try_in_float(config, ranking, quantize, scorer, result, (time.perf_counter(), advance), prices)
     result.final_sqnr_db = sqnr
     return config, result
@@ -230,15 +233,18 @@ def _try_in_float(
     scorer: OutputScorer,
     result: SearchResult,
     clock: tuple[float, Callable[[int], None]],
-    prices: tuple[dict[str, float], Mapping[str, float]],
+    prices: tuple[dict[str, float], Moves],
 ) -> tuple[QConfig, float]:
     """Move the ranked nodes to float activations one at a time, keeping each that helps (steps go to ``result``).
 
     ``clock``: when the trials started, and the progress to advance. ``prices``: by node, the gain in decibels a
-    node kept entirely float must buy when it does not reach the target, and the milliseconds a move costs.
+    node kept entirely float must buy when it does not reach the target, and the moves (their milliseconds and the
+    budget they share).
     """
     started, advance = clock
-    price, costs = prices
+    price, moves = prices
+    costs, budget = moves.costs or {}, moves.budget_ms
+    spent, over_budget = 0.0, 0
     sqnr, seconds = result.initial_sqnr_db, config.accuracy.search_seconds
     target = result.target_sqnr_db
     rejected_in_a_row, best_gain = 0, -math.inf
@@ -251,33 +257,38 @@ def _try_in_float(
         if stop:
             result.stopped = stop
             break
+        cost = costs.get(candidate.node)
+        if budget is not None and spent + (cost or 0.0) > budget:
+            over_budget += 1  # kept, its move would leave the placement no faster than the one it must beat
+            continue
         trial = _moved(config, candidate.node, result.moves)
         trial_model, _ = quantize(trial)
         score = scorer.score(trial_model)
         del trial_model
-        trial_sqnr = score.worst_db
-        best_gain = max(best_gain, trial_sqnr - sqnr)
-        needed = MIN_GAIN_DB if trial_sqnr >= target else max(MIN_GAIN_DB, price.get(candidate.node, 0.0))
-        kept = trial_sqnr >= sqnr + needed
-        cost = costs.get(candidate.node)
-        step = SearchStep(
-            node=candidate.node,
-            op_type=candidate.op_type,
-            drop_db=candidate.drop_db,
-            sqnr_db=trial_sqnr,
-            kept=kept,
-            cost_ms=cost,
-        )
-        result.steps.append(step)
+        best_gain = max(best_gain, score.worst_db - sqnr)
+        needed = MIN_GAIN_DB if score.worst_db >= target else max(MIN_GAIN_DB, price.get(candidate.node, 0.0))
+        kept = score.worst_db >= sqnr + needed
+        result.steps.append(_step(candidate, score.worst_db, kept, cost))
         if kept:
-            config, sqnr = trial, trial_sqnr
+            config, sqnr, spent = trial, score.worst_db, spent + (cost or 0.0)
             result.final_bound_db = score.worst_bound_db()
         rejected_in_a_row = 0 if kept else rejected_in_a_row + measured
         advance(1)
     else:
         if result.reached_at(sqnr):
             result.stopped = "the last node tried reached it"
+        elif over_budget and budget is not None:
+            result.stopped = (
+                f"no faster placement left: {over_budget} node{'s' if over_budget > 1 else ''} not tried, each "
+                f"costing more than the {max(budget - spent, 0.0):.2f} ms the placement may lose and still beat "
+                "storage-only"
+            )
     return config, sqnr
+
+
+def _step(candidate: Candidate, sqnr: float, kept: bool, cost: float | None) -> SearchStep:
+    node, op_type, drop_db = candidate.node, candidate.op_type, candidate.drop_db
+    return SearchStep(node=node, op_type=op_type, drop_db=drop_db, sqnr_db=sqnr, kept=kept, cost_ms=cost)
 
 
 def _size_prices(reference: onnx.ModelProto) -> dict[str, float]:

@@ -43,7 +43,7 @@ from qtool.calibration.dataset import Dataset
 from qtool.calibration.decode_steps import has_decode_steps, prefills
 from qtool.choice.candidates import BuiltCandidates
 from qtool.choice.decode import DecodeJudge, decoder_to_score
-from qtool.choice.move_costs import move_costs
+from qtool.choice.move_costs import priced_moves, storage_candidate
 from qtool.choice.ranges import choose_ranges
 from qtool.choice.records import (
     DECISIVE_CONFIDENCE,
@@ -54,7 +54,7 @@ from qtool.choice.records import (
     Samples,
     meets,
 )
-from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, MoveKind, Moves, sensitivity_search
+from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, MoveKind, sensitivity_search
 from qtool.choice.timing import decisively_faster, faster_than_storage, median_ratio, time_candidates
 from qtool.choice.validation import Validator, validate_choice
 from qtool.config import QConfig
@@ -223,7 +223,7 @@ def _search_plan(choice: PlacementChoice, built: BuiltCandidates, timed: bool) -
     kept float took storage-only's 22.4 dB to 29.4 held out, where the search from "unchained" stopped at 20.0).
     """
     target = choice.target_sqnr_db
-    storage_name = next((n for n, a in built.aliases.items() if n == "storage" or "storage" in a), None)
+    storage_name = storage_candidate(built)
     if meets(built.scores["auto"], target):
         return None
     storage_meets = storage_name is None or meets(built.scores[storage_name], target)
@@ -287,7 +287,7 @@ def _search(
         (samples.ranked, float_model.elements),
         progress=progress,
         initial=(start_model, _movable(start_plan, moves), built.scores[start]),
-        moves=_priced_moves(choice, built, float_model, start_plan, moves),
+        moves=priced_moves(choice, built, float_model, start, moves),
     )
     if choice.search is not None:
         choice.search.start = start
@@ -300,18 +300,6 @@ def _search(
     timed = {c.name: {"latency_ms": c.latency_ms} for c in choice.candidates}  # kept until all are timed again
     choice.candidates = [c.model_copy(update=timed.get(c.name)) for c in built.candidates(choice.target_sqnr_db)]
     return True
-
-
-def _priced_moves(
-    choice: PlacementChoice, built: BuiltCandidates, float_model: FloatModel, start: QuantPlan, kind: MoveKind
-) -> Moves:
-    """Float activations priced by the latency each node's move is estimated to cost (see move_costs)."""
-    if kind != FLOAT_ACTIVATIONS:  # moving whole nodes float: priced by their size instead
-        return Moves(kind)
-    costs = move_costs(choice, {name: plan for name, (plan, _) in built.plans.items()}, float_model.elements)
-    by_node = {n.name: costs.of(n, float_model.elements) for n in start.nodes}
-    measured = f"the candidates' latencies ({costs.measured})" if costs.measured else "each node's work"
-    return Moves(kind, by_node, measured)
 
 
 def _missed_before_timing(choice: PlacementChoice, validator: Validator | None) -> frozenset[CandidateName]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qtool.choice.records import PlacementChoice
-from qtool.choice.search import SearchResult, _stop_reason, rank_nodes
+from qtool.choice.search import Moves, SearchResult, _stop_reason, rank_nodes
 from qtool.choice.selection import _may_win
 from qtool.evaluation.layers import LayerError
 from qtool.schemas.reports.quantize import PlacementCandidate, SearchStep
@@ -132,7 +132,7 @@ def _fake_trials(gains: dict[str, float], start: float, target: float, price: di
     def quantize(cfg: object) -> tuple[object, set[str]]:
         return set(cfg.float_nodes), set()  # type: ignore[attr-defined]
 
-    _try_in_float(config, ranking, quantize, Scorer(), result, (time.perf_counter(), lambda _: None), (price, {}))  # type: ignore[arg-type]
+    _try_in_float(config, ranking, quantize, Scorer(), result, (time.perf_counter(), lambda _: None), (price, Moves()))  # type: ignore[arg-type]
     return result.float_nodes
 
 
@@ -220,7 +220,47 @@ def test_the_search_goes_on_until_the_bound_of_its_samples_reaches_the_target():
 
     ranking = [_row(n, 0.0, 1.0, i) for i, n in enumerate(gains)]
     clock = (time.perf_counter(), lambda _: None)
-    _, sqnr = _try_in_float(config, ranking, quantize, Scorer(), result, clock, ({}, {}))  # type: ignore[arg-type]
+    _, sqnr = _try_in_float(config, ranking, quantize, Scorer(), result, clock, ({}, Moves()))  # type: ignore[arg-type]
     # "a" reaches 30 dB, its bound 29.4 does not: "b" brings the bound to 29.9, "c" to 30.4
     assert result.float_nodes == ["a", "b", "c"] and result.reached_at(sqnr) and sqnr == pytest.approx(31.0)
     assert result.final_bound_db == pytest.approx(30.4)
+
+
+def test_the_search_tries_no_move_that_would_leave_it_no_faster_than_storage():
+    from dataclasses import replace as copy
+
+    from qtool.choice.search import FLOAT_ACTIVATIONS, _try_in_float
+    from qtool.config import load_config
+
+    config = load_config(None)
+    config = copy(config, accuracy=copy(config.accuracy, target_sqnr_db=30.0, max_float_nodes=4))
+    gains = {"a": 0.5, "b": 0.5, "c": 1.0}
+    tried: list[str] = []
+
+    class Scorer:
+        def score(self, model: object) -> object:
+            tried.append(",".join(sorted(model)))  # type: ignore[call-overload]
+            total = 28.0 + sum(gains[n] for n in model)  # type: ignore[attr-defined]
+            return type("Score", (), {"worst_db": total, "worst_bound_db": lambda self: total})()
+
+    def quantize(cfg: object) -> tuple[object, set[str]]:
+        return set(cfg.sensitive_nodes), set()  # type: ignore[attr-defined]
+
+    ranking = [_row(n, 0.0, 1.0, i) for i, n in enumerate(gains)]
+    moves = Moves(FLOAT_ACTIVATIONS, {"a": 0.3, "b": 0.3, "c": 0.1}, "test", budget_ms=0.5)
+    result = SearchResult(30.0, 4, 8, 28.0, 28.0, moves=FLOAT_ACTIVATIONS)
+    _try_in_float(config, ranking, quantize, Scorer(), result, (time.perf_counter(), lambda _: None), ({}, moves))  # type: ignore[arg-type]
+    # "a" spends 0.3 of the 0.5 ms; "b" (0.3 more) is not even built; "c" (0.1) fits
+    assert tried == ["a", "a,c"] and result.float_nodes == ["a", "c"]
+    assert "no faster placement left" in result.stopped and "1 node not tried" in result.stopped
+    unbounded = SearchResult(30.0, 4, 8, 28.0, 28.0, moves=FLOAT_ACTIVATIONS)
+    _try_in_float(
+        config,
+        ranking,
+        quantize,
+        Scorer(),
+        unbounded,
+        (time.perf_counter(), lambda _: None),
+        ({}, copy(moves, budget_ms=None)),
+    )  # type: ignore[arg-type]
+    assert unbounded.float_nodes == ["a", "b", "c"]
