@@ -7,6 +7,8 @@ out keeps the default. Per-node settings resolve with the precedence
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -57,6 +59,8 @@ class QConfig:
     activation_ranges: str = (
         "observer"  # "observer" | "extremes" (see qtool.quantization.plan.activations): the choice's
     )
+    # the digest of what the user gave, as the reports name it: the file's bytes, or a mapping's canonical JSON
+    source_sha256: str | None = field(default=None, compare=False)
     located: LocatedYaml | None = field(default=None, repr=False, compare=False)  # the user's file: where keys are
     # each node's merged rules, by document: shared by the configs ``replace`` derives (a search's trials differ in
     # sensitive_nodes only, and merging the rules is most of what planning a node costs)
@@ -268,14 +272,16 @@ def load_config(path: Path | str | Mapping[str, Any] | None = None) -> QConfig:
         doc = LocatedYaml("<config mapping>", text)
         _check_document(doc)
         user = _without_default_nulls({k: v for k, v in doc.value.items() if v is not None})
-        return replace(_build(deep_merge(merged, user), "<config mapping>"), located=doc)
+        digest = hashlib.sha256(json.dumps(dict(path), sort_keys=True, default=str).encode()).hexdigest()
+        return replace(_build(deep_merge(merged, user), "<config mapping>"), located=doc, source_sha256=digest)
     if path is not None:
         path = resolve_config(path)
         text = read_text(path, "config file", CONFIG_MAX_BYTES)
         doc = LocatedYaml(str(path), text)
         _check_document(doc)
         user = _without_default_nulls({k: v for k, v in doc.value.items() if v is not None})
-        return replace(_build(deep_merge(merged, user), str(path)), located=doc)
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return replace(_build(deep_merge(merged, user), str(path)), located=doc, source_sha256=digest)
     return _build(merged, source)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -18,7 +16,6 @@ from qtool.calibration.dataset import Dataset, model_inputs
 from qtool.calibration.decoder import model_decoder
 from qtool.calibration.outputs import FloatOutputs
 from qtool.config import QConfig, load_config
-from qtool.config_files import resolve_config
 from qtool.errors import QtoolError
 from qtool.evaluation.baseline import Snapshot, StaleBaselineError, against_baseline, read_baseline, regression_gates
 from qtool.evaluation.closed_loop import closed_loop_score
@@ -33,7 +30,6 @@ from qtool.evaluation.opened import OpenedModel
 from qtool.evaluation.output_kinds import output_sources
 from qtool.evaluation.providers import session_providers
 from qtool.graph.input_shapes import fix_input_shapes
-from qtool.graph.model_files import file_sha256
 from qtool.graph.session import create_session
 from qtool.options import (
     DEFAULT_EVALUATION,
@@ -53,7 +49,7 @@ def compare(
     data_dir: Path | str,
     *,
     options: EvaluationOptions = DEFAULT_EVALUATION,
-    config_path: Path | str | Mapping[str, Any] | None = None,
+    config_path: Path | str | Mapping[str, Any] | QConfig | None = None,
     gates: list[Gate] | None = None,
     progress: ProgressFactory | None = None,
     known: FloatOutputs | None = None,
@@ -70,7 +66,8 @@ def compare(
         options: runs, warm-up, threads, sample limit, NaN handling, task ("auto": top-1/top-5 for
             outputs that hold class scores, see :mod:`qtool.evaluation.output_kinds`), per-layer
             pairing, providers (unavailable ones are skipped).
-        config_path: a QConfigDict whose ``preprocess:`` block turns images into inputs.
+        config_path: a QConfigDict whose ``preprocess:`` block turns images into inputs (or the config as
+            ``quantize`` holds it, loaded).
         gates: thresholds to judge (see :mod:`qtool.evaluation.gates`).
         progress: receives progress updates.
         known: the float model's outputs that calibration kept for some of these
@@ -86,17 +83,15 @@ def compare(
     if options.per_layer:  # each model runs whole, every tensor exposed
         models = tuple(m.whole() for m in models)
     reference, candidate = models
-    config = load_config(config_path) if config_path else None
+    config = config_path if isinstance(config_path, QConfig) else load_config(config_path) if config_path else None
     options = _gate_outputs(reference.graph, options, config)
     dataset = _dataset((reference, candidate), data_dir, options, config, input_shapes)
     result = _measured((reference, candidate), dataset, options, progress, known)
-    reproducibility = _reproducibility(dataset, config_path, options, result.latency)
+    reproducibility = _reproducibility(dataset, config, options, result.latency)
     result = replace(result, data_dir=str(data_dir), reproducibility=reproducibility)
     judged = evaluate_gates(gates or [], result.measured(), result.intervals())
-    paths = (reference.path, candidate.path)
-    judged = confirmed_latency_gates(
-        gates or [], judged, result.primary_latency, paths, dataset, options, progress or noop_progress
-    )
+    paths, factory = (reference.path, candidate.path), progress or noop_progress
+    judged = confirmed_latency_gates(gates or [], judged, result.primary_latency, paths, dataset, options, factory)
     if earlier is None:
         return replace(result, gates=judged)
     stated = [g.tolerance for g in gates or [] if g.metric == "latency_ratio"]
@@ -300,19 +295,14 @@ def _provider_accuracy(
 
 def _reproducibility(
     dataset: Dataset,
-    config_path: Path | str | Mapping[str, Any] | None,
+    config: QConfig | None,
     options: EvaluationOptions,
     latency: list[LatencyComparison],
 ) -> dict[str, Any]:
     """What the numbers depend on: config and data digests, versions, CPU, threads and providers."""
     threads = options.threads
-    digest: str | None
-    if isinstance(config_path, Mapping):  # a config given as a dict: the digest of its canonical JSON
-        digest = hashlib.sha256(json.dumps(config_path, sort_keys=True, default=str).encode()).hexdigest()
-    else:
-        digest = file_sha256(resolve_config(config_path)) if config_path else None  # a name: the installed file
     return {
-        "config_sha256": digest,
+        "config_sha256": config.source_sha256 if config is not None else None,
         "data": {"files": len(dataset.files), "sha256": files_digest(list(dataset.files))},
         "versions": versions(),
         "cpu": cpu_info(),

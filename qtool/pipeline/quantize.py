@@ -330,7 +330,7 @@ def compared(
         output,
         scored,
         options=replace(evaluation, runs=0) if timed else evaluation,
-        config_path=request.config_source,
+        config_path=ws.config,
         progress=progress,
         known=known if request.eval_dir is None else None,
         input_shapes=request.input_shapes,
