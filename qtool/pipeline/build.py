@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
 
 from qtool.calibration.statistics import CalibrationStats
 from qtool.config import QConfig
-from qtool.options import CalibrationOptions
-from qtool.pipeline.data import tapped_pass
 from qtool.pipeline.workspace import Workspace
 from qtool.quantization.algorithms.rounding.empirical_bias import measure_shifts, measured_layers
 from qtool.quantization.algorithms.rounding.node_inputs import NodeInput, NodeInputCollector, node_input
@@ -138,27 +135,21 @@ def input_collector(ws: Workspace, config: QConfig | None = None) -> NodeInputCo
 
 
 def weight_algorithms(
-    ws: Workspace,
-    collector: NodeInputCollector | None,
-    calibrated: bool,
-    search_dir: Path | str | None,
-    calibration: CalibrationOptions,
+    ws: Workspace, collector: NodeInputCollector | None, fed: bool
 ) -> tuple[WeightAlgorithms | None, str | None]:
-    """The weight algorithms' inputs: gathered by calibration (``calibrated``), or by a pass over the search data.
+    """The weight algorithms' inputs, when a float pass ``fed`` the collector (calibration's, or the search samples').
 
     Returns them (None when no node asks for an algorithm) and a note when they could not be had.
     """
     if collector is None:
         return None, None
-    if not calibrated:
-        if search_dir is None:
-            plan = ws.plan()
-            asked = sorted({name for n in plan.nodes for name in n.scheme.algorithms.names() if name in NEED_DATA})
-            note = (
-                f"{', '.join(asked)} need calibration samples: give --data (or --search-data with --stats); "
-                "weights were rounded to nearest"
-            )
-            log.warning(note)
-            return None, note
-        tapped_pass(ws, search_dir, calibration, collector, "calibration inputs of the weight algorithms")
+    if not fed:
+        plan = ws.plan()
+        asked = sorted({name for n in plan.nodes for name in n.scheme.algorithms.names() if name in NEED_DATA})
+        note = (
+            f"{', '.join(asked)} need calibration samples: give --data (or --search-data with --stats); "
+            "weights were rounded to nearest"
+        )
+        log.warning(note)
+        return None, note
     return WeightAlgorithms(collector.result), None

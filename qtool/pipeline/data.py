@@ -53,12 +53,15 @@ def sample_count(ws: Workspace, data_dir: Path | str, options: CalibrationOption
     return min(samples, limit) if limit else samples
 
 
-def tapped_pass(ws: Workspace, data_dir: Path | str, options: CalibrationOptions, tap: BatchTap, what: str) -> None:
-    """A float pass over the calibration samples (unsharded) that only feeds ``tap``."""
+def tapped_pass(
+    ws: Workspace, data_dir: Path | str, options: CalibrationOptions, taps: list[BatchTap], what: str
+) -> None:
+    """One float pass over the calibration samples (unsharded) that only feeds ``taps``."""
     dataset = calibration_dataset(ws, data_dir, options, sharded=False)
-    if isinstance(tap, NodeInputCollector):
-        tap.expect(len(dataset))
+    for tap in taps:
+        if isinstance(tap, NodeInputCollector):
+            tap.expect(len(dataset))
     with stage(f"{what} (float pass)"):
         batch_size = options.batch_size or ws.config.calibration.batch_size
         run = FloatPass(batch_size, weights=ws.weights)
-        collect_statistics(ws.prepared, [], dataset, Observing(ws.config.calibration.observer), run, taps=[tap])
+        collect_statistics(ws.prepared, [], dataset, Observing(ws.config.calibration.observer), run, taps=taps)

@@ -9,8 +9,6 @@ import onnx
 from qtool.calibration.kv_cache_ranges import RANGE_STEPS, CacheRanges
 from qtool.choice.decode import decoder_to_score
 from qtool.errors import QtoolError
-from qtool.options import CalibrationOptions
-from qtool.pipeline.data import tapped_pass
 from qtool.pipeline.workspace import Workspace
 from qtool.quantization.emit.kv_cache import cache_nodes, quantize_cache
 
@@ -43,30 +41,18 @@ def cache_ranges_tap(ws: Workspace) -> CacheRanges | None:
     return CacheRanges(decoder, outputs, {name for node in found for name in node.present})
 
 
-def apply_kv_cache(
-    ws: Workspace,
-    model: onnx.ModelProto,
-    ranges: CacheRanges | None,
-    data_dir: Path | str | None,
-    calibration: CalibrationOptions,
-) -> str | None:
+def apply_kv_cache(ws: Workspace, model: onnx.ModelProto, ranges: CacheRanges | None) -> str | None:
     """Store ``model``'s key/value cache int8 as ``kv_cache:`` says; the note for the summary (None: unset).
 
-    ``ranges``: the tap the calibration pass fed (see :func:`cache_ranges_tap`); when no pass fed it (statistics
-    read from a file), a float pass over ``data_dir`` does.
-
-    Raises:
-        QtoolError: the setting is given without token files to calibrate the cache on (see :func:`check_kv_cache`).
+    ``ranges``: the tap a float pass fed (see :func:`cache_ranges_tap`): calibration's, or with statistics read from a
+    file the pass over the search samples (:func:`check_kv_cache` refused the setting without any).
     """
     setting = ws.config.kv_cache
     if setting is None:
         return None
     if ranges is None or not cache_nodes(model):
         return NO_CACHE_NOTE
-    if not ranges.samples:
-        check_kv_cache(ws, data_dir)
-        assert data_dir is not None  # checked above
-        tapped_pass(ws, data_dir, calibration, ranges, "key/value cache ranges")
+    assert ranges.samples, "a float pass fed the cache ranges"
     changed = quantize_cache(model, ranges.largest, setting)
     return (
         f"key/value cache int8 {setting} in {len(changed)} GroupQueryAttention nodes: scales from "

@@ -17,6 +17,7 @@ from qtool._version import __version__
 from qtool.calibration.kv_cache_ranges import CacheRanges
 from qtool.calibration.outputs import FloatOutputs
 from qtool.calibration.statistics import CalibrationStats
+from qtool.calibration.taps import BatchTap
 from qtool.choice.selection import PlacementChoice
 from qtool.config import QConfig
 from qtool.errors import QtoolError
@@ -36,6 +37,7 @@ from qtool.options import QUANTIZE_EVALUATION, CalibrationOptions, EvaluationOpt
 from qtool.pipeline.build import Builder, Built, input_collector, weight_algorithms
 from qtool.pipeline.calibrate import observe, read_statistics, without_data
 from qtool.pipeline.choose import choose
+from qtool.pipeline.data import tapped_pass
 from qtool.pipeline.kv_cache import apply_kv_cache, cache_ranges_tap, check_kv_cache
 from qtool.pipeline.passes import BEFORE_QUANTIZATION, PassInputs, run_passes, with_statistics
 from qtool.pipeline.peer import check_peer_data, measured_beside_onnxruntime
@@ -114,7 +116,11 @@ def statistics(ws: Workspace, request: QuantizeRequest, progress: ProgressFactor
         run_passes(
             ws, with_statistics(stats, request.stats_path), PassInputs(search_data, calibration, stats.smoothing)
         )
-        return Statistics(stats, None, input_collector(ws), calibrated=False, cache=cache_ranges_tap(ws))
+        collector, cache = input_collector(ws), cache_ranges_tap(ws)
+        taps: list[BatchTap] = [tap for tap in (collector, cache) if tap is not None]
+        if taps and search_data is not None:  # what the file's statistics cannot hold, in one pass of the samples
+            tapped_pass(ws, search_data, calibration, taps, "what the weight algorithms and the key/value cache read")
+        return Statistics(stats, None, collector, calibrated=bool(taps) and search_data is not None, cache=cache)
     if request.data_dir is None:
         return Statistics(without_data(ws), None, None, calibrated=False)
     run_passes(ws, BEFORE_QUANTIZATION, PassInputs(request.data_dir, calibration))
@@ -130,7 +136,7 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
     check_kv_cache(ws, request.data_dir or request.search_dir)
     data = statistics(ws, request, progress)
     search_dir = request.search_dir
-    algorithms, note = weight_algorithms(ws, data.collector, data.calibrated, search_dir, request.calibration)
+    algorithms, note = weight_algorithms(ws, data.collector, data.calibrated)
     builder = Builder(ws, data.stats, algorithms)
     config, choice, unjudged = ws.config, None, None
     if ws.config.target not in CPU_TARGETS and request.search is not None and search_dir is not None:
@@ -148,7 +154,7 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
         built = builder.build(config)
         builder.forget()
     ws.transforms.credit(built.report.algorithms, built.report.algorithm_notes)
-    cache_note = apply_kv_cache(ws, built.model, data.cache, request.data_dir or search_dir, request.calibration)
+    cache_note = apply_kv_cache(ws, built.model, data.cache)
     result = _write(ws, built, request.output_path, request.output, data.stats, choice)
     result.notes += [n for n in (note, cache_note, unjudged) if n]
     result.notes += [unmeasured[1]] if unmeasured is not None else []

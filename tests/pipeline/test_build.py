@@ -45,7 +45,7 @@ def test_without_samples_the_weight_algorithms_are_skipped_with_a_note():
     ws = open_workspace(sample("cnn"), load_config({"global": {"algorithms": {"rounding": "gptq"}}}))
     collector = input_collector(ws)
     assert collector is not None  # every Conv and the Gemm ask for their inputs
-    algorithms, note = weight_algorithms(ws, collector, False, None, DEFAULT_CALIBRATION)
+    algorithms, note = weight_algorithms(ws, collector, False)
     assert algorithms is None and note is not None and "gptq need calibration samples" in note
 
 

@@ -226,11 +226,11 @@ def test_a_judge_runs_only_the_decode_loop_it_is_asked_for(tmp_path: Path) -> No
 def test_the_cache_ranges_come_from_the_calibration_pass_and_from_a_pass_of_their_own_only_with_stats(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import qtool.pipeline.kv_cache as kv_cache
+    import qtool.pipeline.quantize as quantize
 
     passes: list[str] = []
-    real = kv_cache.tapped_pass
-    monkeypatch.setattr(kv_cache, "tapped_pass", lambda *args: passes.append(args[-1]) or real(*args))
+    real = quantize.tapped_pass
+    monkeypatch.setattr(quantize, "tapped_pass", lambda *args: passes.append(args[-1]) or real(*args))
     config = _kv_config(tmp_path, "per_channel")
     calibrated = qtool.quantize(GQA, tmp_path / "a.onnx", config_path=config, data_dir=calib_dir("decoder"))
     assert passes == []  # the calibration pass fed the ranges: no second pass over the token files
@@ -238,7 +238,8 @@ def test_the_cache_ranges_come_from_the_calibration_pass_and_from_a_pass_of_thei
     qtool.write_stats(qtool.calibrate(GQA, calib_dir("decoder"), config_path=config), stats)
     search = SearchOptions(data_dir=calib_dir("decoder"))  # the token files the cache ranges read
     read = qtool.quantize(GQA, tmp_path / "b.onnx", config_path=config, stats_path=stats, search=search)
-    assert passes == ["key/value cache ranges"]  # statistics from a file: the ranges need a pass of their own
+    # statistics from a file: the ranges need a pass of the samples, one with what the weight algorithms read
+    assert passes == ["what the weight algorithms and the key/value cache read"]
     assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()  # the same samples' ranges
     notes = [n for n in calibrated.notes + read.notes if n.startswith("key/value cache int8")]
     assert len(notes) == 2 and notes[0] == notes[1]  # the same samples, the same scales note

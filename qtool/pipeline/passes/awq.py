@@ -47,7 +47,7 @@ class Awq:
         if not readers:
             return PassResult(unchanged, replace(workspace.transforms, awq_notes=notes))
         tap = InputMoments(sorted({r.tensor for r in readers}))
-        tapped_pass(workspace, inputs.data_dir, inputs.options, tap, "AWQ activation moments")
+        tapped_pass(workspace, inputs.data_dir, inputs.options, [tap], "AWQ activation moments")
         with stage("AWQ"):
             scales, skipped = choose_awq_scales(readers, tap)
             model, report = apply_awq(workspace.prepared, workspace.weights, readers, scales)

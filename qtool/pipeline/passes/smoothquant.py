@@ -39,7 +39,7 @@ class SmoothQuant:
         if known is None:
             assert inputs.data_dir is not None  # see requires
             tap = ChannelMaxima(sorted(set(nodes.values())))
-            tapped_pass(workspace, inputs.data_dir, inputs.options, tap, "SmoothQuant channel ranges")
+            tapped_pass(workspace, inputs.data_dir, inputs.options, [tap], "SmoothQuant channel ranges")
             known = tap.maxima
         with stage("SmoothQuant"):
             model, report = apply_smoothing(workspace.prepared, workspace.weights, plan, known)
