@@ -23,6 +23,14 @@ AutoPlacement = Literal["integer", "storage", "dynamic"]
 CandidateName = RulePlacement | AutoPlacement | Literal["unchained", "search"]
 """The placement choice's candidates: the rules' placement ("auto"), auto with its chained ops float, every node
 an integer kernel, every weight stored (float compute), dynamic int8 MatMul/Gemm, and the search's mixed placement."""
+Granularity = Literal["per_tensor", "per_channel", "per_block"]
+"""How a tensor's scales are shared: one for the tensor, one per channel, or one per block of a channel."""
+WeightFormat = Literal["qdq", "matmul_nbits"]
+"""How low-bit weights are written: DequantizeLinear (QDQ), or onnxruntime's MatMulNBits (MatMul only)."""
+Mode = Literal["static", "dynamic"]
+"""Static activation ranges from calibration, or integer MatMul/Gemm quantizing their inputs at run time."""
+WeightForm = Literal["dequantized", "restored", "fp16", "integers", "gathered", "matmul_nbits"]
+"""How a stored weight copy is read back (see qtool.quantization.emit.weight_copies)."""
 CacheGranularity = Literal["per_tensor", "per_channel"]
 """How a decoder's int8 key/value cache is scaled (``kv_cache.granularity``)."""
 SaturationSetting = Literal["auto", "uint8", "reduce_range", "ignore"]
@@ -37,7 +45,7 @@ class TensorScheme:
     """How one tensor role (weight or activation) is quantized."""
 
     dtype: str
-    granularity: str
+    granularity: Granularity
     symmetric: bool
     # The rest applies to one role only; None where it does not apply. The values come from the
     # config (configs/default.yaml and the user's file): see qtool.schemas.config for each key.
@@ -46,7 +54,9 @@ class TensorScheme:
     observer: str | dict[str, Any] | None = None  # activations: overrides calibration.observer
     saturation: Saturation | None = None  # weights (see quantization.plan.guard_saturation)
     final_layer_int8: bool | None = None  # weights: a weight-only final projection keeps int8 when 4/2-bit is asked
-    format: str | None = None  # weights: qdq (DequantizeLinear) | matmul_nbits (onnxruntime's MatMulNBits, MatMul only)
+    format: WeightFormat | None = (
+        None  # weights: qdq (DequantizeLinear) | matmul_nbits (onnxruntime's MatMulNBits, MatMul only)
+    )
     accuracy_level: int | None = None  # weights, matmul_nbits: the op's compute precision (0 float, 4 int8 activations)
 
     @property
@@ -107,7 +117,7 @@ class NodeScheme:
     rule: str  # global, op_type:<type>, node_name:<pattern>, ... (see QConfig.resolve)
     placement: RulePlacement
     algorithms: Algorithms
-    mode: str  # "dynamic": integer MatMul/Gemm quantize their inputs at run time
+    mode: Mode  # "dynamic": integer MatMul/Gemm quantize their inputs at run time
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from qtool.errors import QtoolError
-from qtool.schemes import CacheGranularity, RulePlacement, SaturationSetting
+from qtool.schemes import CacheGranularity, Granularity, RulePlacement, SaturationSetting
 
 CONFIG_VERSION = 1
 # ONNX's FLOAT8E4M3FN: symmetric, per_tensor or per_channel. (qparams also has fp8_e5m2, not offered: onnxruntime
@@ -34,7 +34,6 @@ PREPROCESS_DTYPES = ("float32", "float16", "uint8", "int8")
 
 WeightDtype = Literal["int8", "uint8", "int4", "uint4", "int2", "uint2", "fp8_e4m3", "fp16"]
 ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "fp8_e4m3"]
-Granularity = Literal["per_tensor", "per_channel", "per_block"]
 Positive = Annotated[int, Field(ge=1)]
 MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS = 10_000, 86_400
 NonNegative = Annotated[int, Field(ge=0, le=MAX_LATENCY_RUNS)]

@@ -48,7 +48,7 @@ def cache_nodes(model: onnx.ModelProto) -> list[CacheNode]:
     return found
 
 
-def _scale(largest: np.ndarray, granularity: str) -> np.ndarray:
+def _scale(largest: np.ndarray, granularity: CacheGranularity) -> np.ndarray:
     """Symmetric int8 scales; a channel that never moved gets the tensor's (or 1) so nothing divides by zero."""
     fallback = float(largest.max()) or 127.0
     if granularity == "per_tensor":

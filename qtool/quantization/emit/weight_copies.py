@@ -14,16 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
 from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.records import NodePlan
+from qtool.schemes import WeightForm
 
 CopyKey = tuple[int | None, int | None, str, bool, str]
 # axis, block size, dtype, symmetric, range ("full", "reduced" or "fit" for the kernel's pairs): what the
 # stored integers of one copy depend on
 
-WeightForm = Literal["dequantized", "restored", "fp16", "integers", "gathered", "matmul_nbits"]
 """How a node reads its stored weight (see :class:`WeightUse`)."""
 DEQUANTIZED: WeightForm = "dequantized"
 RESTORED: WeightForm = "restored"
