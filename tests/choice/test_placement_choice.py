@@ -19,6 +19,7 @@ from qtool.choice.records import PlacementChoice
 from qtool.cli import app
 from qtool.options import EvaluationOptions, SearchOptions
 from qtool.schemas.reports.quantize import PlacementCandidate
+from tests.choice.records import candidate
 from tests.conftest import calib_dir, eval_dir, run_model, sample
 
 # block1/conv and block2/conv with input ranges clipped at their 60th percentile: two bad layers
@@ -168,15 +169,7 @@ def _decided(candidates: list[PlacementCandidate], fp32_ms: float | None = 1.0) 
 
 def test_decision_rules_on_fixed_measurements():
     def c(name: str, sqnr: float, ms: float | None, integer: int = 2) -> PlacementCandidate:
-        return PlacementCandidate(
-            name=name,
-            same_as=[],
-            integer_nodes=integer,
-            storage_nodes=4 - integer,
-            sqnr_db=sqnr,
-            meets_target=sqnr >= 30,
-            latency_ms=ms,
-        )
+        return candidate(name, integer, 4 - integer, sqnr, sqnr >= 30, ms)
 
     # the fastest accurate one; a faster but inaccurate one does not count
     assert _decided([c("auto", 33, 0.8), c("integer", 25, 0.5), c("storage", 36, 1.0, 0)]).chosen == "auto"
@@ -314,24 +307,8 @@ def test_noisy_rounds_never_let_speed_displace_accuracy():
     assert not selection.decisively_faster({"integer": [0.8e-3] * 8 + [2e-3], "storage": slow}, "integer", "storage")
     assert not selection.decisively_faster({"integer": [0.5e-3] * 3, "storage": [1e-3] * 3}, "integer", "storage")
     candidates = [
-        PlacementCandidate(
-            name="integer",
-            same_as=[],
-            integer_nodes=4,
-            storage_nodes=0,
-            sqnr_db=33.0,
-            meets_target=True,
-            latency_ms=0.9,
-        ),
-        PlacementCandidate(
-            name="storage",
-            same_as=[],
-            integer_nodes=0,
-            storage_nodes=4,
-            sqnr_db=36.0,
-            meets_target=True,
-            latency_ms=1.0,
-        ),
+        candidate("integer", 4, 0, 33.0, True, 0.9),
+        candidate("storage", 0, 4, 36.0, True, 1.0),
     ]
     choice = PlacementChoice(
         30.0, ["a.npy"], 1, candidates, "", "", fp32_ms=1.0, times={"integer": fast, "storage": slow}

@@ -11,7 +11,8 @@ from qtool.choice.records import PlacementChoice
 from qtool.choice.search import Moves, SearchResult, _stop_reason, rank_nodes
 from qtool.choice.selection import _may_win
 from qtool.evaluation.layers import LayerError
-from qtool.schemas.reports.quantize import PlacementCandidate, SearchStep
+from qtool.schemas.reports.quantize import SearchStep
+from tests.choice.records import candidate
 
 
 def _row(node: str, sqnr: float, source: float, position: int) -> LayerError:
@@ -56,12 +57,7 @@ def test_move_costs_are_read_off_the_timed_candidates():
     elements = {"silu:out": 50}
 
     def choice(**ms: float) -> PlacementChoice:
-        candidates = [
-            PlacementCandidate(
-                name=n, same_as=[], integer_nodes=1, storage_nodes=0, sqnr_db=25.0, meets_target=False, latency_ms=v
-            )
-            for n, v in ms.items()
-        ]  # type: ignore[arg-type]
+        candidates = [candidate(n, 1, 0, 25.0, False, v) for n, v in ms.items()]  # type: ignore[arg-type]
         return PlacementChoice(30.0, [], 1, candidates, "auto", "")
 
     costs = move_costs(choice(auto=6.0, unchained=7.0, storage=9.0), {"auto": auto, "unchained": unchained}, elements)
@@ -99,12 +95,7 @@ def test_the_search_stops_when_the_nodes_left_cannot_close_the_gap_once_one_help
 def test_only_a_search_candidate_that_could_be_kept_is_timed_again():
     def choice(search_db: float, storage_db: float) -> PlacementChoice:
         scores = {"storage": storage_db, "search": search_db}
-        candidates = [
-            PlacementCandidate(
-                name=n, same_as=[], integer_nodes=1, storage_nodes=0, sqnr_db=db, meets_target=db >= 30.0
-            )
-            for n, db in scores.items()
-        ]
+        candidates = [candidate(n, 1, 0, db, db >= 30.0) for n, db in scores.items()]
         return PlacementChoice(30.0, [], 1, candidates, "storage", "")
 
     assert _may_win(choice(31.0, 32.0), "search")  # reaches the target
@@ -166,18 +157,7 @@ def _start(scores: dict[str, float], ratios: dict[str, float]) -> tuple[str, str
     for name, db in scores.items():
         built.plans[name], built.aliases[name], built.scores[name] = (None, None), [], db  # type: ignore[assignment]
     times = {name: [ratios.get(name, 1.0) * 1e-3 * (1 + 0.001 * i) for i in range(12)] for name in scores}
-    candidates = [
-        PlacementCandidate(
-            name=n,
-            same_as=[],
-            integer_nodes=1,
-            storage_nodes=0,
-            sqnr_db=db,
-            meets_target=db >= 30.0,
-            latency_ms=ratios.get(n, 1.0),
-        )
-        for n, db in scores.items()
-    ]
+    candidates = [candidate(n, 1, 0, db, db >= 30.0, ratios.get(n, 1.0)) for n, db in scores.items()]
     choice = PlacementChoice(30.0, [], 1, candidates, "auto", "", fp32_ms=1.0, times=times)
     return _search_plan(choice, built, timed=True)
 

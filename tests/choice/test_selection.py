@@ -5,21 +5,12 @@ from __future__ import annotations
 
 from qtool.choice.records import PlacementChoice
 from qtool.choice.selection import _decide, decisively_faster
-from qtool.schemas.reports.quantize import PlacementCandidate
+from tests.choice.records import candidate
 
 
 def _choice(times: dict[str, list[float]], sqnr: dict[str, float], target: float = 30.0) -> PlacementChoice:
     candidates = [
-        PlacementCandidate(
-            name=name,
-            same_as=[],
-            integer_nodes=1 if name != "storage" else 0,
-            storage_nodes=0,
-            sqnr_db=sqnr[name],
-            meets_target=sqnr[name] >= target,
-            latency_ms=1.0,
-        )
-        for name in sqnr
+        candidate(name, 1 if name != "storage" else 0, 0, sqnr[name], sqnr[name] >= target, 1.0) for name in sqnr
     ]
     return PlacementChoice(target, [], 1, candidates, "auto", "", fp32_ms=1.0, times=times)
 

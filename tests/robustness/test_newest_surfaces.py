@@ -325,20 +325,10 @@ def _choice(candidates: list, chosen: str, validations: tuple = ()) -> object:  
 def test_the_no_speedup_note_names_the_faster_placement_the_table_shows() -> None:
     from qtool.choice.validated import Validation, ValidationRound
     from qtool.reports.placement_tables import _no_speedup_note
-    from qtool.schemas.reports.quantize import PlacementCandidate
+    from tests.choice.records import candidate
 
-    integer = PlacementCandidate(
-        name="integer",
-        same_as=[],
-        integer_nodes=4,
-        storage_nodes=0,
-        sqnr_db=31.0,
-        meets_target=True,
-        latency_ms=1 / 1.32,
-    )
-    storage = PlacementCandidate(
-        name="storage", same_as=[], integer_nodes=0, storage_nodes=4, sqnr_db=36.0, meets_target=True, latency_ms=1.0
-    )
+    integer = candidate("integer", 4, 0, 31.0, True, 1 / 1.32)
+    storage = candidate("storage", 0, 4, 36.0, True, 1.0)
     missed = ValidationRound("integer", Validation(["b.npy"], 29.0, 28.5, meets=False))
     note = _no_speedup_note(_choice([integer, storage], "storage", (missed,)))  # type: ignore[arg-type]
     assert "integer 1.32x (on the validation samples)" in note and "no placement measured" not in note
@@ -347,17 +337,9 @@ def test_the_no_speedup_note_names_the_faster_placement_the_table_shows() -> Non
 
 def test_the_no_speedup_note_does_not_claim_stored_weights_when_none_is() -> None:
     from qtool.reports.placement_tables import _no_speedup_note
-    from qtool.schemas.reports.quantize import PlacementCandidate
+    from tests.choice.records import candidate
 
-    only = PlacementCandidate(
-        name="auto",
-        same_as=["integer", "storage"],
-        integer_nodes=0,
-        storage_nodes=0,
-        sqnr_db=99.0,
-        meets_target=True,
-        latency_ms=1.0,
-    )
+    only = candidate("auto", 0, 0, 99.0, True, 1.0, same_as=["integer", "storage"])
     note = _no_speedup_note(_choice([only], "auto"))  # type: ignore[arg-type]
     assert "stored quantized" not in note and note.endswith("no node is quantized")
     assert "no placement measured more than 10% faster" in note
