@@ -44,7 +44,7 @@ import onnx
 
 from qtool.graph.index import GraphView
 from qtool.quantization.plan.records import NodePlan, QuantPlan
-from qtool.quantization.plan.roles import CHAIN_OPS, FUSED_KERNELS
+from qtool.quantization.plan.roles import CHAIN_OPS, FUSABLE_ACTIVATIONS, FUSED_KERNELS
 from qtool.schemes import CPU_TARGETS
 
 # the kernels onnxruntime's CPU provider runs a weighted node in, on integers
@@ -194,7 +194,11 @@ def _predict(
         return KernelPrediction(p.name, "DynamicQuantizeMatMul", True, why)
     if p.placement == "weight_only":
         return _predict_weight_only(p, fused_with_add)
-    return _predict_integer(p, fused_with_add)
+    # the output quantized right after the MatMul (or a Relu it alone feeds), not after a bias Add
+    direct = p.output == node.output[0] or any(
+        c.op_type in FUSABLE_ACTIVATIONS and c.output[0] == p.output for c in consumers.get(node.output[0], [])
+    )
+    return _predict_integer(p, fused_with_add, direct)
 
 
 def _predict_weight_only(p: NodePlan, fused_with_add: bool) -> KernelPrediction:
@@ -227,7 +231,7 @@ def _predict_weight_only(p: NodePlan, fused_with_add: bool) -> KernelPrediction:
     return KernelPrediction(p.name, f"float {op}", False, "weight-only: DequantizeLinear runs on every call")
 
 
-def _predict_integer(p: NodePlan, fused_with_add: bool) -> KernelPrediction:
+def _predict_integer(p: NodePlan, fused_with_add: bool, direct: bool) -> KernelPrediction:
     """A node placed integer on the CPU: which kernel onnxruntime fuses it into, if any."""
     op, spec = p.op_type, p.scheme.weight
     if p.scheme.activation.fp8 or spec.fp8:
@@ -254,4 +258,6 @@ def _predict_integer(p: NodePlan, fused_with_add: bool) -> KernelPrediction:
         return KernelPrediction(p.name, "QLinearMatMul", True, "both inputs and the output quantized")
     if fused_with_add:
         return KernelPrediction(p.name, "QGemm", True, "2-D MatMul + bias Add fused into Gemm, then QGemm")
+    if direct:
+        return KernelPrediction(p.name, "QLinearMatMul", True, "DQ input and weight, Q output")
     return KernelPrediction(p.name, "MatMulIntegerToFloat", True, "DQ inputs and weight, float output")

@@ -37,7 +37,7 @@ PASS_THROUGH = frozenset(
 CHAIN_OPS = frozenset(FUSED_KERNELS) | PASS_THROUGH
 # Ops whose output may be folded into the quantized node's output: onnxruntime
 # removes a Relu that feeds a QuantizeLinear with zero point at the type's minimum.
-_FUSABLE_ACTIVATIONS = {"Relu"}
+FUSABLE_ACTIVATIONS = {"Relu"}
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def output_to_quantize(node: onnx.NodeProto, g: GraphView) -> str | None:
         if other in g.initializers and len(g.initializers[other].dims) == 1:
             out = user.output[0]
             user = _sole_consumer(out, g)
-    if user is not None and user.op_type in _FUSABLE_ACTIVATIONS:
+    if user is not None and user.op_type in FUSABLE_ACTIVATIONS:
         return user.output[0]
     return out
 
