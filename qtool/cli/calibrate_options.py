@@ -8,11 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from qtool.cli.app import parse_observer_options, parse_shard, progress_bars, summary_console, write_json
-from qtool.cli.options import (
-    DataLocation,
-)
-from qtool.options import CalibrationOptions
+from qtool.cli.app import parse_shard, progress_bars, summary_console, write_json
+from qtool.cli.options import DataLocation, calibration_options
 
 if TYPE_CHECKING:
     from qtool.calibration.statistics import CalibrationStats
@@ -93,16 +90,8 @@ def calibrate_action(args: CalibrateArgs) -> None:
         tensorrt_version_number(version)  # a malformed version fails before any work
         check_cache_names(tensor_names(args.model))  # so does a name the cache's lines cannot hold
     with progress_bars() as progress:
-        options = CalibrationOptions(
-            observer=args.observer,
-            observer_options=parse_observer_options(args.observer_option),
-            batch_size=args.batch_size,
-            limit=args.limit,
-            shard=parse_shard(args.shard),
-            skip_nonfinite=args.skip_nonfinite,
-            threads=args.threads,
-            workers=args.workers,
-            scheduler=args.scheduler,
+        options = calibration_options(
+            args, shard=parse_shard(args.shard), threads=args.threads, workers=args.workers, scheduler=args.scheduler
         )
         stats = run_calibrate(
             args.model,

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from qtool.cli.app import progress_bars, summary_console, write_json
+from qtool.cli.options import evaluation_options
 from qtool.errors import CheckFailedError, QtoolError
-from qtool.options import EvaluationOptions
 
 if TYPE_CHECKING:
     from qtool.evaluation.gates import Gate
@@ -192,12 +192,8 @@ def compare_action(args: CompareArgs) -> None:
 
     gates, chosen = _checked(args)
     with progress_bars() as progress:
-        options = EvaluationOptions(
-            runs=args.runs,
-            warmup=args.warmup,
-            threads=args.threads,
-            limit=args.limit,
-            skip_nonfinite=args.skip_nonfinite,
+        options = evaluation_options(
+            args,
             task=args.task,
             decode_steps=args.decode_steps,
             per_layer=args.per_layer or args.plot is not None,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Protocol
 
 import typer
+
+from qtool.options import CalibrationOptions, EvaluationOptions
 
 ModelArgument = Annotated[Path, typer.Argument(help="Float ONNX model.", show_default=False, metavar="MODEL")]
 ConfigOption = Annotated[
@@ -145,3 +147,59 @@ ThreadsOption = Annotated[
         "--threads", metavar="N", min=1, max=4096, help="onnxruntime intra-op threads (default: onnxruntime's choice)."
     ),
 ]
+
+
+class CalibrationFlags(Protocol):
+    """The calibration flags ``calibrate`` and ``quantize`` share."""
+
+    @property
+    def observer(self) -> str | None: ...
+    @property
+    def observer_option(self) -> list[str] | None: ...
+    @property
+    def batch_size(self) -> int | None: ...
+    @property
+    def limit(self) -> int | None: ...
+    @property
+    def skip_nonfinite(self) -> bool: ...
+
+
+class EvaluationFlags(Protocol):
+    """The evaluation flags ``quantize`` and ``compare`` share."""
+
+    @property
+    def runs(self) -> int: ...
+    @property
+    def warmup(self) -> int: ...
+    @property
+    def threads(self) -> int | None: ...
+    @property
+    def limit(self) -> int | None: ...
+    @property
+    def skip_nonfinite(self) -> bool: ...
+
+
+def calibration_options(args: CalibrationFlags, **own: Any) -> CalibrationOptions:
+    """The shared calibration flags as their record; ``own``: the command's own fields of it."""
+    from qtool.cli.app import parse_observer_options
+
+    return CalibrationOptions(
+        observer=args.observer,
+        observer_options=parse_observer_options(args.observer_option),
+        batch_size=args.batch_size,
+        limit=args.limit,
+        skip_nonfinite=args.skip_nonfinite,
+        **own,
+    )
+
+
+def evaluation_options(args: EvaluationFlags, **own: Any) -> EvaluationOptions:
+    """The shared evaluation flags as their record; ``own``: the command's own fields of it."""
+    return EvaluationOptions(
+        runs=args.runs,
+        warmup=args.warmup,
+        threads=args.threads,
+        limit=args.limit,
+        skip_nonfinite=args.skip_nonfinite,
+        **own,
+    )

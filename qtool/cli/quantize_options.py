@@ -8,8 +8,9 @@ from typing import Annotated
 
 import typer
 
-from qtool.cli.app import parse_observer_options, progress_bars, summary_console, write_json
-from qtool.options import CalibrationOptions, EvaluationOptions, OutputOptions, SearchOptions
+from qtool.cli.app import progress_bars, summary_console, write_json
+from qtool.cli.options import calibration_options, evaluation_options
+from qtool.options import OutputOptions, SearchOptions
 
 QuantizeOutputOption = Annotated[
     Path, typer.Option("--output", "-o", metavar="PATH", help="Quantized ONNX model to write (never the input).")
@@ -166,13 +167,7 @@ def quantize_action(args: QuantizeArgs) -> None:
             stats_path=args.stats,
             data_dir=args.data,
             eval_dir=args.eval_data,
-            calibration=CalibrationOptions(
-                observer=args.observer,
-                observer_options=parse_observer_options(args.observer_option),
-                batch_size=args.batch_size,
-                limit=args.limit,
-                skip_nonfinite=args.skip_nonfinite,
-            ),
+            calibration=calibration_options(args),
             search=None
             if args.no_search
             else SearchOptions(
@@ -183,13 +178,7 @@ def quantize_action(args: QuantizeArgs) -> None:
                 latency_runs=args.latency_runs,
                 outputs=tuple(args.outputs or ()),
             ),
-            evaluation=EvaluationOptions(
-                runs=args.runs,
-                warmup=args.warmup,
-                threads=args.threads,
-                limit=args.limit,
-                skip_nonfinite=args.skip_nonfinite,
-            ),
+            evaluation=evaluation_options(args),
             output=OutputOptions(external_data=args.external_data, opset=args.opset),
             progress=progress,
             vs_onnxruntime=args.vs_onnxruntime,
