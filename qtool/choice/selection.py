@@ -63,7 +63,7 @@ from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan.records import QuantPlan
 from qtool.quantization.plan.roles import FUSED_KERNELS
 from qtool.schemas.reports.quantize import PlacementCandidate
-from qtool.schemes import CandidateName
+from qtool.schemes import CandidateName, NodePlacement
 from qtool.system.stages import stage
 
 DYNAMIC_MIN_SHARE = 0.5  # the dynamic candidate is built when weighted MatMul/Gemm do this share of the MACs
@@ -87,7 +87,9 @@ def _movable(plan: QuantPlan, moves: MoveKind = FLOAT_ACTIVATIONS) -> set[str]:
     the recurrent nodes whose weights are stored. A body's nodes count (tried after those the search measured),
     not a body's the data never ran.
     """
-    placements = ("integer",) if moves == FLOAT_ACTIVATIONS else ("integer", "storage", "lookup")
+    placements: tuple[NodePlacement, ...] = (
+        ("integer",) if moves == FLOAT_ACTIVATIONS else ("integer", "storage", "lookup")
+    )
     plans = [plan, *(b.plan for b in plan.every_branch() if b.observed)]
     recurrent = {w.owner for p in plans for w in p.recurrent_weights}
     return (recurrent if moves == FLOAT else set()) | {

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.records import NodePlan
-from qtool.schemes import WeightForm
+from qtool.schemes import NodePlacement, WeightForm
 
 CopyKey = tuple[int | None, int | None, str, bool, str]
 # axis, block size, dtype, symmetric, range ("full", "reduced" or "fit" for the kernel's pairs): what the
@@ -68,7 +68,7 @@ def _grid(node: NodePlan) -> tuple[object, ...]:
 
 
 # Placements whose kernels read the stored integers, so the stored type is theirs to choose.
-_INTEGER_READERS = ("integer", "dynamic")
+_INTEGER_READERS: tuple[NodePlacement, ...] = ("integer", "dynamic")
 
 
 def weight_uses(nodes: Iterable[NodePlan]) -> dict[str, WeightUse]:

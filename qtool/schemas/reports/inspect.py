@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from qtool.schemas.reports.base import _Report
+from qtool.schemes import NodeKind
 
 
 class InspectedModel(_Report):
@@ -25,7 +26,7 @@ class InspectedNode(_Report):
     weight_elements: int
     float_bytes: int
     quantized_bytes: int
-    placement: str = Field(description="integer | dynamic | storage | weight_only | lookup")
+    placement: NodeKind = Field(description="integer | dynamic | storage | weight_only | lookup | chained")
     placement_reason: str
     predicted_kernel: str = Field(description='the kernel onnxruntime is predicted to run, e.g. "QLinearConv"')
     integer_kernel: bool
