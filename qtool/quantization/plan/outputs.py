@@ -1,15 +1,19 @@
-"""The weighted nodes whose quantized output would only be the model's output: left float.
+"""The integer nodes whose quantized output would only be the model's output: their output is left float.
 
 A node's int8 output is clipped to the range calibration saw. Inside the network the next layer's
 integer kernel needs it; but where a node's output goes, through reshapes, concatenations and
-activations only, to the model's outputs (a detector's box and class heads, a classifier's or a
-regressor's last layer), quantizing it buys no integer kernel and costs the output's accuracy twice:
-its rounding, and every value past the calibration range clipped (a box coordinate of a held-out image
-read 2.94 where fp32 gave 4.62). Such a node keeps its int8 inputs and weight and writes a float output
-(a Gemm runs as onnxruntime's QGemm with a float output; a Conv, which has no such kernel on CPU, runs
-float on its dequantized weight, as a MatMul may), so it is left float only where its multiply-accumulates
-are at most :data:`FLOAT_SHARE` of the model's weighted nodes' (a detector's heads, a classifier's last
-layer; not an LLM's vocabulary projection). The main graph's only: a body's outputs are not the model's.
+activations only, to the model's outputs (a classifier's, a regressor's or an embedding's last layer),
+quantizing it buys nothing and costs the output's accuracy twice: its rounding, and every value past
+the calibration range clipped. Such a node keeps its int8 inputs and weight and writes a float output
+where onnxruntime has an integer kernel that does so, so nothing runs slower:
+
+- a Gemm whose bias is quantized (or that has none) runs as ``QGemm`` with a float output;
+- a MatMul read by no Add runs as ``MatMulIntegerToFloat`` (onnxruntime fuses a MatMul and an Add after it
+  into a Gemm first, whose float bias no integer kernel takes: that one keeps its quantized output).
+
+A Conv has no integer kernel with a float output on CPU: left float, it would run float on a dequantized input
+(a YOLOv8 DFL convolution: 6 % of the model's time for 0.02 dB), so it keeps its quantized output. Only the main
+graph's nodes: a body's outputs are not the model's.
 """
 
 from __future__ import annotations
@@ -17,44 +21,46 @@ from __future__ import annotations
 import onnx
 
 from qtool.graph.index import GraphView, node_subgraphs
-from qtool.quantization.plan.roles import HANDLERS, node_macs
+from qtool.quantization.plan.records import NodePlan
 
-FLOAT_SHARE = 0.02  # a Conv / Gemm computes in float only if it does at most this share of the model's work
 REASON = "its output stays float: it feeds only the model's outputs (no clipping to the calibration range)"
 
 
-def float_output_nodes(model: onnx.ModelProto, g: GraphView, final: set[str], elements: dict[str, int]) -> set[str]:
-    """The nodes of ``final`` (weighted nodes nearest the outputs) whose output is left float.
+def writes_float_output(planned: NodePlan, node: onnx.NodeProto, g: GraphView, final: set[str]) -> bool:
+    """Whether the integer node ``planned`` (of ``node``) writes a float output (see the module).
 
-    ``elements``: per-sample element counts of tensors (calibration's), which price each node's work.
+    ``final``: the weighted nodes nearest the model's outputs (no weighted node between them and an output).
     """
-    macs: dict[str, int] = {}
-    for node in model.graph.node:
-        handler = HANDLERS.get(node.op_type)
-        roles = handler(node, g) if handler is not None and len(node.input) >= 2 else None
-        if roles is not None and not isinstance(roles, str) and roles.weight is not None and roles.activations:
-            macs[node.name] = node_macs(node, roles, g, elements) or 0
-    total = sum(macs.values())
-    kept = set()
-    for name in sorted(final):
-        node = g.by_name.get(name)
-        if node is None or node.op_type not in ("Conv", "Gemm", "MatMul") or _reaches_weighted(node, g, macs):
-            continue
-        if total > 0 and macs.get(name, total) <= FLOAT_SHARE * total:
-            kept.add(name)
-    return kept
+    if planned.placement != "integer" or node.name not in final or _reaches_weighted(node, g):
+        return False
+    if node.op_type == "Gemm":
+        return planned.bias is not None or len(node.input) < 3 or not node.input[2]
+    if node.op_type == "MatMul" and planned.weight is not None and planned.output == node.output[0]:
+        return not any(reader.op_type == "Add" for reader in g.consumers.get(node.output[0], []))
+    return False
 
 
-def _reaches_weighted(node: onnx.NodeProto, g: GraphView, weighted: dict[str, int]) -> bool:
-    """Whether anything ``node`` computes is read by another weighted node (an FPN level, a shared feature)."""
+def _reaches_weighted(node: onnx.NodeProto, g: GraphView) -> bool:
+    """Whether anything ``node`` computes is read by another node with a constant weight, or enters a body.
+
+    Another weighted node: an FPN level, a shared feature, a YOLO head's DFL convolution. A body's nodes are
+    not looked into: entering one counts.
+    """
     seen: set[str] = set()
     stack = [out for out in node.output if out]
     while stack:
         tensor = stack.pop()
         for reader in g.consumers.get(tensor, []):
-            if reader.name in weighted or node_subgraphs(reader):  # a body's nodes are not priced: assumed weighted
+            if node_subgraphs(reader) or _weighted(reader, g):
                 return True
             if reader.name not in seen:
                 seen.add(reader.name)
                 stack.extend(out for out in reader.output if out)
     return False
+
+
+def _weighted(node: onnx.NodeProto, g: GraphView) -> bool:
+    """A Conv, ConvTranspose, Gemm or MatMul with a constant weight input."""
+    if node.op_type not in ("Conv", "ConvTranspose", "Gemm", "MatMul") or len(node.input) < 2:
+        return False
+    return node.input[1] in g.initializers or (node.op_type == "MatMul" and node.input[0] in g.initializers)

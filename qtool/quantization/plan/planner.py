@@ -24,7 +24,7 @@ from qtool.quantization.plan.branches import with_branches
 from qtool.quantization.plan.chains import plan_chains
 from qtool.quantization.plan.nbits_form import int2_fusion_fault, nbits_fallback
 from qtool.quantization.plan.outputs import REASON as FLOAT_OUTPUT_REASON
-from qtool.quantization.plan.outputs import float_output_nodes
+from qtool.quantization.plan.outputs import writes_float_output
 from qtool.quantization.plan.placement import isolated_integer_nodes, node_placement
 from qtool.quantization.plan.records import NodePlan, QuantPlan, WeightPlan
 from qtool.quantization.plan.recurrent import plan_recurrent_weights
@@ -118,7 +118,6 @@ def _plan_nodes(
     activations: dict[str, TensorScheme] = {}
     skipped: list[tuple[str, str]] = []
     final = final_weighted_nodes(model, g)
-    float_outputs = float_output_nodes(model, g, final, elements) if elements is not None and not body else set()
     for node in model.graph.node:
         eligible = _eligible(node, config, g)
         if eligible is None:
@@ -140,7 +139,7 @@ def _plan_nodes(
         if isinstance(planned, str):
             skipped.append((node.name, planned))
             continue
-        if planned.placement == "integer" and planned.name in float_outputs:
+        if not body and writes_float_output(planned, node, g, final):
             planned = replace(planned, output=None, reason=f"{planned.reason}; {FLOAT_OUTPUT_REASON}")
         nodes.append(planned)
         _claim_activations(activations, planned, scheme)
