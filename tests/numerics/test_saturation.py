@@ -34,12 +34,17 @@ def _saturating_model(tmp_path: Path, weight: np.ndarray | None = None) -> tuple
     if weight is None:
         weight = np.where(rng.random((64, 8)) < 0.5, -1.0, 1.0).astype(np.float32)
         weight[:, 0] = 1.0  # one column of equal signs: every pair adds up
+    # an identity MatMul reads y, so y is quantized (a last layer's output stays float: see plan/outputs.py) and
+    # the integer kernel under test writes 8-bit values; the identity's int8 weight is exact
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [
+            helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+            helper.make_node("MatMul", ["y", "eye"], ["z"], name="identity"),
+        ],
         "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
-        [numpy_helper.from_array(weight, "w")],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.eye(8, dtype=np.float32), "eye")],
     )
     model = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
@@ -183,9 +188,11 @@ def test_auto_fits_the_pairs_that_can_saturate_and_keeps_int8_storage(tmp_path):
     assert overflowing_columns(stored, COLUMNS) == 0 and np.abs(stored).max() == 64
     report = json.loads(_quantize_json(tmp_path, model, data))
     config = tmp_path / "integer.yaml"
-    (row,) = qtool.inspect(model, config_path=config, data_dir=data).rows  # inspect shows the same form
-    assert row.weight_form.startswith("int8 fitted: 8/8 channels")
-    assert report["weight_forms"]["counts"] == {"int8 fitted": 1} and report["weight_forms"]["fitted_bits"]["mm"] > 0.9
+    rows = {r.name: r for r in qtool.inspect(model, config_path=config, data_dir=data).rows}
+    assert rows["mm"].weight_form.startswith("int8 fitted: 8/8 channels")  # inspect shows the same form
+    assert rows["identity"].weight_form == "int8"  # the identity's pairs cannot saturate: full range
+    assert report["weight_forms"]["counts"] == {"int8 fitted": 1, "int8": 1}
+    assert report["weight_forms"]["fitted_bits"]["mm"] > 0.9
     scale = float(numpy_helper.to_array(next(i for i in onnx.load(str(out)).graph.initializer if i.name == "y/scale")))
     assert _kernel_error(out, samples) <= 1.01 * scale
     for x in samples:  # the same model run by onnxruntime's AVX2 kernels (emulated), where pairs saturate
@@ -214,7 +221,7 @@ def test_a_vnni_deployment_keeps_full_range_weights(tmp_path):
     result = qtool.quantize(model, out, data_dir=data, config_path=config, target="cpu_vnni", search=None)
     stored, _ = _stored_weight(out)
     assert stored.dtype == np.int8 and np.abs(stored).max() == 127 and overflowing_columns(stored, COLUMNS) > 0
-    assert result.rewrite.weight_forms == {"mm": "int8 unguarded"}
+    assert result.rewrite.weight_forms == {"mm": "int8 unguarded", "identity": "int8 unguarded"}
 
 
 def test_full_range_int8_weights_saturate_in_the_avx2_kernels(tmp_path):
