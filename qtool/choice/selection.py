@@ -68,6 +68,9 @@ from qtool.system.stages import stage
 
 DYNAMIC_MIN_SHARE = 0.5  # the dynamic candidate is built when weighted MatMul/Gemm do this share of the MACs
 SEARCH_COST_FACTOR = 2.0  # the search's time budget: this many times what the candidates cost to measure
+# ... and never under this many seconds (a small model's candidates take a fraction of a second: a burst of load on
+# the machine would otherwise end its search before the nodes that reach the target, and change what it writes)
+SEARCH_MIN_SECONDS = 2.0
 
 
 def _matmul_heavy(plan: QuantPlan) -> bool:
@@ -141,7 +144,8 @@ def measure_placements(
     if search_plan is not None:
         # The search may cost at most SEARCH_COST_FACTOR times what building, scoring and timing the
         # candidates did (and never more than accuracy.search_seconds): it can only refine them.
-        budget = min(settings.search_seconds, SEARCH_COST_FACTOR * (time.perf_counter() - started))
+        measured = time.perf_counter() - started
+        budget = min(settings.search_seconds, max(SEARCH_MIN_SECONDS, SEARCH_COST_FACTOR * measured))
         bounded = replace(config, accuracy=replace(settings, search_seconds=budget))
         added = _search(choice, built, bounded, build, (scorer, samples, float_model), progress, search_plan)
         missed = _missed_before_timing(choice, validator) if added else frozenset()
