@@ -22,6 +22,7 @@ import onnx
 
 from qtool.graph.index import GraphView, node_subgraphs
 from qtool.quantization.plan.records import NodePlan
+from qtool.quantization.plan.roles import has_constant_weight
 
 REASON = "its output stays float: it feeds only the model's outputs (no clipping to the calibration range)"
 
@@ -31,13 +32,15 @@ def writes_float_output(planned: NodePlan, node: onnx.NodeProto, g: GraphView, f
 
     ``final``: the weighted nodes nearest the model's outputs (no weighted node between them and an output).
     """
-    if planned.placement != "integer" or node.name not in final or _reaches_weighted(node, g):
+    if planned.placement != "integer" or node.name not in final:
         return False
     if node.op_type == "Gemm":
-        return planned.bias is not None or len(node.input) < 3 or not node.input[2]
-    if node.op_type == "MatMul" and planned.weight is not None and planned.output == node.output[0]:
-        return not any(reader.op_type == "Add" for reader in g.consumers.get(node.output[0], []))
-    return False
+        float_kernel = planned.bias is not None or len(node.input) < 3 or not node.input[2]
+    elif node.op_type == "MatMul" and planned.weight is not None and planned.output == node.output[0]:
+        float_kernel = not any(reader.op_type == "Add" for reader in g.consumers.get(node.output[0], []))
+    else:
+        float_kernel = False
+    return float_kernel and not _reaches_weighted(node, g)  # the walk last: it is the costly test
 
 
 def _reaches_weighted(node: onnx.NodeProto, g: GraphView) -> bool:
@@ -51,16 +54,9 @@ def _reaches_weighted(node: onnx.NodeProto, g: GraphView) -> bool:
     while stack:
         tensor = stack.pop()
         for reader in g.consumers.get(tensor, []):
-            if node_subgraphs(reader) or _weighted(reader, g):
+            if node_subgraphs(reader) or has_constant_weight(reader, g):
                 return True
             if reader.name not in seen:
                 seen.add(reader.name)
                 stack.extend(out for out in reader.output if out)
     return False
-
-
-def _weighted(node: onnx.NodeProto, g: GraphView) -> bool:
-    """A Conv, ConvTranspose, Gemm or MatMul with a constant weight input."""
-    if node.op_type not in ("Conv", "ConvTranspose", "Gemm", "MatMul") or len(node.input) < 2:
-        return False
-    return node.input[1] in g.initializers or (node.op_type == "MatMul" and node.input[0] in g.initializers)

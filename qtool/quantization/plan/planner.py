@@ -33,6 +33,7 @@ from qtool.quantization.plan.roles import (
     LOOKUP_OPS,
     Roles,
     WeightRoles,
+    has_constant_weight,
     node_macs,
     output_to_quantize,
     pair_layout,
@@ -313,9 +314,7 @@ def final_weighted_nodes(model: onnx.ModelProto, g: GraphView) -> set[str]:
         if node is None or node.name in seen:
             continue
         seen.add(node.name)
-        handler = HANDLERS.get(node.op_type)
-        roles = handler(node, g) if handler is not None and len(node.input) >= 2 else None
-        if roles is not None and not isinstance(roles, str) and roles.weight is not None:
+        if has_constant_weight(node, g):
             final.add(node.name)
             continue
         stack.extend(name for name in node.input if name)

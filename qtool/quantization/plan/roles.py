@@ -146,6 +146,14 @@ HANDLERS: dict[str, Callable[[onnx.NodeProto, GraphView], Roles | str | None]] =
     "Gather": _gather_roles,
 }
 
+
+def has_constant_weight(node: onnx.NodeProto, g: GraphView) -> bool:
+    """Whether ``node`` is one qtool quantizes with a constant weight (a Conv, Gemm, MatMul or a table lookup)."""
+    handler = HANDLERS.get(node.op_type)
+    roles = handler(node, g) if handler is not None and len(node.input) >= 2 else None
+    return roles is not None and not isinstance(roles, str) and roles.weight is not None
+
+
 # Ops that only read their weight, with no integer kernel: always stored quantized and restored at load.
 LOOKUP_OPS = frozenset({"Gather"})
 # A smaller table saves at most 12 KB stored 8-bit, but a row added to every token (BERT's two-row token type
