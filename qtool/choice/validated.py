@@ -1,6 +1,6 @@
 """Choose on some samples, validate on others: the records and the loop every measured choice shares.
 
-The placement choice (:mod:`qtool.choice.validation`) and ``tune`` (:mod:`qtool.pipeline.tune_search`)
+The placement choice (:mod:`qtool.choice.validation`) and ``tune`` (:mod:`qtool.choice.tune.selection`)
 both choose a model on selection samples and then score it on validation samples no choice saw: the
 figure a model promises is its bound there. A miss makes the choice again - the placement choice
 without the candidates that missed, ``tune`` at a larger selection margin - and each model validated

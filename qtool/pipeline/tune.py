@@ -28,6 +28,7 @@ from qtool.choice.decode import DecodeJudge, decoder_to_score
 from qtool.choice.tune.cache import cache_key, default_cache_dir, load_sensitivity, save_sensitivity
 from qtool.choice.tune.candidates import Candidates, Halves
 from qtool.choice.tune.metric import read_labels
+from qtool.choice.tune.selection import VALIDATION_ROUNDS, noise_ceiling, search_and_validate, timed
 from qtool.choice.tune.sensitivity import Sensitivity, measure
 from qtool.choice.tune.space import (
     GPTQ,
@@ -48,8 +49,7 @@ from qtool.options import TuneOptions
 from qtool.pipeline.build import Builder, input_collector
 from qtool.pipeline.calibrate import observe
 from qtool.pipeline.data import full_dataset
-from qtool.pipeline.tune_search import VALIDATION_ROUNDS, noise_ceiling, search_and_validate
-from qtool.pipeline.tune_state import TuneRequest, Tuning, timed
+from qtool.pipeline.tune_state import TuneRequest, Tuning
 from qtool.pipeline.tune_write import write_chosen
 from qtool.pipeline.workspace import Workspace, open_workspace
 from qtool.progress import ProgressFactory, noop_progress

@@ -10,12 +10,7 @@ import onnx
 
 from qtool.calibration.dataset import Dataset
 from qtool.choice.tune.candidates import Goal
-from qtool.choice.tune.loop import MarginChoice, Trial
-from qtool.choice.tune.space import (
-    OPTIONS,
-    Option,
-)
-from qtool.choice.validated import Validation, ValidationRound
+from qtool.choice.tune.space import OPTIONS, W4, Option
 from qtool.evaluation.scoring import OutputScorer
 from qtool.evaluation.split import SampleSplit
 from qtool.options import CalibrationOptions, TuneOptions
@@ -81,6 +76,15 @@ class Tuning:
     def names(self) -> list[str]:
         return [n.name for n in self.tuned]
 
+    @property
+    def options(self) -> TuneOptions:
+        return self.request.options
+
+    def block_axes(self) -> dict[str, int | None]:
+        """Each weighted node's per-block axis (the reduction axis), as the plan of per-block weights has it."""
+        blocked = self.ws.config.with_rules(global_=W4.entry)
+        return {n.name: n.weight.axis for n in self.ws.plan(blocked).every_node() if n.weight is not None}
+
     def build(self, allocation: Mapping[str, Option | str]) -> onnx.ModelProto:
         """The model of an allocation (node -> option): every tuned op type float, each node its option's rule."""
         rules = {}
@@ -91,22 +95,3 @@ class Tuning:
                 rules[node] = settings
         op_type = dict.fromkeys(sorted(self.op_types))
         return self.builder.build(self.ws.config.with_rules(op_type=op_type, node_name=rules, exclude=())).model
-
-
-@dataclass
-class Outcome:
-    """What the search and the validation found."""
-
-    trials: list[Trial]
-    chosen: Trial
-    validation: Validation  # of the chosen candidate
-    rounds: list[ValidationRound[MarginChoice]]
-    margin: float  # the selection margin the last choice was made with (goal units)
-    out_of_time: bool
-    stalled: bool
-    reachable: bool  # some quantized candidate met the target on the selection samples
-
-
-def timed(options: TuneOptions) -> bool:
-    """Whether latency counts (its objective, or a bound): then every candidate is timed."""
-    return options.objective == "latency" or options.max_latency_ratio is not None

@@ -14,13 +14,14 @@ from qtool.calibration.decode_steps import has_decode_steps
 from qtool.calibration.feeds import sample_directory
 from qtool.choice.tune.candidates import Candidates
 from qtool.choice.tune.configs import allocation_document, config_text
+from qtool.choice.tune.selection import Outcome
 from qtool.choice.tune.sensitivity import Sensitivity, nsr
 from qtool.choice.validated import Validation
 from qtool.config import load_config
 from qtool.graph.model_io import write_text
 from qtool.options import DEFAULT_OUTPUT, DEFAULT_SEARCH
 from qtool.pipeline.quantize import QuantizeRequest, quantize
-from qtool.pipeline.tune_state import Outcome, TuneRequest, Tuning
+from qtool.pipeline.tune_state import TuneRequest, Tuning
 from qtool.pipeline.workspace import open_workspace
 from qtool.progress import ProgressFactory
 from qtool.results import ModelFile, TuneResult

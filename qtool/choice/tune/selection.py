@@ -1,24 +1,29 @@
-"""tune's search: allocations verified on the selection half, the choice validated on the other."""
+"""tune's choice: allocations verified on the selection half, the choice validated on the other.
+
+The run's state (the nodes, the options, the budget and how a candidate is built) comes from the
+caller as a :class:`TuneRun`: the pipeline's ``Tuning`` is one.
+"""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
+
+import onnx
 
 from qtool.choice.tune.allocation import allocate, cheaper_moves, costlier_moves, predicted_nsr
 from qtool.choice.tune.candidates import Candidates, Goal, node_costs
 from qtool.choice.tune.loop import MarginChoice, Margins, Search, Trial, best_trial, refine, search_budgets
 from qtool.choice.tune.sensitivity import Sensitivity, nsr
-from qtool.choice.tune.space import (
-    OPTIONS,
-    W4,
-)
+from qtool.choice.tune.space import OPTIONS, Option
 from qtool.choice.validated import Validation, ValidationRound, choose_then_validate
 from qtool.errors import QtoolError
-from qtool.pipeline.tune_state import Outcome, Tuning, timed
+from qtool.options import TuneOptions
 from qtool.progress import ProgressFactory
+from qtool.quantization.plan.records import NodePlan
 from qtool.system.stages import stage
 
 REFINE_TRIALS_PER_NODE = 3  # verifications the refinement (descent and restarts) may spend, per tuned node
@@ -28,14 +33,64 @@ MARGIN_STEP_DB = 0.25  # added to an SQNR shortfall, so the next choice is not t
 MARGIN_RESOLUTION_DB = 0.5  # the margin's bisection stops when the passing and missing margins are this close
 
 
-def _block_axes(tuning: Tuning) -> dict[str, int | None]:
-    """Each weighted node's per-block axis (the reduction axis), as the plan of per-block weights has it."""
-    blocked = tuning.ws.config.with_rules(global_=W4.entry)
-    return {n.name: n.weight.axis for n in tuning.ws.plan(blocked).every_node() if n.weight is not None}
+class TuneRun(Protocol):
+    """What tune's choice reads of the run: the nodes and options, the goal, the clock and the builder."""
+
+    goal: Goal
+    space: list[Option]
+    tuned: list[NodePlan]  # nodes with a constant weight, largest first
+    weight_shape: dict[str, list[int]]
+    scoring_seconds: float  # the longest build and scoring of one candidate so far
+
+    @property
+    def options(self) -> TuneOptions: ...
+
+    @property
+    def names(self) -> list[str]: ...
+
+    @property
+    def deadline(self) -> float:
+        """When the search must stop (time.monotonic)."""
+        ...
+
+    def search_deadline(self) -> float:
+        """When the search may start no more candidates."""
+        ...
+
+    def scored(self, seconds: float) -> None:
+        """Count one candidate's build and scoring."""
+        ...
+
+    def build(self, allocation: Mapping[str, Option | str]) -> onnx.ModelProto:
+        """The model of an allocation (node -> option)."""
+        ...
+
+    def block_axes(self) -> dict[str, int | None]:
+        """Each weighted node's per-block axis (the reduction axis)."""
+        ...
+
+
+@dataclass
+class Outcome:
+    """What the search and the validation found."""
+
+    trials: list[Trial]
+    chosen: Trial
+    validation: Validation  # of the chosen candidate
+    rounds: list[ValidationRound[MarginChoice]]
+    margin: float  # the selection margin the last choice was made with (goal units)
+    out_of_time: bool
+    stalled: bool
+    reachable: bool  # some quantized candidate met the target on the selection samples
+
+
+def timed(options: TuneOptions) -> bool:
+    """Whether latency counts (its objective, or a bound): then every candidate is timed."""
+    return options.objective == "latency" or options.max_latency_ratio is not None
 
 
 def _search(
-    tuning: Tuning,
+    tuning: TuneRun,
     sens: Sensitivity,
     candidates: Candidates,
     verify: Callable[[dict[str, str]], Trial],
@@ -47,7 +102,7 @@ def _search(
     ``known``: trials verified before (judged under the current goal): the refinement starts from the
     best of them and the new ones. ``refine_trials``: verifications the refinement may spend per node.
     """
-    options, goal, names = tuning.request.options, candidates.goal, tuning.names
+    options, goal, names = tuning.options, candidates.goal, tuning.names
     option_names = [o.name for o in tuning.space]
     costs = _costs(tuning)
     first = _first_budget(goal)
@@ -100,25 +155,25 @@ def noise_ceiling(goal: Goal) -> float:
     return nsr(goal.target_sqnr_db) if goal.target_sqnr_db is not None else math.inf
 
 
-def _costs(tuning: Tuning) -> dict[str, dict[str, float]]:
+def _costs(tuning: TuneRun) -> dict[str, dict[str, float]]:
     """Each node's predicted cost of each option (bytes, or time for the latency objective)."""
     return node_costs(
         tuning.names,
         tuning.weight_shape,
         {n.name: n.weight.axis if n.weight is not None else None for n in tuning.tuned},
-        _block_axes(tuning),
+        tuning.block_axes(),
         {n.name: n.macs or 0 for n in tuning.tuned},
-        tuning.request.options.objective,
+        tuning.options.objective,
         [o.name for o in tuning.space],
         lambda o: OPTIONS[o].integer,
     )
 
 
 def search_and_validate(
-    tuning: Tuning, sens: Sensitivity, candidates: Candidates, progress: ProgressFactory
+    tuning: TuneRun, sens: Sensitivity, candidates: Candidates, progress: ProgressFactory
 ) -> Outcome:
     """Select on the selection half, validate the choice on the other; a miss raises the margin and chooses again."""
-    objective = tuning.request.options.objective
+    objective = tuning.options.objective
     verified: dict[tuple[tuple[str, str], ...], Trial] = {}
     advance = progress("candidates", REFINE_TRIALS_PER_NODE * len(tuning.names) + 30)
 
@@ -171,7 +226,7 @@ class _AtMargins:
 
     def __init__(
         self,
-        tuning: Tuning,
+        tuning: TuneRun,
         sens: Sensitivity,
         candidates: Candidates,
         verify: Callable[[dict[str, str]], Trial],
@@ -190,7 +245,7 @@ class _AtMargins:
         return self._choose()
 
     def after(self, choice: MarginChoice, validation: Validation) -> MarginChoice | None:
-        objective = self.tuning.request.options.objective
+        objective = self.tuning.options.objective
         chosen, self.validated = self.trials[choice.trial], True
         if validation.meets and chosen.meets and (self.kept is None or _better(chosen, self.kept[0], objective)):
             self.kept = (chosen, validation, choice.margin)
@@ -214,7 +269,7 @@ class _AtMargins:
             self.trials += [t for t in more.trials if t not in self.trials]
             self.out_of_time = self.out_of_time or more.out_of_time
             self.searched.add(margin)
-        chosen = best_trial(self.trials, tuning.request.options.objective) or (
+        chosen = best_trial(self.trials, tuning.options.objective) or (
             None if self.validated else _closest(tuning, self.trials)
         )
         return None if chosen is None else MarginChoice(self.trials.index(chosen), margin)
@@ -261,7 +316,7 @@ def _quantizes(trial: Trial) -> bool:
     return any(option != "float" for option in trial.allocation.values())
 
 
-def _most_accurate_quantized(tuning: Tuning, sens: Sensitivity) -> dict[str, str]:
+def _most_accurate_quantized(tuning: TuneRun, sens: Sensitivity) -> dict[str, str]:
     """Each node's least noisy option other than float (the cheaper of equals): the best a quantized model does."""
     costs = _costs(tuning)
     usable = [o.name for o in tuning.space if o.name != "float"]
@@ -272,12 +327,12 @@ def _most_accurate_quantized(tuning: Tuning, sens: Sensitivity) -> dict[str, str
     return chosen
 
 
-def _closest(tuning: Tuning, trials: list[Trial]) -> Trial:
+def _closest(tuning: TuneRun, trials: list[Trial]) -> Trial:
     """When no trial meets the target: the most accurate one that quantizes something."""
     quantized = [t for t in trials if _quantizes(t)] or trials
     if not quantized:
         raise QtoolError(
-            f"--time-budget {tuning.request.options.time_budget:g} s ran out before any candidate was verified",
+            f"--time-budget {tuning.options.time_budget:g} s ran out before any candidate was verified",
             hint="give a larger --time-budget",
         )
     sign = -1 if tuning.goal.lower_is_better else 1
