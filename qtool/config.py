@@ -31,6 +31,7 @@ from qtool.schemes import (
     CacheGranularity,
     CalibrationSettings,
     NodeScheme,
+    Rounding,
 )
 from qtool.system.files import CONFIG_MAX_BYTES, read_text
 
@@ -53,6 +54,8 @@ class QConfig:
     sensitive_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: activations kept float
     float_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: kept entirely float (weights too)
     auto_placement: AutoPlacement | None = None  # what every placement "auto" node becomes (a choice's candidate)
+    # how every placement "auto" node rounded to nearest rounds its weight instead (the choice's rounded storage-only)
+    auto_rounding: Rounding | None = None
     chains: bool = (
         True  # False: the ops placed "auto" between integer kernels stay float (qtool.quantization.plan.chains)
     )
@@ -94,6 +97,9 @@ class QConfig:
         _, scheme, rule = cached
         if scheme is None:
             return None, rule
+        if self.auto_rounding is not None and scheme.placement == "auto" and scheme.algorithms.rounding == "nearest":
+            # the placement choice's storage-only candidate with rounded weights (see qtool.choice.rounded)
+            scheme = replace(scheme, algorithms=replace(scheme.algorithms, rounding=self.auto_rounding))
         if node_name in self.sensitive_nodes and not scheme.weight_only:
             # Float activations, weights still stored quantized: the accuracy of float, most of the size gain.
             return replace(scheme, placement="storage", rule="sensitivity"), "sensitivity"
@@ -210,6 +216,7 @@ class QConfig:
             sensitive_nodes=self.sensitive_nodes,
             float_nodes=self.float_nodes,
             auto_placement=self.auto_placement,
+            auto_rounding=self.auto_rounding,
             chains=self.chains,
             activation_ranges=self.activation_ranges,
         )

@@ -20,6 +20,8 @@ NodeKind = Literal["integer", "dynamic", "storage", "weight_only", "lookup", "ch
 integer kernels (see qtool.quantization.plan.chains)."""
 AutoPlacement = Literal["integer", "storage", "dynamic"]
 """What the placement choice makes of every node a rule placed "auto", one candidate each."""
+Rounding = Literal["nearest", "gptq", "adaround"]
+"""How weights are rounded onto their grid: to nearest, or minimising the output error on calibration inputs."""
 CandidateName = RulePlacement | AutoPlacement | Literal["unchained", "search"]
 """The placement choice's candidates: the rules' placement ("auto"), auto with its chained ops float, every node
 an integer kernel, every weight stored (float compute), dynamic int8 MatMul/Gemm, and the search's mixed placement."""
@@ -88,7 +90,7 @@ class TensorScheme:
 class Algorithms:
     """The accuracy algorithms a node gets (see :mod:`qtool.quantization.algorithms`)."""
 
-    rounding: str  # nearest | gptq | adaround: how weights are rounded onto their grid
+    rounding: Rounding
     bias_correction: bool  # cancel the mean output shift the rounded weight causes
     equalization: bool  # cross-layer equalization of Conv chains, before calibration
     smoothquant: bool  # move activation outliers into MatMul/Gemm weights, before calibration
@@ -102,7 +104,7 @@ class Algorithms:
 
     def names(self) -> list[str]:
         """The algorithms turned on, as short names (``gptq``, ``bias_correction``...)."""
-        names = [self.rounding] if self.rounding != "nearest" else []
+        names: list[str] = [self.rounding] if self.rounding != "nearest" else []
         names += [name for name in ("bias_correction", "equalization", "smoothquant", "awq") if getattr(self, name)]
         return names
 

@@ -54,6 +54,7 @@ from qtool.choice.records import (
     Samples,
     meets,
 )
+from qtool.choice.rounded import round_storage
 from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, MoveKind, sensitivity_search
 from qtool.choice.timing import decisively_faster, faster_than_storage, median_ratio, time_candidates
 from qtool.choice.validation import Validator, validate_choice
@@ -126,6 +127,8 @@ def measure_placements(
     scorer = float_model.scorer(samples.scored, samples.known, factory("float outputs", len(samples.scored)))
     started = time.perf_counter()
     config, built, choice = _scored_candidates(config, build, float_model, samples, scorer, (threads, factory))
+    if settings.target_sqnr_db is not None:
+        round_storage(choice, built, build, scorer)
     timed = settings.latency_runs > 0 and len(built.plans) > 1 and bool(scorer.samples)
     if settings.latency_runs > 0 and len(built.plans) <= 1:
         choice.timing_note = "every placement plans the same model, so there is nothing to choose by time"

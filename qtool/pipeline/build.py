@@ -8,16 +8,20 @@ shifts by plan and activation ranges, so no layer is measured twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 
 from qtool.calibration.statistics import CalibrationStats
 from qtool.config import QConfig
+from qtool.options import CalibrationOptions
+from qtool.pipeline.data import tapped_pass
 from qtool.pipeline.workspace import Workspace
 from qtool.quantization.algorithms.rounding.empirical_bias import measure_shifts, measured_layers
-from qtool.quantization.algorithms.rounding.node_inputs import NodeInput, NodeInputCollector, node_input
+from qtool.quantization.algorithms.rounding.node_inputs import MAX_SAMPLES, NodeInput, NodeInputCollector, node_input
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.emit.rewrite import insert_qdq
@@ -38,13 +42,28 @@ class Built:
     report: RewriteReport
 
 
-class Builder:
-    """Builds the quantized model of a config over one workspace and its statistics."""
+InputSource = Callable[[QConfig], "WeightAlgorithms | None"]
+"""Reads what a config's weight algorithms need from the data, in a pass of its own (None: nothing to read)."""
 
-    def __init__(self, ws: Workspace, stats: CalibrationStats, algorithms: WeightAlgorithms | None = None) -> None:
+
+class Builder:
+    """Builds the quantized model of a config over one workspace and its statistics.
+
+    ``inputs``: where the weight algorithms' inputs come from when calibration did not collect them (the
+    placement choice may round a candidate's weights by GPTQ): read once, the first time a config asks.
+    """
+
+    def __init__(
+        self,
+        ws: Workspace,
+        stats: CalibrationStats,
+        algorithms: WeightAlgorithms | None = None,
+        inputs: InputSource | None = None,
+    ) -> None:
         self.ws = ws
         self.stats = stats
         self.algorithms = algorithms
+        self.inputs = inputs
         self.elements = ws.sizes(stats)  # with tensor sizes known, placement "auto" decides per node
         self.observed = frozenset(stats.elements)  # a body calibration saw nothing of keeps float activations
         self._built: dict[str, Built] = {}
@@ -56,6 +75,8 @@ class Builder:
     def build(self, config: QConfig, *, keep: bool = False) -> Built:
         """The model of ``config``; with ``keep``, remembered so that a later build of its plan is free."""
         plan = self.plan(config)
+        if self.algorithms is None and self.inputs is not None and _needs_inputs(plan):
+            self.algorithms, self.inputs = self.inputs(config), None
         key = repr((plan.every_node(), plan.every_stored_weight(), config.activation_ranges))
         if key in self._built:
             return self._built.pop(key)
@@ -89,6 +110,24 @@ class Builder:
         for node, reason in skipped.items():
             report.algorithm_notes.setdefault(node, f"bias_correction: {reason}")
         return Built(plan, model, report)
+
+
+def _needs_inputs(plan: QuantPlan) -> bool:
+    return any(n.weight is not None and n.scheme.algorithms.need_inputs for n in plan.every_node())
+
+
+def data_inputs(ws: Workspace, data_dir: Path | str, calibration: CalibrationOptions) -> InputSource:
+    """An :data:`InputSource` reading a config's weight algorithms' inputs in one float pass over ``data_dir``."""
+
+    def read(config: QConfig) -> WeightAlgorithms | None:
+        collector = input_collector(ws, config)
+        if collector is None:
+            return None
+        # the collector observes at most MAX_SAMPLES samples spread over a pass: the pass runs only those
+        tapped_pass(ws, data_dir, calibration, [collector], "what the weight rounding reads", MAX_SAMPLES)
+        return WeightAlgorithms(collector.result)
+
+    return read
 
 
 def empirical_bias_nodes(plan: QuantPlan, algorithms: WeightAlgorithms) -> dict[str, NodeInput]:

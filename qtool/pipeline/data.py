@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qtool.calibration.dataset import Dataset, model_inputs
+from qtool.calibration.dataset import Dataset, model_inputs, spread_positions
 from qtool.calibration.remote import is_url, sample_files
 from qtool.calibration.statistics import FloatPass, Observing, collect_statistics
 from qtool.calibration.taps import BatchTap
@@ -54,10 +54,17 @@ def sample_count(ws: Workspace, data_dir: Path | str, options: CalibrationOption
 
 
 def tapped_pass(
-    ws: Workspace, data_dir: Path | str, options: CalibrationOptions, taps: list[BatchTap], what: str
+    ws: Workspace,
+    data_dir: Path | str,
+    options: CalibrationOptions,
+    taps: list[BatchTap],
+    what: str,
+    samples: int | None = None,
 ) -> None:
-    """One float pass over the calibration samples (unsharded) that only feeds ``taps``."""
+    """One float pass over the calibration samples (unsharded; ``samples`` of them, spread) that feeds ``taps``."""
     dataset = calibration_dataset(ws, data_dir, options, sharded=False)
+    if samples is not None and samples < len(dataset):
+        dataset = dataset.subset(spread_positions(len(dataset), samples))
     for tap in taps:
         if isinstance(tap, NodeInputCollector):
             tap.expect(len(dataset))

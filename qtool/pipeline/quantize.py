@@ -34,7 +34,7 @@ from qtool.graph.model_io import save_model
 from qtool.graph.ort_rewrites import fp8_relu_note
 from qtool.graph.session import create_session
 from qtool.options import QUANTIZE_EVALUATION, CalibrationOptions, EvaluationOptions, OutputOptions, SearchOptions
-from qtool.pipeline.build import Builder, Built, input_collector, weight_algorithms
+from qtool.pipeline.build import Builder, Built, data_inputs, input_collector, weight_algorithms
 from qtool.pipeline.calibrate import observe, read_statistics, without_data
 from qtool.pipeline.choose import choose
 from qtool.pipeline.data import tapped_pass
@@ -137,7 +137,8 @@ def quantize(ws: Workspace, request: QuantizeRequest, progress: ProgressFactory 
     data = statistics(ws, request, progress)
     search_dir = request.search_dir
     algorithms, note = weight_algorithms(ws, data.collector, data.calibrated)
-    builder = Builder(ws, data.stats, algorithms)
+    inputs = data_inputs(ws, search_dir, request.calibration) if search_dir is not None else None
+    builder = Builder(ws, data.stats, algorithms, inputs)
     config, choice, unjudged = ws.config, None, None
     if ws.config.target not in CPU_TARGETS and request.search is not None and search_dir is not None:
         log.info("target %s: placement by its rules (CPU timing says nothing about it)", ws.config.target)

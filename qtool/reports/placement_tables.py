@@ -103,6 +103,8 @@ def _choice_notes(console: Console, c: PlacementChoice, comparison: ComparisonRe
         )
     if c.judged_note:
         console.print(f"judged: {c.judged_note}", highlight=False)
+    if c.rounding_note:
+        console.print(f"weights: {c.rounding_note}", highlight=False)
     if c.decode_bar is not None:
         console.print(
             f"decode: agreement with fp32 over {DECODE_STEPS} greedy steps per sample through each placement's own "

@@ -192,6 +192,9 @@ class PlacementChoiceReport(_Report):
     range_scores: dict[str, float] = Field(
         default_factory=dict, description="the all-integer placement's worst output (dB) under each range rule"
     )
+    rounding_note: str = Field(
+        "", description="storage-only's weights rounded by GPTQ, when rounded to nearest it missed the target"
+    )
 
 
 class PeerRowReport(_Report):
