@@ -154,9 +154,11 @@ def input_collector(ws: Workspace, config: QConfig | None = None) -> NodeInputCo
     nodes = ws.graph.by_name
     layouts = []
     skipped = {}
+    means = False  # only bias correction reads the mean patches
     for node in plan.nodes:
         if node.weight is None or not node.scheme.algorithms.need_inputs:
             continue
+        means = means or node.scheme.algorithms.bias_correction
         if node.placement == "lookup":
             skipped[node.name] = "a table lookup has no inputs to weigh its rounding errors by"
             continue
@@ -168,7 +170,7 @@ def input_collector(ws: Workspace, config: QConfig | None = None) -> NodeInputCo
             layouts.append((layout, shape))
     if not layouts and not skipped:
         return None
-    collector = NodeInputCollector(layouts)
+    collector = NodeInputCollector(layouts, means=means)
     collector.result.skipped.update(skipped)
     return collector
 

@@ -91,8 +91,14 @@ def reduction_length(layout: NodeInput, weight_shape: tuple[int, ...]) -> tuple[
 class NodeInputCollector:
     """Gathers :class:`InputStats` for chosen nodes from the batches of one float pass."""
 
-    def __init__(self, layouts: Iterable[tuple[NodeInput, tuple[int, ...]]], samples: int = 1) -> None:
-        """``layouts``: each node's input layout and weight shape; ``samples``: the pass's sample count."""
+    def __init__(
+        self, layouts: Iterable[tuple[NodeInput, tuple[int, ...]]], samples: int = 1, means: bool = True
+    ) -> None:
+        """Collect for ``layouts`` (each node's input layout and weight shape) over a pass of ``samples`` samples.
+
+        ``means``: whether the mean patches are summed too (only bias correction reads them).
+        """
+        self.means = means
         self.result = NodeInputs()
         self.positions: dict[str, int] = {}  # node -> patches its Hessian sums over the pass
         self.feed_bytes = 0
@@ -159,6 +165,7 @@ class NodeInputCollector:
             if len(chosen) < count and data.ndim and data.shape[0] == count:
                 data = data[chosen]
             per_sample = max(MIN_POSITIONS_PER_BATCH, math.ceil(self.positions[name] / self.observed))
-            batch = input_stats(data, layout.geometry, max_positions=per_sample * len(chosen), seed=self.rngs[name])
+            positions = per_sample * len(chosen)
+            batch = input_stats(data, layout.geometry, max_positions=positions, seed=self.rngs[name], means=self.means)
             known = self.result.stats.get(name)
             self.result.stats[name] = batch if known is None else known.merge(batch)

@@ -139,6 +139,7 @@ def input_stats(
     *,
     max_positions: int = DEFAULT_MAX_POSITIONS,
     seed: int | np.random.Generator = 0,
+    means: bool = True,
 ) -> InputStats:
     """The input statistics of one batch ``x`` of a node's float input.
 
@@ -147,13 +148,15 @@ def input_stats(
         geometry: how the node turns its input into patches.
         max_positions: at most this many output positions (drawn before gathering) enter the Hessian.
         seed: seed or generator for that draw.
+        means: whether a Conv's mean patch is summed too (bias correction needs it, GPTQ does not: for a
+            Conv it reads the whole input once per kernel tap); without it the mean stays empty (count 0).
 
     Returns:
         Statistics to merge with those of other batches.
     """
     if isinstance(geometry, MatMulGeometry):
         return _matmul_stats(np.asarray(x), geometry, max_positions, seed)
-    return _conv_stats(np.asarray(x), geometry, max_positions, seed)
+    return _conv_stats(np.asarray(x), geometry, max_positions, seed, means)
 
 
 def _hessian(patches: np.ndarray) -> np.ndarray:
@@ -180,7 +183,7 @@ def _matmul_stats(
 
 
 def _conv_stats(
-    x: np.ndarray, geometry: ConvGeometry, max_positions: int, seed: int | np.random.Generator
+    x: np.ndarray, geometry: ConvGeometry, max_positions: int, seed: int | np.random.Generator, means: bool = True
 ) -> InputStats:
     batch, channels, spatial = x.shape[0], x.shape[1], tuple(x.shape[2:])
     group = geometry.group
@@ -207,16 +210,47 @@ def _conv_stats(
     windows = channels_last[index]
     patches = windows.transpose(0, 2, 1).reshape(len(chosen), group, -1)  # (channel, taps) order per group
 
-    # Mean: for each tap, the sum of the strided view every output position reads.
-    tap_sums = np.empty((channels, len(taps)), np.float64)
-    for t, tap in enumerate(taps):
-        starts = [int(tap[i]) * dilations[i] for i in range(rank)]
-        window = [slice(start, start + (o - 1) * s + 1, s) for start, o, s in zip(starts, out, strides, strict=True)]
-        view = padded[tuple([slice(None), slice(None), *window])]
-        tap_sums[:, t] = view.sum(axis=(0, *range(2, 2 + rank)), dtype=np.float64)
+    if means:
+        tap_sums = _tap_sums(padded, kernel, (strides, dilations), out, len(taps))
+    else:
+        tap_sums = np.zeros((channels, len(taps)), np.float64)
     return InputStats(
         hessian_sum=_hessian(patches),
         hessian_count=len(chosen),
         mean_sum=tap_sums.reshape(group, -1),
-        mean_count=batch * int(np.prod(out)),
+        mean_count=batch * int(np.prod(out)) if means else 0,
     )
+
+
+MANY_TAPS = 64  # past this many kernel taps, the per-tap sums are read through one strided view
+
+
+def _tap_sums(
+    padded: np.ndarray,
+    kernel: tuple[int, ...],
+    steps: tuple[tuple[int, ...], tuple[int, ...]],
+    out: tuple[int, ...],
+    count: int,
+) -> np.ndarray:
+    """For each channel and kernel tap, the sum of the inputs that tap reads at every output position: [C, taps].
+
+    ``steps``: the strides and dilations. A few taps: one strided view each (fast, a whole-tensor reduction per
+    tap); many (a 400-tap audio kernel): one view [batch, channels, out..., kernel...], summed in one call.
+    """
+    strides, dilations = steps
+    rank, channels = len(kernel), padded.shape[1]
+    spatial_axes = tuple(range(2, 2 + rank))
+    if count <= MANY_TAPS:
+        sums = np.empty((channels, count), np.float64)
+        for t, tap in enumerate(itertools.product(*(range(k) for k in kernel))):
+            starts = [tap[i] * dilations[i] for i in range(rank)]
+            window = [slice(a, a + (o - 1) * s + 1, s) for a, o, s in zip(starts, out, strides, strict=True)]
+            view = padded[tuple([slice(None), slice(None), *window])]
+            sums[:, t] = view.sum(axis=(0, *spatial_axes), dtype=np.float64)
+        return sums
+    extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, extent, axis=spatial_axes)
+    strided = (slice(None, (o - 1) * s + 1, s) for o, s in zip(out, strides, strict=True))
+    dilated = (slice(None, None, d) for d in dilations)
+    windows = windows[tuple([slice(None), slice(None), *strided, *dilated])]
+    return windows.sum(axis=(0, *spatial_axes), dtype=np.float64).reshape(channels, -1)

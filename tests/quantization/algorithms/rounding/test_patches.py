@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from qtool.errors import QtoolError
+from qtool.quantization.algorithms.rounding import patches
 from qtool.quantization.algorithms.rounding.patches import (
     ConvGeometry,
     MatMulGeometry,
@@ -38,6 +39,28 @@ def test_conv_hessian_and_mean_match_brute_force_im2col(case):
     np.testing.assert_allclose(stats.mean(), patches.mean(axis=0), rtol=1e-9, atol=1e-12)
     k = channels // group * int(np.prod(kernel))
     assert stats.hessian().shape == (group, k, k) and stats.mean().shape == (group, k)
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
+def test_the_mean_read_through_one_strided_view_equals_the_per_tap_sums(case, monkeypatch):
+    # kernels of more than MANY_TAPS taps (a 400-tap audio front end) are summed through one view
+    channels, kernel, strides, pads, dilations, group = case
+    x = _input(channels, len(kernel))
+    geometry = ConvGeometry(kernel, strides, pads, dilations, group)
+    per_tap = input_stats(x, geometry, max_positions=10**6)
+    monkeypatch.setattr(patches, "MANY_TAPS", 0)
+    one_view = input_stats(x, geometry, max_positions=10**6)
+    np.testing.assert_allclose(one_view.mean_sum, per_tap.mean_sum, rtol=1e-12, atol=1e-9)
+    assert one_view.mean_count == per_tap.mean_count
+
+
+def test_without_means_the_hessian_is_the_same_and_the_mean_is_left_empty():
+    x = _input(4, 2)
+    geometry = ConvGeometry((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    full = input_stats(x, geometry, max_positions=50, seed=3)
+    bare = input_stats(x, geometry, max_positions=50, seed=3, means=False)
+    np.testing.assert_array_equal(bare.hessian_sum, full.hessian_sum)
+    assert bare.hessian_count == full.hessian_count and bare.mean_count == 0 and not bare.mean_sum.any()
 
 
 def test_subsampled_hessian_uses_exactly_the_drawn_positions_and_the_mean_uses_all():
