@@ -39,13 +39,17 @@ class SampleEnergies:
         """The SQNR reached with ``confidence``: mean signal over the bootstrap's upper bound of the mean noise.
 
         ``signal_mean``: the float outputs' mean energy per sample over a larger set (default: these samples').
+        A bound is never above what these samples measured: a larger set's signal (loud samples elsewhere)
+        must not lift the bound of quiet ones past their own SQNR.
         """
         signal = float(np.mean(self.signal)) if signal_mean is None else signal_mean
         noise = np.asarray(self.noise, np.float64)
         if noise.size < 2 or not noise.any():
-            return ratio_db(signal, float(noise.mean()) if noise.size else 0.0)
-        means = noise[_draws(noise.size)].mean(axis=1)
-        return ratio_db(signal, -_quantile(-means, 1.0 - confidence))
+            bound = ratio_db(signal, float(noise.mean()) if noise.size else 0.0)
+        else:
+            means = noise[_draws(noise.size)].mean(axis=1)
+            bound = ratio_db(signal, -_quantile(-means, 1.0 - confidence))
+        return min(bound, self.pooled_db)
 
 
 def ratio_db(signal: float, noise: float) -> float:

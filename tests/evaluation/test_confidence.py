@@ -58,6 +58,14 @@ def test_a_sparse_output_bounds_the_noise_against_the_signal_of_every_sample():
     assert sparse.lower_bound_db(0.98, signal_mean=50.0) > bound
 
 
+def test_a_bound_is_never_above_what_its_own_samples_measured():
+    # a quiet sequence validated against the signal of a loud one too (tune split a VAD's data by sequence):
+    # 30.6 dB measured here must not be promised as 61 dB
+    quiet = SampleEnergies((1e-3,) * 8, (1e-6,) * 8)
+    assert quiet.pooled_db == pytest.approx(30.0)
+    assert quiet.lower_bound_db(0.98, signal_mean=1.0) == pytest.approx(quiet.pooled_db)
+
+
 def test_the_split_is_by_file_name_hash_and_never_shares_a_sample(tmp_path):
     dataset = Dataset(eval_dir("mlp"), model_inputs(sample_model("mlp")))
     split = split_samples(dataset)
