@@ -381,7 +381,7 @@ def _decide(choice: PlacementChoice, missed: frozenset[CandidateName] = frozense
         choice.chosen = best.name
         if best is start:
             others = (
-                "the only placement that reaches"
+                f"the only placement {'left ' if missed else ''}that reaches"  # others missed on validation
                 if len(meeting) == 1
                 else f"the most accurate of {len(meeting)} placements that reach"
             )

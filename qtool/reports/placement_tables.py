@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Console
 from rich.table import Table
 
@@ -15,13 +17,19 @@ from qtool.schemas.reports.quantize import PlacementCandidate
 
 def render_search(console: Console, f: SearchResult) -> None:
     """The sensitivity search: where it started, what it moved, what it reached."""
-    verdict = "[green]reached[/green]" if f.reached else "[yellow]not reached[/yellow]"
+    if f.reached:
+        verdict = "[green]reached[/green] (its lower confidence bound too)"
+    elif f.final_sqnr_db >= f.target_sqnr_db and math.isfinite(f.final_bound_db):
+        # over the target, but not by enough for the samples' spread: its lower bound is what falls short
+        verdict = f"[yellow]not reached[/yellow] by its lower bound ({f.final_bound_db:.2f} dB; {f.stopped})"
+    else:
+        verdict = f"[yellow]not reached[/yellow] ({f.stopped})"
     ranked = f", nodes ranked by one per-layer pass on {f.ranked_on}" if f.ranked_on else ""
     ranked += f" ({f.ranked_by})" if f.ranked_on and f.ranked_by != "drop" else ""  # the cheap moves first
     console.print(
         f"sensitivity search from '{f.start}' ({f.moves} for the nodes that cost most) on {f.samples} samples"
         f"{ranked}: worst output {f.initial_sqnr_db:.2f} -> "
-        f"{f.final_sqnr_db:.2f} dB, target {f.target_sqnr_db:g} dB {verdict} ({f.stopped})",
+        f"{f.final_sqnr_db:.2f} dB, target {f.target_sqnr_db:g} dB {verdict}",
         highlight=False,
     )
     for step in f.steps:

@@ -165,3 +165,13 @@ def test_where_the_search_starts_holds_no_timing_up_and_reads_the_medians():
     assert faster_than_storage(choice, "storage", "unchained")  # median 0.86: more than 10 % faster
     choice.times = {**near_line, "unchained": [0.93] * 9}
     assert not faster_than_storage(choice, "storage", "unchained")
+
+
+def test_after_a_validation_miss_the_one_placement_left_is_not_called_the_only_one_that_reaches(monkeypatch):
+    times = {"fp32": [1.0] * 9, "integer": [0.5] * 9, "storage": [1.0] * 9}
+    choice = _choice(times, {"integer": 31.0, "storage": 40.0})
+    _decide(choice)
+    assert choice.chosen == "integer"  # decisively faster, both reach the target on the scored samples
+    checked = _validate(choice, {"integer": 25.0, "storage": 39.0}, monkeypatch)
+    assert checked == ["integer", "storage"] and choice.chosen == "storage"
+    assert "the only placement left that reaches 30 dB" in choice.reason, choice.reason
