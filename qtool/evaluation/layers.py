@@ -220,8 +220,13 @@ def _measure_group(
 
 
 def largest_drop(rows: list[LayerError]) -> LayerError | None:
-    """The layer whose quantization introduces the most error (uncertain pairings left out)."""
-    return max((r for r in rows if not r.uncertain), key=lambda r: (r.drop_db, -_capped(r.sqnr_db)), default=None)
+    """The layer whose quantization introduces the most error (uncertain pairings left out).
+
+    None when no layer loses anything: a node none of whose inputs could be measured (an If whose bodies
+    hold the quantized nodes) counts as losing nothing, and is not named as the worst layer for it.
+    """
+    best = max((r for r in rows if not r.uncertain), key=lambda r: (r.drop_db, -_capped(r.sqnr_db)), default=None)
+    return best if best is not None and best.drop_db > 0 else None
 
 
 def layer_op(row: LayerError) -> str:

@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 import qtool
 from qtool.calibration.dataset import Dataset, model_inputs
-from qtool.evaluation.layers import largest_drop, layer_errors
+from qtool.evaluation.layers import LayerError, largest_drop, layer_errors
 from qtool.evaluation.pairing import pair_tensors
 from qtool.options import EvaluationOptions
 from tests.conftest import calib_dir, eval_dir, sample
@@ -138,3 +138,12 @@ def test_reports_written_before_structural_pairing_still_read_as_baselines(onnxr
     old = tmp_path / "old.json"
     old.write_text(json.dumps(document))
     assert read_baseline(old).per_layer is not None
+
+
+def test_no_layer_is_named_the_largest_drop_when_none_loses_anything():
+    # an If whose bodies hold the quantized nodes: its inputs cannot be measured, so it counts as losing nothing
+    quiet = LayerError("if_out", "If_0", "If", 26.5, 1e-3, 0.99, 26.5, 0.0)
+    better = LayerError("relu_out", "relu", "Relu", 30.0, 1e-4, 0.999, 29.0, -1.0)
+    assert largest_drop([quiet, better]) is None
+    lossy = LayerError("conv_out", "conv", "Conv", 25.0, 1e-3, 0.99, 30.0, 5.0)
+    assert largest_drop([quiet, better, lossy]) is lossy
