@@ -162,6 +162,12 @@ def _best_factors(real_rows: np.ndarray, per_channel: bool) -> np.ndarray:
     need = np.maximum(1.0, np.maximum(high, -low) / PAIR_LIMIT)
     if not per_channel:
         need = np.full_like(need, need.max())
+    elif np.any(need <= 1.0):  # a column whose pairs fit keeps factor 1 at every step: only the others are tried
+        best = np.ones_like(need)
+        fitted = np.nonzero(need > 1.0)[0]
+        if fitted.size:
+            best[fitted] = _best_factors(real_rows[fitted], per_channel)
+        return best
     best_error = np.full(need.shape, np.inf)
     best = np.ones_like(need)
     for t in np.linspace(0.0, 1.0, FACTOR_STEPS):

@@ -21,7 +21,15 @@ from qtool.options import CalibrationOptions
 from qtool.pipeline.data import tapped_pass
 from qtool.pipeline.workspace import Workspace
 from qtool.quantization.algorithms.rounding.empirical_bias import measure_shifts, measured_layers
-from qtool.quantization.algorithms.rounding.node_inputs import MAX_SAMPLES, NodeInput, NodeInputCollector, node_input
+from qtool.quantization.algorithms.rounding.node_inputs import (
+    FULL_PATCHES,
+    LIGHT_PATCHES,
+    MAX_SAMPLES,
+    NodeInput,
+    NodeInputCollector,
+    PatchBudget,
+    node_input,
+)
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.emit.rewrite import insert_qdq
@@ -120,7 +128,7 @@ def data_inputs(ws: Workspace, data_dir: Path | str, calibration: CalibrationOpt
     """An :data:`InputSource` reading a config's weight algorithms' inputs in one float pass over ``data_dir``."""
 
     def read(config: QConfig) -> WeightAlgorithms | None:
-        collector = input_collector(ws, config)
+        collector = input_collector(ws, config, LIGHT_PATCHES)
         if collector is None:
             return None
         # the collector observes at most MAX_SAMPLES samples spread over a pass: the pass runs only those
@@ -147,7 +155,9 @@ def empirical_bias_nodes(plan: QuantPlan, algorithms: WeightAlgorithms) -> dict[
     }
 
 
-def input_collector(ws: Workspace, config: QConfig | None = None) -> NodeInputCollector | None:
+def input_collector(
+    ws: Workspace, config: QConfig | None = None, patches: PatchBudget = FULL_PATCHES
+) -> NodeInputCollector | None:
     """A collector of the calibration inputs that the config's weight algorithms need (None: none do)."""
     plan = ws.plan(config)
     inits = {i.name: i for i in ws.prepared.graph.initializer}
@@ -170,7 +180,7 @@ def input_collector(ws: Workspace, config: QConfig | None = None) -> NodeInputCo
             layouts.append((layout, shape))
     if not layouts and not skipped:
         return None
-    collector = NodeInputCollector(layouts, means=means)
+    collector = NodeInputCollector(layouts, means=means, patches=patches)
     collector.result.skipped.update(skipped)
     return collector
 

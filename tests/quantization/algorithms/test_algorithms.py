@@ -12,7 +12,13 @@ import pytest
 import qtool
 from qtool.calibration.statistics import CalibrationStats
 from qtool.errors import QtoolError
-from qtool.quantization.algorithms.rounding.node_inputs import MAX_REDUCTION, NodeInput, NodeInputCollector
+from qtool.quantization.algorithms.rounding.node_inputs import (
+    FULL_PATCHES,
+    LIGHT_PATCHES,
+    MAX_REDUCTION,
+    NodeInput,
+    NodeInputCollector,
+)
 from qtool.quantization.algorithms.rounding.patches import MatMulGeometry
 from tests.conftest import calib_dir, eval_dir, run_model, sample
 
@@ -125,6 +131,16 @@ def test_the_collector_skips_nodes_whose_hessian_would_be_too_large():
     stats = collector.result.stats["small"]
     # one sample in 7 looked at (at most 16 of the 100), every position of those in the mean
     assert stats.mean_count == 15 * 5 and stats.hessian_count == 15 * 5
+
+
+def test_a_lighter_patch_budget_sums_fewer_patches_into_each_hessian():
+    # the placement choice's own rounding (qtool.choice.rounded) reads a quarter of the patches a config's GPTQ does
+    layers = [(NodeInput(f"n{k}", "MatMul", f"x{k}", MatMulGeometry(-1)), (k, 8)) for k in (16, 576, 2304)]
+    full, light = NodeInputCollector(layers), NodeInputCollector(layers, patches=LIGHT_PATCHES)
+    for name in full.positions:
+        assert LIGHT_PATCHES.least <= light.positions[name] <= full.positions[name] <= FULL_PATCHES.most
+    assert light.positions["n576"] == 8 * 576 and full.positions["n576"] == 32 * 576
+    assert light.positions["n2304"] == LIGHT_PATCHES.most
 
 
 def test_nodes_gptq_cannot_take_are_rounded_to_nearest_under_one_summary_line(tmp_path):
