@@ -90,7 +90,10 @@ class WeightCodes:
         grid and rounding it again each time would cost most of a rewrite. The grid is kept, and its codes while
         they fit a memory budget (past it they are rounded again: a large model's codes would hold memory).
         """
-        if self.algorithms is not None:  # at the fitted scales GPTQ keeps the pairs within the limit itself
+        rounded = self.algorithms is not None and any(
+            r.scheme.algorithms.rounding != "nearest" for r in self.readers(use)
+        )
+        if rounded:  # at the fitted scales GPTQ keeps the pairs within the limit itself
             return fit_pairs(
                 values,
                 qp,
