@@ -155,6 +155,8 @@ def _no_speedup_note(c: PlacementChoice) -> str:
             f"{k.name} {ratio:.2f}x ({'on the validation samples' if k.name in missed else 'on the scored samples'})"
             for k, ratio in faster
         )
+    elif c.fp32_ms is None or all(k.latency_ms is None for k in c.candidates):
+        why = "nothing was timed" + (f" ({c.timing_note})" if c.timing_note else "")
     else:
         why = f"no placement measured more than {TIE:.0%} faster than fp32 here"
     chosen = c.chosen_candidate
@@ -163,7 +165,7 @@ def _no_speedup_note(c: PlacementChoice) -> str:
     elif chosen.integer_nodes:
         kept = "its integer nodes run at about fp32 speed"
     else:
-        kept = "no node is quantized"
+        kept = "no node runs an integer kernel"  # weight-only nodes (fp16, 4-bit) compute in float
     return f"{why}: the model runs at fp32 speed (no speed-up expected); {kept}"
 
 

@@ -341,5 +341,18 @@ def test_the_no_speedup_note_does_not_claim_stored_weights_when_none_is() -> Non
 
     only = candidate("auto", 0, 0, 99.0, True, 1.0, same_as=["integer", "storage"])
     note = _no_speedup_note(_choice([only], "auto"))  # type: ignore[arg-type]
-    assert "stored quantized" not in note and note.endswith("no node is quantized")
+    assert "stored quantized" not in note and note.endswith("no node runs an integer kernel")
     assert "no placement measured more than 10% faster" in note
+
+
+def test_the_no_speedup_note_does_not_claim_a_measurement_when_nothing_was_timed() -> None:
+    from dataclasses import replace
+
+    from qtool.reports.placement_tables import _no_speedup_note
+    from tests.choice.records import candidate
+
+    # fp16 weights: every candidate plans the same model, so nothing is timed (and no node runs an integer kernel)
+    only = candidate("auto", 0, 0, 64.0, True, None, same_as=["integer", "storage"])
+    untimed = replace(_choice([only], "auto"), fp32_ms=None, timing_note="every placement plans the same model")  # type: ignore[type-var]
+    note = _no_speedup_note(untimed)
+    assert note.startswith("nothing was timed (every placement plans the same model)") and "measured" not in note
