@@ -8,6 +8,7 @@ import numpy as np
 
 import qtool
 from qtool.choice import timing as placement_timing
+from qtool.options import SearchOptions
 from tests.conftest import calib_dir, eval_dir, run_model, sample
 
 
@@ -60,3 +61,16 @@ def test_storage_only_that_reaches_the_target_keeps_nearest_rounding(tmp_path, m
     choice = result.placement_choice
     assert choice is not None and choice.chosen == "storage" and choice.rounding_note == ""
     assert not result.rewrite.algorithms  # no pass over the data for the rounding, no GPTQ
+
+
+def test_with_statistics_from_a_file_the_rounding_reads_the_search_samples(tmp_path, monkeypatch):
+    # quantize --stats STATS --search-data DIR: calibration collected nothing for GPTQ, the choice reads it from DIR
+    _integer_kernels_slower(monkeypatch)
+    stats = tmp_path / "stats.json"
+    qtool.write_stats(qtool.calibrate(sample("cnn"), calib_dir("cnn")), stats)
+    out = tmp_path / "q.onnx"
+    search = SearchOptions(target_sqnr_db=42.0, data_dir=calib_dir("cnn"))
+    result = qtool.quantize(sample("cnn"), out, stats_path=stats, search=search, evaluation=None)
+    choice = result.placement_choice
+    assert choice is not None and "rounded by GPTQ" in choice.rounding_note, choice
+    assert choice.chosen == "storage" and result.rewrite.algorithms
