@@ -31,7 +31,7 @@ from qtool.choice.tune.metric import read_labels
 from qtool.choice.tune.selection import VALIDATION_ROUNDS, noise_ceiling, search_and_validate, timed
 from qtool.choice.tune.sensitivity import Sensitivity, measure
 from qtool.choice.tune.space import (
-    GPTQ,
+    GPTQ_BC,
     MEASURED,
     Option,
     for_objective,
@@ -190,10 +190,11 @@ def _prepare(request: TuneRequest, config: QConfig, progress: ProgressFactory | 
     named = request.options.outputs or config.accuracy.outputs
     source = "--outputs" if request.options.outputs else "accuracy.outputs"
     judged = judged_outputs(ws.prepared, named, source, config.accuracy.state)
-    # GPTQ options need each node's calibration inputs: gathered in the same float pass (within the
-    # collector's memory budget; nodes past it are rounded to nearest, as quantize would)
+    # GPTQ options need each node's calibration inputs, and those with bias correction its mean patches: gathered
+    # in the same float pass (within the collector's memory budget; nodes past it are rounded to nearest, as
+    # quantize would)
     wants_inputs = len(without_algorithms(space)) < len(space)
-    collector = input_collector(ws, config.with_rules(global_=GPTQ)) if wants_inputs else None
+    collector = input_collector(ws, config.with_rules(global_=GPTQ_BC)) if wants_inputs else None
     stats = observe(ws, request.data_dir, request.calibration, progress, inputs=collector)
     algorithms = WeightAlgorithms(collector.result) if collector is not None else None
     if algorithms is None:

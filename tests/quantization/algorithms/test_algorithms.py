@@ -353,3 +353,16 @@ def test_measuring_bias_shifts_of_no_layer_measures_nothing():
 
     model = onnx.load(str(sample("mlp")))
     assert measure_shifts(model, Weights(), [], [{"input": np.zeros((1, 64), np.float32)}]) == ({}, {})
+
+
+def test_the_mean_patches_are_summed_where_bias_correction_reads_them_and_only_there():
+    from qtool.choice.tune.space import GPTQ, GPTQ_BC
+    from qtool.config import load_config
+    from qtool.pipeline.build import input_collector
+    from qtool.pipeline.workspace import open_workspace
+
+    ws = open_workspace(sample("cnn"), load_config())
+    # tune's collector serves its options with bias correction too (w8g, w8bg): it must sum the means
+    with_bc = input_collector(ws, ws.config.with_rules(global_=GPTQ_BC))
+    gptq_only = input_collector(ws, ws.config.with_rules(global_=GPTQ))
+    assert with_bc is not None and gptq_only is not None and with_bc.means and not gptq_only.means
