@@ -50,7 +50,7 @@ class Built:
     report: RewriteReport
 
 
-InputSource = Callable[[QConfig], "WeightAlgorithms | None"]
+InputSource = Callable[[QConfig], WeightAlgorithms | None]
 """Reads what a config's weight algorithms need from the data, in a pass of its own (None: nothing to read)."""
 
 

@@ -211,7 +211,7 @@ def _conv_stats(
     patches = windows.transpose(0, 2, 1).reshape(len(chosen), group, -1)  # (channel, taps) order per group
 
     if means:
-        tap_sums = _tap_sums(padded, kernel, (strides, dilations), out, len(taps))
+        tap_sums = _tap_sums(padded, kernel, (strides, dilations), out)
     else:
         tap_sums = np.zeros((channels, len(taps)), np.float64)
     return InputStats(
@@ -230,7 +230,6 @@ def _tap_sums(
     kernel: tuple[int, ...],
     steps: tuple[tuple[int, ...], tuple[int, ...]],
     out: tuple[int, ...],
-    count: int,
 ) -> np.ndarray:
     """For each channel and kernel tap, the sum of the inputs that tap reads at every output position: [C, taps].
 
@@ -238,7 +237,7 @@ def _tap_sums(
     tap); many (a 400-tap audio kernel): one view [batch, channels, out..., kernel...], summed in one call.
     """
     strides, dilations = steps
-    rank, channels = len(kernel), padded.shape[1]
+    rank, channels, count = len(kernel), padded.shape[1], int(np.prod(kernel))
     spatial_axes = tuple(range(2, 2 + rank))
     if count <= MANY_TAPS:
         sums = np.empty((channels, count), np.float64)
