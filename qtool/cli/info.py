@@ -68,7 +68,7 @@ def schema(
     name: Annotated[
         str,
         typer.Argument(
-            help="config, stats, calibrate-report, quantize-report, compare-report, inspect-report or tune-report.",
+            help="config, stats, or the report of calibrate, quantize, compare, inspect, tune or doctor (NAME-report).",
             show_default=False,
             metavar="NAME",
         ),

@@ -7,17 +7,16 @@ import math
 from collections import Counter
 from typing import Any
 
-from qtool._version import __version__
 from qtool.calibration.statistics import CalibrationStats
 from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, SearchResult
 from qtool.choice.selection import PlacementChoice
 from qtool.evaluation.peer import PeerComparison
 from qtool.quantization.plan.inspection import Inspection
 from qtool.reports.compare_document import comparison_report
-from qtool.reports.records import filled
+from qtool.reports.records import document, file_record, filled
 from qtool.results import QuantizeResult
 from qtool.schemas import reports as doc
-from qtool.system.doctor import Doctor
+from qtool.schemas.reports.doctor import DoctorReport
 
 SCHEMA_VERSION = 1  # inspect / quantize / calibrate documents
 
@@ -25,14 +24,13 @@ SCHEMA_VERSION = 1  # inspect / quantize / calibrate documents
 def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
     """The ``qtool quantize --json`` document (schema: :class:`qtool.schemas.reports.QuantizeReport`)."""
     rewrite, prepare = result.rewrite, result.prepare
-    report = filled(
+    report = document(
         doc.QuantizeReport,
         result,
-        schema_version=SCHEMA_VERSION,
-        qtool_version=__version__,
-        input=filled(doc.InputModel, result.source, bytes=result.source.size_bytes),
+        SCHEMA_VERSION,
+        input=file_record(doc.InputModel, result.source),
         # bytes: the model file and its external data files
-        output=filled(doc.OutputModel, result.output, bytes=result.output.size_bytes, data_files=result.data_files),
+        output=file_record(doc.OutputModel, result.output, data_files=result.data_files),
         quantized=filled(
             doc.Quantized,
             rewrite,
@@ -92,11 +90,10 @@ def _choice(c: PlacementChoice) -> doc.PlacementChoiceReport:
 
 def stats_summary_dict(stats: CalibrationStats, path: str) -> dict[str, Any]:
     """The ``qtool calibrate --json`` summary (schema: :class:`qtool.schemas.reports.CalibrateReport`)."""
-    return filled(
+    return document(
         doc.CalibrateReport,
         stats,
-        schema_version=SCHEMA_VERSION,
-        qtool_version=__version__,
+        SCHEMA_VERSION,
         stats_path=path,
         tensors=len(stats.tensors),
     ).model_dump()
@@ -119,11 +116,10 @@ def _finite_tree(value: Any) -> Any:
 
 def inspection_to_dict(result: Inspection) -> dict[str, Any]:
     """The ``qtool inspect --json`` document (schema: :class:`qtool.schemas.reports.InspectReport`)."""
-    report = filled(
+    report = document(
         doc.InspectReport,
         result,
-        schema_version=SCHEMA_VERSION,
-        qtool_version=__version__,
+        SCHEMA_VERSION,
         model=doc.InspectedModel(path=result.model_path, bytes=result.model_bytes),
         nodes=[
             filled(
@@ -148,15 +144,6 @@ def inspection_to_dict(result: Inspection) -> dict[str, Any]:
     return report.model_dump()
 
 
-def doctor_to_dict(result: Doctor) -> dict[str, Any]:
-    """``qtool doctor --json``."""
-    return {
-        "schema_version": 1,
-        "versions": result.versions,
-        "system": result.system,
-        "cpu": result.cpu,
-        "int8_kernels_saturate": result.int8_saturates,
-        "providers": [{"name": p.name, "loads": p.loads, "detail": p.detail} for p in result.providers],
-        "qdq_kernel_opsets": result.qdq_opsets,
-        "gpus": result.gpus,
-    }
+def doctor_to_dict(result: DoctorReport) -> dict[str, Any]:
+    """``qtool doctor --json`` (schema: :class:`qtool.schemas.reports.DoctorReport`, which is the record itself)."""
+    return result.model_dump()

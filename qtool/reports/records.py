@@ -13,7 +13,19 @@ from typing import Any, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
+from qtool._version import __version__
+
 M = TypeVar("M", bound=BaseModel)
+
+
+def document(model: type[M], source: object, schema_version: int, /, **given: Any) -> M:
+    """A command's JSON document: :func:`filled`, headed by its schema's version and qtool's."""
+    return filled(model, source, schema_version=schema_version, qtool_version=__version__, **given)
+
+
+def file_record(model: type[M], file: Any, /, **given: Any) -> M:
+    """A model file's record (path, sha256, ...): :func:`filled`, its ``bytes`` from the file's size."""
+    return filled(model, file, bytes=file.size_bytes, **given)
 
 
 def filled(model: type[M], source: object, /, **given: Any) -> M:

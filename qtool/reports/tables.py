@@ -19,7 +19,7 @@ from qtool.reports.peer_table import render_peer
 from qtool.reports.placement_tables import render_choice, render_search
 from qtool.reports.terminal import for_terminal, printable
 from qtool.results import ComparisonResult, QuantizeResult
-from qtool.system.doctor import Doctor
+from qtool.schemas.reports.doctor import DoctorReport
 
 
 def _bytes(n: int) -> str:
@@ -375,14 +375,14 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         render_peer(console, result.peer)
 
 
-def render_doctor(console: Console, result: Doctor) -> None:
+def render_doctor(console: Console, result: DoctorReport) -> None:
     """The doctor's findings as lines and a table."""
     result = for_terminal(result)  # names from the system: no raw control characters or markup
     console.print("versions: " + ", ".join(f"{k} {v}" for k, v in result.versions.items()), highlight=False)
     console.print(f"system: {result.system}", highlight=False)
     flags = ", ".join(str(f) for f in result.cpu["flags"]) or "none detected"  # type: ignore[attr-defined]
     console.print(f"CPU: {result.cpu['model']} ({result.cpu['machine']}); flags: {flags}", highlight=False)
-    if result.int8_saturates:
+    if result.int8_kernels_saturate:
         console.print(
             "[yellow]note[/yellow] no VNNI: onnxruntime's uint8 x int8 kernels saturate on this CPU; qtool's default "
             "weight.saturation: auto fits the int8 weights that could saturate (see the README)"
@@ -393,7 +393,7 @@ def render_doctor(console: Console, result: Doctor) -> None:
     for p in result.providers:
         table.add_row(p.name, "[green]yes[/green]" if p.loads else "[red]no[/red]", p.detail)
     console.print(table)
-    opsets = ", ".join(f"{d} {o if o is not None else 'none'}" for d, o in result.qdq_opsets.items())
+    opsets = ", ".join(f"{d} {o if o is not None else 'none'}" for d, o in result.qdq_kernel_opsets.items())
     console.print(f"newest opset with Q/DQ kernels: {opsets}", highlight=False)
     gpus = "; ".join(printable(gpu) for gpu in result.gpus) if result.gpus else "none found (no nvidia-smi)"
     console.print("GPUs: " + gpus, highlight=False)

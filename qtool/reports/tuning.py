@@ -10,12 +10,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from qtool._version import __version__
 from qtool.choice.tune.loop import Trial, pareto
 from qtool.choice.tune.space import DESCRIPTIONS
 from qtool.choice.validated import Validation
 from qtool.graph.model_io import atomic_writer
-from qtool.reports.records import filled
+from qtool.reports.records import document, file_record, filled
 from qtool.reports.terminal import for_terminal
 from qtool.results import TuneResult
 from qtool.schemas import tune as doc
@@ -216,13 +215,12 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
     front = {id(t) for t in pareto(result.trials)}
     s = result.sensitivity
     source, output = result.source, result.output
-    report = filled(
+    report = document(
         doc.TuneReport,
         result,
-        schema_version=TUNE_SCHEMA_VERSION,
-        qtool_version=__version__,
-        model=filled(doc.TunedFile, source, bytes=source.size_bytes),
-        output=filled(doc.TunedFile, output, bytes=output.size_bytes),
+        TUNE_SCHEMA_VERSION,
+        model=file_record(doc.TunedFile, source),
+        output=file_record(doc.TunedFile, output),
         promise=promise(result) if result.met else None,
         promise_db=promise_db(result) if result.met else None,
         samples=doc.TuneSamples(

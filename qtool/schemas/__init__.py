@@ -15,7 +15,7 @@ from qtool.errors import QtoolError
 
 def _models() -> dict[str, type[BaseModel]]:
     from qtool.schemas.config import ConfigDocument
-    from qtool.schemas.reports import CalibrateReport, CompareReport, InspectReport, QuantizeReport
+    from qtool.schemas.reports import CalibrateReport, CompareReport, DoctorReport, InspectReport, QuantizeReport
     from qtool.schemas.stats import StatsFile
     from qtool.schemas.tune import TuneReport
 
@@ -27,6 +27,7 @@ def _models() -> dict[str, type[BaseModel]]:
         "compare-report": CompareReport,
         "inspect-report": InspectReport,
         "tune-report": TuneReport,
+        "doctor-report": DoctorReport,
     }
 
 
@@ -38,6 +39,7 @@ SCHEMA_NAMES = (
     "compare-report",
     "inspect-report",
     "tune-report",
+    "doctor-report",
 )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import platform
 import shutil
 import subprocess
-from dataclasses import dataclass, field
 
 import onnx
 import onnxruntime as ort
@@ -14,29 +13,8 @@ from onnx import TensorProto, helper
 from qtool.graph.opsets import qdq_kernel_opset
 from qtool.graph.session import inference_session, runtime_message
 from qtool.observers.histogram import counting_kernel
+from qtool.schemas.reports.doctor import DoctorProvider, DoctorReport
 from qtool.system.environment import cpu_info, int8_kernels_saturate, versions
-
-
-@dataclass(frozen=True)
-class ProviderCheck:
-    """One onnxruntime execution provider and whether a session on it loads."""
-
-    name: str
-    loads: bool
-    detail: str
-
-
-@dataclass(frozen=True)
-class Doctor:
-    """Everything ``qtool doctor`` found."""
-
-    versions: dict[str, str]
-    system: str
-    cpu: dict[str, object]
-    int8_saturates: bool
-    providers: list[ProviderCheck]
-    qdq_opsets: dict[str, int | None]
-    gpus: list[str] = field(default_factory=list)
 
 
 def _tiny_model() -> bytes:
@@ -49,17 +27,18 @@ def _tiny_model() -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
 
 
-def _check_provider(name: str) -> ProviderCheck:
+def _check_provider(name: str) -> DoctorProvider:
     options = ort.SessionOptions()
     options.log_severity_level = 4
     try:
         session = inference_session(_tiny_model(), options, providers=[name])
     except Exception as e:  # noqa: BLE001 - a provider that fails to load is what this reports
         text = runtime_message(str(e)).splitlines()
-        return ProviderCheck(name, False, text[0] if text else type(e).__name__)
+        return DoctorProvider(name=name, loads=False, detail=text[0] if text else type(e).__name__)
     if name not in session.get_providers():
-        return ProviderCheck(name, False, f"onnxruntime fell back to {', '.join(session.get_providers())}")
-    return ProviderCheck(name, True, "a session loads")
+        fell_back = f"onnxruntime fell back to {', '.join(session.get_providers())}"
+        return DoctorProvider(name=name, loads=False, detail=fell_back)
+    return DoctorProvider(name=name, loads=True, detail="a session loads")
 
 
 SMI_MAX_BYTES = 64 << 10  # nvidia-smi -L prints a line per GPU
@@ -80,10 +59,10 @@ def _gpus() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()][:SMI_MAX_LINES]
 
 
-def diagnose() -> Doctor:
+def diagnose() -> DoctorReport:
     """Look at this machine: library versions, providers (each loaded once), CPU flags, GPUs."""
     cpu = cpu_info()
-    return Doctor(
+    return DoctorReport(
         versions={
             **versions(),
             "onnx opset": str(onnx.defs.onnx_opset_version()),
@@ -91,9 +70,9 @@ def diagnose() -> Doctor:
         },
         system=f"{platform.system()} {platform.release()} ({platform.machine()})",
         cpu=cpu,
-        int8_saturates=int8_kernels_saturate(list(cpu["flags"]), str(cpu["machine"])),
+        int8_kernels_saturate=int8_kernels_saturate(list(cpu["flags"]), str(cpu["machine"])),
         providers=[_check_provider(name) for name in ort.get_available_providers()],
-        qdq_opsets={
+        qdq_kernel_opsets={
             d: qdq_kernel_opset(d, quantize=d in ("uint8", "int8", "fp8_e4m3"))
             for d in ("uint8", "int8", "int4", "int2", "fp8_e4m3")
         },

@@ -85,6 +85,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             out / "compare.json",
         ],
         "inspect": ["inspect", cnn, "--data", calib_dir("cnn"), "--json", out / "inspect.json"],
+        "doctor": ["doctor", "--json", out / "doctor.json"],
         "tune": [
             "tune",
             sample("mlp"),
@@ -117,6 +118,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ("compare", "compare-report"),
         ("inspect", "inspect-report"),
         ("tune", "tune-report"),
+        ("doctor", "doctor-report"),
     ],
 )
 def test_written_files_match_their_schema(reports, report, schema):

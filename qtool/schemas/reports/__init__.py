@@ -32,6 +32,7 @@ from qtool.schemas.reports.compare import (
     Size,
     SkippedProvider,
 )
+from qtool.schemas.reports.doctor import DoctorProvider, DoctorReport
 from qtool.schemas.reports.inspect import InspectedModel, InspectedNode, InspectReport, InspectTotals, KeptFloat
 from qtool.schemas.reports.quantize import (
     AlgorithmsReport,
@@ -63,6 +64,8 @@ __all__ = [
     "CalibrateReport",
     "CompareReport",
     "Data",
+    "DoctorProvider",
+    "DoctorReport",
     "GateResult",
     "Gates",
     "InputModel",
