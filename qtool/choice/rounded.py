@@ -7,19 +7,36 @@ codes, so at no cost in speed or size (the default's worst output on held-out sa
 17.8 -> 26.8 dB, a MobileNetV3 orientation classifier 29.6 -> 39.2 dB, a generated audio front end
 32.1 -> 47.1 dB). It costs a float pass over 16 spread samples that sums a lighter Hessian per node
 (:data:`~qtool.quantization.algorithms.rounding.node_inputs.LIGHT_PATCHES`) and the rounding itself, so it
-is tried only where storage-only misses the target (where the search would otherwise keep whole nodes
-float), and kept only where it scores higher.
+is tried only where storage-only misses the target: on the scored samples (where the search would
+otherwise keep whole nodes float), or on the validation samples when no placement is validated there.
+It is kept only where it scores higher, and after a validation miss only where it validates higher.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+
+import onnx
 
 from qtool.choice.candidates import BuiltCandidates
 from qtool.choice.move_costs import storage_candidate
 from qtool.choice.records import CandidateBuilder, PlacementChoice, meets
+from qtool.choice.validation import Validator
 from qtool.evaluation.scoring import OutputScorer
+from qtool.quantization.plan.records import QuantPlan
+from qtool.schemes import CandidateName
 from qtool.system.stages import stage
+
+
+@dataclass(frozen=True)
+class RoundedStorage:
+    """Storage-only rebuilt with GPTQ-rounded weights, scored; not yet a candidate."""
+
+    name: CandidateName  # the storage-only candidate it would replace
+    plan: QuantPlan
+    model: onnx.ModelProto
+    nearest_db: float  # storage-only rounded to nearest, on the scored samples
+    score_db: float  # rounded by GPTQ, on the same samples
 
 
 def round_storage(
@@ -27,27 +44,89 @@ def round_storage(
 ) -> None:
     """The storage-only candidate rounded by GPTQ, when it misses the target and the rounded weights score higher."""
     name = storage_candidate(built)
-    if name is None or meets(built.scores[name], choice.target_sqnr_db) or built.configs[name].auto_rounding:
+    if name is None or meets(built.scores[name], choice.target_sqnr_db):
         return
-    rounded = replace(built.configs[name], auto_rounding="gptq")
+    rounded = _rounded(choice, built, build, scorer, name)
+    if rounded is not None:
+        _adopt(choice, built, rounded)
+        choice.rounding_note = (
+            f"storage-only misses {choice.target_sqnr_db:g} dB rounded to nearest ({rounded.nearest_db:.2f} dB): its "
+            f"weights are rounded by GPTQ ({rounded.score_db:.2f} dB)"
+        )
+
+
+def round_after_miss(
+    choice: PlacementChoice,
+    built: BuiltCandidates,
+    build: CandidateBuilder,
+    scorer: OutputScorer,
+    validator: Validator,
+) -> None:
+    """When no placement is validated at the target and storage-only missed there, its weights rounded by GPTQ.
+
+    Kept when its validation bound is above every placement's that was validated: chosen when it reaches
+    the target there, or as the one that comes closest.
+    """
+    rounds, name = choice.validations, storage_candidate(built)
+    missed = next((r.validation for r in rounds if r.choice == name), None)
+    if name is None or missed is None or rounds[-1].validation.meets:
+        return
+    rounded = _rounded(choice, built, build, scorer, name)
+    if rounded is None:
+        return
+    found = validator.score_model(name, rounded.model, "storage-only with GPTQ-rounded weights")
+    best = max(r.validation.bound_db for r in rounds)
+    if not found.bound_db > best:
+        choice.rounding_note = (
+            f"storage-only's weights rounded by GPTQ validated at {found.bound_db:.2f} dB, no closer to "
+            f"{choice.target_sqnr_db:g} dB than {best:.2f} dB: kept to nearest"
+        )
+        return
+    _adopt(choice, built, rounded)
+    choice.validations, choice.chosen = list(validator.rounds), name
+    bound = f"{choice.confidence:.0%} bound"
+    choice.rounding_note = (
+        f"storage-only misses {choice.target_sqnr_db:g} dB on the validation samples rounded to nearest "
+        f"({missed.bound_db:.2f} dB, {bound}): its weights are rounded by GPTQ ({found.bound_db:.2f} dB there)"
+    )
+    choice.reason = (
+        f"storage-only with GPTQ-rounded weights {'reaches' if found.meets else 'comes closest to'} "
+        f"{choice.target_sqnr_db:g} dB on the validation samples ({found.bound_db:.2f} dB, {bound}), where no "
+        "placement rounded to nearest did"
+    )
+
+
+def _rounded(
+    choice: PlacementChoice,
+    built: BuiltCandidates,
+    build: CandidateBuilder,
+    scorer: OutputScorer,
+    name: CandidateName,
+) -> RoundedStorage | None:
+    """Storage-only rebuilt with GPTQ rounding and scored, or None (no node rounds, or it scores no higher)."""
+    if built.configs[name].auto_rounding:
+        return None
     with stage("storage-only's weights rounded by GPTQ"):
-        plan, model = build(rounded)
+        plan, model = build(replace(built.configs[name], auto_rounding="gptq"))
         if not any(n.weight is not None and n.scheme.algorithms.rounding == "gptq" for n in plan.every_node()):
-            return  # no node the choice places rounds by GPTQ
+            return None  # no node the choice places rounds by GPTQ
         nearest, score = built.scores[name], scorer.score(model, "storage-only with GPTQ-rounded weights").worst_db
     if not score > nearest:
         choice.rounding_note = (
             f"storage-only's weights rounded by GPTQ scored {score:.2f} dB, no more than rounded to nearest "
             f"({nearest:.2f} dB): kept to nearest"
         )
-        return
+        return None
+    return RoundedStorage(name, plan, model, nearest, score)
+
+
+def _adopt(choice: PlacementChoice, built: BuiltCandidates, rounded: RoundedStorage) -> None:
+    """``rounded`` in place of storage-only rounded to nearest, in every alias of it."""
+    name = rounded.name
     for alias in (name, *built.aliases[name]):
         built.configs[alias] = replace(built.configs[alias], auto_rounding="gptq")
-    built.plans[name], built.scores[name] = (plan, model), score
+    built.plans[name], built.scores[name] = (rounded.plan, rounded.model), rounded.score_db
     built.decodes.pop(name, None)
     built.decode()
-    choice.candidates = built.candidates(choice.target_sqnr_db)
-    choice.rounding_note = (
-        f"storage-only misses {choice.target_sqnr_db:g} dB rounded to nearest ({nearest:.2f} dB): its weights are "
-        f"rounded by GPTQ ({score:.2f} dB)"
-    )
+    timed = {c.name: {"latency_ms": c.latency_ms} for c in choice.candidates}  # the same graph: the same speed
+    choice.candidates = [c.model_copy(update=timed.get(c.name)) for c in built.candidates(choice.target_sqnr_db)]

@@ -54,7 +54,7 @@ from qtool.choice.records import (
     Samples,
     meets,
 )
-from qtool.choice.rounded import round_storage
+from qtool.choice.rounded import round_after_miss, round_storage
 from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, MoveKind, sensitivity_search
 from qtool.choice.timing import decisively_faster, faster_than_storage, median_ratio, time_candidates
 from qtool.choice.validation import Validator, validate_choice
@@ -156,10 +156,12 @@ def measure_placements(
             # time the new candidate with fp32 and every candidate that can be kept: the decision compares
             # those on paired rounds; the others keep their first measurement
             time_all([c.name for c in choice.candidates if c.name == "search" or c.meets_target])
-    scorer.release()
     _decide(choice, missed)
     if validator is not None:
         validate_choice(choice, validator, redecide=lambda more: _decide(choice, more))
+        round_after_miss(choice, built, build, scorer, validator)
+        validator.release()
+    scorer.release()
     return built.configs[choice.chosen], choice
 
 

@@ -41,12 +41,14 @@ class Validator:
     def __call__(self, name: CandidateName) -> Validation:
         """``name`` scored on the validation samples (once: a second call reads the first's figure)."""
         done = next((r.validation for r in self.rounds if r.choice == name), None)
-        if done is not None:
-            return done
+        return done if done is not None else self.score_model(name, self.plans[name][1], f"the '{name}' placement")
+
+    def score_model(self, name: CandidateName, model: onnx.ModelProto, what: str) -> Validation:
+        """``model``, a version of placement ``name``, scored on the validation samples: a round of its own."""
         # a streaming model over sequences is scored as it runs, each model on its own state (see OutputScorer);
         # its bound is also taken over whole sequences, whose spread a new sequence will see
         confidence = self.choice.confidence
-        score = self.scorer.score(self.plans[name][1], f"the '{name}' placement")
+        score = self.scorer.score(model, what)
         bound = score.worst_bound_db(confidence, self.signal)
         sequences = self.scorer.per_sequence(score)
         if sequences:
@@ -118,4 +120,3 @@ def validate_choice(
             f"{choice.reason} on the scored samples, but not on {len(validation.samples)} other samples "
             f"({validation.bound_db:.2f} dB, {choice.confidence:.0%} bound): none is validated at {target:g} dB"
         )
-    validator.release()

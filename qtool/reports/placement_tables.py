@@ -119,11 +119,13 @@ def _choice_notes(console: Console, c: PlacementChoice, comparison: ComparisonRe
             f"cache; a placement below dynamic int8's ({c.decode_bar:.1%}) is not kept",
             highlight=False,
         )
-    for r in c.validations:
+    for index, r in enumerate(c.validations):
         v = r.validation
         verdict = "reaches" if v.meets else "[yellow]misses[/yellow]"
+        again = any(earlier.choice == r.choice for earlier in c.validations[:index])  # rounded by GPTQ since
+        name = f"'{r.choice}' with GPTQ-rounded weights" if again else f"'{r.choice}'"
         console.print(
-            f"validated: '{r.choice}' {v.sqnr_db:.2f} dB ({c.confidence:.0%} bound {v.bound_db:.2f} dB) on "
+            f"validated: {name} {v.sqnr_db:.2f} dB ({c.confidence:.0%} bound {v.bound_db:.2f} dB) on "
             f"{len(v.samples)} samples the choice never scored"
             + (", also closed-loop over their sequences (the worse kept)" if v.closed_loop else "")
             + f": {verdict} {c.target_sqnr_db:g} dB",
