@@ -14,6 +14,7 @@ from qtool.calibration.outputs import FloatOutputs
 from qtool.errors import QtoolError
 from qtool.evaluation.confidence import ratio_db
 from qtool.evaluation.output_kinds import OutputSource, decide_kind, task_note
+from qtool.evaluation.output_parts import ConcatLayout, OutputPart, scaled_parts
 from qtool.evaluation.row_matching import matched_rows
 from qtool.graph.session import run_session
 from qtool.schemas.reports.compare import Agreement, BoxIoU, OutputKind
@@ -220,12 +221,13 @@ def output_metrics(
     output with two or more columns class scores, "none" makes none. The reference's outputs of
     samples in ``known`` (kept by calibration) are taken from there instead of running it again.
     ``judged``: the outputs gates judge, when not all of them: their errors are also pooled on their own.
+    An output's parts of different scales (``sources``' layouts) get metrics of their own after it, not pooled again.
     """
     names = [o.name for o in reference.get_outputs()]
     # an output the candidate stores otherwise (a decoder's int8 key/value cache) is judged by what reads it
     candidate_names = {o.name for o in candidate.get_outputs() if o.type.startswith(_FLOAT_TYPES)}
     names = [n for n in names if n in candidate_names]
-    per_output = {name: ErrorAccumulator() for name in names}
+    errors = _OutputErrors(names, {name: list(source.layouts) for name, source in sources.items()})
     kinds: dict[str, OutputKind] = {}
     agreements: dict[str, _AgreementCounter] = {}
     ious: dict[str, _IouCounter] = {}
@@ -239,19 +241,18 @@ def output_metrics(
             if not is_float(r):
                 continue
             ref, cand = _same_shape(name, r, c, path, ordered=name in sources and bool(sources[name].ordered_by))
-            per_output[name].add(ref, cand)
+            errors.add(name, ref, cand)
             if name not in kinds:
                 kinds[name] = decide_kind(sources.get(name, OutputSource(name, None)), ref, task)
             _count_kind(kinds[name].kind, name, (ref, cand), agreements, ious)
         samples += 1
         if on_progress:
             on_progress(1)
-    overall, pooled = _pooled(per_output, judged)
-    metrics = [acc.metrics(name) for name, acc in per_output.items() if acc.count]
+    overall, pooled = _pooled(errors.per_output, judged)
     agreement = [counter.result(name) for name, counter in agreements.items() if counter.rows]
     kinds_listed = [kinds[name] for name in names if name in kinds]
     return OutputComparison(
-        metrics,
+        errors.metrics(),
         overall.metrics("overall"),
         samples,
         agreement,
@@ -261,6 +262,34 @@ def output_metrics(
         [counter.result(name) for name, counter in ious.items() if counter.boxes],
         pooled,
     )
+
+
+class _OutputErrors:
+    """The errors of each output, and of each part of one that is measured on its own (see output_parts)."""
+
+    def __init__(self, names: list[str], layouts: Mapping[str, list[ConcatLayout]]) -> None:
+        self.per_output = {name: ErrorAccumulator() for name in names}
+        self.layouts = layouts
+        self.parts: dict[str, list[OutputPart]] | None = None  # by output, decided on the first sample's values
+        self.per_part: dict[str, ErrorAccumulator] = {}
+
+    def add(self, name: str, reference: np.ndarray, candidate: np.ndarray) -> None:
+        """One sample of output ``name``, float and quantized."""
+        self.per_output[name].add(reference, candidate)
+        if self.parts is None or name not in self.parts:  # the first sample's value of an output decides its parts
+            self.parts = self.parts or {}
+            self.parts[name] = scaled_parts({k: v for k, v in self.layouts.items() if k == name}, {name: reference})
+            self.per_part.update({part.name: ErrorAccumulator() for part in self.parts[name]})
+        for part in self.parts[name]:
+            self.per_part[part.name].add(part.of(reference), part.of(candidate))
+
+    def metrics(self) -> list[ErrorMetrics]:
+        """Each output's metrics, each followed by its parts'."""
+        listed = []
+        for name, acc in self.per_output.items():
+            listed.append((name, acc))
+            listed += [(part.name, self.per_part[part.name]) for part in (self.parts or {}).get(name, [])]
+        return [acc.metrics(name) for name, acc in listed if acc.count]
 
 
 def _pooled(

@@ -29,6 +29,7 @@ import onnx
 
 from qtool.calibration.decoder import model_decoder
 from qtool.errors import QtoolError
+from qtool.evaluation.output_parts import ConcatLayout, concat_layouts
 from qtool.evaluation.row_matching import selection_ordered
 from qtool.graph.index import GraphView
 from qtool.schemas.reports.compare import OutputKind
@@ -62,6 +63,7 @@ class OutputSource:
     op_type: str | None  # None for a graph input or an initializer passed straight out
     next_token: bool = False  # the logits of a decoder with a key/value cache (see qtool.calibration.decoder)
     ordered_by: str | None = None  # the TopK / NonMaxSuppression whose selection orders its rows (row_matching)
+    layouts: tuple[ConcatLayout, ...] = ()  # how Concats join it, the outermost first (output_parts)
 
 
 def output_sources(model: onnx.ModelProto) -> dict[str, OutputSource]:
@@ -76,6 +78,7 @@ def output_sources(model: onnx.ModelProto) -> dict[str, OutputSource]:
         decoder = None
     logits = decoder.logits if decoder is not None else None
     ordered = selection_ordered(view)
+    layouts = concat_layouts(model)
     sources = {}
     for output in graph.output:
         node = view.producer(output.name)
@@ -91,7 +94,9 @@ def output_sources(model: onnx.ModelProto) -> dict[str, OutputSource]:
             node = view.producer(upstream)
         op_type = node.op_type if node is not None else None
         name = output.name
-        sources[name] = OutputSource(name, op_type, next_token=name == logits, ordered_by=ordered.get(name))
+        sources[name] = OutputSource(
+            name, op_type, next_token=name == logits, ordered_by=ordered.get(name), layouts=tuple(layouts.get(name, ()))
+        )
     return sources
 
 

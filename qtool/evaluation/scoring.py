@@ -28,6 +28,7 @@ from qtool.calibration.dataset import Dataset, Feed, continuations
 from qtool.calibration.outputs import FloatOutputs
 from qtool.evaluation.confidence import CONFIDENCE, SampleEnergies
 from qtool.evaluation.metrics import ErrorAccumulator, is_float
+from qtool.evaluation.output_parts import OutputPart, concat_layouts, scaled_parts
 from qtool.evaluation.row_matching import matched_rows, selection_ordered
 from qtool.graph.session import create_session, run_session
 from qtool.graph.weights import Weights
@@ -42,14 +43,16 @@ class OutputScore:
     outputs: dict[str, float]  # output name -> SQNR in dB (+inf: exact)
     energies: dict[str, SampleEnergies] = field(default_factory=dict)  # output name -> per-sample energies
     judged: frozenset[str] | None = None  # the outputs a target judges (None: all; see qtool.evaluation.judged)
+    parents: Mapping[str, str] = field(default_factory=dict)  # a part (qtool.evaluation.output_parts) -> its output
 
-    def _judges(self, name: str) -> bool:
-        return self.judged is None or name in self.judged
+    def judges(self, name: str) -> bool:
+        """Whether the target judges output (or output part) ``name``."""
+        return self.judged is None or self.parents.get(name, name) in self.judged
 
     @property
     def worst_db(self) -> float:
         """The lowest SQNR among the judged outputs (-inf when none was measured)."""
-        return min((db for name, db in self.outputs.items() if self._judges(name)), default=-math.inf)
+        return min((db for name, db in self.outputs.items() if self.judges(name)), default=-math.inf)
 
     def worst_bound_db(self, confidence: float = CONFIDENCE, signal_means: Mapping[str, float] | None = None) -> float:
         """The lowest of the judged outputs' lower confidence bounds (see :mod:`qtool.evaluation.confidence`).
@@ -58,7 +61,7 @@ class OutputScore:
         """
         means = signal_means or {}
         bounds = [
-            e.lower_bound_db(confidence, means.get(name)) for name, e in self.energies.items() if self._judges(name)
+            e.lower_bound_db(confidence, means.get(name)) for name, e in self.energies.items() if self.judges(name)
         ]
         return min(bounds, default=self.worst_db)
 
@@ -98,7 +101,8 @@ class OutputScorer:
         self.files = [path.name for path, _ in self.samples]
         self.names: list[str] = []
         self._cached: list[list[np.ndarray] | None] = []
-        self.signal: dict[str, list[float]] = {}  # each float output's energy, per sample
+        self.signal: dict[str, list[float]] = {}  # each float output's energy (and each part's), per sample
+        self.parts: list[OutputPart] = []  # parts of outputs measured on their own too (qtool.evaluation.output_parts)
         # closed loop: whether each sample continues the one before, and the float model's own state it was fed
         self._follows = continuations(dataset.directory, [p for p, _ in self.samples]) if self.state else []
         self._fed: list[dict[str, np.ndarray]] = []
@@ -113,8 +117,11 @@ class OutputScorer:
             if not self.names:
                 self.names = [n for n, v in zip(every, values, strict=True) if is_float(v)]
             floats = [np.asarray(v) for v, name in zip(values, every, strict=True) if name in self.names]
+            if index == 0:
+                self.parts = scaled_parts(concat_layouts(reference), dict(zip(self.names, floats, strict=True)))
             for name, value in zip(self.names, floats, strict=True):
-                self.signal.setdefault(name, []).append(float(np.sum(np.square(value, dtype=np.float64))))
+                for key, view in self._views(name, value):
+                    self.signal.setdefault(key, []).append(float(np.sum(np.square(view, dtype=np.float64))))
             size = sum(v.nbytes for v in floats)
             self._cached.append(floats if kept + size <= CACHED_BYTES else None)
             kept += size if kept + size <= CACHED_BYTES else 0
@@ -156,7 +163,7 @@ class OutputScorer:
                 tuple(sum(e.noise[i] for i in group) for group in groups),
             )
             for name, e in score.energies.items()
-            if score.judged is None or name in score.judged
+            if score.judges(name)
         }
 
     def float_outputs(self) -> FloatOutputs:
@@ -187,9 +194,10 @@ class OutputScorer:
         collect: list[dict[str, np.ndarray]] | None = None,
     ) -> OutputScore:
         """Like :meth:`score`, for a session already created; ``collect`` receives each sample's outputs."""
-        accumulators = {name: ErrorAccumulator() for name in self.names}
-        signal: dict[str, list[float]] = {name: [] for name in self.names}
-        noise: dict[str, list[float]] = {name: [] for name in self.names}
+        measured_names = [*self.names, *(part.name for part in self.parts)]
+        accumulators = {name: ErrorAccumulator() for name in measured_names}
+        signal: dict[str, list[float]] = {name: [] for name in measured_names}
+        noise: dict[str, list[float]] = {name: [] for name in measured_names}
         fetched = [*self.names, *(name for name in self.state if name not in self.names)]
         carried: dict[str, np.ndarray] = {}
         for index, (path, feed) in enumerate(self.samples):
@@ -201,14 +209,21 @@ class OutputScorer:
                 collect.append({name: np.asarray(v) for name, v in zip(self.names, values, strict=True)})
             for name, r, c in zip(self.names, self._reference(index), values, strict=True):
                 if np.shape(r) == np.shape(c):
-                    one = ErrorAccumulator()
-                    one.add(r, matched_rows(r, np.asarray(c)) if name in self.ordered else np.asarray(c))
-                    accumulators[name].merge(one)
-                    signal[name].append(one.sum_ref_sq)
-                    noise[name].append(one.sum_err_sq)
+                    c = matched_rows(r, np.asarray(c)) if name in self.ordered else np.asarray(c)
+                    for (key, ref), (_, cand) in zip(self._views(name, r), self._views(name, c), strict=True):
+                        one = ErrorAccumulator()
+                        one.add(ref, cand)
+                        accumulators[key].merge(one)
+                        signal[key].append(one.sum_ref_sq)
+                        noise[key].append(one.sum_err_sq)
         measured = [name for name, acc in accumulators.items() if acc.count]
         return OutputScore(
             {name: accumulators[name].metrics(name).sqnr_db for name in measured},
             {name: SampleEnergies(tuple(signal[name]), tuple(noise[name])) for name in measured},
             self.judged,
+            {part.name: part.output for part in self.parts},
         )
+
+    def _views(self, name: str, value: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        """Output ``name``'s value whole, then each of its parts measured on its own."""
+        return [(name, value), *((p.name, p.of(value)) for p in self.parts if p.output == name)]
