@@ -47,12 +47,14 @@ class OutputPart:
 def concat_layouts(model: onnx.ModelProto) -> dict[str, list[ConcatLayout]]:
     """The ways the Concats that compute each output of ``model`` split it, the outermost first.
 
-    The outermost: a Concat of two or more inputs computing the output (directly or through a Transpose).
+    The outermost: a Concat of two or more computed inputs making the output (directly or through a Transpose;
+    a key/value cache, which joins the past from a graph input to the new, is not one).
     Inside it, where every input is a Reshape of a Concat along one same axis of parts of the same sizes
     (a detector's boxes and scores joined per scale, then the scales joined), and each Reshape keeps the
     dimensions up to that axis, the output splits along that axis too.
     """
     view = GraphView(model)
+    inputs = {i.name for i in model.graph.input}
     found: dict[str, tuple[onnx.NodeProto, tuple[int, ...] | None]] = {}
     for output in model.graph.output:
         node, perm = view.producer(output.name), None
@@ -60,7 +62,8 @@ def concat_layouts(model: onnx.ModelProto) -> dict[str, list[ConcatLayout]]:
             listed = _attribute(node, "perm")
             perm = tuple(listed) if isinstance(listed, list) else None
             node = view.producer(node.input[0])
-        if node is not None and node.op_type == "Concat" and len([i for i in node.input if i]) >= 2:
+        joined = [i for i in node.input if i] if node is not None and node.op_type == "Concat" else []
+        if node is not None and len(joined) >= 2 and not inputs.intersection(joined):  # a cache joins a graph input
             found[output.name] = (node, perm)
     if not found:
         return {}

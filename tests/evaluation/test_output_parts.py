@@ -128,3 +128,20 @@ def test_compare_lists_each_part_after_its_output_and_pools_the_whole_once(tmp_p
     assert by_name["detections[:, 4:7]"]["sqnr_db"] < 25.0 < by_name["detections"]["sqnr_db"]
     assert accuracy["overall"]["sqnr_db"] == by_name["detections"]["sqnr_db"]  # the parts are not pooled again
     assert "detections[:, 4:7]" in r.output
+
+
+def test_a_cache_joining_its_past_input_is_not_split():
+    # a decoder's present key: the past (a graph input) joined to the new along the sequence; no parts, no inference
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "x"], ["new"]),
+            helper.make_node("Concat", ["past", "new"], ["present"], axis=1),
+        ],
+        "cache",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4]),
+            helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, 3, 4]),
+        ],
+        [helper.make_tensor_value_info("present", TensorProto.FLOAT, [1, 4, 4])],
+    )
+    assert concat_layouts(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])) == {}
