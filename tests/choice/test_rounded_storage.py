@@ -33,16 +33,28 @@ def _integer_kernels_slower(monkeypatch) -> None:
     monkeypatch.setattr(placement_timing, "time_interleaved", fake)
 
 
+def _storage_rounded_to_nearest(tmp_path: Path) -> Path:
+    """The sample CNN, every weight stored and rounded to nearest, no choice."""
+    config = tmp_path / "nearest.yaml"
+    config.write_text("global: {placement: storage}\naccuracy: {target_sqnr_db: null}\n")
+    nearest = tmp_path / "nearest.onnx"
+    qtool.quantize(sample("cnn"), nearest, data_dir=calib_dir("cnn"), config_path=config, evaluation=None)
+    return nearest
+
+
+def _quantized_at(tmp_path: Path, target: float) -> tuple[Path, qtool.QuantizeResult]:
+    """The sample CNN's default at an accuracy target."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"accuracy: {{target_sqnr_db: {target}}}\n")
+    out = tmp_path / "q.onnx"
+    return out, qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluation=None)
+
+
 def test_storage_only_missing_the_target_gets_gptq_rounded_weights_that_hold_on_held_out_samples(tmp_path, monkeypatch):
     _integer_kernels_slower(monkeypatch)
-    nearest_config = tmp_path / "nearest.yaml"
-    nearest_config.write_text("global: {placement: storage}\naccuracy: {target_sqnr_db: null}\n")
-    nearest = tmp_path / "nearest.onnx"
-    qtool.quantize(sample("cnn"), nearest, data_dir=calib_dir("cnn"), config_path=nearest_config, evaluation=None)
-    config = tmp_path / "c.yaml"
-    config.write_text("accuracy: {target_sqnr_db: 42}\n")  # beyond storage-only rounded to nearest (about 38 dB)
-    out = tmp_path / "q.onnx"
-    result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluation=None)
+    nearest = _storage_rounded_to_nearest(tmp_path)
+    # beyond storage-only rounded to nearest (about 38 dB)
+    out, result = _quantized_at(tmp_path, 42.0)
     choice = result.placement_choice
     assert choice is not None
     assert "rounded by GPTQ" in choice.rounding_note, choice.rounding_note
@@ -80,14 +92,8 @@ def test_storage_only_that_misses_on_the_validation_samples_is_rounded_and_valid
     # 36.5 dB: storage-only rounded to nearest reaches it on the scored samples (about 37.6 dB) but its 90% bound on
     # the validation samples misses it (about 35.6 dB); rounded by GPTQ it validates (about 46 dB)
     _integer_kernels_slower(monkeypatch)
-    nearest_config = tmp_path / "nearest.yaml"
-    nearest_config.write_text("global: {placement: storage}\naccuracy: {target_sqnr_db: null}\n")
-    nearest = tmp_path / "nearest.onnx"
-    qtool.quantize(sample("cnn"), nearest, data_dir=calib_dir("cnn"), config_path=nearest_config, evaluation=None)
-    config = tmp_path / "c.yaml"
-    config.write_text("accuracy: {target_sqnr_db: 36.5}\n")
-    out = tmp_path / "q.onnx"
-    result = qtool.quantize(sample("cnn"), out, data_dir=calib_dir("cnn"), config_path=config, evaluation=None)
+    nearest = _storage_rounded_to_nearest(tmp_path)
+    out, result = _quantized_at(tmp_path, 36.5)
     choice = result.placement_choice
     assert choice is not None and choice.chosen == "storage"
     rounds = [(r.choice, r.validation.meets) for r in choice.validations]
