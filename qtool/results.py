@@ -66,6 +66,7 @@ class ComparisonResult:
     closed_loop: ClosedLoopScore | None = None  # streaming models over sequences: each model's own state fed back
     judged: ErrorMetrics | None = None  # the outputs the gates judge pooled, when not every output is judged
     judged_note: str = ""  # which outputs those are, in words
+    judged_parts: list[ErrorMetrics] = field(default_factory=list)  # their parts of different scales (output_parts)
 
     @property
     def compression_ratio(self) -> float:
@@ -84,9 +85,10 @@ class ComparisonResult:
         """The numbers gates can test, by metric name (the error metrics over the judged outputs)."""
         lat = self.primary_latency
         errors = self.judged or self.overall  # the outputs that matter (see qtool.evaluation.judged)
+        # pooled, an output's large part hides its small one: the scale-free figures are also each part's
         return {
-            "sqnr": errors.sqnr_db,
-            "cosine": errors.cosine,
+            "sqnr": min([errors.sqnr_db, *(p.sqnr_db for p in self.judged_parts)]),
+            "cosine": min([errors.cosine, *(p.cosine for p in self.judged_parts)]),
             "mse": errors.mse,
             "max_abs_error": errors.max_abs_error,
             "top1": min((a.top1 for a in self.agreement), default=None),

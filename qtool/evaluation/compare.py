@@ -221,6 +221,7 @@ def _measured(
         closed_loop=loop,
         judged=accuracy.judged,
         judged_note=judged.note(),
+        judged_parts=accuracy.judged_parts,
     )
 
 

@@ -164,6 +164,7 @@ class OutputComparison:
     kinds: list[OutputKind] = field(default_factory=list)  # one per float output, in graph order
     boxes: list[BoxIoU] = field(default_factory=list)
     judged: ErrorMetrics | None = None  # the judged outputs pooled, when not every output is judged
+    judged_parts: list[ErrorMetrics] = field(default_factory=list)  # the judged outputs' parts (output_parts)
 
 
 def _same_shape(
@@ -220,13 +221,12 @@ def output_metrics(
     the reference model) says which op computes each output; ``task`` "classification" makes every
     output with two or more columns class scores, "none" makes none. The reference's outputs of
     samples in ``known`` (kept by calibration) are taken from there instead of running it again.
-    ``judged``: the outputs gates judge, when not all of them: their errors are also pooled on their own.
-    An output's parts of different scales (``sources``' layouts) get metrics of their own after it, not pooled again.
+    ``judged``: the outputs gates judge, when not all of them: their errors are also pooled on their own. An
+    output's parts of different scales (``sources``' layouts) get metrics of their own after it, not pooled again.
     """
-    names = [o.name for o in reference.get_outputs()]
     # an output the candidate stores otherwise (a decoder's int8 key/value cache) is judged by what reads it
     candidate_names = {o.name for o in candidate.get_outputs() if o.type.startswith(_FLOAT_TYPES)}
-    names = [n for n in names if n in candidate_names]
+    names = [o.name for o in reference.get_outputs() if o.name in candidate_names]
     errors = _OutputErrors(names, {name: list(source.layouts) for name, source in sources.items()})
     kinds: dict[str, OutputKind] = {}
     agreements: dict[str, _AgreementCounter] = {}
@@ -261,6 +261,7 @@ def output_metrics(
         kinds_listed,
         [counter.result(name) for name, counter in ious.items() if counter.boxes],
         pooled,
+        errors.part_metrics(judged),
     )
 
 
@@ -282,6 +283,16 @@ class _OutputErrors:
             self.per_part.update({part.name: ErrorAccumulator() for part in self.parts[name]})
         for part in self.parts[name]:
             self.per_part[part.name].add(part.of(reference), part.of(candidate))
+
+    def part_metrics(self, judged: frozenset[str] | None) -> list[ErrorMetrics]:
+        """The metrics of the parts of the outputs ``judged`` (None: every output)."""
+        return [
+            self.per_part[part.name].metrics(part.name)
+            for name, parts in (self.parts or {}).items()
+            if judged is None or name in judged
+            for part in parts
+            if self.per_part[part.name].count
+        ]
 
     def metrics(self) -> list[ErrorMetrics]:
         """Each output's metrics, each followed by its parts'."""

@@ -145,3 +145,19 @@ def test_a_cache_joining_its_past_input_is_not_split():
         [helper.make_tensor_value_info("present", TensorProto.FLOAT, [1, 4, 4])],
     )
     assert concat_layouts(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])) == {}
+
+
+def test_an_sqnr_gate_judges_the_worst_part_not_the_pooled_output(tmp_path):
+    data = _data(tmp_path)
+    reference, candidate = tmp_path / "ref.onnx", tmp_path / "cand.onnx"
+    onnx.save(_detector(), reference)
+    onnx.save(_detector(0.5), candidate)
+    report = tmp_path / "r.json"
+    args = ["compare", str(reference), str(candidate), "--data", str(data), "--runs", "0", "--json", str(report)]
+    r = runner.invoke(app, [*args, "--fail-under", "sqnr=25"])
+    document = json.loads(report.read_text())
+    scores = next(o for o in document["accuracy"]["outputs"] if o["name"] == "detections[:, 4:7]")["sqnr_db"]
+    assert document["accuracy"]["overall"]["sqnr_db"] > 25 > scores  # pooled it would pass
+    gate = document["gates"]["results"][0]
+    assert r.exit_code == 1 and gate["passed"] is False and gate["measured"] == scores
+    assert runner.invoke(app, [*args, "--fail-under", f"sqnr={scores - 1}"]).exit_code == 0
