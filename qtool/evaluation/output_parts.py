@@ -104,23 +104,31 @@ def scaled_parts(layouts: Mapping[str, list[ConcatLayout]], values: Mapping[str,
 def _inner_layout(
     view: GraphView, shapes: Mapping[str, onnx.TensorShapeProto | list[int]], inputs: list[str]
 ) -> tuple[int, tuple[int | None, ...]] | None:
-    """The axis and part sizes every input's inner Concat shares (through a Reshape keeping the dims up to it)."""
+    """The axis (of the Reshapes' outputs) and the part sizes every input's inner Concat shares, or None.
+
+    Each input is a Reshape of a Concat whose axis the Reshape leaves in place: it keeps every dimension up
+    to it (YOLOv8-style, ``[N, 4 + classes, H, W] -> [N, 4 + classes, H * W]``), or it is the last axis
+    and stays last at its size (YOLOv5-style, ``[N, 3, H, W, 5 + classes] -> [N, 3 * H * W, 5 + classes]``).
+    """
     found = set()
     for tensor in inputs:
         reshape = view.producer(tensor)
-        if reshape is None or reshape.op_type != "Reshape":
-            return None
-        concat = view.producer(reshape.input[0])
-        if concat is None or concat.op_type != "Concat":
+        concat = view.producer(reshape.input[0]) if reshape is not None and reshape.op_type == "Reshape" else None
+        if reshape is None or concat is None or concat.op_type != "Concat":
             return None
         joined, reshaped = _dims(shapes.get(concat.output[0])), _dims(shapes.get(reshape.output[0]))
-        axis = _normalized(_axis(concat), len(joined)) if joined is not None else None
-        if axis is None or reshaped is None or len(reshaped) <= axis:
+        if joined is None or reshaped is None:
             return None
-        kept = joined[: axis + 1] if joined is not None else None
-        if kept is None or None in kept or kept != reshaped[: axis + 1]:
+        axis = _normalized(_axis(concat), len(joined))
+        if axis is None or not 0 <= axis < len(joined):
+            return None
+        sizes = tuple(_size(shapes.get(i), axis) for i in concat.input if i)
+        if None not in joined[: axis + 1] and joined[: axis + 1] == reshaped[: axis + 1]:
+            found.add((axis, sizes))
+        elif axis == len(joined) - 1 and joined[-1] is not None and reshaped[-1] == joined[-1]:
+            found.add((len(reshaped) - 1, sizes))
+        else:
             return None  # the Reshape moves the parts' axis (or the graph does not say that it does not)
-        found.add((axis, tuple(_size(shapes.get(i), axis) for i in concat.input if i)))
     if len(found) != 1:
         return None
     axis, sizes = found.pop()

@@ -161,3 +161,45 @@ def test_an_sqnr_gate_judges_the_worst_part_not_the_pooled_output(tmp_path):
     gate = document["gates"]["results"][0]
     assert r.exit_code == 1 and gate["passed"] is False and gate["measured"] == scores
     assert runner.invoke(app, [*args, "--fail-under", f"sqnr={scores - 1}"]).exit_code == 0
+
+
+def _yolov5_style() -> onnx.ModelProto:
+    """Per scale, boxes and scores joined along the last axis of [N, 3, H, W, 4 + 3], flattened to [N, -1, 7]."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((12, 8, 1, 1)).astype(np.float32), "wb"),
+        numpy_helper.from_array(rng.standard_normal((9, 8, 1, 1)).astype(np.float32), "wc"),
+        numpy_helper.from_array(np.array([200.0], np.float32), "pixels"),
+        numpy_helper.from_array(np.array([1, 3, 4, 5, 10], np.int64), "split_boxes"),
+        numpy_helper.from_array(np.array([1, 3, 3, 5, 10], np.int64), "split_scores"),
+        numpy_helper.from_array(np.array([1, -1, 7], np.int64), "rows"),
+    ]
+    nodes, scales = [], []
+    for s in range(2):
+        nodes += [
+            helper.make_node("Conv", ["x", "wb"], [f"b{s}"]),
+            helper.make_node("Reshape", [f"b{s}", "split_boxes"], [f"b5{s}"]),
+            helper.make_node("Transpose", [f"b5{s}"], [f"bt{s}"], perm=[0, 1, 3, 4, 2]),
+            helper.make_node("Mul", [f"bt{s}", "pixels"], [f"box{s}"]),
+            helper.make_node("Conv", ["x", "wc"], [f"c{s}"]),
+            helper.make_node("Reshape", [f"c{s}", "split_scores"], [f"c5{s}"]),
+            helper.make_node("Transpose", [f"c5{s}"], [f"ct{s}"], perm=[0, 1, 3, 4, 2]),
+            helper.make_node("Sigmoid", [f"ct{s}"], [f"score{s}"]),
+            helper.make_node("Concat", [f"box{s}", f"score{s}"], [f"cat{s}"], axis=-1),
+            helper.make_node("Reshape", [f"cat{s}", "rows"], [f"r{s}"]),
+        ]
+        scales.append(f"r{s}")
+    nodes.append(helper.make_node("Concat", scales, ["detections"], axis=1))
+    graph = helper.make_graph(
+        nodes,
+        "yolov5",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 5, 10])],
+        [helper.make_tensor_value_info("detections", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_parts_joined_along_the_last_axis_of_each_scale_are_found():
+    x = np.random.default_rng(2).standard_normal((1, 8, 5, 10)).astype(np.float32)
+    assert _parts(_yolov5_style(), x) == ["detections[:, :, 0:4]", "detections[:, :, 4:7]"]
