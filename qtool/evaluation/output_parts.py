@@ -136,7 +136,7 @@ def _inner_layout(
 
 
 def _cuts(layout: ConcatLayout, value: np.ndarray) -> tuple[int, list[tuple[int, int]]] | None:
-    """The output axis the parts lie along and each part's [start, stop), or None where the sizes are unknown."""
+    """The output axis the parts lie along and each part's [start, stop), or None where the graph does not fix them."""
     rank = value.ndim
     axis = layout.axis + rank if layout.axis < 0 else layout.axis
     if layout.perm is not None:
@@ -145,17 +145,12 @@ def _cuts(layout: ConcatLayout, value: np.ndarray) -> tuple[int, list[tuple[int,
         axis = layout.perm.index(axis)
     if not 0 <= axis < rank:
         return None
-    total, sizes = value.shape[axis], list(layout.sizes)
-    unknown = [i for i, s in enumerate(sizes) if s is None]
-    if len(unknown) > 1:
+    # only sizes the graph fixes: parts along an axis that varies with the input would move from sample to sample
+    sizes = [s for s in layout.sizes if s is not None]
+    if len(sizes) != len(layout.sizes) or sum(sizes) != value.shape[axis] or min(sizes) <= 0:
         return None
-    if unknown:
-        sizes[unknown[0]] = total - sum(s for s in sizes if s is not None)
-    if sum(s or 0 for s in sizes) != total or any(s is None or s <= 0 for s in sizes):
-        return None  # an empty input, or sizes that do not add up to what ran
     bounds, start = [], 0
     for size in sizes:
-        assert size is not None  # filled above
         bounds.append((start, start + size))
         start += size
     return axis, bounds
