@@ -194,4 +194,4 @@ class NodeInputCollector:
             positions = per_sample * len(chosen)
             batch = input_stats(data, layout.geometry, max_positions=positions, seed=self.rngs[name], means=self.means)
             known = self.result.stats.get(name)
-            self.result.stats[name] = batch if known is None else known.merge(batch)
+            self.result.stats[name] = batch if known is None else known.accumulated(batch)  # its own sums

@@ -112,17 +112,36 @@ class InputStats:
 
     def merge(self, other: InputStats) -> InputStats:
         """The statistics of both shards together."""
-        if self.hessian_sum.shape != other.hessian_sum.shape or self.mean_sum.shape != other.mean_sum.shape:
-            raise QtoolError(
-                f"cannot merge input statistics of shapes {self.hessian_sum.shape} and {other.hessian_sum.shape}",
-                hint="the shards were collected from different models or node geometries",
-            )
+        self._check_shapes(other)
         return InputStats(
             self.hessian_sum + other.hessian_sum,
             self.hessian_count + other.hessian_count,
             self.mean_sum + other.mean_sum,
             self.mean_count + other.mean_count,
         )
+
+    def accumulated(self, other: InputStats) -> InputStats:
+        """Like :meth:`merge`, adding ``other``'s sums into this one's arrays: for a collector's own running sums.
+
+        The same sums as :meth:`merge` without a new [groups, K, K] array per batch (a large Conv's is tens of MB);
+        this object's arrays are the result's, so it must not be read as it was afterwards.
+        """
+        self._check_shapes(other)
+        np.add(self.hessian_sum, other.hessian_sum, out=self.hessian_sum)
+        np.add(self.mean_sum, other.mean_sum, out=self.mean_sum)
+        return InputStats(
+            self.hessian_sum,
+            self.hessian_count + other.hessian_count,
+            self.mean_sum,
+            self.mean_count + other.mean_count,
+        )
+
+    def _check_shapes(self, other: InputStats) -> None:
+        if self.hessian_sum.shape != other.hessian_sum.shape or self.mean_sum.shape != other.mean_sum.shape:
+            raise QtoolError(
+                f"cannot merge input statistics of shapes {self.hessian_sum.shape} and {other.hessian_sum.shape}",
+                hint="the shards were collected from different models or node geometries",
+            )
 
 
 def sample_positions(total: int, max_positions: int, seed: int | np.random.Generator) -> np.ndarray:

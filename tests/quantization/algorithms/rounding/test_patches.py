@@ -116,3 +116,18 @@ def test_mismatched_shards_and_damaged_arrays_are_refused():
     b = input_stats(np.ones((1, 5), np.float32), MatMulGeometry())
     with pytest.raises(QtoolError, match="different models"):
         a.merge(b)
+
+
+def test_a_collectors_running_sums_accumulate_in_place_to_what_merging_gives():
+    rng = np.random.default_rng(5)
+    geometry = ConvGeometry((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    first, second = (input_stats(rng.standard_normal((1, 4, 6, 6)), geometry, max_positions=20) for _ in range(2))
+    merged = first.merge(second)
+    hessian = first.hessian_sum
+    running = first.accumulated(second)
+    assert running.hessian_sum is hessian  # no new [K, K] array
+    assert np.array_equal(running.hessian_sum, merged.hessian_sum) and np.array_equal(running.mean_sum, merged.mean_sum)
+    assert (running.hessian_count, running.mean_count) == (merged.hessian_count, merged.mean_count)
+    other = input_stats(rng.standard_normal((1, 3, 6, 6)), geometry)
+    with pytest.raises(QtoolError, match="cannot merge"):
+        running.accumulated(other)
