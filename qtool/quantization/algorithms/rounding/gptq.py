@@ -218,8 +218,10 @@ def _damped_factor(h: np.ndarray, relative: float) -> np.ndarray:
     k = h.shape[-1]
     mean_diag = np.diagonal(h, axis1=1, axis2=2).mean(axis=1)
     damped = h + np.eye(k) * (relative * mean_diag)[:, None, None]
-    inverse_lower = np.linalg.inv(np.linalg.cholesky(damped))
-    upper = np.linalg.cholesky(inverse_lower.transpose(0, 2, 1) @ inverse_lower).transpose(0, 2, 1)
+    # the Cholesky factor of H with its order reversed, reversed back, is upper: H = R R^T, so U = R^-1 gives
+    # U^T U = H^-1 (one factorisation and one inverse, not an inverse, a product and a second factorisation)
+    reversed_factor = np.linalg.cholesky(np.ascontiguousarray(damped[:, ::-1, ::-1]))
+    upper = np.linalg.inv(np.ascontiguousarray(reversed_factor[:, ::-1, ::-1]))
     if not np.all(np.isfinite(upper)):
         raise np.linalg.LinAlgError("non-finite Cholesky factor")
     return upper
