@@ -192,6 +192,7 @@ class NodeInputCollector:
                 data = data[chosen]
             per_sample = max(MIN_POSITIONS_PER_BATCH, math.ceil(self.positions[name] / self.observed))
             positions = per_sample * len(chosen)
-            batch = input_stats(data, layout.geometry, max_positions=positions, seed=self.rngs[name], means=self.means)
+            geometry, seed = layout.geometry, self.rngs[name]
+            batch = input_stats(data, geometry, max_positions=positions, seed=seed, means=self.means, batch_sums=True)
             known = self.result.stats.get(name)
-            self.result.stats[name] = batch if known is None else known.accumulated(batch)  # its own sums
+            self.result.stats[name] = batch.in_float64() if known is None else known.accumulated(batch)  # its own sums

@@ -11,7 +11,7 @@ which per-tap strided window sums give without building the full im2col matrix.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeAlias
 
 import numpy as np
@@ -120,11 +120,18 @@ class InputStats:
             self.mean_count + other.mean_count,
         )
 
+    def in_float64(self) -> InputStats:
+        """These statistics with a float64 Hessian sum (a batch's is float32 until it is added up)."""
+        if self.hessian_sum.dtype == np.float64:
+            return self
+        return replace(self, hessian_sum=self.hessian_sum.astype(np.float64))
+
     def accumulated(self, other: InputStats) -> InputStats:
         """Like :meth:`merge`, adding ``other``'s sums into this one's arrays: for a collector's own running sums.
 
         The same sums as :meth:`merge` without a new [groups, K, K] array per batch (a large Conv's is tens of MB);
-        this object's arrays are the result's, so it must not be read as it was afterwards.
+        this object's arrays are the result's, so it must not be read as it was afterwards. ``other``'s Hessian
+        sum may be a batch's float32 one: it is added in float64.
         """
         self._check_shapes(other)
         np.add(self.hessian_sum, other.hessian_sum, out=self.hessian_sum)
@@ -159,6 +166,7 @@ def input_stats(
     max_positions: int = DEFAULT_MAX_POSITIONS,
     seed: int | np.random.Generator = 0,
     means: bool = True,
+    batch_sums: bool = False,
 ) -> InputStats:
     """The input statistics of one batch ``x`` of a node's float input.
 
@@ -169,23 +177,27 @@ def input_stats(
         seed: seed or generator for that draw.
         means: whether a Conv's mean patch is summed too (bias correction needs it, GPTQ does not: for a
             Conv it reads the whole input once per kernel tap); without it the mean stays empty (count 0).
+        batch_sums: leave the Hessian sum float32, as the product gave it, for a collector that adds it into its
+            float64 running sums (:meth:`InputStats.accumulated`: the same sums, without a float64 copy per batch).
 
     Returns:
         Statistics to merge with those of other batches.
     """
     if isinstance(geometry, MatMulGeometry):
-        return _matmul_stats(np.asarray(x), geometry, max_positions, seed)
-    return _conv_stats(np.asarray(x), geometry, max_positions, seed, means)
+        stats = _matmul_stats(np.asarray(x), geometry, max_positions, seed)
+    else:
+        stats = _conv_stats(np.asarray(x), geometry, max_positions, seed, means)
+    return stats if batch_sums else stats.in_float64()
 
 
 def _hessian(patches: np.ndarray) -> np.ndarray:
-    """[P, G, K] patches -> [G, K, K] sums of outer products, as float64.
+    """[P, G, K] patches -> [G, K, K] sums of outer products, as float32.
 
     The product runs in float32 BLAS (twice as fast as float64, and this is the costly step);
     one batch sums at most ``max_positions`` products, and batches add up in float64.
     """
     by_group = np.ascontiguousarray(patches.transpose(1, 0, 2), dtype=np.float32)
-    return (by_group.transpose(0, 2, 1) @ by_group).astype(np.float64)
+    return by_group.transpose(0, 2, 1) @ by_group
 
 
 def _matmul_stats(

@@ -124,7 +124,11 @@ def test_a_collectors_running_sums_accumulate_in_place_to_what_merging_gives():
     first, second = (input_stats(rng.standard_normal((1, 4, 6, 6)), geometry, max_positions=20) for _ in range(2))
     merged = first.merge(second)
     hessian = first.hessian_sum
-    running = first.accumulated(second)
+    rng = np.random.default_rng(5)  # the second batch again, its Hessian sum left float32 as the product gave it
+    input_stats(rng.standard_normal((1, 4, 6, 6)), geometry, max_positions=20)
+    batch = input_stats(rng.standard_normal((1, 4, 6, 6)), geometry, max_positions=20, batch_sums=True)
+    assert batch.hessian_sum.dtype == np.float32 and first.hessian_sum.dtype == np.float64
+    running = first.accumulated(batch)
     assert running.hessian_sum is hessian  # no new [K, K] array
     assert np.array_equal(running.hessian_sum, merged.hessian_sum) and np.array_equal(running.mean_sum, merged.mean_sum)
     assert (running.hessian_count, running.mean_count) == (merged.hessian_count, merged.mean_count)
