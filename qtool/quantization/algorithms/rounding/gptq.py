@@ -217,10 +217,13 @@ def _damped_factor(h: np.ndarray, relative: float) -> np.ndarray:
     """[groups, K, K] Hessians -> upper ``U`` with ``U^T U = (H + relative * mean(diag H) * I)^-1``."""
     k = h.shape[-1]
     mean_diag = np.diagonal(h, axis1=1, axis2=2).mean(axis=1)
-    damped = h + np.eye(k) * (relative * mean_diag)[:, None, None]
     # the Cholesky factor of H with its order reversed, reversed back, is upper: H = R R^T, so U = R^-1 gives
-    # U^T U = H^-1 (one factorisation and one inverse, not an inverse, a product and a second factorisation)
-    reversed_factor = np.linalg.cholesky(np.ascontiguousarray(damped[:, ::-1, ::-1]))
+    # U^T U = H^-1 (one factorisation and one inverse, not an inverse, a product and a second factorisation);
+    # one copy of H, reversed and damped in place, so that a large Conv's factoring holds few [K, K] arrays at once
+    damped = np.ascontiguousarray(h[:, ::-1, ::-1])
+    damped[:, np.arange(k), np.arange(k)] += (relative * mean_diag)[:, None]
+    reversed_factor = np.linalg.cholesky(damped)
+    del damped
     upper = np.linalg.inv(np.ascontiguousarray(reversed_factor[:, ::-1, ::-1]))
     if not np.all(np.isfinite(upper)):
         raise np.linalg.LinAlgError("non-finite Cholesky factor")

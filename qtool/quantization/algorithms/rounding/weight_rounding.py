@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 ADAROUND = AdaRoundSchedule(iterations=200)  # steps per weight
 ADAROUND_WORK = 4e10  # multiply-adds per weight (about 5 s on 2 cores): the schedule is shortened to fit,
 # deterministically (a wall-clock limit would make the output depend on the machine's load)
+FACTORS_KEPT_BYTES = 128 << 20  # GPTQ's Hessian factors kept for other grids of the same weights
 ADAROUND_MAX_K = 1024  # longer reductions keep GPTQ's codes (a K=4608 layer needs minutes)
 
 
@@ -91,17 +92,17 @@ class WeightAlgorithms:
         key = _key(weight, paired, values, scale, zero, qp, [r.name for r in readers])
         if key not in self.cache:
             names = tuple(sorted(r.name for r in readers))
-            hessian = np.mean([self.inputs.stats[n].hessian() for n in names], axis=0)
-            if names not in self.factors:
-                self.factors[names] = hessian_factors(hessian)
+            hessians = [self.inputs.stats[n].hessian() for n in names]
+            hessian = hessians[0] if len(hessians) == 1 else np.mean(hessians, axis=0)
+            factors = self._factors(names, hessian)
             grid = RowGrid(scale, zero, qp.qmin, qp.qtype.qmax)
-            result = gptq_round(rows, hessian, grid, factors=self.factors[names])
+            result = gptq_round(rows, hessian, grid, factors=factors)
             chosen = result.codes
             if partners is not None and pair_layout is not None:
-                problem = (rows, hessian, grid, self.factors[names])
+                problem = (rows, hessian, grid, factors)
                 chosen = _paired(values, qp, problem, chosen, (partners, pair_layout, layout))
             if method == "adaround":
-                problem = (rows, hessian, grid, self.factors[names])
+                problem = (rows, hessian, grid, factors)
                 limit = (partners, pair_layout, layout) if partners is not None and pair_layout is not None else None
                 chosen = _learned(values, qp, problem, chosen, limit)
             codes = rows_to_weight(chosen, values.shape, layout.kind, trans_b=layout.trans_b)
@@ -109,6 +110,22 @@ class WeightAlgorithms:
             if result.nearest_groups:
                 log.info("%s: %d weight groups kept nearest rounding", weight, result.nearest_groups)
         return Rounded(self.cache[key], method)
+
+    def _factors(self, names: tuple[str, ...], hessian: np.ndarray) -> HessianFactors:
+        """The factors of the readers' Hessian: kept for another grid while they fit :data:`FACTORS_KEPT_BYTES`.
+
+        A model's factors together weigh as much as its Hessians (a YOLOv8n's: hundreds of MB); the oldest are let
+        go first, and factored again if a grid needs them later.
+        """
+        if names in self.factors:
+            return self.factors[names]
+        factors = hessian_factors(hessian)
+        while self.factors and sum(f.upper.nbytes for f in self.factors.values()) + factors.upper.nbytes > (
+            FACTORS_KEPT_BYTES
+        ):
+            self.factors.pop(next(iter(self.factors)))
+        self.factors[names] = factors
+        return factors
 
     def bias_shift(self, node: NodePlan, values: np.ndarray, codes: np.ndarray, qp: QParams) -> np.ndarray | None:
         """What to add to ``node``'s bias to cancel the mean output shift of its rounded weight (None: no data)."""
