@@ -9,8 +9,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from qtool.errors import QtoolError
+from qtool.graph.session import Feed  # noqa: F401 - the datasets' word for it too
 
-Feed = dict[str, np.ndarray]
 Dim = int | str | None
 
 

@@ -106,9 +106,9 @@ def doctor(json_out: JsonOption = None) -> None:
     """Check this machine: versions, execution providers (each loaded once), CPU features, GPUs."""
 
     def action() -> None:
+        from qtool.pipeline.doctor import diagnose
         from qtool.reports.documents import doctor_to_dict, to_json
         from qtool.reports.tables import render_doctor
-        from qtool.system.doctor import diagnose
 
         result = diagnose()
         render_doctor(summary_console(json_out), result)

@@ -19,6 +19,7 @@ from qtool.config import QConfig, load_config
 from qtool.errors import QtoolError
 from qtool.evaluation.baseline import Snapshot, StaleBaselineError, against_baseline, read_baseline, regression_gates
 from qtool.evaluation.closed_loop import closed_loop_score
+from qtool.evaluation.comparison import ComparisonResult
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
 from qtool.evaluation.judged import judged_outputs
 from qtool.evaluation.language_model import MAX_DECODE_STEPS, LanguageModelScore, language_model_metrics
@@ -35,7 +36,7 @@ from qtool.options import (
     DEFAULT_EVALUATION,
     EvaluationOptions,
 )
-from qtool.results import ComparisonResult, ProgressFactory, noop_progress
+from qtool.progress import ProgressFactory, noop_progress
 from qtool.schemas.reports import CompareReport
 from qtool.system.environment import cpu_info, files_digest, versions
 from qtool.system.stages import stage

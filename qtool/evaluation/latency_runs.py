@@ -14,7 +14,7 @@ from qtool.evaluation.latency import LatencyComparison, LatencyRun, measure_late
 from qtool.evaluation.providers import session_providers, unavailable_reason
 from qtool.graph.session import create_session, run_session
 from qtool.options import EvaluationOptions
-from qtool.results import ProgressFactory
+from qtool.progress import ProgressFactory
 from qtool.schemas.reports.compare import GateResult
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,9 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
+from qtool.graph.model_files import ModelFile
 from qtool.graph.model_io import load_model
 from qtool.graph.session import create_session
-from qtool.results import ModelFile
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -124,3 +125,18 @@ def same_file(a: Path | str, b: Path | str) -> bool:
     if a.exists() and b.exists():
         return os.path.samefile(a, b)
     return a.resolve() == b.resolve()
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A model file on disk."""
+
+    path: str
+    size_bytes: int
+    sha256: str
+
+    @classmethod
+    def of(cls, path: Path | str) -> ModelFile:
+        """Size and digest of the model file and the external data files it names."""
+        files = model_files(path)
+        return cls(str(path), sum(f.stat().st_size for f in files), files_sha256(files))

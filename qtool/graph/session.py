@@ -11,10 +11,11 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from qtool.calibration.dataset import Feed
 from qtool.errors import QtoolError
 from qtool.graph.ort_rewrites import unsafe_rewrites
 from qtool.graph.weights import Weights, is_detached
+
+Feed = dict[str, np.ndarray]  # a model's inputs by name, as a session takes them
 
 _SOURCE_LOCATION = re.compile(r"^\S+\.(?:cc|cpp|h):\d+ ")
 

@@ -1,1 +1,1 @@
-"""The machine and the file system: bounded reads, committed outputs, environment, doctor, stage timings."""
+"""The machine and the file system: bounded reads, committed outputs, environment, stage timings."""

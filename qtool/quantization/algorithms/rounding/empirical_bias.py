@@ -19,14 +19,13 @@ import onnx
 
 from qtool.calibration.statistics import with_exposed_outputs
 from qtool.graph.index import GraphView
-from qtool.graph.session import create_session, run_session
+from qtool.graph.session import Feed, create_session, run_session
 from qtool.graph.weights import Weights
 from qtool.quantization.algorithms.rounding.bias_correction import mean_output
 from qtool.quantization.algorithms.rounding.gptq import weight_rows
 from qtool.quantization.algorithms.rounding.node_inputs import NodeInput
 from qtool.quantization.algorithms.rounding.patches import ConvGeometry, input_stats
 
-Feed = dict[str, np.ndarray]
 # A layer with fewer output positions per channel over the measured samples (a squeeze-excitation
 # Conv on a pooled tensor, a classifier head) has a mean error estimate made mostly of sampling noise,
 # and correcting a head by it moves its few outputs by that noise: such layers are not corrected.
