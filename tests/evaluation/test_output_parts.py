@@ -60,9 +60,14 @@ def _detector(score_noise: float = 0.0, *, nested: bool = False, transposed: boo
     nodes.append(helper.make_node("Concat", joined, [end], axis=2 if nested else 1))
     if transposed:
         nodes.append(helper.make_node("Transpose", [end], ["detections"], perm=[0, 2, 1]))
+    return _model(nodes, inits, "detector")
+
+
+def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], name: str) -> onnx.ModelProto:
+    """A graph from an input ``x`` [1, 8, 5, 10] to one output ``detections``."""
     graph = helper.make_graph(
         nodes,
-        "detector",
+        name,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 5, 10])],
         [helper.make_tensor_value_info("detections", TensorProto.FLOAT, None)],
         inits,
@@ -190,14 +195,7 @@ def _yolov5_style() -> onnx.ModelProto:
         ]
         scales.append(f"r{s}")
     nodes.append(helper.make_node("Concat", scales, ["detections"], axis=1))
-    graph = helper.make_graph(
-        nodes,
-        "yolov5",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 5, 10])],
-        [helper.make_tensor_value_info("detections", TensorProto.FLOAT, None)],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return _model(nodes, inits, "yolov5")
 
 
 def test_parts_joined_along_the_last_axis_of_each_scale_are_found():
