@@ -11,7 +11,7 @@ an output (looked through one Transpose) joins parts whose mean energy per eleme
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +42,14 @@ class OutputPart:
     def of(self, value: np.ndarray) -> np.ndarray:
         """The part of one value of the output."""
         return value[self.index]
+
+
+def parts_note(names: Sequence[str]) -> str:
+    """The output parts measured on their own (their names), in words ("": none)."""
+    if not names:
+        return ""
+    listed = ", ".join(f"'{name}'" for name in names)
+    return f"part by part too: {listed} (a Concat joins parts of different scales; the worst counts)"
 
 
 def concat_layouts(model: onnx.ModelProto) -> dict[str, list[ConcatLayout]]:

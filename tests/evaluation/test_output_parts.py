@@ -133,6 +133,8 @@ def test_compare_lists_each_part_after_its_output_and_pools_the_whole_once(tmp_p
     assert by_name["detections[:, 4:7]"]["sqnr_db"] < 25.0 < by_name["detections"]["sqnr_db"]
     assert accuracy["overall"]["sqnr_db"] == by_name["detections"]["sqnr_db"]  # the parts are not pooled again
     assert "detections[:, 4:7]" in r.output
+    note = json.loads(report.read_text())["accuracy"]["judged_note"]
+    assert "part by part too: 'detections[:, 0:4]', 'detections[:, 4:7]'" in note, note
 
 
 def test_a_cache_joining_its_past_input_is_not_split():
