@@ -54,7 +54,7 @@ class PlacementChoice:
     search: SearchResult | None = None
     search_note: str = ""  # why no search ran, when it could have
     rounding_note: str = ""  # storage-only's weights rounded by GPTQ, when it missed the target (qtool.choice.rounded)
-    parts_note: str = ""  # the output parts scored on their own (qtool.evaluation.output_parts)
+    parts: list[str] = field(default_factory=list)  # output parts also scored on their own (evaluation.output_parts)
     times: dict[str, list[float]] = field(default_factory=dict, repr=False)  # seconds per run, fp32 included
     # each placement scored on the validation samples, in order (the kept one's is the last)
     validations: list[ValidationRound[CandidateName]] = field(default_factory=list)

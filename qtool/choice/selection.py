@@ -59,7 +59,6 @@ from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, MoveKind, sensitivity_
 from qtool.choice.timing import decisively_faster, faster_than_storage, median_ratio, time_candidates
 from qtool.choice.validation import Validator, validate_choice
 from qtool.config import QConfig
-from qtool.evaluation.output_parts import parts_note
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan.records import QuantPlan
@@ -193,7 +192,7 @@ def _scored_candidates(
     choice = PlacementChoice(bar, files, threads or 1, built.candidates(bar), "auto", "")
     choice.decode_bar, choice.decode_steps = built.bar(), has_decode_steps(scorer.files)
     choice.activation_ranges, choice.range_scores = config.activation_ranges, range_scores
-    choice.parts_note = parts_note([part.name for part in scorer.parts])
+    choice.parts = [part.name for part in scorer.parts]
     return config, built, choice
 
 

@@ -29,7 +29,6 @@ from qtool.evaluation.layers import layer_errors
 from qtool.evaluation.metrics import TASKS, output_metrics
 from qtool.evaluation.opened import OpenedModel
 from qtool.evaluation.output_kinds import output_sources
-from qtool.evaluation.output_parts import parts_note
 from qtool.evaluation.providers import session_providers
 from qtool.graph.input_shapes import fix_input_shapes
 from qtool.graph.session import create_session
@@ -222,9 +221,7 @@ def _measured(
         language_model=language,
         closed_loop=loop,
         judged=accuracy.judged,
-        judged_note="; ".join(
-            note for note in (judged.note(), parts_note([m.name for m in accuracy.judged_parts])) if note
-        ),
+        judged_note=judged.note([m.name for m in accuracy.judged_parts]),
         judged_parts=accuracy.judged_parts,
     )
 

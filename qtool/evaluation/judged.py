@@ -18,6 +18,7 @@ import onnx
 
 from qtool.calibration.decoder import model_decoder
 from qtool.errors import QtoolError
+from qtool.evaluation.output_parts import parts_note
 from qtool.evaluation.row_matching import MAX_MATCHED_ROWS, selection_ordered
 
 # name parts that mark one step of a state: what is left of both names must be the same
@@ -39,11 +40,13 @@ class JudgedOutputs:
         """The judged outputs when they are not all of them (None: every output)."""
         return frozenset(self.judged) if self.state or self.named else None
 
-    def note(self) -> str:
-        """What the target judges, in words (empty when it is every output as usual)."""
-        said = self._judged_note()
-        reordering = self.reordering_note()
-        return f"{said}; {reordering}" if said and reordering else said or reordering
+    def note(self, parts: Sequence[str] = ()) -> str:
+        """What the target judges, in words (empty when it is every output as usual).
+
+        ``parts``: the output parts also measured on their own (:mod:`qtool.evaluation.output_parts`).
+        """
+        notes = (self._judged_note(), self.reordering_note(), parts_note(parts))
+        return "; ".join(note for note in notes if note)
 
     def reordering_note(self) -> str:
         """Which judged outputs a selection orders, compared as sets of rows (see :mod:`row_matching`; "": none)."""

@@ -271,15 +271,14 @@ class _OutputErrors:
     def __init__(self, names: list[str], layouts: Mapping[str, list[ConcatLayout]]) -> None:
         self.per_output = {name: ErrorAccumulator() for name in names}
         self.layouts = layouts
-        self.parts: dict[str, list[OutputPart]] | None = None  # by output, decided on the first sample's values
+        self.parts: dict[str, list[OutputPart]] = {}  # by output, decided on its first sample's value
         self.per_part: dict[str, ErrorAccumulator] = {}
 
     def add(self, name: str, reference: np.ndarray, candidate: np.ndarray) -> None:
         """One sample of output ``name``, float and quantized."""
         self.per_output[name].add(reference, candidate)
-        if self.parts is None or name not in self.parts:  # the first sample's value of an output decides its parts
-            self.parts = self.parts or {}
-            self.parts[name] = scaled_parts({k: v for k, v in self.layouts.items() if k == name}, {name: reference})
+        if name not in self.parts:
+            self.parts[name] = scaled_parts({name: self.layouts.get(name, [])}, {name: reference})
             self.per_part.update({part.name: ErrorAccumulator() for part in self.parts[name]})
         for part in self.parts[name]:
             self.per_part[part.name].add(part.of(reference), part.of(candidate))
@@ -288,7 +287,7 @@ class _OutputErrors:
         """The metrics of the parts of the outputs ``judged`` (None: every output)."""
         return [
             self.per_part[part.name].metrics(part.name)
-            for name, parts in (self.parts or {}).items()
+            for name, parts in self.parts.items()
             if judged is None or name in judged
             for part in parts
             if self.per_part[part.name].count
@@ -299,7 +298,7 @@ class _OutputErrors:
         listed = []
         for name, acc in self.per_output.items():
             listed.append((name, acc))
-            listed += [(part.name, self.per_part[part.name]) for part in (self.parts or {}).get(name, [])]
+            listed += [(part.name, self.per_part[part.name]) for part in self.parts.get(name, [])]
         return [acc.metrics(name) for name, acc in listed if acc.count]
 
 

@@ -93,5 +93,5 @@ def choose(
         config, choice = measure_placements(
             float_model, config, build, samples, threads=evaluation.threads, progress=progress
         )
-    choice.judged_note = "; ".join(note for note in (judged.note(), choice.parts_note) if note)
+    choice.judged_note = judged.note(choice.parts)
     return config, choice
