@@ -34,7 +34,9 @@ def measured_beside_onnxruntime(
 
     ``data_dirs``: the calibration samples, and the held-out ones to score on (None: the calibration samples).
     """
-    data_dir, eval_dir = data_dirs
+    # absolute: onnxruntime reads the calibration samples from inside its scratch directory
+    data_dir, eval_dir = (Path(d).resolve() if d is not None else None for d in data_dirs)
+    assert data_dir is not None  # check_peer_data refused a missing one
     samples = calibration_dataset(ws, data_dir, calibration, sharded=False)
     options = evaluation or EvaluationOptions()
     run = PeerRun(

@@ -112,3 +112,21 @@ def test_the_side_by_side_needs_calibration_samples(tmp_path):
     with pytest.raises(QtoolError, match="needs --data"):
         qtool.quantize(sample("mlp"), out, stats_path=None, vs_onnxruntime=True)
     assert not out.exists()
+
+
+def test_relative_sample_folders_reach_onnxruntime_from_its_scratch_directory(tmp_path, monkeypatch):
+    # onnxruntime calibrates inside a scratch directory: a relative --data path must still name the samples
+    monkeypatch.chdir(calib_dir("cnn").parent)
+    out = tmp_path / "q.onnx"
+    result = qtool.quantize(
+        sample("cnn"),
+        out,
+        data_dir=calib_dir("cnn").name,
+        eval_dir=eval_dir("cnn").name,
+        evaluation=None,
+        vs_onnxruntime=True,
+    )
+    assert result.peer is not None and not result.peer.notes
+    rows = {row.model: row for row in result.peer.rows}
+    assert rows["onnxruntime quantize_static"].worst_sqnr_db is not None
+    assert rows["onnxruntime quantize_static"].worst_sqnr_db > 20
