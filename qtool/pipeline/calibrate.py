@@ -17,11 +17,10 @@ from qtool.evaluation.judged import judged_outputs
 from qtool.observers import create_observer
 from qtool.options import CalibrationOptions
 from qtool.pipeline.data import calibration_dataset, sample_count
-from qtool.pipeline.passes import BEFORE_CALIBRATION, PassInputs, run_passes
+from qtool.pipeline.passes import BEFORE_CALIBRATION, PassInputs, check_passes, run_passes
 from qtool.pipeline.workspace import Workspace, open_workspace
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.algorithms.rounding.node_inputs import NodeInputCollector
-from qtool.quantization.algorithms.transforms.graph_transforms import smoothing_nodes
 from qtool.schemes import TensorScheme
 from qtool.system.stages import stage
 
@@ -132,27 +131,19 @@ def calibrate(
 ) -> CalibrationStats:
     """The ``calibrate`` command: passes, then one float pass (or shards on an engine's workers).
 
-    ``request`` describes the run for workers, when ``options`` asks for them.
+    ``request`` describes the run for workers, when ``options`` asks for them. The passes refuse
+    what they cannot work with (SmoothQuant: workers, a shard) before any of them runs or any worker starts.
     """
+    inputs = PassInputs(data_dir, options)
     if options.workers is not None or options.scheduler is not None:
         assert request is not None  # built by the caller whenever workers are asked for
-        if smoothing_nodes(ws.plan(), ws.prepared):
-            raise QtoolError(
-                "smoothquant needs the channel ranges of the whole data set before calibrating: "
-                "calibrate without --workers/--scheduler",
-                hint="or turn smoothquant off for distributed calibration",
-            )
+        check_passes(ws, BEFORE_CALIBRATION, inputs)  # here, before any worker starts: each runs them on its shard
         if options.shard is not None:
             raise QtoolError("--shard and --workers/--scheduler: choose one (the workers split the samples themselves)")
         samples = sample_count(ws, data_dir, options)
         trusted = ws.config.observer_references() | ({options.observer} if options.observer else set())
         return calibrate_on_workers(request, samples, frozenset(trusted), progress, calibrate_shard)
-    if options.shard is not None and smoothing_nodes(ws.plan(), ws.prepared):
-        raise QtoolError(
-            "smoothquant needs the channel ranges of the whole data set before calibrating: calibrate without --shard",
-            hint="or turn smoothquant off for sharded calibration",
-        )
-    run_passes(ws, BEFORE_CALIBRATION, PassInputs(data_dir, options))
+    run_passes(ws, BEFORE_CALIBRATION, inputs)
     return observe(ws, data_dir, options, progress)
 
 

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 
 from qtool.config import load_config
-from qtool.options import DEFAULT_CALIBRATION
-from qtool.pipeline.passes import Awq, Equalize, PassInputs, SmoothQuant, run_passes
+from qtool.errors import QtoolError
+from qtool.options import DEFAULT_CALIBRATION, CalibrationOptions
+from qtool.pipeline.passes import (
+    BEFORE_CALIBRATION,
+    BEFORE_QUANTIZATION,
+    Awq,
+    Equalize,
+    PassInputs,
+    SmoothQuant,
+    check_passes,
+    run_passes,
+)
 from qtool.pipeline.passes.awq import NO_DATA
 from qtool.pipeline.workspace import open_workspace
 from tests.conftest import calib_dir, run_model, sample
@@ -85,10 +96,6 @@ def test_awq_with_samples_moves_scales_into_the_weights():
 
 
 def test_every_pass_checks_its_preconditions_before_any_pass_runs():
-    import pytest
-
-    from qtool.errors import QtoolError
-
     applied = []
 
     class Recording(Equalize):
@@ -102,3 +109,16 @@ def test_every_pass_checks_its_preconditions_before_any_pass_runs():
     with pytest.raises(QtoolError, match="smoothquant needs calibration samples"):
         run_passes(ws, (Recording(), SmoothQuant()), PassInputs(None, DEFAULT_CALIBRATION))
     assert applied == [] and ws.prepared is before  # refused before the first pass ran
+
+
+@pytest.mark.parametrize(
+    ("options", "without"),
+    [(CalibrationOptions(shard=(1, 2)), "--shard"), (CalibrationOptions(workers=2, shard=(1, 2)), "--workers")],
+)
+def test_calibrates_smoothquant_refuses_part_of_the_data_set_and_quantizes_does_not(options, without):
+    config = load_config({"global": {"placement": "integer", "algorithms": {"smoothquant": True}}})
+    ws = open_workspace(sample("mlp"), config)
+    inputs = PassInputs(calib_dir("mlp"), options)
+    with pytest.raises(QtoolError, match=f"whole data set before calibrating: calibrate without {without}"):
+        check_passes(ws, BEFORE_CALIBRATION, inputs)
+    check_passes(ws, BEFORE_QUANTIZATION, inputs)  # quantize smooths with the ranges of its own float pass

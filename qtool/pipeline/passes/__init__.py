@@ -6,13 +6,14 @@ from pathlib import Path
 
 from qtool.calibration.statistics import CalibrationStats
 from qtool.pipeline.passes.awq import Awq
-from qtool.pipeline.passes.base import Pass, PassInputs, PassResult, run_passes
+from qtool.pipeline.passes.base import Pass, PassInputs, PassResult, check_passes, run_passes
 from qtool.pipeline.passes.equalize import Equalize
 from qtool.pipeline.passes.smoothquant import SmoothQuant
 from qtool.pipeline.passes.statistics_check import MatchesStatistics
 
-BEFORE_CALIBRATION: tuple[Pass, ...] = (Equalize(), SmoothQuant())  # what statistics files describe
-BEFORE_QUANTIZATION: tuple[Pass, ...] = (*BEFORE_CALIBRATION, Awq())  # AWQ reads its own float pass
+# what statistics files describe: calibrate refuses to smooth with ranges of part of the data set (--shard, --workers)
+BEFORE_CALIBRATION: tuple[Pass, ...] = (Equalize(), SmoothQuant(whole_data=True))
+BEFORE_QUANTIZATION: tuple[Pass, ...] = (Equalize(), SmoothQuant(), Awq())  # AWQ reads its own float pass
 
 
 def with_statistics(stats: CalibrationStats, path: Path | str) -> tuple[Pass, ...]:
@@ -33,6 +34,7 @@ __all__ = [
     "PassInputs",
     "PassResult",
     "SmoothQuant",
+    "check_passes",
     "run_passes",
     "with_statistics",
 ]

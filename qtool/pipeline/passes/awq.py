@@ -7,7 +7,7 @@ from dataclasses import replace
 from qtool.pipeline.data import tapped_pass
 from qtool.pipeline.passes.base import PassInputs, PassResult
 from qtool.pipeline.workspace import Workspace
-from qtool.quantization.algorithms.transforms.graph_transforms import (
+from qtool.quantization.algorithms.transforms.awq import (
     InputMoments,
     apply_awq,
     awq_readers,

@@ -44,10 +44,15 @@ class Pass(Protocol):
         ...
 
 
-def run_passes(workspace: Workspace, passes: tuple[Pass, ...], inputs: PassInputs) -> None:
-    """Check every pass's preconditions, then apply ``passes`` in order, each to the model the one before wrote."""
+def check_passes(workspace: Workspace, passes: tuple[Pass, ...], inputs: PassInputs) -> None:
+    """Check every pass's preconditions (QtoolError on the first refused), applying none."""
     for one in passes:
         one.requires(workspace, inputs)
+
+
+def run_passes(workspace: Workspace, passes: tuple[Pass, ...], inputs: PassInputs) -> None:
+    """Check every pass's preconditions, then apply ``passes`` in order, each to the model the one before wrote."""
+    check_passes(workspace, passes, inputs)
     for one in passes:
         result = one.apply(workspace, inputs)
         workspace.transformed(result.model, result.transforms)

@@ -7,8 +7,7 @@ from dataclasses import replace
 
 from qtool.pipeline.passes.base import PassInputs, PassResult
 from qtool.pipeline.workspace import Workspace
-from qtool.quantization.algorithms.transforms.equalization import equalize
-from qtool.quantization.algorithms.transforms.graph_transforms import equalization_nodes
+from qtool.quantization.algorithms.transforms.equalization import equalization_nodes, equalize
 from qtool.system.stages import stage
 
 log = logging.getLogger(__name__)

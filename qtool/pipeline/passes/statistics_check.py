@@ -8,7 +8,7 @@ from qtool.calibration.statistics import CalibrationStats
 from qtool.errors import QtoolError
 from qtool.pipeline.passes.base import PassInputs, PassResult
 from qtool.pipeline.workspace import Workspace
-from qtool.quantization.algorithms.transforms.graph_transforms import smoothing_nodes
+from qtool.quantization.algorithms.transforms.smoothquant import smoothing_nodes
 
 
 class MatchesStatistics:

@@ -25,6 +25,7 @@ from qtool.graph.index import GraphView, all_nodes
 from qtool.graph.names import fresh_name
 from qtool.graph.weights import Weights
 from qtool.quantization.algorithms.transforms.equalization_pairs import ScaledLayer, candidates, channels_problem, layer
+from qtool.quantization.plan.records import QuantPlan
 
 MAX_SCALE = 1e4  # one sweep's scale stays within [1 / MAX_SCALE, MAX_SCALE]
 _SHIFT_SAFE = {"Relu", "MaxPool", "Identity"}  # relu(y) - c == relu(y - c) once y >= c >= 0; max and identity commute
@@ -72,6 +73,11 @@ class _Values:
     weights: dict[int, np.ndarray] = field(default_factory=dict)
     biases: dict[int, np.ndarray] = field(default_factory=dict)
     output_scales: dict[int, np.ndarray] = field(default_factory=dict)  # what each first layer's output was divided by
+
+
+def equalization_nodes(plan: QuantPlan) -> frozenset[str]:
+    """The plan's nodes that turn ``equalization`` on (a Conv chain is equalized when all its nodes do)."""
+    return frozenset(node.name for node in plan.nodes if node.scheme.algorithms.equalization)
 
 
 def equalize(

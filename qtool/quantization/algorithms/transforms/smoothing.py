@@ -71,7 +71,7 @@ def smooth(
             Needed unless ``scales`` are given.
         min_outlier_ratio: smooth only tensors whose :func:`outlier_ratio` reaches this.
         scales: per tensor, the scales ``s`` (and the alpha that chose them) to apply as they are,
-            instead of SmoothQuant's (AWQ chooses its own: :func:`.graph_transforms.choose_awq_scales`);
+            instead of SmoothQuant's (AWQ chooses its own: :func:`.awq.choose_awq_scales`);
             tensors without an entry are left alone.
 
     Returns:

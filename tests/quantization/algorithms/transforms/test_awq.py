@@ -3,8 +3,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qtool.quantization.algorithms.transforms.awq import MEAN_FLOOR, channel_scales
-from qtool.quantization.algorithms.transforms.graph_transforms import AwqReader, InputMoments, choose_awq_scales
+from qtool.quantization.algorithms.transforms.awq import (
+    MEAN_FLOOR,
+    AwqReader,
+    InputMoments,
+    channel_scales,
+    choose_awq_scales,
+)
 from qtool.schemes import TensorScheme
 
 
