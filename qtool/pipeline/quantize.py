@@ -219,7 +219,7 @@ def _write(
     check_note = check_quantized_model(quantized, ws.prepared)
     with stage("load the result in onnxruntime"):
         # onnxruntime loads it: write it (the session is let go first, its copy of the weights with it)
-        create_session(quantized, "the quantized model", weights=ws.weights)
+        _loads(quantized, ws)
     with stage(f"write {output_path}"):
         written = save_model(quantized, output_path, ws.weights, external=output.external_data)
     result = QuantizeResult(
@@ -297,6 +297,19 @@ def _training_form(model: onnx.ModelProto) -> list[str]:
     parts += [f"{len(drops)} Dropout drop values at random"] if drops else []
     said = " and ".join(parts)
     return [f"the model was exported in training form: {said}; export it with model.eval() to quantize what it runs"]
+
+
+def _loads(quantized: onnx.ModelProto, ws: Workspace) -> None:
+    """Load the result in onnxruntime; when it cannot, whether it loads the input says whose failure it is.
+
+    The input refused too (an op this onnxruntime lacks, a locale the machine lacks): the input's error, exit 2,
+    naming the file. Only the result refused: a bug in qtool's rewrite.
+    """
+    try:
+        create_session(quantized, "the quantized model", weights=ws.weights)
+    except QtoolError as e:
+        create_session(ws.path, str(ws.path))  # raises the input's own error when it fails the same way
+        raise RuntimeError(f"onnxruntime loads {ws.path} but not the model qtool made of it: {e}") from e
 
 
 def compared(

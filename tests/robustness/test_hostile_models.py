@@ -155,3 +155,27 @@ def test_an_ir_version_newer_than_onnxruntime_loads_names_both_versions(tmp_path
         assert r.exit_code == 2, r.output
         assert f"{path} has ONNX IR version {onnx.IR_VERSION}, newer than onnxruntime" in r.stderr, r.stderr
     assert not (tmp_path / "q.onnx").exists() and not (tmp_path / "s.json").exists()
+
+
+def test_a_model_onnxruntime_cannot_load_is_named_not_blamed_on_the_result(tmp_path):
+    # nothing here runs the float model before the result is loaded (weights only, no data): when onnxruntime
+    # refuses the result, the input is tried, and its own refusal names the file
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(size=(64, 64)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+            helper.make_node("StringNormalizer", ["s"], ["t"], case_change_action="LOWER", locale="xx_NOT_A_LOCALE"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64]), helper.make_tensor_value_info("s", 8, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64]), helper.make_tensor_value_info("t", 8, [2])],
+        [weight],
+    )
+    model, out = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    r = runner.invoke(app, ["quantize", str(model), "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    assert f"onnxruntime cannot load {model}:" in r.stderr and "the quantized model" not in r.stderr
+    assert "xx_NOT_A_LOCALE" in r.stderr and not out.exists()
