@@ -7,7 +7,7 @@ each value comes from the config (configs/default.yaml under the user's file), n
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 # One word per concept, each defined once (mypy's strict equality checks every comparison against them).
 RulePlacement = Literal["auto", "integer", "storage"]
@@ -33,8 +33,13 @@ Mode = Literal["static", "dynamic"]
 """Static activation ranges from calibration, or integer MatMul/Gemm quantizing their inputs at run time."""
 WeightForm = Literal["dequantized", "restored", "fp16", "integers", "gathered", "matmul_nbits"]
 """How a stored weight copy is read back (see qtool.quantization.emit.weight_copies)."""
+PairGuard = Literal["int8", "int8 fitted", "int8 (exact kernel)", "uint8", "int8 reduced", "int8 unguarded"]
+"""How an integer kernel's 8-bit weight was stored against int16 pair saturation, as the reports name it
+(their ``weight_forms``; see qtool.numerics.saturation). Not a WeightForm, which says how a copy is read back."""
 CacheGranularity = Literal["per_tensor", "per_channel"]
 """How a decoder's int8 key/value cache is scaled (``kv_cache.granularity``)."""
+Target = Literal["cpu", "cpu_vnni", "cuda", "tensorrt"]
+"""Where the model will run: its rules decide what quantize writes (see :func:`for_target`)."""
 SaturationSetting = Literal["auto", "uint8", "reduce_range", "ignore"]
 """``weight.saturation`` as a config writes it."""
 Saturation = SaturationSetting | Literal["fit"]
@@ -145,8 +150,9 @@ class AccuracyOptions:
     state: tuple[tuple[str, str], ...] = ()  # (output, the input it feeds back): a streaming model's state, as given
 
 
-TARGETS = ("cpu", "cpu_vnni", "cuda", "tensorrt")
-CPU_TARGETS = ("cpu", "cpu_vnni")  # onnxruntime's CPU kernels: placement by measurement, CPU kernel predictions
+TARGETS: tuple[Target, ...] = get_args(Target)
+# onnxruntime's CPU kernels: placement by measurement, CPU kernel predictions
+CPU_TARGETS: tuple[Target, ...] = ("cpu", "cpu_vnni")
 
 
 def for_target(scheme: NodeScheme, target: str) -> NodeScheme:

@@ -17,9 +17,6 @@ import numpy as np
 from qtool.errors import QtoolError
 from qtool.system.files import check_regular
 
-LAYOUTS = ("NCHW", "NHWC")
-CHANNEL_ORDERS = ("RGB", "BGR")
-DTYPES = ("float32", "float16", "uint8", "int8")
 KEYS = ("resize", "center_crop", "scale", "mean", "std", "channel_order", "layout", "dtype")
 
 

@@ -70,8 +70,8 @@ def output_sources(model: onnx.ModelProto) -> dict[str, OutputSource]:
     """The op behind each output of the main graph, looking through :data:`PASS_THROUGH_OPS` and a constant bias."""
     graph = model.graph
     view = GraphView(model)
-    constants = {init.name for init in graph.initializer}
-    constants |= {out for node in graph.node if node.op_type == "Constant" for out in node.output}
+    constants = set(view.every_initializer)
+    constants |= {out for node in view.nodes if node.op_type == "Constant" for out in node.output}
     try:
         decoder = model_decoder(model)
     except QtoolError:  # an input numpy cannot feed: not a decoder this module can run

@@ -62,7 +62,7 @@ def concat_layouts(model: onnx.ModelProto) -> dict[str, list[ConcatLayout]]:
     dimensions up to that axis, the output splits along that axis too.
     """
     view = GraphView(model)
-    inputs = {i.name for i in model.graph.input}
+    inputs = view.graph_inputs
     found: dict[str, tuple[onnx.NodeProto, tuple[int, ...] | None]] = {}
     for output in model.graph.output:
         node, perm = view.producer(output.name), None

@@ -26,7 +26,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from qtool.graph.index import node_subgraphs, subgraph_reads
+from qtool.graph.index import GraphView, node_subgraphs, subgraph_reads
 from qtool.graph.weights import DETACH_MIN_BYTES, Weights, mark_detached
 
 FOLDABLE = frozenset(
@@ -60,7 +60,7 @@ def fold_computed_weights(model: onnx.ModelProto, weights: Weights) -> list[str]
     constants = {init.name: init for init in graph.initializer}
     _shapes_of_constant_expands(model, constants, weights)
     try:
-        chosen = _weight_computations(graph, constants, {o.name for o in graph.output})
+        chosen = _weight_computations(graph, constants)
     except RecursionError:  # a chain of thousands of nodes computing one weight: it stays computed
         return []
     if not chosen:
@@ -87,13 +87,12 @@ def _shapes_of_constant_expands(model: onnx.ModelProto, constants: dict[str, Ten
     Only the shape is kept (the Expand stays for whatever else reads it).
     """
     graph = model.graph
-    producer = {out: node for node in graph.node for out in node.output if out}
-    returned = {o.name for o in graph.output}
+    view = GraphView(graph)  # the graph before this loop's folds
     for shape in list(graph.node):
-        expand = producer.get(shape.input[0]) if shape.op_type == "Shape" and shape.input else None
-        if expand is None or expand.op_type != "Expand" or shape.output[0] in returned:
+        expand = view.producer(shape.input[0]) if shape.op_type == "Shape" and shape.input else None
+        if expand is None or expand.op_type != "Expand" or shape.output[0] in view.graph_outputs:
             continue
-        chain = _constant_chain(list(expand.input), producer, constants)
+        chain = _constant_chain(list(expand.input), view, constants)
         if chain is None:
             continue
         versions = (list(model.opset_import), model.ir_version)
@@ -112,28 +111,27 @@ def _pure(node: onnx.NodeProto) -> bool:
 
 
 def _constant_chain(
-    names: list[str], producer: Mapping[str, onnx.NodeProto], constants: Mapping[str, TensorProto]
+    names: list[str], view: GraphView, constants: Mapping[str, TensorProto]
 ) -> list[onnx.NodeProto] | None:
     """The foldable nodes that compute ``names`` from constants alone, in dependency order (None: not all can)."""
     chain: list[onnx.NodeProto] = []
     for name in names:
         if not name or name in constants:
             continue
-        node = producer.get(name)
+        node = view.producer(name)
         if node is None or not _pure(node):
             return None
-        inner = _constant_chain(list(node.input), producer, constants)
+        inner = _constant_chain(list(node.input), view, constants)
         if inner is None:
             return None
         chain += [n for n in [*inner, node] if all(n is not c for c in chain)]
     return chain
 
 
-def _weight_computations(
-    graph: onnx.GraphProto, constants: Mapping[str, TensorProto], returned: set[str]
-) -> list[onnx.NodeProto]:
+def _weight_computations(graph: onnx.GraphProto, constants: Mapping[str, TensorProto]) -> list[onnx.NodeProto]:
     """The foldable nodes whose results reach a weight input (through other foldable nodes), in graph order."""
-    producer = {out: node for node in graph.node for out in node.output if out}
+    view = GraphView(graph)
+    returned = view.graph_outputs
     computable: dict[int, bool] = {}
 
     def can_fold(node: onnx.NodeProto) -> bool:
@@ -144,27 +142,29 @@ def _weight_computations(
                 _pure(node)
                 and not any(out in returned for out in node.output)
                 and all(
-                    name in constants or (name in producer and can_fold(producer[name])) for name in node.input if name
+                    name in constants or ((writer := view.producer(name)) is not None and can_fold(writer))
+                    for name in node.input
+                    if name
                 )
             )
         return computable[key]
 
     reached: dict[int, onnx.NodeProto] = {}
     stack = [
-        producer[name]
-        for node in graph.node
+        writer
+        for node in view.nodes
         for index in WEIGHT_INPUTS.get(node.op_type, ())
         if node.domain in ("", "ai.onnx")
         for name in node.input[index : index + 1]
-        if name in producer and name not in constants
+        if name not in constants and (writer := view.producer(name)) is not None
     ]
     while stack:
         node = stack.pop()
         if id(node) in reached or not can_fold(node):
             continue
         reached[id(node)] = node
-        stack += [producer[name] for name in node.input if name in producer]
-    return [node for node in graph.node if id(node) in reached]
+        stack += [writer for name in node.input if (writer := view.producer(name)) is not None]
+    return [node for node in view.nodes if id(node) in reached]
 
 
 def _needed_outputs(graph: onnx.GraphProto, chosen: list[onnx.NodeProto]) -> list[str]:

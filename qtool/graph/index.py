@@ -48,8 +48,9 @@ class GraphView:
         self.positions = {node.name: index for index, node in enumerate(self.nodes) if node.name}  # name -> index
         self.graph_inputs = {value.name for value in graph.input}
         self.graph_outputs = {value.name for value in graph.output}
-        # An initializer that is also a graph input can be overridden at run time: not a constant.
-        self.initializers = {i.name: i for i in graph.initializer if i.name not in self.graph_inputs}
+        # Every initializer by name, also one that is a graph input (overridable at run time: not a constant).
+        self.every_initializer = {i.name: i for i in graph.initializer}
+        self.initializers = {name: i for name, i in self.every_initializer.items() if name not in self.graph_inputs}
         self.elem_types: dict[str, int] = {}
         self.shapes: dict[str, list[int | str]] = {}
         for value in [*graph.input, *graph.value_info, *graph.output]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import onnx
 
-from qtool.graph.index import all_nodes
+from qtool.graph.index import GraphView, all_nodes
 
 
 def read_constant_loop_state(graph: onnx.GraphProto) -> list[str]:
@@ -26,9 +26,10 @@ def read_constant_loop_state(graph: onnx.GraphProto) -> list[str]:
         if body is None:
             continue
         renamed = {}
+        view = GraphView(body)
         states = zip(node.input[2:], body.input[2:], body.output[1:], strict=False)
         for start, state_in, state_out in states:
-            if start in constants and _passed_through(body, state_in.name, state_out.name):
+            if start in constants and _passed_through(view, state_in.name, state_out.name):
                 renamed[state_in.name] = start
         if renamed:
             for inner in all_nodes(body):  # nested bodies read the outer value too
@@ -37,12 +38,11 @@ def read_constant_loop_state(graph: onnx.GraphProto) -> list[str]:
     return changed
 
 
-def _passed_through(body: onnx.GraphProto, state_in: str, state_out: str) -> bool:
+def _passed_through(body: GraphView, state_in: str, state_out: str) -> bool:
     """Whether the body returns ``state_in`` unchanged as ``state_out`` (the same name, or through Identity)."""
-    producer = {out: node for node in body.node for out in node.output}
     name = state_out
     while name != state_in:
-        node = producer.get(name)
+        node = body.producer(name)
         if node is None or node.op_type != "Identity":
             return False
         name = node.input[0]

@@ -11,7 +11,7 @@ import heapq
 
 import onnx
 
-from qtool.graph.index import node_subgraphs, subgraph_reads
+from qtool.graph.index import GraphView, node_subgraphs
 
 
 def sort_nodes(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()) -> bool:
@@ -20,17 +20,17 @@ def sort_nodes(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()) -> b
     ``outer``: the names a body may read from the scopes around it. A graph whose nodes cannot all be placed
     (a cycle, a name nothing defines) is left as it is, for the checker to name.
     """
-    known = set(outer) | {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    view = GraphView(graph)  # sorting the bodies changes no name this graph's nodes write or read
+    known = set(outer) | view.graph_inputs | set(view.every_initializer) | {""}
     changed = False
-    for node in graph.node:  # bodies first: they see every name of this graph
+    for node in view.nodes:  # bodies first: they see every name of this graph
         for body in node_subgraphs(node):
-            scope = known | {out for n in graph.node for out in n.output}
-            changed |= sort_nodes(body, frozenset(scope))
-    producers = {out: index for index, node in enumerate(graph.node) for out in node.output if out}
-    needs = [
-        {producers[name] for name in (*node.input, *subgraph_reads(node)) if name in producers and name not in known}
-        for node in graph.node
-    ]
+            changed |= sort_nodes(body, frozenset(known | set(view.producers)))
+    needs: list[set[int]] = [set() for _ in view.nodes]  # node -> the nodes writing what it reads
+    for name, reads in view.readers.items():
+        if name in view.producers and name not in known:
+            for index, _ in reads:
+                needs[index].add(view.producers[name])
     readers: dict[int, list[int]] = {}
     for index, wanted in enumerate(needs):
         for producer in wanted:

@@ -15,6 +15,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
+from qtool.graph.index import GraphView
+
 RELU_QUANT_REWRITE = "ReluQuantRewrite"
 _FLOAT8 = frozenset(
     {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ}
@@ -23,18 +25,17 @@ _FLOAT8 = frozenset(
 
 def fp8_relu_quantizers(model: onnx.ModelProto) -> list[str]:
     """The Relu nodes of the main graph whose only reader is a QuantizeLinear to a float8 type."""
-    zero_types = {i.name: i.data_type for i in model.graph.initializer}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    view = GraphView(model)
     found = []
-    for node in model.graph.node:
+    for node in view.nodes:
         if node.op_type != "Relu" or node.domain not in ("", "ai.onnx") or not node.output:
             continue
-        users = readers.get(node.output[0], [])
+        users = view.input_readers(node.output[0])
         quantizer = users[0] if len(users) == 1 and users[0].op_type == "QuantizeLinear" else None
-        if quantizer is not None and len(quantizer.input) > 2 and zero_types.get(quantizer.input[2]) in _FLOAT8:
+        if quantizer is None or len(quantizer.input) <= 2:
+            continue
+        zero = view.every_initializer.get(quantizer.input[2])
+        if zero is not None and zero.data_type in _FLOAT8:
             found.append(node.name or node.output[0])
     return found
 

@@ -265,8 +265,8 @@ def _converter_reason(error: Exception) -> str:
 
 def _fold_batchnorms(graph: onnx.GraphProto, weights: Weights) -> list[str]:
     """Fold inference-mode BatchNormalization into a Conv whose only consumer it is."""
-    inits = {init.name: init for init in graph.initializer}
     view = GraphView(graph)
+    inits = view.every_initializer
     outputs = view.graph_outputs | _subgraph_inputs(graph)  # names folding must not change
     folded: list[str] = []
     removed: set[int] = set()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qtool.numerics.qparams import QParams
-from qtool.schemes import Saturation
+from qtool.schemes import PairGuard, Saturation
 
 PAIR_LIMIT = 32767 // 255  # 128: the largest same-signed pair sum of int8 codes that 0..255 codes cannot overflow
 
@@ -227,19 +227,19 @@ def _per_element(qp: QParams, shape: tuple[int, ...]) -> np.ndarray:
     return qp.expand(np.asarray(qp.scale, np.float64), len(shape), length)
 
 
-# The stored forms of an integer kernel's 8-bit weight, as the reports name them.
-FULL = "int8"  # full range, no pair can saturate
-FITTED = "int8 fitted"  # full range but for the channels fitted to the pair limit
-EXACT_KERNEL = "int8 (exact kernel)"  # depthwise: no pairs
-AS_UINT8 = "uint8"  # stored as uint8 (exact uint8 x uint8 kernels, slower with VNNI)
-REDUCED = "int8 reduced"  # [-64, 63]
-UNGUARDED = "int8 unguarded"  # weight.saturation: ignore (VNNI / ARM deployments)
+# How an integer kernel's 8-bit weight was stored against the pair limit, as the reports name it.
+FULL: PairGuard = "int8"  # full range, no pair can saturate
+FITTED: PairGuard = "int8 fitted"  # full range but for the channels fitted to the pair limit
+EXACT_KERNEL: PairGuard = "int8 (exact kernel)"  # depthwise: no pairs
+AS_UINT8: PairGuard = "uint8"  # stored as uint8 (exact uint8 x uint8 kernels, slower with VNNI)
+REDUCED: PairGuard = "int8 reduced"  # [-64, 63]
+UNGUARDED: PairGuard = "int8 unguarded"  # weight.saturation: ignore (VNNI / ARM deployments)
 
 
-def weight_form(
+def pair_guard(
     saturation: Saturation | None, dtype: str, reduced: bool, layout: str | None, fit: PairFit | None
-) -> str:
-    """How an integer kernel's 8-bit weight was stored, in the words the reports use."""
+) -> PairGuard:
+    """How an integer kernel's 8-bit weight was stored against pair saturation."""
     if dtype == "uint8":
         return AS_UINT8
     if reduced:

@@ -109,7 +109,7 @@ class Builder:
         key = repr((plan.nodes, sorted((t, repr(q)) for t, q in act_qparams.items())))
         if key not in algorithms.shifts:
             rounded, _ = insert_qdq(ws.prepared, plan, act_qparams, ws.weights, algorithms, correct_biases=False)
-            layers, skipped = measured_layers(rounded, ws.prepared, ws.weights, wanted)
+            layers, skipped = measured_layers(rounded, ws.graph, ws.weights, wanted)
             shifts, few = measure_shifts(rounded, ws.weights, layers, algorithms.inputs.feeds)
             algorithms.shifts[key] = (shifts, {**skipped, **few})
         shifts, skipped = algorithms.shifts[key]
@@ -160,8 +160,7 @@ def input_collector(
 ) -> NodeInputCollector | None:
     """A collector of the calibration inputs that the config's weight algorithms need (None: none do)."""
     plan = ws.plan(config)
-    inits = {i.name: i for i in ws.prepared.graph.initializer}
-    nodes = ws.graph.by_name
+    inits, nodes = ws.graph.every_initializer, ws.graph.by_name
     layouts = []
     skipped = {}
     means = False  # only bias correction reads the mean patches

@@ -64,7 +64,7 @@ def inspect(ws: Workspace, data_dir: Path | str | None) -> Inspection:
     }
     rewritten, report = insert_qdq(ws.prepared, plan, placeholder, ws.weights)
     rewritten.producer_name, rewritten.producer_version = "qtool", __version__
-    rows = [replace(row, weight_form=_form_text(report, row.name)) for row in result.rows]
+    rows = [replace(row, weight_form=_pair_guard_text(report, row.name)) for row in result.rows]
     return replace(result, rows=rows, rewritten_bytes=ws.weights.embedded_size(rewritten))
 
 
@@ -96,10 +96,10 @@ def _as_quantize_places(
     )
 
 
-def _form_text(report: RewriteReport, node: str) -> str:
-    """How the rewrite stored an integer node's 8-bit weight, with what a fit cost ("" for other nodes)."""
-    form = report.weight_forms.get(node, "")
+def _pair_guard_text(report: RewriteReport, node: str) -> str:
+    """How the rewrite stored an integer node's 8-bit weight against pair saturation, with what a fit cost."""
+    guard = report.weight_forms.get(node, "")  # "" for other nodes
     fit = report.pair_fits.get(node)
-    if form == FITTED and fit is not None:
-        return f"{form}: {fit.rescaled}/{fit.columns} channels, {fit.bits_lost:.2f} bits"
-    return form
+    if guard == FITTED and fit is not None:
+        return f"{guard}: {fit.rescaled}/{fit.columns} channels, {fit.bits_lost:.2f} bits"
+    return guard

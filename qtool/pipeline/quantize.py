@@ -27,7 +27,7 @@ from qtool.evaluation.opened import OpenedModel
 from qtool.evaluation.pairing import FLOAT_TYPES
 from qtool.graph.checks import check_quantized_model
 from qtool.graph.float16 import refuse_bfloat16, store_float16
-from qtool.graph.index import all_nodes
+from qtool.graph.index import GraphView, all_nodes
 from qtool.graph.input_shapes import restore_input_dims
 from qtool.graph.model_files import same_file
 from qtool.graph.model_io import save_model
@@ -279,8 +279,9 @@ def preparation_notes(ws: Workspace) -> list[str]:
 
 def _training_form(model: onnx.ModelProto) -> list[str]:
     """A note when the model was exported in training form (BatchNorm on each batch's statistics, live Dropout)."""
-    constants = {i.name: i for i in model.graph.initializer}
-    for node in model.graph.node:  # Constant nodes too: the model as read
+    view = GraphView(model)
+    constants = dict(view.every_initializer)
+    for node in view.nodes:  # Constant nodes too: the model as read
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             constants[node.output[0]] = node.attribute[0].t
     norms = [

@@ -15,25 +15,40 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from qtool.errors import QtoolError
-from qtool.schemes import CacheGranularity, Granularity, RulePlacement, SaturationSetting
+from qtool.schemes import (
+    CacheGranularity,
+    Granularity,
+    Mode,
+    Rounding,
+    RulePlacement,
+    SaturationSetting,
+    Target,
+    WeightFormat,
+)
 
 CONFIG_VERSION = 1
 # ONNX's FLOAT8E4M3FN: symmetric, per_tensor or per_channel. (qparams also has fp8_e5m2, not offered: onnxruntime
 # 1.32's CPU optimizer computes E5M2 Q/DQ models wrongly, and TensorRT runs E4M3 only.)
-FP8_DTYPES = ("fp8_e4m3",)
-WEIGHT_DTYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", *FP8_DTYPES, "fp16")
-ACTIVATION_DTYPES = ("uint8", "int8", "uint16", "int16", *FP8_DTYPES)  # what onnxruntime's QuantizeLinear runs on CPU
-GRANULARITIES = ("per_tensor", "per_channel", "per_block")
-PLACEMENTS = get_args(RulePlacement)
-SATURATION_GUARDS = get_args(SaturationSetting)
+Fp8Dtype = Literal["fp8_e4m3"]
+WeightDtype = Literal["int8", "uint8", "int4", "uint4", "int2", "uint2", Fp8Dtype, "fp16"]
+ActivationDtype = Literal["uint8", "int8", "uint16", "int16", Fp8Dtype]  # what onnxruntime's QuantizeLinear runs on CPU
+Layout = Literal["NCHW", "NHWC"]
+ChannelOrder = Literal["RGB", "BGR"]
+PixelDtype = Literal["float32", "float16", "uint8", "int8"]  # a preprocessed image input's element type
+# each vocabulary as a tuple, for messages and checks
+FP8_DTYPES: tuple[Fp8Dtype, ...] = get_args(Fp8Dtype)
+WEIGHT_DTYPES: tuple[WeightDtype, ...] = get_args(WeightDtype)
+ACTIVATION_DTYPES: tuple[ActivationDtype, ...] = get_args(ActivationDtype)
+GRANULARITIES: tuple[Granularity, ...] = get_args(Granularity)
+ROUNDINGS: tuple[Rounding, ...] = get_args(Rounding)
+PLACEMENTS: tuple[RulePlacement, ...] = get_args(RulePlacement)
+SATURATION_GUARDS: tuple[SaturationSetting, ...] = get_args(SaturationSetting)
+LAYOUTS: tuple[Layout, ...] = get_args(Layout)
+CHANNEL_ORDERS: tuple[ChannelOrder, ...] = get_args(ChannelOrder)
+PREPROCESS_DTYPES: tuple[PixelDtype, ...] = get_args(PixelDtype)
 MAX_BLOCK_SIZE = 1 << 20  # ONNX's block_size attribute is an int64; a block beyond any axis is a typo
-LAYOUTS = ("NCHW", "NHWC")
 MAX_IMAGE_SIDE = 16384  # pixels per side after resize or crop
-CHANNEL_ORDERS = ("RGB", "BGR")
-PREPROCESS_DTYPES = ("float32", "float16", "uint8", "int8")
 
-WeightDtype = Literal["int8", "uint8", "int4", "uint4", "int2", "uint2", "fp8_e4m3", "fp16"]
-ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "fp8_e4m3"]
 Positive = Annotated[int, Field(ge=1)]
 MAX_LATENCY_RUNS, MAX_SEARCH_SECONDS = 10_000, 86_400
 NonNegative = Annotated[int, Field(ge=0, le=MAX_LATENCY_RUNS)]
@@ -107,7 +122,7 @@ class WeightSettings(_Strict):
         description="weight-only 4/2-bit weights: the final projection (the last weighted node before an output) "
         "keeps int8; a node_name rule wins",
     )
-    format: Literal["qdq", "matmul_nbits"] | None = Field(
+    format: WeightFormat | None = Field(
         None,
         description="qdq: DequantizeLinear (any runtime); matmul_nbits: MatMul weights written as onnxruntime's "
         "com.microsoft MatMulNBits (per_block along K, 2/4/8 bits, block a power of two >= 16)",
@@ -139,7 +154,7 @@ class ActivationSettings(_Strict):
 class AlgorithmSettings(_Strict):
     """Accuracy algorithms applied to the nodes a rule matches (see docs/algorithms.md)."""
 
-    rounding: Literal["nearest", "gptq", "adaround"] | None = Field(
+    rounding: Rounding | None = Field(
         None,
         description="nearest | gptq | adaround: how weights are rounded onto their grid (gptq and adaround minimise "
         "the output error on the calibration inputs)",
@@ -183,7 +198,7 @@ class NodeSettings(_Strict):
         description="integer: Q/DQ so onnxruntime runs integer kernels; storage: weights stored quantized, restored "
         "to float at load; auto: integer where a node does enough work per value to gain from it",
     )
-    mode: Literal["static", "dynamic"] | None = Field(
+    mode: Mode | None = Field(
         None,
         description="static: activations quantized with calibrated ranges (Q/DQ); dynamic: integer MatMul/Gemm "
         "quantize their inputs at run time (no calibration for them; convolutions stay static)",
@@ -264,11 +279,9 @@ class PreprocessSection(_Strict):
     scale: float | None = Field(None, description="multiply pixel values by this (e.g. 1/255)")
     mean: list[float] | None = Field(None, description="subtract per channel (1 or 3 values)")
     std: list[float] | None = Field(None, description="divide per channel (1 or 3 non-zero values)")
-    channel_order: Literal["RGB", "BGR"] | None = Field(None, description="RGB | BGR")
-    layout: Literal["NCHW", "NHWC"] | None = Field(None, description="NCHW | NHWC")
-    dtype: Literal["float32", "float16", "uint8", "int8"] | None = Field(
-        None, description="float32 | float16 | uint8 | int8: the input's element type"
-    )
+    channel_order: ChannelOrder | None = Field(None, description="RGB | BGR")
+    layout: Layout | None = Field(None, description="NCHW | NHWC")
+    dtype: PixelDtype | None = Field(None, description="float32 | float16 | uint8 | int8: the input's element type")
 
     @field_validator("resize", "center_crop", mode="before")
     @classmethod
@@ -311,7 +324,7 @@ class ConfigDocument(_Strict):
     """A QConfigDict file (every key optional; merged over the built-in default)."""
 
     version: Literal[1] | None = Field(None, description="the config format's version (1)")
-    target: Literal["cpu", "cpu_vnni", "cuda", "tensorrt"] | None = Field(
+    target: Target | None = Field(
         None,
         description="where the model will run; its rules decide what quantize writes (CLI: --target). cpu: "
         "onnxruntime's CPU kernels, on any CPU; cpu_vnni: the same, deployed only to x86 CPUs with VNNI (Intel "

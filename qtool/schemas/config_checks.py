@@ -24,6 +24,7 @@ from qtool.schemas.config import (
     FP8_DTYPES,
     GRANULARITIES,
     MAX_BLOCK_SIZE,
+    ROUNDINGS,
     SATURATION_GUARDS,
     WEIGHT_DTYPES,
     ConfigDocument,
@@ -212,7 +213,6 @@ _FIELD_MESSAGES = {
     "smoothquant_alpha": "expected a migration strength above 0 and at most 1",
     "exclude": "expected a list of node names",
 }
-ROUNDINGS = ("nearest", "gptq", "adaround")
 _CHOICES = {
     "rounding": ("unknown rounding", ROUNDINGS),
     "granularity": ("unknown granularity", GRANULARITIES),

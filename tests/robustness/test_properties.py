@@ -20,7 +20,6 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from qtool import config as qconfig
-from qtool.calibration import preprocess
 from qtool.errors import QtoolError
 from qtool.numerics.qparams import (
     QUANT_TYPES,
@@ -207,9 +206,9 @@ WORDS = [
     *schema.GRANULARITIES,
     *schema.PLACEMENTS,
     *builtin_observers(),
-    *preprocess.LAYOUTS,
-    *preprocess.CHANNEL_ORDERS,
-    *preprocess.DTYPES,
+    *schema.LAYOUTS,
+    *schema.CHANNEL_ORDERS,
+    *schema.PREPROCESS_DTYPES,
     "Conv",
     "MatMul",
     "Gemm",
@@ -321,9 +320,9 @@ documents = st.fixed_dictionaries(
                 "scale": st.floats(allow_nan=True) | scalars,
                 "mean": numbers,
                 "std": numbers,
-                "channel_order": st.sampled_from(preprocess.CHANNEL_ORDERS) | scalars,
-                "layout": st.sampled_from(preprocess.LAYOUTS) | scalars,
-                "dtype": st.sampled_from(preprocess.DTYPES) | scalars,
+                "channel_order": st.sampled_from(schema.CHANNEL_ORDERS) | scalars,
+                "layout": st.sampled_from(schema.LAYOUTS) | scalars,
+                "dtype": st.sampled_from(schema.PREPROCESS_DTYPES) | scalars,
             },
         )
         | values,

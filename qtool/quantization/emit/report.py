@@ -23,8 +23,9 @@ class RewriteReport:
     algorithm_notes: dict[str, str] = field(default_factory=dict)  # node -> why an algorithm it asked for was not
     pair_fits: dict[str, PairFit] = field(default_factory=dict)  # node -> how its int8 weight was fitted to the
     # kernel's pair limit (weight.saturation: auto)
-    weight_forms: dict[str, str] = field(default_factory=dict)  # integer node -> how its 8-bit weight is stored
-    # (qtool.numerics.saturation: "int8", "int8 fitted", "uint8" ...)
+    # integer node -> its qtool.schemes.PairGuard: how its 8-bit weight is stored against pair saturation ("int8",
+    # "int8 fitted", "uint8" ...; str for the reports, which keep the name weight_forms)
+    weight_forms: dict[str, str] = field(default_factory=dict)
 
     def merge(self, other: RewriteReport) -> None:
         """Add what another rewrite (a body's: an If branch, a Loop or Scan body) changed."""

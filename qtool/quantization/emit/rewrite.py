@@ -26,7 +26,7 @@ from qtool.graph.index import GraphView, subgraph_reads
 from qtool.graph.weights import Weights
 from qtool.numerics.matmul_nbits import DOMAIN as CONTRIB_DOMAIN
 from qtool.numerics.qparams import QParams, quantize_bias
-from qtool.numerics.saturation import weight_form
+from qtool.numerics.saturation import pair_guard
 from qtool.quantization.algorithms.rounding.weight_rounding import WeightAlgorithms
 from qtool.quantization.emit.body_weights import store_outer_weights
 from qtool.quantization.emit.branches import write_branches
@@ -73,9 +73,8 @@ class _Rewriter:
         self.plan = plan
         self.act_qparams = act_qparams
         self.names = Names(self.graph)
-        self.inits = {i.name: i for i in self.graph.initializer}
-        self.graph_inputs = {i.name for i in self.graph.input}
-        view = self.view = GraphView(self.model)
+        view = self.view = GraphView(self.model)  # the model as given: what the rewrite reads, not what it adds
+        self.inits, self.graph_inputs = view.every_initializer, view.graph_inputs
         self.nodes = view.by_name
         self.planned_outputs, self.planned = {n.output for n in plan.nodes if n.output}, {n.name for n in plan.nodes}
         self.prologue: list[onnx.NodeProto] = []  # DQ of weights, Q/DQ of graph inputs and constants
@@ -285,14 +284,14 @@ class _Rewriter:
         return True
 
     # -- driver -------------------------------------------------------------
-    def _record_form(self, node: NodePlan) -> None:
-        """Note how an integer kernel's 8-bit weight is stored (see :mod:`qtool.numerics.saturation`)."""
+    def _record_pair_guard(self, node: NodePlan) -> None:
+        """Note how an integer kernel's 8-bit weight is stored against pair saturation (the reports' weight_forms)."""
         spec = node.scheme.weight
         if not node.quantized_inputs or spec.dtype not in ("int8", "uint8"):
             return
         fit = self.report.pair_fits.get(node.name)
-        form = weight_form(spec.saturation, spec.dtype, node.reduced_weight_range, node.pair_layout, fit)
-        self.report.weight_forms[node.name] = form
+        guard = pair_guard(spec.saturation, spec.dtype, node.reduced_weight_range, node.pair_layout, fit)
+        self.report.weight_forms[node.name] = guard
 
     def run(self) -> tuple[onnx.ModelProto, RewriteReport]:
         readers: dict[str, list[str]] = {}
@@ -304,7 +303,7 @@ class _Rewriter:
         for plan_node in self.plan.nodes:
             if plan_node.weight is not None:
                 weight_qp = self.quantize_weight(plan_node)
-                self._record_form(plan_node)
+                self._record_pair_guard(plan_node)
                 shift = self._bias_shift(plan_node, weight_qp)
                 corrected = False
                 if plan_node.bias is not None and plan_node.activations and weight_qp is not None:

@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from qtool.config import QConfig
-from qtool.graph.index import node_subgraphs
+from qtool.graph.index import GraphView, node_subgraphs
 from qtool.quantization.plan.records import STORED_DTYPES, StoredWeightPlan
 from qtool.quantization.plan.recurrent import GATE_ROWS, RECURRENT_OPS, RECURRENT_WEIGHT_INPUTS
 from qtool.quantization.plan.roles import LOOKUP_MIN_VALUES, LOOKUP_OPS
@@ -25,12 +25,11 @@ from qtool.quantization.plan.roles import LOOKUP_MIN_VALUES, LOOKUP_OPS
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}  # which input holds the weight
 
 
-def plan_body_weights(graph: onnx.GraphProto, config: QConfig) -> tuple[StoredWeightPlan, ...]:
+def plan_body_weights(g: GraphView, config: QConfig) -> tuple[StoredWeightPlan, ...]:
     """The body weights ``config`` quantizes, each weight once (its first reader's scheme)."""
-    constants = {init.name: init for init in graph.initializer}
     plans: dict[str, StoredWeightPlan] = {}
-    for owner in graph.node:
-        for plan in owner_body_weights(owner, constants, config):
+    for owner in g.nodes:
+        for plan in owner_body_weights(owner, g.every_initializer, config):
             plans.setdefault(plan.weight, plan)
     return tuple(plans.values())
 

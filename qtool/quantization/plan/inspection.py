@@ -37,7 +37,7 @@ class NodeRow:
     kernel: str = ""  # what onnxruntime's CPU provider is predicted to run
     kernel_reason: str = ""
     algorithms: tuple[str, ...] = ()  # what ``algorithms:`` turns on for the node (applied when quantize has data)
-    weight_form: str = ""  # integer nodes: how the 8-bit weight is stored against saturation (see weight.saturation)
+    weight_form: str = ""  # integer nodes: their PairGuard (qtool.schemes), with what a fit cost; the report's key
 
 
 @dataclass(frozen=True)

@@ -61,42 +61,38 @@ class KernelPrediction:
     reason: str
 
 
-def _gemm_fusable_add(
-    node: onnx.NodeProto, consumers: dict[str, list[onnx.NodeProto]], constants: set[str], final_outputs: set[str]
-) -> bool:
+def _gemm_fusable_add(node: onnx.NodeProto, view: GraphView, final_outputs: set[str]) -> bool:
     """A constant bias Add after the MatMul that onnxruntime's MatMulAddFusion turns into Gemm.
 
     It leaves the pair alone when the Add writes a graph output directly.
     """
-    users = consumers.get(node.output[0], [])
+    users = view.input_readers(node.output[0])
     if len(users) != 1 or users[0].op_type != "Add" or users[0].output[0] in final_outputs:
         return False
     other = [i for i in users[0].input if i != node.output[0]]
-    return bool(other) and other[0] in constants
+    return bool(other) and other[0] in view.every_initializer
 
 
 def predict_kernels(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, KernelPrediction]:
     """One prediction per planned node of the prepared ``model``."""
     view = GraphView(model)
     nodes = view.by_name
-    constants = {i.name for i in model.graph.initializer}
-    consumers = {name: view.input_readers(name) for name in view.readers}
     # graph outputs still written by the float node itself (a quantized one is written by its DequantizeLinear)
-    final_outputs = {o.name for o in model.graph.output} - set(plan.activations)
+    final_outputs = view.graph_outputs - set(plan.activations)
     ranks = {
         v.name: len(v.type.tensor_type.shape.dim)
         for v in [*model.graph.input, *model.graph.value_info]
         if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")
     }
-    producers = {name: view.nodes[index] for name, index in view.producers.items()}
-    shapes = {i.name: list(i.dims) for i in model.graph.initializer}
+    shapes = {name: list(i.dims) for name, i in view.every_initializer.items()}
     for value in model.graph.value_info:  # 1-D shape tensors computed at run time (Shape -> Concat)
         dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []
         if len(dims) == 1 and dims[0].HasField("dim_value"):
             shapes.setdefault(value.name, [dims[0].dim_value])
-    for name, producer in producers.items():
+    for name, index in view.producers.items():
         if name in ranks:
             continue
+        producer = view.nodes[index]
         # shape inference may leave dynamic-shape models without ranks; two producers make them obvious
         if producer.op_type == "Flatten":
             ranks[name] = 2
@@ -105,10 +101,7 @@ def predict_kernels(model: onnx.ModelProto, plan: QuantPlan) -> dict[str, Kernel
     if plan.target not in CPU_TARGETS:
         return {p.name: _predict_gpu(p, plan.target) for p in plan.nodes}
     dynamic_inputs = Counter(nodes[p.name].input[0] for p in plan.nodes if p.placement == "dynamic")
-    return {
-        p.name: _predict(p, nodes[p.name], consumers, constants, final_outputs, ranks, dynamic_inputs)
-        for p in plan.nodes
-    }
+    return {p.name: _predict(p, nodes[p.name], view, final_outputs, ranks, dynamic_inputs) for p in plan.nodes}
 
 
 def float_boundaries(view: GraphView, plan: QuantPlan) -> dict[str, int]:
@@ -172,8 +165,7 @@ def _predict_gpu(p: NodePlan, target: str) -> KernelPrediction:
 def _predict(
     p: NodePlan,
     node: onnx.NodeProto,
-    consumers: dict[str, list[onnx.NodeProto]],
-    constants: set[str],
+    view: GraphView,
     final_outputs: set[str],
     ranks: dict[str, int],
     dynamic_inputs: Counter[str],
@@ -181,7 +173,7 @@ def _predict(
     op = p.op_type
     if op in CHAIN_OPS and p.weight is None:
         return _predict_chain(p)
-    fused_with_add = ranks.get(node.input[0]) == 2 and _gemm_fusable_add(node, consumers, constants, final_outputs)
+    fused_with_add = ranks.get(node.input[0]) == 2 and _gemm_fusable_add(node, view, final_outputs)
     if p.placement == "storage":
         return KernelPrediction(p.name, f"float {op}", False, "placement storage: weights restored to float at load")
     if p.placement == "lookup":
@@ -196,7 +188,7 @@ def _predict(
         return _predict_weight_only(p, fused_with_add)
     # the output quantized right after the MatMul (or a Relu it alone feeds), not after a bias Add
     direct = p.output == node.output[0] or any(
-        c.op_type in FUSABLE_ACTIVATIONS and c.output[0] == p.output for c in consumers.get(node.output[0], [])
+        c.op_type in FUSABLE_ACTIVATIONS and c.output[0] == p.output for c in view.input_readers(node.output[0])
     )
     return _predict_integer(p, fused_with_add, direct)
 

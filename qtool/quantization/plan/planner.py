@@ -154,8 +154,8 @@ def _plan_nodes(
     if config.target == "tensorrt":
         residual = for_target(config.global_scheme, "tensorrt").activation
         _quantize_residual_inputs(model, g, nodes, activations, residual)
-    body_weights = plan_body_weights(model.graph, config)
-    recurrent = plan_recurrent_weights(model.graph, config)
+    body_weights = plan_body_weights(g, config)
+    recurrent = plan_recurrent_weights(g, config)
     return QuantPlan(
         tuple(nodes), activations, tuple(skipped), config.target, shared, body_weights, recurrent_weights=recurrent
     )

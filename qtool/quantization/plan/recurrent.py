@@ -12,10 +12,10 @@ granularity as for any node (``op_type: {LSTM: null}`` keeps them float).
 
 from __future__ import annotations
 
-import onnx
 from onnx import TensorProto
 
 from qtool.config import QConfig
+from qtool.graph.index import GraphView
 from qtool.quantization.plan.records import STORED_DTYPES, StoredWeightPlan
 
 RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
@@ -23,11 +23,11 @@ RECURRENT_WEIGHT_INPUTS = (1, 2)  # W (input weights) and R (recurrence weights)
 GATE_ROWS = 1  # [directions, gates x hidden, width]: one scale per gate row
 
 
-def plan_recurrent_weights(graph: onnx.GraphProto, config: QConfig) -> tuple[StoredWeightPlan, ...]:
-    """The W and R weights of ``graph``'s recurrent nodes that ``config`` stores quantized, each weight once."""
-    constants = {init.name: init for init in graph.initializer}
+def plan_recurrent_weights(g: GraphView, config: QConfig) -> tuple[StoredWeightPlan, ...]:
+    """The W and R weights of the graph's recurrent nodes that ``config`` stores quantized, each weight once."""
+    constants = g.every_initializer
     plans: dict[str, StoredWeightPlan] = {}
-    for node in graph.node:
+    for node in g.nodes:
         if node.op_type not in RECURRENT_OPS or node.domain not in ("", "ai.onnx"):
             continue
         scheme, rule = config.resolve(node.name, node.op_type)

@@ -101,11 +101,13 @@ def measure_shifts(
 
 
 def measured_layers(
-    quantized: onnx.ModelProto, prepared: onnx.ModelProto, store: Weights, nodes: dict[str, NodeInput]
+    quantized: onnx.ModelProto, prepared: GraphView, store: Weights, nodes: dict[str, NodeInput]
 ) -> tuple[list[MeasuredLayer], dict[str, str]]:
-    """The layers of ``quantized`` to measure for ``nodes`` (name -> input layout), and why others cannot be."""
-    inits = {i.name: i for i in prepared.graph.initializer}
-    float_nodes = GraphView(prepared).by_name
+    """The layers of ``quantized`` to measure for ``nodes`` (name -> input layout), and why others cannot be.
+
+    ``prepared``: the view of the float model ``quantized`` was written from.
+    """
+    inits, float_nodes = prepared.every_initializer, prepared.by_name
     layers, skipped = [], {}
     for node in quantized.graph.node:
         if node.name not in nodes:
