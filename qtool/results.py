@@ -10,11 +10,11 @@ from qtool.choice.tune.loop import MarginChoice, Trial
 from qtool.choice.tune.sensitivity import Sensitivity
 from qtool.choice.validated import Validation, ValidationRound
 from qtool.evaluation.comparison import ComparisonResult
-from qtool.evaluation.peer import PeerComparison
 from qtool.graph.model_files import ModelFile
 from qtool.graph.prepare import PrepareReport
 from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exported
 from qtool.quantization.emit.report import RewriteReport
+from qtool.schemas.reports.quantize import PeerReport
 
 
 @dataclass
@@ -35,7 +35,7 @@ class QuantizeResult:
     search: SearchResult | None = None  # the sensitivity search, when a target SQNR was given
     placement_choice: PlacementChoice | None = None  # the measured choice of placement, with data
     data_files: list[str] = field(default_factory=list)  # external data written beside the output
-    peer: PeerComparison | None = None  # onnxruntime's quantize_static model of the same file, measured beside
+    peer: PeerReport | None = None  # onnxruntime's quantize_static model of the same file, measured beside
 
     @property
     def compression_ratio(self) -> float:

@@ -18,10 +18,11 @@ import onnxruntime as ort
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.decoder import DecoderInterface, model_decoder
 from qtool.errors import QtoolError
-from qtool.evaluation.language_model import LanguageModelScore, language_model_metrics, reference_runs
+from qtool.evaluation.language_model import language_model_metrics, reference_runs
 from qtool.graph.session import create_session
 from qtool.graph.weights import Weights
 from qtool.options import DECODE_STEPS
+from qtool.schemas.reports.compare import LanguageModel
 from qtool.schemes import CandidateName
 
 BAR = "dynamic"  # the placement whose decode agreement every kept candidate must reach
@@ -55,7 +56,7 @@ class DecodeJudge:
         reference = create_session(float_model, "the float model", threads=threads, weights=weights)
         self.runs = reference_runs(reference, decoder, dataset, steps)
 
-    def score(self, session: ort.InferenceSession, *, forced: bool = True, free: bool = True) -> LanguageModelScore:
+    def score(self, session: ort.InferenceSession, *, forced: bool = True, free: bool = True) -> LanguageModel:
         """A candidate's language-model figures against the float model's runs (``forced``/``free``: which loops)."""
         decoders = (self.decoder, self.decoder)
         return language_model_metrics(

@@ -32,12 +32,13 @@ import onnx
 
 from qtool.calibration.dataset import Dataset
 from qtool.config import QConfig
-from qtool.evaluation.layers import Exposure, LayerError, layer_errors
+from qtool.evaluation.layers import Exposure, layer_errors
 from qtool.evaluation.scoring import OutputScorer
 from qtool.graph.index import all_nodes, node_subgraphs
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan.recurrent import RECURRENT_OPS
 from qtool.quantization.plan.roles import LOOKUP_OPS
+from qtool.schemas.reports.compare import Layer
 from qtool.schemas.reports.quantize import SearchStep
 from qtool.schemes import CandidateName
 
@@ -109,13 +110,13 @@ class Candidate:
     drop_db: float | None
 
 
-def rank_nodes(rows: list[LayerError], movable: set[str], costs: Mapping[str, float] | None = None) -> list[LayerError]:
+def rank_nodes(rows: list[Layer], movable: set[str], costs: Mapping[str, float] | None = None) -> list[Layer]:
     """The movable nodes that add error (one row per node), in the order the search tries them.
 
     Without ``costs``: largest drop first. With them (milliseconds by node): the nodes whose drop is at
     least :data:`RANK_SHARE` of the largest by drop per millisecond, then the others by drop.
     """
-    best: dict[str, LayerError] = {}
+    best: dict[str, Layer] = {}
     for row in rows:
         if row.node not in movable or row.drop_with_inputs_db <= 0:
             continue
@@ -128,7 +129,7 @@ def rank_nodes(rows: list[LayerError], movable: set[str], costs: Mapping[str, fl
     priced = [r for r in by_drop if r.drop_with_inputs_db >= floor]
     cheapest = min((c for c in (costs.get(r.node, 0.0) for r in priced) if c > 0), default=1.0)
 
-    def per_ms(row: LayerError) -> float:  # an unpriced node (no work known) counts as the cheapest
+    def per_ms(row: Layer) -> float:  # an unpriced node (no work known) counts as the cheapest
         return row.drop_with_inputs_db / max(costs.get(row.node, 0.0), cheapest)
 
     ranked = sorted(priced, key=lambda r: (-per_ms(r), -r.drop_with_inputs_db, r.position, r.node))
@@ -193,7 +194,7 @@ def _measured_layers(
     scorer: OutputScorer,
     movable: set[str],
     progress: ProgressFactory | None,
-) -> list[LayerError]:
+) -> list[Layer]:
     """The one per-layer pass of the start's model: only the nodes the search may move, and what they read."""
     dataset, elements = ranked
     exposure = Exposure(elements, only=frozenset(movable))
@@ -203,7 +204,7 @@ def _measured_layers(
 
 
 def _ranking(
-    rows: list[LayerError], movable: set[str], moves: Moves, result: SearchResult, model: onnx.ModelProto
+    rows: list[Layer], movable: set[str], moves: Moves, result: SearchResult, model: onnx.ModelProto
 ) -> list[Candidate]:
     """The order the nodes are tried in; ``result`` records how they were ranked.
 

@@ -10,58 +10,33 @@ import typer
 
 from qtool.cli.app import app, summary_console, write_json
 from qtool.cli.calibrate_options import (
-    CalibrateArgs,
     CalibrateOutputOption,
+    Calibrating,
     DataDirArgument,
-    TensorrtCacheOption,
-    TensorrtVersionOption,
+    TensorrtCache,
     calibrate_action,
 )
-from qtool.cli.options import (
-    BatchOption,
-    ConfigOption,
-    InputShapesOption,
-    JsonOption,
-    LimitOption,
-    ModelArgument,
-    ObserverOption,
-    ObserverOptionsOption,
-    SchedulerOption,
-    ShardOption,
-    SkipNonfiniteOption,
-    TargetOption,
-    ThreadsOption,
-    WorkersOption,
-)
+from qtool.cli.groups import option_groups
+from qtool.cli.options import JsonOption, ModelArgument, Setup
 from qtool.cli.run import run_command
 
 
 @app.command()
+@option_groups
 def calibrate(
     model: ModelArgument,
     data_dir: DataDirArgument,
     output: CalibrateOutputOption,
-    config: ConfigOption = None,
-    input_shapes: InputShapesOption = None,
-    target: TargetOption = None,
-    observer: ObserverOption = None,
-    observer_option: ObserverOptionsOption = None,
-    batch_size: BatchOption = None,
-    limit: LimitOption = None,
-    shard: ShardOption = None,
-    skip_nonfinite: SkipNonfiniteOption = False,
-    workers: WorkersOption = None,
-    scheduler: SchedulerOption = None,
-    threads: ThreadsOption = None,
-    tensorrt_cache: TensorrtCacheOption = None,
-    tensorrt_version: TensorrtVersionOption = None,
+    *,
+    setup: Setup,
+    calibrating: Calibrating,
+    tensorrt: TensorrtCache,
     json_out: JsonOption = None,
 ) -> None:
     """Run the float model over DATA_DIR and write activation statistics to -o STATS.json."""
-    args = CalibrateArgs(**locals())
-
-    outputs = {"-o": output, "--json": json_out, "--tensorrt-cache": tensorrt_cache}
-    run_command(partial(calibrate_action, args), outputs, (model, data_dir, config))
+    action = partial(calibrate_action, model, data_dir, output, setup, calibrating, tensorrt, json_out)
+    outputs = {"-o": output, "--json": json_out, "--tensorrt-cache": tensorrt.tensorrt_cache}
+    run_command(action, outputs, (model, data_dir, setup.config))
 
 
 @app.command()

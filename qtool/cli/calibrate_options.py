@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from qtool.cli.app import parse_shard, progress_bars, summary_console, write_json
-from qtool.cli.options import DataLocation, calibration_options
+from qtool.cli.groups import OptionGroup
+from qtool.cli.options import (
+    Calibration,
+    DataLocation,
+    LimitOption,
+    SchedulerOption,
+    Setup,
+    ShardOption,
+    SkipNonfiniteOption,
+    ThreadsOption,
+    WorkersOption,
+)
 
 if TYPE_CHECKING:
     from qtool.calibration.statistics import CalibrationStats
+    from qtool.options import CalibrationOptions
 
 DataDirArgument = Annotated[
     DataLocation,
@@ -46,31 +58,43 @@ TensorrtVersionOption = Annotated[
 ]
 
 
-@dataclass(frozen=True)
-class CalibrateArgs:
-    """What ``qtool calibrate`` was given, option by option."""
+@dataclass(frozen=True, kw_only=True)
+class Calibrating(OptionGroup):
+    """calibrate's samples: the shared calibration flags, and how the samples are sharded or spread.
 
-    model: Path
-    data_dir: DataLocation
-    output: Path
-    config: Path | None
-    input_shapes: str | None
-    target: str | None
-    observer: str | None
-    observer_option: list[str] | None
-    batch_size: int | None
-    limit: int | None
-    shard: str | None
-    skip_nonfinite: bool
-    workers: int | None
-    scheduler: str | None
-    threads: int | None
-    tensorrt_cache: Path | None
-    tensorrt_version: str | None
-    json_out: str | None
+    --limit and --skip-nonfinite stand here, not as the Sampling group: --shard sits between them.
+    """
+
+    calibration: Calibration = field(default_factory=Calibration)
+    limit: LimitOption = None
+    shard: ShardOption = None
+    skip_nonfinite: SkipNonfiniteOption = False
+    workers: WorkersOption = None
+    scheduler: SchedulerOption = None
+    threads: ThreadsOption = None
+
+    def options(self) -> CalibrationOptions:
+        """The record (--shard and --observer-option parsed, in that order)."""
+        return self.calibration.options(self, shard=parse_shard(self.shard))
 
 
-def calibrate_action(args: CalibrateArgs) -> None:
+@dataclass(frozen=True, kw_only=True)
+class TensorrtCache(OptionGroup):
+    """TensorRT's INT8 calibration cache, written beside the statistics when asked for."""
+
+    tensorrt_cache: TensorrtCacheOption = None
+    tensorrt_version: TensorrtVersionOption = None
+
+
+def calibrate_action(
+    model: Path,
+    data_dir: DataLocation,
+    output: Path,
+    setup: Setup,
+    calibrating: Calibrating,
+    tensorrt: TensorrtCache,
+    json_out: str | None,
+) -> None:
     """Calibrate, write the statistics (and the TensorRT cache asked for), report."""
     from qtool.api import calibrate as run_calibrate
     from qtool.api import write_stats
@@ -82,53 +106,49 @@ def calibrate_action(args: CalibrateArgs) -> None:
         tensorrt_cache_text,
         tensorrt_version_number,
     )
-    from qtool.graph.input_shapes import parse_input_shapes
     from qtool.graph.model_io import tensor_names
 
-    version = args.tensorrt_version or installed_tensorrt_version() or DEFAULT_VERSION
-    if args.tensorrt_cache is not None:
+    version = tensorrt.tensorrt_version or installed_tensorrt_version() or DEFAULT_VERSION
+    if tensorrt.tensorrt_cache is not None:
         tensorrt_version_number(version)  # a malformed version fails before any work
-        check_cache_names(tensor_names(args.model))  # so does a name the cache's lines cannot hold
+        check_cache_names(tensor_names(model))  # so does a name the cache's lines cannot hold
     with progress_bars() as progress:
-        options = calibration_options(
-            args, shard=parse_shard(args.shard), threads=args.threads, workers=args.workers, scheduler=args.scheduler
-        )
         stats = run_calibrate(
-            args.model,
-            args.data_dir,
-            config_path=args.config,
-            options=options,
+            model,
+            data_dir,
+            config_path=setup.config,
+            options=calibrating.options(),
             progress=progress,
-            target=args.target,
-            input_shapes=parse_input_shapes(args.input_shapes) if args.input_shapes else None,
+            target=setup.target,
+            input_shapes=setup.shapes(),
         )
     cache_text, left_out = None, list[str]()
-    if args.tensorrt_cache is not None:
-        cache_text, left_out = tensorrt_cache_text(stats.tensors, version, model_tensor_names(args.model))
-    write_stats(stats, args.output)
-    if args.tensorrt_cache is not None and cache_text is not None:
+    if tensorrt.tensorrt_cache is not None:
+        cache_text, left_out = tensorrt_cache_text(stats.tensors, version, model_tensor_names(model))
+    write_stats(stats, output)
+    if tensorrt.tensorrt_cache is not None and cache_text is not None:
         from qtool.graph.model_io import write_text
 
-        write_text(args.tensorrt_cache, cache_text)
-    _reported(args, stats, left_out)
+        write_text(tensorrt.tensorrt_cache, cache_text)
+    _reported(model, output, json_out, stats, left_out)
 
 
-def _reported(args: CalibrateArgs, stats: CalibrationStats, left_out: list[str]) -> None:
+def _reported(model: Path, output: Path, json_out: str | None, stats: CalibrationStats, left_out: list[str]) -> None:
     """The summary lines (what the TensorRT cache left out, skipped samples), and the JSON asked for."""
     from qtool.reports.documents import stats_summary_dict, to_json
     from qtool.reports.terminal import printable
 
-    console = summary_console(args.json_out)
+    console = summary_console(json_out)
     if left_out:
         console.print(
-            f"[yellow]note[/yellow] {len(left_out)} observed tensors are not tensors of {printable(str(args.model))} "
+            f"[yellow]note[/yellow] {len(left_out)} observed tensors are not tensors of {printable(str(model))} "
             f"(first: {printable(left_out[0])}): left out of the TensorRT cache"
         )
     if stats.skipped:
         console.print(f"[yellow]skipped[/yellow] {stats.skipped} samples holding NaN or Inf")
     console.print(
-        f"[green]wrote[/green] {printable(str(args.output))}: {len(stats.tensors)} tensors observed with "
+        f"[green]wrote[/green] {printable(str(output))}: {len(stats.tensors)} tensors observed with "
         f"'{printable(stats.observer)}' over {stats.samples} samples"
     )
-    if args.json_out:
-        write_json(args.json_out, to_json(stats_summary_dict(stats, str(args.output))))
+    if json_out:
+        write_json(json_out, to_json(stats_summary_dict(stats, str(output))))

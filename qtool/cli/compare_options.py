@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from qtool.cli.app import progress_bars, summary_console, write_json
-from qtool.cli.options import evaluation_options
+from qtool.cli.groups import OptionGroup
+from qtool.cli.options import GateOutputsOption, InputShapesOption, JsonOption, Sampling, Timing, parsed_shapes
 from qtool.errors import CheckFailedError, QtoolError
+from qtool.options import DECODE_STEPS
 
 if TYPE_CHECKING:
     from qtool.evaluation.gates import Gate
+    from qtool.options import EvaluationOptions
     from qtool.results import ComparisonResult
 
 ReferenceArgument = Annotated[
@@ -151,98 +154,120 @@ LatencyToleranceOption = Annotated[
 ]
 
 
-@dataclass(frozen=True)
-class CompareArgs:
-    """What ``qtool compare`` was given, option by option."""
+@dataclass(frozen=True, kw_only=True)
+class CompareInputs(OptionGroup):
+    """The samples, and what reads them."""
 
-    reference: Path
-    candidate: Path
-    data: str
-    config: Path | None
-    input_shapes: str | None
-    limit: int | None
-    skip_nonfinite: bool
-    task: str
-    decode_steps: int
-    per_layer: bool
-    plot: Path | None
-    providers: str
-    require_providers: bool
-    trt_engine_cache: Path | None
-    runs: int
-    warmup: int
-    threads: int | None
-    json_out: str | None
-    markdown: Path | None
-    junit: Path | None
-    fail_under: list[str] | None
-    fail_over: list[str] | None
-    min_compression: float | None
-    max_latency_ratio: float | None
-    baseline: Path | None
-    fail_on_regression: bool
-    outputs: list[str] | None
-    latency_tolerance: str | None
+    data: EvalDataOption
+    config: PreprocessConfigOption = None
+    input_shapes: InputShapesOption = None
 
 
-def compare_action(args: CompareArgs) -> None:
+@dataclass(frozen=True, kw_only=True)
+class CompareEvaluation(OptionGroup):
+    """What is measured, on which samples and providers, and how latency is timed."""
+
+    sampling: Sampling = field(default_factory=Sampling)
+    task: TaskOption = "auto"
+    decode_steps: DecodeStepsOption = DECODE_STEPS
+    per_layer: PerLayerOption = False
+    plot: PlotOption = None
+    providers: ProvidersOption = "cpu"
+    require_providers: RequireProvidersOption = False
+    trt_engine_cache: TrtEngineCacheOption = None
+    timing: Timing = field(default_factory=Timing)
+
+    def options(self, providers: list[str], outputs: list[str] | None) -> EvaluationOptions:
+        """The record, for the checked ``providers`` and the gates' ``outputs``."""
+        cache = self.trt_engine_cache
+        return self.timing.options(
+            self.sampling,
+            self,
+            per_layer=self.per_layer or self.plot is not None,
+            providers=tuple(providers),
+            trt_engine_cache=str(cache) if cache is not None else None,
+            outputs=tuple(outputs or ()),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reports(OptionGroup):
+    """The report files (and JSON) asked for."""
+
+    json_out: JsonOption = None
+    markdown: MarkdownOption = None
+    junit: JunitOption = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gates(OptionGroup):
+    """The gates, the baseline, and the outputs they judge."""
+
+    fail_under: FailUnderOption = None
+    fail_over: FailOverOption = None
+    min_compression: MinCompressionOption = None
+    max_latency_ratio: MaxLatencyRatioOption = None
+    baseline: BaselineOption = None
+    fail_on_regression: FailOnRegressionOption = False
+    outputs: GateOutputsOption = None
+    latency_tolerance: LatencyToleranceOption = None
+
+
+def compare_action(
+    reference: Path,
+    candidate: Path,
+    inputs: CompareInputs,
+    evaluation: CompareEvaluation,
+    reports: Reports,
+    gates: Gates,
+) -> None:
     """Check the options, compare, write the reports asked for; CheckFailedError when a gate fails."""
     from qtool.api import compare as run_compare
-    from qtool.graph.input_shapes import parse_input_shapes
 
-    gates, chosen = _checked(args)
+    judged, chosen = _checked(evaluation, gates)
     with progress_bars() as progress:
-        options = evaluation_options(
-            args,
-            task=args.task,
-            decode_steps=args.decode_steps,
-            per_layer=args.per_layer or args.plot is not None,
-            providers=tuple(chosen),
-            trt_engine_cache=str(args.trt_engine_cache) if args.trt_engine_cache is not None else None,
-            outputs=tuple(args.outputs or ()),
-        )
         result = run_compare(
-            args.reference,
-            args.candidate,
-            args.data,
-            options=options,
-            config_path=args.config,
-            gates=gates,
+            reference,
+            candidate,
+            inputs.data,
+            options=evaluation.options(chosen, gates.outputs),
+            config_path=inputs.config,
+            gates=judged,
             progress=progress,
-            input_shapes=parse_input_shapes(args.input_shapes) if args.input_shapes else None,
-            baseline=args.baseline,
-            fail_on_regression=args.fail_on_regression,
+            input_shapes=parsed_shapes(inputs.input_shapes),
+            baseline=gates.baseline,
+            fail_on_regression=gates.fail_on_regression,
         )
-    _reported(args, result)
+    _reported(reports, evaluation.plot, result)
     if not result.gates_passed:
         failed = [g.gate for g in result.gates if not g.passed]
         raise CheckFailedError(f"{len(failed)} of {len(result.gates)} gates failed: {', '.join(failed)}")
 
 
-def _checked(args: CompareArgs) -> tuple[list[Gate], list[str]]:
+def _checked(evaluation: CompareEvaluation, gates: Gates) -> tuple[list[Gate], list[str]]:
     """The gates and the providers, checked before any work (the TensorRT cache folder too)."""
     from qtool.evaluation.gates import check_measurable, parse_gates
     from qtool.evaluation.providers import parse_providers, require_available
 
-    gates = parse_gates(
-        args.fail_under, args.fail_over, args.min_compression, args.max_latency_ratio, args.latency_tolerance
+    judged = parse_gates(
+        gates.fail_under, gates.fail_over, gates.min_compression, gates.max_latency_ratio, gates.latency_tolerance
     )
-    check_measurable(gates, runs=args.runs, task=args.task, decode_steps=args.decode_steps)
-    chosen = parse_providers(args.providers)
-    if args.require_providers:
+    check_measurable(judged, runs=evaluation.timing.runs, task=evaluation.task, decode_steps=evaluation.decode_steps)
+    chosen = parse_providers(evaluation.providers)
+    if evaluation.require_providers:
         require_available(chosen)
     # the folder is created with the TensorRT session (qtool.evaluation.providers): after every other check
-    cache = args.trt_engine_cache
+    cache = evaluation.trt_engine_cache
     if cache is not None and "TensorrtExecutionProvider" in chosen and cache.exists() and not cache.is_dir():
         raise QtoolError(f"--trt-engine-cache {cache} is not a directory")
-    if args.plot is not None:
+    if evaluation.plot is not None:
         from qtool.reports.plot import require_matplotlib
 
         require_matplotlib()
-    return gates, chosen
+    return judged, chosen
 
 
-def _reported(args: CompareArgs, result: ComparisonResult) -> None:
+def _reported(reports: Reports, plot: Path | None, result: ComparisonResult) -> None:
     """The tables, and each report file asked for."""
     from qtool.graph.model_io import write_text
     from qtool.reports.ci import to_junit, to_markdown
@@ -250,14 +275,14 @@ def _reported(args: CompareArgs, result: ComparisonResult) -> None:
     from qtool.reports.documents import to_json
     from qtool.reports.tables import render_comparison
 
-    render_comparison(summary_console(args.json_out), result)
-    if args.json_out:
-        write_json(args.json_out, to_json(comparison_to_dict(result)))
-    if args.markdown:
-        write_text(args.markdown, to_markdown(result))
-    if args.junit:
-        write_text(args.junit, to_junit(result))
-    if args.plot is not None:
+    render_comparison(summary_console(reports.json_out), result)
+    if reports.json_out:
+        write_json(reports.json_out, to_json(comparison_to_dict(result)))
+    if reports.markdown:
+        write_text(reports.markdown, to_markdown(result))
+    if reports.junit:
+        write_text(reports.junit, to_junit(result))
+    if plot is not None:
         from qtool.reports.plot import plot_layers
 
-        plot_layers(result.layers or [], args.plot)
+        plot_layers(result.layers or [], plot)

@@ -1,12 +1,14 @@
-"""Options several commands share, each with its help text and placeholder."""
+"""Options several commands share, each with its help text and placeholder, and the option groups they form."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 import typer
 
+from qtool.cli.groups import OptionGroup, filled
 from qtool.options import CalibrationOptions, EvaluationOptions
 
 ModelArgument = Annotated[Path, typer.Argument(help="Float ONNX model.", show_default=False, metavar="MODEL")]
@@ -149,57 +151,59 @@ ThreadsOption = Annotated[
 ]
 
 
-class CalibrationFlags(Protocol):
-    """The calibration flags ``calibrate`` and ``quantize`` share."""
+@dataclass(frozen=True, kw_only=True)
+class Setup(OptionGroup):
+    """The model's config, input shapes and target: calibrate and quantize."""
 
-    @property
-    def observer(self) -> str | None: ...
-    @property
-    def observer_option(self) -> list[str] | None: ...
-    @property
-    def batch_size(self) -> int | None: ...
-    @property
-    def limit(self) -> int | None: ...
-    @property
-    def skip_nonfinite(self) -> bool: ...
+    config: ConfigOption = None
+    input_shapes: InputShapesOption = None
+    target: TargetOption = None
+
+    def shapes(self) -> dict[str, tuple[int, ...]] | None:
+        """--input-shapes parsed (None when not given)."""
+        return parsed_shapes(self.input_shapes)
 
 
-class EvaluationFlags(Protocol):
-    """The evaluation flags ``quantize`` and ``compare`` share."""
+@dataclass(frozen=True, kw_only=True)
+class Sampling(OptionGroup):
+    """Which samples count: calibration and evaluation share it."""
 
-    @property
-    def runs(self) -> int: ...
-    @property
-    def warmup(self) -> int: ...
-    @property
-    def threads(self) -> int | None: ...
-    @property
-    def limit(self) -> int | None: ...
-    @property
-    def skip_nonfinite(self) -> bool: ...
+    limit: LimitOption = None
+    skip_nonfinite: SkipNonfiniteOption = False
 
 
-def calibration_options(args: CalibrationFlags, **own: Any) -> CalibrationOptions:
-    """The shared calibration flags as their record; ``own``: the command's own fields of it."""
-    from qtool.cli.app import parse_observer_options
+@dataclass(frozen=True, kw_only=True)
+class Calibration(OptionGroup):
+    """The observer and its batches: calibrate and quantize."""
 
-    return CalibrationOptions(
-        observer=args.observer,
-        observer_options=parse_observer_options(args.observer_option),
-        batch_size=args.batch_size,
-        limit=args.limit,
-        skip_nonfinite=args.skip_nonfinite,
-        **own,
-    )
+    observer: ObserverOption = None
+    observer_option: ObserverOptionsOption = None
+    batch_size: BatchOption = None
+
+    def options(self, *more: OptionGroup, **own: Any) -> CalibrationOptions:
+        """The record, with the fields of ``more`` groups (sampling, ...) and the command's ``own``."""
+        from qtool.cli.app import parse_observer_options
+
+        return filled(
+            CalibrationOptions, self, *more, **own, observer_options=parse_observer_options(self.observer_option)
+        )
 
 
-def evaluation_options(args: EvaluationFlags, **own: Any) -> EvaluationOptions:
-    """The shared evaluation flags as their record; ``own``: the command's own fields of it."""
-    return EvaluationOptions(
-        runs=args.runs,
-        warmup=args.warmup,
-        threads=args.threads,
-        limit=args.limit,
-        skip_nonfinite=args.skip_nonfinite,
-        **own,
-    )
+@dataclass(frozen=True, kw_only=True)
+class Timing(OptionGroup):
+    """Latency runs and threads (defaults: compare's; quantize sets its own)."""
+
+    runs: RunsOption = 50
+    warmup: WarmupOption = 5
+    threads: ThreadsOption = None
+
+    def options(self, *more: OptionGroup, **own: Any) -> EvaluationOptions:
+        """The record, with the fields of ``more`` groups (sampling, ...) and the command's ``own``."""
+        return filled(EvaluationOptions, self, *more, **own)
+
+
+def parsed_shapes(text: str | None) -> dict[str, tuple[int, ...]] | None:
+    """--input-shapes parsed (None when not given)."""
+    from qtool.graph.input_shapes import parse_input_shapes
+
+    return parse_input_shapes(text) if text else None

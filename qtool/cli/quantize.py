@@ -9,70 +9,31 @@ from typing import Annotated
 import typer
 
 from qtool.cli.app import app, summary_console, write_json
-from qtool.cli.options import (
-    BatchOption,
-    ConfigOption,
-    InputShapesOption,
-    JsonOption,
-    LimitOption,
-    ModelArgument,
-    ObserverOption,
-    ObserverOptionsOption,
-    OutputsOption,
-    RunsOption,
-    SkipNonfiniteOption,
-    TargetOption,
-    ThreadsOption,
-    WarmupOption,
-)
+from qtool.cli.groups import option_groups
+from qtool.cli.options import JsonOption, ModelArgument, Setup
 from qtool.cli.quantize_options import (
-    ExternalDataOption,
-    LatencyRunsOption,
-    MaxFloatNodesOption,
-    NoSearchOption,
-    OpsetOption,
-    QuantizeArgs,
-    QuantizeDataOption,
-    QuantizeEvalDataOption,
+    Measured,
+    QuantizeInputs,
     QuantizeOutputOption,
-    QuantizeTargetSqnrOption,
-    SearchDataOption,
-    SearchSecondsOption,
-    StatsOption,
+    Search,
     VsOnnxruntimeOption,
+    Written,
     quantize_action,
 )
 from qtool.cli.run import run_command
 
 
 @app.command()
+@option_groups
 def quantize(
     model: ModelArgument,
     output: QuantizeOutputOption,
-    config: ConfigOption = None,
-    input_shapes: InputShapesOption = None,
-    target: TargetOption = None,
-    stats: StatsOption = None,
-    data: QuantizeDataOption = None,
-    eval_data: QuantizeEvalDataOption = None,
-    observer: ObserverOption = None,
-    observer_option: ObserverOptionsOption = None,
-    batch_size: BatchOption = None,
-    limit: LimitOption = None,
-    skip_nonfinite: SkipNonfiniteOption = False,
-    runs: RunsOption = 20,
-    warmup: WarmupOption = 3,
-    threads: ThreadsOption = None,
-    target_sqnr: QuantizeTargetSqnrOption = None,
-    max_float_nodes: MaxFloatNodesOption = None,
-    search_data: SearchDataOption = None,
-    search_seconds: SearchSecondsOption = None,
-    latency_runs: LatencyRunsOption = None,
-    outputs: OutputsOption = None,
-    no_search: NoSearchOption = False,
+    *,
+    inputs: QuantizeInputs,
+    measured: Measured,
+    search: Search,
     vs_onnxruntime: VsOnnxruntimeOption = False,
-    external_data: ExternalDataOption = None,
-    opset: OpsetOption = None,
+    written: Written,
     json_out: JsonOption = None,
 ) -> None:
     """Quantize MODEL to int8 QDQ using --stats or --data, and write it to -o OUT.onnx.
@@ -80,21 +41,18 @@ def quantize(
     Without either, a config that needs no statistics still works: weights stored quantized
     (weight_only, fp16, placement: storage) or mode: dynamic.
     """
-    args = QuantizeArgs(**locals())
-
     run_command(
-        partial(quantize_action, args),
+        partial(quantize_action, model, output, inputs, measured, search, vs_onnxruntime, written, json_out),
         {"-o": output, "--json": json_out},
-        (model, config, stats, data, search_data, eval_data),
+        (model, inputs.setup.config, inputs.stats, inputs.data, search.data_dir, inputs.eval_data),
     )
 
 
 @app.command()
+@option_groups
 def inspect(
     model: Annotated[Path, typer.Argument(help="ONNX model.", show_default=False, metavar="MODEL")],
-    config: ConfigOption = None,
-    input_shapes: InputShapesOption = None,
-    target: TargetOption = None,
+    setup: Setup,
     data: Annotated[
         str | None,
         typer.Option(
@@ -110,14 +68,14 @@ def inspect(
 
     def action() -> None:
         from qtool.api import inspect as run_inspect
-        from qtool.graph.input_shapes import parse_input_shapes
         from qtool.reports.documents import inspection_to_dict, to_json
         from qtool.reports.tables import render_inspection
 
-        shapes = parse_input_shapes(input_shapes) if input_shapes else None
-        result = run_inspect(model, config_path=config, data_dir=data, target=target, input_shapes=shapes)
+        result = run_inspect(
+            model, config_path=setup.config, data_dir=data, target=setup.target, input_shapes=setup.shapes()
+        )
         render_inspection(summary_console(json_out), result)
         if json_out:
             write_json(json_out, to_json(inspection_to_dict(result)))
 
-    run_command(action, {"--json": json_out}, (model, config, data))
+    run_command(action, {"--json": json_out}, (model, setup.config, data))

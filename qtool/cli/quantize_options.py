@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from qtool.cli.app import progress_bars, summary_console, write_json
-from qtool.cli.options import calibration_options, evaluation_options
+from qtool.cli.groups import OptionGroup, filled
+from qtool.cli.options import Calibration, OutputsOption, Sampling, Setup, Timing
 from qtool.options import OutputOptions, SearchOptions
 
 QuantizeOutputOption = Annotated[
@@ -117,72 +118,86 @@ OpsetOption = Annotated[
 ]
 
 
-@dataclass(frozen=True)
-class QuantizeArgs:
-    """What ``qtool quantize`` was given, option by option."""
+@dataclass(frozen=True, kw_only=True)
+class QuantizeInputs(OptionGroup):
+    """What quantize reads: the model's setup, then statistics or samples."""
 
-    model: Path
-    output: Path
-    config: Path | None
-    input_shapes: str | None
-    target: str | None
-    stats: Path | None
-    data: str | None
-    eval_data: str | None
-    observer: str | None
-    observer_option: list[str] | None
-    batch_size: int | None
-    limit: int | None
-    skip_nonfinite: bool
-    runs: int
-    warmup: int
-    threads: int | None
-    target_sqnr: float | None
-    max_float_nodes: int | None
-    search_data: str | None
-    search_seconds: float | None
-    latency_runs: int | None
-    outputs: list[str] | None
-    no_search: bool
-    vs_onnxruntime: bool
-    external_data: bool | None
-    opset: int | None
-    json_out: str | None
+    setup: Setup = field(default_factory=Setup)
+    stats: StatsOption = None
+    data: QuantizeDataOption = None
+    eval_data: QuantizeEvalDataOption = None
 
 
-def quantize_action(args: QuantizeArgs) -> None:
+@dataclass(frozen=True, kw_only=True)
+class Measured(OptionGroup):
+    """Calibration, the samples both it and the comparison use, and the comparison's timing."""
+
+    calibration: Calibration = field(default_factory=Calibration)
+    sampling: Sampling = field(default_factory=Sampling)
+    timing: Timing = field(default_factory=lambda: Timing(runs=20, warmup=3))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Search(OptionGroup):
+    """The sensitivity search and the measured placement choice; --no-search skips both."""
+
+    target_sqnr_db: QuantizeTargetSqnrOption = None
+    max_float_nodes: MaxFloatNodesOption = None
+    data_dir: SearchDataOption = None
+    search_seconds: SearchSecondsOption = None
+    latency_runs: LatencyRunsOption = None
+    outputs: OutputsOption = None
+    no_search: NoSearchOption = False
+
+    def options(self) -> SearchOptions | None:
+        """The record, or None with --no-search."""
+        return None if self.no_search else filled(SearchOptions, self, outputs=tuple(self.outputs or ()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Written(OptionGroup):
+    """How the model is written."""
+
+    external_data: ExternalDataOption = None
+    opset: OpsetOption = None
+
+    def options(self) -> OutputOptions:
+        """The record."""
+        return filled(OutputOptions, self)
+
+
+def quantize_action(
+    model: Path,
+    output: Path,
+    inputs: QuantizeInputs,
+    measured: Measured,
+    search: Search,
+    vs_onnxruntime: bool,
+    written: Written,
+    json_out: str | None,
+) -> None:
     """Quantize, write the model, report (and compare, with data)."""
     from qtool.api import quantize as run_quantize
-    from qtool.graph.input_shapes import parse_input_shapes
     from qtool.reports.documents import quantize_to_dict, to_json
     from qtool.reports.tables import render_quantize
 
     with progress_bars() as progress:
         result = run_quantize(
-            args.model,
-            args.output,
-            config_path=args.config,
-            target=args.target,
-            input_shapes=parse_input_shapes(args.input_shapes) if args.input_shapes else None,
-            stats_path=args.stats,
-            data_dir=args.data,
-            eval_dir=args.eval_data,
-            calibration=calibration_options(args),
-            search=None
-            if args.no_search
-            else SearchOptions(
-                target_sqnr_db=args.target_sqnr,
-                max_float_nodes=args.max_float_nodes,
-                data_dir=args.search_data,
-                search_seconds=args.search_seconds,
-                latency_runs=args.latency_runs,
-                outputs=tuple(args.outputs or ()),
-            ),
-            evaluation=evaluation_options(args),
-            output=OutputOptions(external_data=args.external_data, opset=args.opset),
+            model,
+            output,
+            config_path=inputs.setup.config,
+            target=inputs.setup.target,
+            input_shapes=inputs.setup.shapes(),
+            stats_path=inputs.stats,
+            data_dir=inputs.data,
+            eval_dir=inputs.eval_data,
+            calibration=measured.calibration.options(measured.sampling),
+            search=search.options(),
+            evaluation=measured.timing.options(measured.sampling),
+            output=written.options(),
             progress=progress,
-            vs_onnxruntime=args.vs_onnxruntime,
+            vs_onnxruntime=vs_onnxruntime,
         )
-    render_quantize(summary_console(args.json_out), result)
-    if args.json_out:
-        write_json(args.json_out, to_json(quantize_to_dict(result)))
+    render_quantize(summary_console(json_out), result)
+    if json_out:
+        write_json(json_out, to_json(quantize_to_dict(result)))

@@ -5,70 +5,24 @@ from __future__ import annotations
 from functools import partial
 
 from qtool.cli.app import app
-from qtool.cli.options import (
-    ConfigOption,
-    InputShapesOption,
-    JsonOption,
-    ModelArgument,
-    OutputsOption,
-    TargetOption,
-    ThreadsOption,
-)
+from qtool.cli.groups import option_groups
+from qtool.cli.options import ConfigOption, InputShapesOption, JsonOption, ModelArgument, TargetOption
 from qtool.cli.run import run_command
-from qtool.cli.tune_options import (
-    CacheDirOption,
-    CacheOption,
-    ConfidenceOption,
-    ConfigOutOption,
-    LabelsOption,
-    LowerIsBetterOption,
-    MetricOption,
-    ObjectiveOption,
-    SensitivitySamplesOption,
-    TargetDecodeOption,
-    TargetMetricOption,
-    TimeBudgetOption,
-    TuneArgs,
-    TuneDataOption,
-    TuneDecodeStepsOption,
-    TuneEvalDataOption,
-    TuneMaxLatencyRatioOption,
-    TuneOutputOption,
-    TunePlotOption,
-    TuneTargetSqnrOption,
-    tune_action,
-)
-from qtool.options import DECODE_STEPS
+from qtool.cli.tune_options import TuneData, TuneSearch, TuneWritten, tune_action
 
 
 @app.command()
+@option_groups
 def tune(
     model: ModelArgument,
-    data: TuneDataOption,
-    eval_data: TuneEvalDataOption,
-    output: TuneOutputOption,
-    config_out: ConfigOutOption,
-    target_sqnr: TuneTargetSqnrOption = None,
-    metric: MetricOption = None,
-    target_metric: TargetMetricOption = None,
-    lower_is_better: LowerIsBetterOption = False,
-    target_decode: TargetDecodeOption = None,
-    decode_steps: TuneDecodeStepsOption = DECODE_STEPS,
-    labels: LabelsOption = None,
-    max_latency_ratio: TuneMaxLatencyRatioOption = None,
-    objective: ObjectiveOption = "size",
-    time_budget: TimeBudgetOption = 600.0,
-    sensitivity_samples: SensitivitySamplesOption = 8,
-    confidence: ConfidenceOption = 0.9,
+    *,
+    data: TuneData,
+    written: TuneWritten,
+    search: TuneSearch,
     config: ConfigOption = None,
     target: TargetOption = None,
     input_shapes: InputShapesOption = None,
-    threads: ThreadsOption = None,
-    plot: TunePlotOption = None,
     json_out: JsonOption = None,
-    cache: CacheOption = True,
-    outputs: OutputsOption = None,
-    cache_dir: CacheDirOption = None,
 ) -> None:
     """Find the smallest model (or the fastest) that meets an accuracy budget; write it and its config.
 
@@ -78,10 +32,8 @@ def tune(
     built and verified, moving the budget until the best is found. The validation half scores the
     choice: the promise is the lower confidence bound of that figure. Exit 1 when no model meets it.
     """
-    args = TuneArgs(**locals())
-
     run_command(
-        partial(tune_action, args),
-        {"-o": output, "--config-out": config_out, "--json": json_out, "--plot": plot},
-        (model, config, data, eval_data, labels),
+        partial(tune_action, model, data, written, search, config, target, input_shapes, json_out),
+        {"-o": written.output, "--config-out": written.config_out, "--json": json_out, "--plot": written.plot},
+        (model, config, data.data, data.eval_data, search.labels),
     )

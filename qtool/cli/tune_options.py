@@ -9,7 +9,9 @@ from typing import Annotated
 import typer
 
 from qtool.cli.app import progress_bars, summary_console, write_json
-from qtool.options import TuneOptions
+from qtool.cli.groups import OptionGroup, filled
+from qtool.cli.options import OutputsOption, ThreadsOption, parsed_shapes
+from qtool.options import DECODE_STEPS, TuneOptions
 
 TuneDataOption = Annotated[
     str, typer.Option("--data", metavar="CALIB", help="Calibration samples (directory or fsspec URL).")
@@ -135,86 +137,88 @@ CacheDirOption = Annotated[
 ]
 
 
-@dataclass(frozen=True)
-class TuneArgs:
-    """What ``qtool tune`` was given, option by option."""
+@dataclass(frozen=True, kw_only=True)
+class TuneData(OptionGroup):
+    """The calibration samples and the held-out ones."""
 
-    model: Path
-    data: str
-    eval_data: str
-    output: Path
-    config_out: Path
-    target_sqnr: float | None
-    metric: str | None
-    target_metric: float | None
-    lower_is_better: bool
-    target_decode: float | None
-    decode_steps: int
-    labels: Path | None
-    max_latency_ratio: float | None
-    objective: str
-    time_budget: float
-    sensitivity_samples: int
-    confidence: float
-    config: Path | None
-    target: str | None
-    input_shapes: str | None
-    threads: int | None
-    plot: Path | None
-    json_out: str | None
-    cache: bool
-    outputs: list[str] | None
-    cache_dir: Path | None
+    data: TuneDataOption
+    eval_data: TuneEvalDataOption
 
 
-def tune_action(args: TuneArgs) -> None:
+@dataclass(frozen=True, kw_only=True)
+class TuneWritten(OptionGroup):
+    """The chosen model, its config, and the plot asked for."""
+
+    output: TuneOutputOption
+    config_out: ConfigOutOption
+    plot: TunePlotOption = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneSearch(OptionGroup):
+    """The accuracy budget, what is minimised, and how the search runs."""
+
+    target_sqnr_db: TuneTargetSqnrOption = None
+    metric: MetricOption = None
+    target_metric: TargetMetricOption = None
+    lower_is_better: LowerIsBetterOption = False
+    target_decode: TargetDecodeOption = None
+    decode_steps: TuneDecodeStepsOption = DECODE_STEPS
+    labels: LabelsOption = None
+    max_latency_ratio: TuneMaxLatencyRatioOption = None
+    objective: ObjectiveOption = "size"
+    time_budget: TimeBudgetOption = 600.0
+    sensitivity_samples: SensitivitySamplesOption = 8
+    confidence: ConfidenceOption = 0.9
+    threads: ThreadsOption = None
+    cache: CacheOption = True
+    outputs: OutputsOption = None
+    cache_dir: CacheDirOption = None
+
+    def options(self) -> TuneOptions:
+        """The record."""
+        return filled(TuneOptions, self, outputs=tuple(self.outputs or ()))
+
+
+def tune_action(
+    model: Path,
+    data: TuneData,
+    written: TuneWritten,
+    search: TuneSearch,
+    config: Path | None,
+    target: str | None,
+    input_shapes: str | None,
+    json_out: str | None,
+) -> None:
     """Tune, write the model and its config, report."""
     from qtool.api import tune as run_tune
-    from qtool.graph.input_shapes import parse_input_shapes
     from qtool.reports.documents import to_json
     from qtool.reports.tuning import render_tune, tune_to_dict
 
-    if args.plot is not None:
+    if written.plot is not None:
         from qtool.reports.plot import require_matplotlib
 
         require_matplotlib()
     with progress_bars() as progress:
         result = run_tune(
-            args.model,
-            args.output,
-            args.config_out,
-            data_dir=args.data,
-            eval_dir=args.eval_data,
-            options=TuneOptions(
-                target_sqnr_db=args.target_sqnr,
-                metric=args.metric,
-                target_metric=args.target_metric,
-                lower_is_better=args.lower_is_better,
-                labels=args.labels,
-                target_decode=args.target_decode,
-                decode_steps=args.decode_steps,
-                max_latency_ratio=args.max_latency_ratio,
-                objective=args.objective,
-                time_budget=args.time_budget,
-                sensitivity_samples=args.sensitivity_samples,
-                confidence=args.confidence,
-                threads=args.threads,
-                cache=args.cache,
-                cache_dir=args.cache_dir,
-                outputs=tuple(args.outputs or ()),
-            ),
-            config_path=args.config,
-            target=args.target,
-            input_shapes=parse_input_shapes(args.input_shapes) if args.input_shapes else None,
+            model,
+            written.output,
+            written.config_out,
+            data_dir=data.data,
+            eval_dir=data.eval_data,
+            options=search.options(),
+            config_path=config,
+            target=target,
+            input_shapes=parsed_shapes(input_shapes),
             progress=progress,
         )
-    render_tune(summary_console(args.json_out), result)
-    if args.json_out:
-        write_json(args.json_out, to_json(tune_to_dict(result)))
-    if args.plot is not None:
+    render_tune(summary_console(json_out), result)
+    if json_out:
+        write_json(json_out, to_json(tune_to_dict(result)))
+    if written.plot is not None:
         from qtool.reports.tuning import plot_trials
 
-        plot_trials(result, args.plot)
+        plot_trials(result, written.plot)
     if not result.met:
         from qtool.errors import CheckFailedError
         from qtool.reports.tuning import missed_line

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from qtool.errors import QtoolError
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, gate_result
 from qtool.schemas.reports import CompareReport
-from qtool.schemas.reports.compare import GateResult
+from qtool.schemas.reports.compare import Baseline, BaselineChange, GateResult
 from qtool.system.files import read_json
 
 REPORT_MAX_BYTES = 64 << 20
@@ -41,39 +41,32 @@ BASELINE_LATENCY_DRIFT = 0.2  # latency ratios of two runs of the same models dr
 COMPRESSION_TOLERANCE = 0.01
 
 
-@dataclass(frozen=True)
-class Change:
-    """One number of the baseline report next to the same number now."""
+def baseline_change(
+    metric: str,
+    baseline: float | None,
+    current: float | None,
+    better: str,
+    regressed: bool,
+    note: str = "",
+    limit: float | None = None,
+) -> BaselineChange:
+    """One number of the baseline report next to the same number now (``better``: "higher" or "lower").
 
-    metric: str
-    baseline: float | None
-    current: float | None
-    better: str  # "higher" or "lower"
-    regressed: bool
-    note: str = ""
-    limit: float | None = None  # the worst value that is not a regression (the baseline and its tolerance)
-
-    @property
-    def change(self) -> float | None:
-        if self.baseline is None or self.current is None:
-            return None
-        if math.isinf(self.baseline) or math.isinf(self.current):
-            return None
-        return self.current - self.baseline
-
-
-@dataclass(frozen=True)
-class BaselineComparison:
-    """Every shared number against the baseline report at ``path``."""
-
-    path: str
-    changes: list[Change]
-    same_reference: bool  # the baseline measured the same reference model (by digest)
-    same_data: bool  # ... on data of the same name and sample count
-
-    @property
-    def regressed(self) -> bool:
-        return any(c.regressed for c in self.changes)
+    ``limit``: the worst value that is not a regression (the baseline and its tolerance).
+    """
+    difference = None
+    if baseline is not None and current is not None and not (math.isinf(baseline) or math.isinf(current)):
+        difference = current - baseline
+    return BaselineChange(
+        metric=metric,
+        baseline=baseline,
+        current=current,
+        change=difference,
+        better=better,
+        regressed=regressed,
+        note=note,
+        limit=limit,
+    )
 
 
 class StaleBaselineError(QtoolError):
@@ -114,7 +107,7 @@ def report_snapshot(report: CompareReport) -> Snapshot:
     latency = report.latency[0] if report.latency else None
     numbers = {
         "compression": report.size.compression_ratio,
-        "sqnr": math.inf if accuracy.overall.sqnr_db is None else accuracy.overall.sqnr_db,
+        "sqnr": accuracy.overall.sqnr_db,
         "top1": min((a.top1 for a in accuracy.classification), default=None),
         "top5": min((a.top5 for a in accuracy.classification), default=None),
         "box_iou": min((b.mean_iou for b in accuracy.boxes), default=None),
@@ -129,7 +122,7 @@ def report_snapshot(report: CompareReport) -> Snapshot:
 
 def against_baseline(
     current: Snapshot, baseline: CompareReport, path: str, latency_tolerance: float = DEFAULT_LATENCY_TOLERANCE
-) -> BaselineComparison:
+) -> Baseline:
     """Every number both comparisons hold, with the regressions marked (see the module docstring)."""
     earlier = report_snapshot(baseline)
     now, then = current.numbers, earlier.numbers
@@ -147,28 +140,33 @@ def against_baseline(
             continue
         limit = lowest(b) if b is not None else None
         regressed = limit is not None and c is not None and c < limit
-        changes.append(Change(metric, b, c, "higher", regressed, limit=limit))
+        changes.append(baseline_change(metric, b, c, "higher", regressed, limit=limit))
     if now["latency_ratio"] is not None or then["latency_ratio"] is not None:
         changes.append(_latency_change(now, then, latency_tolerance))
-    same_reference = current.reference_sha256 == earlier.reference_sha256
-    return BaselineComparison(path, changes, same_reference, current.data == earlier.data)
+    return Baseline(
+        path=path,
+        same_reference=current.reference_sha256 == earlier.reference_sha256,
+        same_data=current.data == earlier.data,
+        regressed=any(c.regressed for c in changes),
+        changes=changes,
+    )
 
 
-def _latency_change(now: dict[str, Any], then: dict[str, Any], tolerance: float) -> Change:
+def _latency_change(now: dict[str, Any], then: dict[str, Any], tolerance: float) -> BaselineChange:
     b, c = then["latency_ratio"], now["latency_ratio"]
     if b is None or c is None:
-        return Change("latency_ratio", b, c, "lower", False, "measured in one report only")
+        return baseline_change("latency_ratio", b, c, "lower", False, "measured in one report only")
     if now["provider"] != then["provider"]:
-        return Change("latency_ratio", b, c, "lower", False, f"{then['provider']} then, {now['provider']} now")
+        return baseline_change("latency_ratio", b, c, "lower", False, f"{then['provider']} then, {now['provider']} now")
     low_now = now["latency_interval"][0] if now["latency_interval"] else c
     high_then = then["latency_interval"][1] if then["latency_interval"] else b
     limit = high_then * (1 + max(tolerance, BASELINE_LATENCY_DRIFT))
     regressed = low_now > limit
     note = "intervals apart" if regressed else "within the intervals"
-    return Change("latency_ratio", b, c, "lower", regressed, note, limit)
+    return baseline_change("latency_ratio", b, c, "lower", regressed, note, limit)
 
 
-def regression_gates(comparison: BaselineComparison) -> list[GateResult]:
+def regression_gates(comparison: Baseline) -> list[GateResult]:
     """Each compared number as a gate (``--fail-on-regression``): a regression fails it."""
     results = []
     for c in comparison.changes:

@@ -13,7 +13,6 @@ over all chunks, with the lower confidence bound of the per-sequence spread.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
@@ -22,33 +21,19 @@ from qtool.calibration.dataset import Dataset, sequences
 from qtool.evaluation.confidence import CONFIDENCE, SampleEnergies
 from qtool.evaluation.metrics import ErrorAccumulator
 from qtool.graph.session import run_session
+from qtool.schemas.reports.compare import ClosedLoop
 
 
-@dataclass(frozen=True)
-class ClosedLoopScore:
-    """The judged outputs' accuracy with each model carrying its own state, over ``sequences`` sequences."""
-
-    sequences: int
-    chunks: int
-    state: dict[str, str]  # state output -> the input it is fed back to
-    outputs: dict[str, float]  # judged output -> SQNR in dB over every chunk
-    bounds: dict[str, float]  # judged output -> its lower bound over new sequences (per-sequence spread)
-    worst_sequence_db: float  # the worst judged output on the worst sequence
-
-    @property
-    def worst_db(self) -> float:
-        return min(self.outputs.values(), default=float("nan"))
-
-    def lines(self) -> list[str]:
-        """The figures as report lines."""
-        fed = ", ".join(f"{out} -> {inp}" for out, inp in sorted(self.state.items()))
-        lines = [
-            f"closed loop over {self.sequences} sequences ({self.chunks} chunks), each model's state fed back: {fed}"
-        ]
-        for name, db in self.outputs.items():
-            lines.append(f"{name}: {db:.2f} dB ({CONFIDENCE:.0%} bound {self.bounds[name]:.2f} dB on new sequences)")
-        lines.append(f"worst sequence: {self.worst_sequence_db:.2f} dB")
-        return lines
+def closed_loop_lines(score: ClosedLoop) -> list[str]:
+    """The closed loop's figures as report lines."""
+    fed = ", ".join(f"{out} -> {inp}" for out, inp in sorted(score.state.items()))
+    lines = [
+        f"closed loop over {score.sequences} sequences ({score.chunks} chunks), each model's state fed back: {fed}"
+    ]
+    for name, db in score.outputs.items():
+        lines.append(f"{name}: {db:.2f} dB ({CONFIDENCE:.0%} bound {score.bounds[name]:.2f} dB on new sequences)")
+    lines.append(f"worst sequence: {score.worst_sequence_db:.2f} dB")
+    return lines
 
 
 def closed_loop_score(
@@ -56,7 +41,7 @@ def closed_loop_score(
     dataset: Dataset,
     state: Mapping[str, str],
     judged: list[str],
-) -> ClosedLoopScore | None:
+) -> ClosedLoop | None:
     """Run both models closed-loop over each sequence of ``dataset`` (None: it holds no sequence of 2+ chunks).
 
     Only data laid out as sequences has any: a flat folder's samples are independent of each other.
@@ -91,7 +76,7 @@ def closed_loop_score(
             noise[name].append(acc.sum_err_sq)
         per_sequence.append(min(acc.metrics(name).sqnr_db for name, acc in sums.items()))
     energies = {name: SampleEnergies(tuple(signal[name]), tuple(noise[name])) for name in judged}
-    return ClosedLoopScore(
+    return ClosedLoop(
         sequences=len(groups),
         chunks=sum(len(g) for g in groups),
         state=dict(state),

@@ -22,8 +22,7 @@ from qtool.evaluation.closed_loop import closed_loop_score
 from qtool.evaluation.comparison import ComparisonResult
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
 from qtool.evaluation.judged import judged_outputs
-from qtool.evaluation.language_model import MAX_DECODE_STEPS, LanguageModelScore, language_model_metrics
-from qtool.evaluation.latency import LatencyComparison
+from qtool.evaluation.language_model import MAX_DECODE_STEPS, language_model_metrics
 from qtool.evaluation.latency_runs import confirmed_latency_gates, latency_per_provider, requested_providers
 from qtool.evaluation.layers import layer_errors
 from qtool.evaluation.metrics import TASKS, output_metrics
@@ -38,6 +37,7 @@ from qtool.options import (
 )
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.schemas.reports import CompareReport
+from qtool.schemas.reports.compare import LanguageModel, Latency
 from qtool.system.environment import cpu_info, files_digest, versions
 from qtool.system.stages import stage
 
@@ -232,7 +232,7 @@ def _language_model(
     dataset: Dataset,
     options: EvaluationOptions,
     factory: ProgressFactory,
-) -> LanguageModelScore | None:
+) -> LanguageModel | None:
     """A decoder's perplexity, next-token and decode agreement; None for any other model."""
     reference, candidate = model_decoder(models[0]), model_decoder(models[1])
     if reference is None or candidate is None or reference.logits is None or candidate.logits is None:
@@ -262,6 +262,7 @@ def _language_model(
 def _snapshot(result: ComparisonResult) -> Snapshot:
     """The numbers a baseline report is compared on, as its JSON states them (an infinite SQNR as null)."""
     latency = result.latency[0] if result.latency else None
+    interval = latency.latency_ratio_interval if latency else None
     sqnr = result.overall.sqnr_db
     numbers = {
         "compression": result.compression_ratio,
@@ -270,20 +271,20 @@ def _snapshot(result: ComparisonResult) -> Snapshot:
         "top5": min((a.top5 for a in result.agreement), default=None),
         "box_iou": min((b.mean_iou for b in result.boxes), default=None),
         "latency_ratio": latency.latency_ratio if latency else None,
-        "latency_interval": tuple(latency.ratio_interval) if latency and latency.ratio_interval else None,
+        "latency_interval": tuple(interval) if interval else None,
         "provider": latency.provider if latency else None,
     }
     return Snapshot(numbers, result.reference.sha256, (result.data_dir, result.samples))
 
 
 def _provider_accuracy(
-    latency: LatencyComparison,
+    latency: Latency,
     reference: ort.InferenceSession,
     candidate_path: Path | str,
     dataset: Dataset,
     threads: int | None,
     options: EvaluationOptions,
-) -> LatencyComparison:
+) -> Latency:
     """``latency`` with the candidate's accuracy on its provider (a GPU's kernels are not the CPU's)."""
     if latency.provider == "CPUExecutionProvider":
         return latency
@@ -292,14 +293,14 @@ def _provider_accuracy(
     with stage(f"accuracy on {latency.provider}"):
         measured = output_metrics(reference, candidate, dataset, {}, task="none")
     worst = min((o.sqnr_db for o in measured.outputs), default=measured.overall.sqnr_db)
-    return replace(latency, candidate_sqnr_db=worst)
+    return latency.model_copy(update={"candidate_sqnr_db": worst})
 
 
 def _reproducibility(
     dataset: Dataset,
     config: QConfig | None,
     options: EvaluationOptions,
-    latency: list[LatencyComparison],
+    latency: list[Latency],
 ) -> dict[str, Any]:
     """What the numbers depend on: config and data digests, versions, CPU, threads and providers."""
     threads = options.threads

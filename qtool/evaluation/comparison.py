@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qtool.evaluation.baseline import BaselineComparison
-from qtool.evaluation.closed_loop import ClosedLoopScore
 from qtool.evaluation.gates import LANGUAGE_MODEL_METRICS
-from qtool.evaluation.language_model import LanguageModelScore
-from qtool.evaluation.latency import LatencyComparison
-from qtool.evaluation.layers import LayerError
-from qtool.evaluation.metrics import ErrorMetrics
+from qtool.evaluation.language_model import language_model_measured
 from qtool.graph.model_files import ModelFile
-from qtool.schemas.reports.compare import Agreement, BoxIoU, GateResult, OutputKind
+from qtool.schemas.reports.compare import (
+    Agreement,
+    Baseline,
+    BoxIoU,
+    ClosedLoop,
+    GateResult,
+    LanguageModel,
+    Latency,
+    Layer,
+    Metrics,
+    OutputKind,
+)
 
 
 @dataclass(frozen=True)
@@ -24,31 +31,31 @@ class ComparisonResult:
     candidate: ModelFile
     data_dir: str
     samples: int
-    outputs: list[ErrorMetrics]
-    overall: ErrorMetrics
-    latency: list[LatencyComparison] = field(default_factory=list)  # one per provider measured
+    outputs: list[Metrics]
+    overall: Metrics
+    latency: list[Latency] = field(default_factory=list)  # one per provider measured
     skipped_providers: list[tuple[str, str]] = field(default_factory=list)  # (provider, reason)
     agreement: list[Agreement] = field(default_factory=list)
     task_note: str = ""
-    layers: list[LayerError] | None = None
+    layers: list[Layer] | None = None
     gates: list[GateResult] = field(default_factory=list)
     reproducibility: dict[str, Any] = field(default_factory=dict)
     output_kinds: list[OutputKind] = field(default_factory=list)  # how each float output was judged, and why
     boxes: list[BoxIoU] = field(default_factory=list)  # mean IoU of each box output
     calibration_data: bool = False  # scored on the samples the model was calibrated on (not held out)
-    baseline: BaselineComparison | None = None  # the change against an earlier report (compare --baseline)
-    language_model: LanguageModelScore | None = None  # decoders: perplexity, next-token and decode agreement
-    closed_loop: ClosedLoopScore | None = None  # streaming models over sequences: each model's own state fed back
-    judged: ErrorMetrics | None = None  # the outputs the gates judge pooled, when not every output is judged
+    baseline: Baseline | None = None  # the change against an earlier report (compare --baseline)
+    language_model: LanguageModel | None = None  # decoders: perplexity, next-token and decode agreement
+    closed_loop: ClosedLoop | None = None  # streaming models over sequences: each model's own state fed back
+    judged: Metrics | None = None  # the outputs the gates judge pooled, when not every output is judged
     judged_note: str = ""  # which outputs those are, in words
-    judged_parts: list[ErrorMetrics] = field(default_factory=list)  # their parts of different scales (output_parts)
+    judged_parts: list[Metrics] = field(default_factory=list)  # their parts of different scales (output_parts)
 
     @property
     def compression_ratio(self) -> float:
         return self.reference.size_bytes / self.candidate.size_bytes
 
     @property
-    def primary_latency(self) -> LatencyComparison | None:
+    def primary_latency(self) -> Latency | None:
         """The first provider measured (the one latency gates use)."""
         return self.latency[0] if self.latency else None
 
@@ -71,10 +78,14 @@ class ComparisonResult:
             "box_iou": min((b.mean_iou for b in self.boxes), default=None),
             "compression": self.compression_ratio,
             "latency_ratio": lat.latency_ratio if lat else None,
-            **(self.language_model.measured() if self.language_model else dict.fromkeys(LANGUAGE_MODEL_METRICS)),
+            **(
+                language_model_measured(self.language_model)
+                if self.language_model
+                else dict.fromkeys(LANGUAGE_MODEL_METRICS)
+            ),
         }
 
-    def intervals(self) -> dict[str, tuple[float, float] | None]:
-        """Confidence intervals of the measured numbers that have one, by metric name."""
+    def intervals(self) -> dict[str, Sequence[float] | None]:
+        """Confidence intervals (low, high) of the measured numbers that have one, by metric name."""
         lat = self.primary_latency
-        return {"latency_ratio": lat.ratio_interval if lat else None}
+        return {"latency_ratio": lat.latency_ratio_interval if lat else None}

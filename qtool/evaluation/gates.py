@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from qtool.errors import QtoolError
@@ -200,7 +201,7 @@ def parse_gates(
 def evaluate_gates(
     gates: list[Gate],
     measured: dict[str, float | None],
-    intervals: dict[str, tuple[float, float] | None] | None = None,
+    intervals: Mapping[str, Sequence[float] | None] | None = None,
 ) -> list[GateResult]:
     """Judge every gate against the measured values (a missing value fails, with a note).
 

@@ -36,70 +36,46 @@ from qtool.calibration.decoder import (
 from qtool.evaluation.confidence import CONFIDENCE, mean_bound
 from qtool.graph.session import run_session
 from qtool.options import DECODE_STEPS
+from qtool.schemas.reports.compare import LanguageModel
 
 MAX_DECODE_STEPS = 4096  # each step runs both models once per sample: more is a typo, not a measurement
 
 
-@dataclass(frozen=True)
-class LanguageModelScore:
-    """What the decoder metrics measured, over ``samples`` token sequences."""
+def language_model_lines(score: LanguageModel) -> list[str]:
+    """The figures as report lines (the same words in the terminal and in Markdown)."""
+    lines = [
+        f"perplexity {score.reference_perplexity:.4g} -> {score.candidate_perplexity:.4g} "
+        f"(ratio {score.ppl_ratio:.4f}) over {score.tokens} tokens of {score.samples} samples",
+        f"next-token agreement {score.next_token_agreement:.2%}",
+    ]
+    if score.decode_agreement is not None and score.free_running_agreement is not None:
+        bound = score.free_running_bound
+        bound_text = "" if bound is None else f"{CONFIDENCE:.0%} bound {bound:.2%} on new samples; "
+        lines.append(
+            f"greedy decode, {score.decode_steps} steps through the cache: step agreement "
+            f"{score.decode_agreement:.2%}, free-running {score.free_running_agreement:.2%} ({bound_text}"
+            f"first difference after {score.matched_prefix:.1f} tokens on average)"
+        )
+    return lines
 
-    logits: str
-    samples: int
-    tokens: int  # teacher-forced next-token predictions scored per model
-    reference_perplexity: float
-    candidate_perplexity: float
-    next_token_agreement: float
-    decode_steps: int  # generated tokens per sample (0: the decode loop was not run)
-    decode_agreement: float | None  # fed the reference's tokens through its own cache
-    free_running_agreement: float | None  # its own greedy tokens against the reference's, by position
-    matched_prefix: float | None  # mean tokens generated before the first difference
-    # each sample's free-running agreement, in sample order (tune's decode goal bounds their mean)
-    free_running_by_sample: tuple[float, ...] = field(default=(), repr=False)
 
-    @property
-    def free_running_bound(self) -> float | None:
-        """The free-running agreement a new set of as many samples reaches at :data:`CONFIDENCE` (per-sample spread).
+def language_model_measured(score: LanguageModel) -> dict[str, float | None]:
+    """The gateable numbers by metric name."""
+    return {
+        "ppl_ratio": score.ppl_ratio,
+        "next_token": score.next_token_agreement,
+        "decode_agreement": score.decode_agreement,
+        "free_running": score.free_running_agreement,
+    }
 
-        One early difference costs a sample every token after it, so the per-sample figures spread
-        widely and the mean of a few dozen samples moves by several points from one set to the next.
-        """
-        if len(self.free_running_by_sample) < 2:
-            return None
-        return mean_bound(self.free_running_by_sample, CONFIDENCE)
 
-    @property
-    def ppl_ratio(self) -> float:
-        """Candidate perplexity over the reference's (1.0: unchanged; lower is better)."""
-        return self.candidate_perplexity / self.reference_perplexity
+def _free_running_bound(by_sample: tuple[float, ...]) -> float | None:
+    """The free-running agreement a new set of as many samples reaches at :data:`CONFIDENCE` (per-sample spread).
 
-    def lines(self) -> list[str]:
-        """The figures as report lines (the same words in the terminal and in Markdown)."""
-        lines = [
-            f"perplexity {self.reference_perplexity:.4g} -> {self.candidate_perplexity:.4g} "
-            f"(ratio {self.ppl_ratio:.4f}) over {self.tokens} tokens of {self.samples} samples",
-            f"next-token agreement {self.next_token_agreement:.2%}",
-        ]
-        if self.decode_agreement is not None and self.free_running_agreement is not None:
-            lines.append(
-                f"greedy decode, {self.decode_steps} steps through the cache: step agreement "
-                f"{self.decode_agreement:.2%}, free-running {self.free_running_agreement:.2%} ({self._bound_text()}"
-                f"first difference after {self.matched_prefix:.1f} tokens on average)"
-            )
-        return lines
-
-    def _bound_text(self) -> str:
-        bound = self.free_running_bound
-        return "" if bound is None else f"{CONFIDENCE:.0%} bound {bound:.2%} on new samples; "
-
-    def measured(self) -> dict[str, float | None]:
-        """The gateable numbers by metric name."""
-        return {
-            "ppl_ratio": self.ppl_ratio,
-            "next_token": self.next_token_agreement,
-            "decode_agreement": self.decode_agreement,
-            "free_running": self.free_running_agreement,
-        }
+    One early difference costs a sample every token after it, so the per-sample figures spread
+    widely and the mean of a few dozen samples moves by several points from one set to the next.
+    """
+    return mean_bound(by_sample, CONFIDENCE) if len(by_sample) >= 2 else None
 
 
 class _Model:
@@ -268,7 +244,7 @@ def language_model_metrics(
     on_progress: Callable[[int], None] | None = None,
     forced: bool = True,
     free: bool = True,
-) -> LanguageModelScore:
+) -> LanguageModel:
     """Perplexity, next-token and decode agreement of ``candidate`` against ``reference`` (see the module).
 
     ``reference``: the float model's session, or its :func:`reference_runs` on ``dataset`` with ``steps``
@@ -294,16 +270,20 @@ def language_model_metrics(
             on_progress(index)
     # every sample a single token (decode steps with their past): no next token inside a sample to score
     # perplexity on (NaN, tokens 0); the agreements and the decode loop are measured all the same
-    return LanguageModelScore(
+    reference_perplexity = math.exp(nll_ref / scored) if scored else math.nan
+    candidate_perplexity = math.exp(nll_cand / scored) if scored else math.nan
+    return LanguageModel(
         logits=decoders[0].logits or "",
         samples=len(runs),
         tokens=scored,
-        reference_perplexity=math.exp(nll_ref / scored) if scored else math.nan,
-        candidate_perplexity=math.exp(nll_cand / scored) if scored else math.nan,
+        reference_perplexity=reference_perplexity,
+        candidate_perplexity=candidate_perplexity,
+        ppl_ratio=candidate_perplexity / reference_perplexity,
         next_token_agreement=agree / max(1, positions),
         decode_steps=steps,
         decode_agreement=decoded.forced_same / decoded.generated if decoded.generated and forced else None,
         free_running_agreement=decoded.free_same / decoded.generated if decoded.generated and free else None,
+        free_running_bound=_free_running_bound(tuple(decoded.by_sample)),
         matched_prefix=float(np.mean(decoded.prefixes)) if decoded.prefixes else None,
         free_running_by_sample=tuple(decoded.by_sample),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
@@ -13,7 +13,7 @@ from qtool.calibration.dataset import Feed
 from qtool.evaluation.intervals import median_interval
 from qtool.evaluation.providers import GPU_PROVIDERS
 from qtool.evaluation.timing import Rounds, time_interleaved
-from qtool.schemas.reports.compare import LatencyStats
+from qtool.schemas.reports.compare import Latency, LatencyStats
 
 
 def latency_stats(seconds: Sequence[float]) -> LatencyStats:
@@ -28,46 +28,40 @@ def latency_stats(seconds: Sequence[float]) -> LatencyStats:
     )
 
 
-@dataclass(frozen=True)
-class LatencyComparison:
-    """Interleaved latency of reference and candidate on one execution provider."""
+def latency_record(
+    provider: str,
+    threads: int | None,
+    times: tuple[Sequence[float], Sequence[float]],
+    *,
+    setup_ms: tuple[float, float] | None = None,
+    io_binding: bool = False,
+) -> Latency:
+    """The report's record of reference and candidate run times (seconds, one per round that ran both).
 
-    provider: str
-    threads: int | None
-    reference: LatencyStats
-    candidate: LatencyStats
-    # session creation + first run (TensorRT builds its engines then), reference and candidate; None: not timed
-    setup_ms: tuple[float, float] | None = None
-    io_binding: bool = False  # inputs and outputs bound on the device (GPU providers): no host copies timed
-    # the candidate run on this provider against the float reference (on CPU): worst output SQNR over
-    # the evaluation samples; None on the CPU, whose accuracy is the report's main table
-    candidate_sqnr_db: float | None = None
-    # candidate/reference time, the median over rounds of each round's own ratio (both models ran in it),
-    # and its distribution-free interval (see qtool.evaluation.intervals); None: not enough rounds
-    ratio: float | None = None
-    ratio_interval: tuple[float, float] | None = None
-    speedup: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        if self.ratio is not None and self.ratio > 0:
-            speedup = 1 / self.ratio
-        else:
-            speedup = self.reference.median_ms / self.candidate.median_ms if self.candidate.median_ms else math.inf
-        object.__setattr__(self, "speedup", speedup)
-
-    @property
-    def latency_ratio(self) -> float:
-        """Candidate time over reference time (the paired median where measured)."""
-        if self.ratio is not None:
-            return self.ratio
-        return self.candidate.median_ms / self.reference.median_ms if self.reference.median_ms else math.inf
-
-    @property
-    def speedup_interval(self) -> tuple[float, float] | None:
-        """The interval of the speed-up (reference over candidate time)."""
-        if self.ratio_interval is None or min(self.ratio_interval) <= 0:
-            return None
-        return 1 / self.ratio_interval[1], 1 / self.ratio_interval[0]
+    The latency ratio is the median of the rounds' own ratios, with its distribution-free interval (see
+    :mod:`qtool.evaluation.intervals`); where no round gives one, the medians' ratio. ``setup_ms``: session
+    creation and first run of each model (None: not timed); ``io_binding``: inputs and outputs bound on the device.
+    """
+    reference, candidate = latency_stats(times[0]), latency_stats(times[1])
+    ratio, interval = paired_ratio(*times)
+    if ratio is not None and ratio > 0:
+        speedup = 1 / ratio
+    else:
+        speedup = reference.median_ms / candidate.median_ms if candidate.median_ms else math.inf
+    if ratio is None:
+        ratio = candidate.median_ms / reference.median_ms if reference.median_ms else math.inf
+    return Latency(
+        provider=provider,
+        threads=threads,
+        reference=reference,
+        candidate=candidate,
+        speedup=speedup,
+        speedup_interval=None if interval is None or min(interval) <= 0 else [1 / interval[1], 1 / interval[0]],
+        latency_ratio=ratio if math.isfinite(ratio) else None,
+        latency_ratio_interval=list(interval) if interval else None,
+        setup_ms=list(setup_ms) if setup_ms else None,
+        io_binding=io_binding,
+    )
 
 
 def paired_ratio(
@@ -100,7 +94,7 @@ def measure_latency(
     feed: Feed,
     run: LatencyRun,
     on_progress: Callable[[int], None] | None = None,
-) -> LatencyComparison:
+) -> Latency:
     """Time both sessions on ``feed``: warm-up runs, then ``run.runs`` timed rounds interleaved.
 
     Interleaving (see :func:`qtool.evaluation.timing.time_interleaved`) makes machine noise
@@ -115,15 +109,5 @@ def measure_latency(
         on_round=on_progress,
         device=device,
     )
-    ref_times, cand_times = times["the reference model"], times["the candidate model"]
-    ratio, interval = paired_ratio(ref_times, cand_times)
-    return LatencyComparison(
-        run.provider,
-        run.threads,
-        latency_stats(ref_times),
-        latency_stats(cand_times),
-        run.setup_ms,
-        bound,
-        ratio=ratio,
-        ratio_interval=interval,
-    )
+    pair = (times["the reference model"], times["the candidate model"])
+    return latency_record(run.provider, run.threads, pair, setup_ms=run.setup_ms, io_binding=bound)

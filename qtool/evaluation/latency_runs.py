@@ -10,12 +10,12 @@ from pathlib import Path
 from qtool.calibration.dataset import Dataset
 from qtool.errors import QtoolError
 from qtool.evaluation.gates import Gate
-from qtool.evaluation.latency import LatencyComparison, LatencyRun, measure_latency
+from qtool.evaluation.latency import LatencyRun, measure_latency
 from qtool.evaluation.providers import session_providers, unavailable_reason
 from qtool.graph.session import create_session, run_session
 from qtool.options import EvaluationOptions
 from qtool.progress import ProgressFactory
-from qtool.schemas.reports.compare import GateResult
+from qtool.schemas.reports.compare import GateResult, Latency
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def latency_per_provider(
     dataset: Dataset,
     options: EvaluationOptions,
     factory: ProgressFactory,
-) -> tuple[list[LatencyComparison], list[tuple[str, str]]]:
+) -> tuple[list[Latency], list[tuple[str, str]]]:
     """Interleaved latency on each provider; providers that cannot run are skipped with the reason."""
     runs, warmup, threads, trt_engine_cache = options.runs, options.warmup, options.threads, options.trt_engine_cache
     if not runs:
@@ -83,7 +83,7 @@ def requested_providers(options: EvaluationOptions) -> list[str]:
 def confirmed_latency_gates(
     gates: list[Gate],
     judged: list[GateResult],
-    measured: LatencyComparison | None,
+    measured: Latency | None,
     paths: tuple[Path | str, Path | str],
     dataset: Dataset,
     options: EvaluationOptions,
@@ -97,11 +97,11 @@ def confirmed_latency_gates(
     only when that measurement's interval lies above the allowed ratio too; its note gives both.
     """
     failed = [r for r in judged if r.metric == "latency_ratio" and not r.passed and r.measured is not None]
-    if not failed or measured is None or measured.ratio_interval is None:
+    if not failed or measured is None or measured.latency_ratio_interval is None:
         return judged
     log.info("the latency gate failed; timing both models again on fresh sessions")
     again, _ = latency_per_provider(*paths, dataset, replace(options, providers=(measured.provider,)), factory)
-    interval = again[0].ratio_interval if again else None
+    interval = again[0].latency_ratio_interval if again else None
     if interval is None:
         return judged
     low, high = interval

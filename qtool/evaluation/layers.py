@@ -10,7 +10,6 @@ through a layer is not blamed on it. A pairing the structure does not confirm ge
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,43 +19,12 @@ import onnxruntime as ort
 
 from qtool.calibration.dataset import Dataset
 from qtool.calibration.statistics import with_exposed_outputs
-from qtool.evaluation.metrics import ErrorAccumulator, ErrorMetrics
+from qtool.evaluation.metrics import ErrorAccumulator
 from qtool.evaluation.pairing import Pairing, measured_tensors, pair_tensors
 from qtool.graph.session import create_session, run_session
 from qtool.graph.weights import Weights
 from qtool.progress import ProgressFactory, noop_progress
-
-SQNR_CAP_DB = 100.0  # an exact match counts as 100 dB when differences are taken
-
-
-@dataclass(frozen=True)
-class LayerError:
-    """The error of one tensor, and of the node that writes it in the candidate."""
-
-    tensor: str  # the reference tensor
-    node: str  # the candidate node that computes it (Q/DQ looked through)
-    op_type: str
-    sqnr_db: float
-    mse: float
-    cosine: float
-    input_sqnr_db: float  # the worst SQNR among the node's float inputs (capped)
-    drop_db: float  # input_sqnr_db - sqnr_db (both capped at SQNR_CAP_DB)
-    position: int = 0  # order of the tensor in the reference graph
-    source_sqnr_db: float = SQNR_CAP_DB  # like input_sqnr_db, but before the node's own input Q/DQ
-    candidate_tensor: str = ""  # the candidate tensor measured (its dequantized copy when a clamp was folded)
-    paired_by: str = "name"  # "name", "node name" or "structure" (see qtool.evaluation.pairing)
-    folded: tuple[str, ...] = ()  # reference ops the candidate node computes too (BatchNormalization, Relu ...)
-    uncertain: str = ""  # why the pairing may be wrong: no drop is reported then
-
-    @property
-    def drop_with_inputs_db(self) -> float:
-        """The error the node adds including the quantization of its inputs (what float activations undo)."""
-        return self.source_sqnr_db - _capped(self.sqnr_db)
-
-
-def _capped(value: float) -> float:
-    return min(value, SQNR_CAP_DB) if not math.isnan(value) else -SQNR_CAP_DB
-
+from qtool.schemas.reports.compare import SQNR_CAP_DB, Layer, Metrics, capped_db
 
 # at most this many bytes of exposed tensors per sample and session: each group runs both models over the samples,
 # so a larger group is fewer runs (a 416x416 detector's search: 3 groups -> 1, its one per-layer pass 1.9 -> 0.8 s,
@@ -88,7 +56,7 @@ def layer_errors(
     progress: ProgressFactory | None = None,
     weights: Weights | None = None,
     exposure: Exposure = Exposure(),
-) -> list[LayerError]:
+) -> list[Layer]:
     """SQNR/MSE of every paired float tensor and the drop its candidate node introduces, worst SQNR first.
 
     ``weights`` holds the detached values both models use (see :mod:`qtool.graph.weights`); ``exposure``
@@ -102,7 +70,7 @@ def layer_errors(
     for group in groups:
         _measure_group((reference, candidate), dataset, group, against, accumulators, threads, weights, advance)
     measured = {t: acc.metrics(t) for t, acc in accumulators.items() if acc.count}
-    return sorted(_rows(pairing, measured), key=lambda r: (_capped(r.sqnr_db), r.tensor))
+    return sorted(_rows(pairing, measured), key=lambda r: (capped_db(r.sqnr_db), r.tensor))
 
 
 def _measured(pairing: Pairing, only: frozenset[str] | None) -> dict[str, str]:
@@ -120,14 +88,14 @@ def _measured(pairing: Pairing, only: frozenset[str] | None) -> dict[str, str]:
     return {tensor: source for tensor, source in every.items() if tensor in wanted}
 
 
-def _rows(pairing: Pairing, measured: dict[str, ErrorMetrics]) -> list[LayerError]:
+def _rows(pairing: Pairing, measured: dict[str, Metrics]) -> list[Layer]:
     """One row per measured pair: its error, and the drop from the worst input its candidate node reads."""
     graph_inputs = pairing.graph_inputs
 
     def received(name: str) -> float | None:
         """The capped SQNR of a tensor a node reads; None for weights and constants (they do not count)."""
         if name in measured:
-            return _capped(measured[name].sqnr_db)
+            return capped_db(measured[name].sqnr_db)
         return SQNR_CAP_DB if name in graph_inputs else None
 
     def worst(values: list[float | None], default: float) -> float:
@@ -140,11 +108,11 @@ def _rows(pairing: Pairing, measured: dict[str, ErrorMetrics]) -> list[LayerErro
             continue
         # The error a node receives: each float input exactly as the candidate feeds it. A node none of
         # whose inputs could be measured is not blamed: its drop counts as 0.
-        input_sqnr = worst([received(i) for i in pair.inputs], default=_capped(m.sqnr_db))
+        input_sqnr = worst([received(i) for i in pair.inputs], default=capped_db(m.sqnr_db))
         sources = [pairing.sources.get(i, i) for i in pair.inputs]
         source_sqnr = worst([received(s) for s in sources], default=input_sqnr)
         rows.append(
-            LayerError(
+            Layer(
                 tensor=pair.reference,
                 node=pair.node,
                 op_type=pair.op_type,
@@ -152,13 +120,13 @@ def _rows(pairing: Pairing, measured: dict[str, ErrorMetrics]) -> list[LayerErro
                 mse=m.mse,
                 cosine=m.cosine,
                 input_sqnr_db=input_sqnr,
-                drop_db=0.0 if pair.uncertain else input_sqnr - _capped(m.sqnr_db),
+                drop_db=None if pair.uncertain else input_sqnr - capped_db(m.sqnr_db),
                 position=position,
                 source_sqnr_db=source_sqnr,
                 candidate_tensor=pair.candidate,
                 paired_by=pair.how,
-                folded=pair.folded,
-                uncertain=pair.uncertain,
+                folded=list(pair.folded),
+                uncertain=pair.uncertain or None,
             )
         )
     return rows
@@ -219,21 +187,22 @@ def _measure_group(
         advance(1)
 
 
-def largest_drop(rows: list[LayerError]) -> LayerError | None:
+def largest_drop(rows: list[Layer]) -> Layer | None:
     """The layer whose quantization introduces the most error (uncertain pairings left out).
 
     None when no layer loses anything: a node none of whose inputs could be measured (an If whose bodies
     hold the quantized nodes) counts as losing nothing, and is not named as the worst layer for it.
     """
-    best = max((r for r in rows if not r.uncertain), key=lambda r: (r.drop_db, -_capped(r.sqnr_db)), default=None)
-    return best if best is not None and best.drop_db > 0 else None
+    certain = [(r.drop_db, r) for r in rows if not r.uncertain and r.drop_db is not None]
+    best = max(certain, key=lambda pair: (pair[0], -capped_db(pair[1].sqnr_db)), default=None)
+    return best[1] if best is not None and best[0] > 0 else None
 
 
-def layer_op(row: LayerError) -> str:
+def layer_op(row: Layer) -> str:
     """The op type as reports show it, with the reference ops the node folds in (``Conv+BatchNormalization``)."""
     return "+".join((row.op_type, *row.folded))
 
 
-def layer_drop(row: LayerError) -> str:
+def layer_drop(row: Layer) -> str:
     """The drop as reports show it: dB, or "uncertain" when the pairing is."""
-    return "uncertain" if row.uncertain else f"{row.drop_db:.2f}"
+    return "uncertain" if row.uncertain or row.drop_db is None else f"{row.drop_db:.2f}"

@@ -17,20 +17,7 @@ from qtool.evaluation.output_kinds import OutputSource, decide_kind, task_note
 from qtool.evaluation.output_parts import ConcatLayout, OutputPart, scaled_parts
 from qtool.evaluation.row_matching import matched_rows
 from qtool.graph.session import run_session
-from qtool.schemas.reports.compare import Agreement, BoxIoU, OutputKind
-
-
-@dataclass(frozen=True)
-class ErrorMetrics:
-    """How far a candidate tensor is from the reference tensor."""
-
-    name: str
-    mse: float
-    sqnr_db: float  # +inf when the candidate matches exactly
-    cosine: float
-    max_abs_error: float
-    elements: int
-
+from qtool.schemas.reports.compare import Agreement, BoxIoU, Metrics, OutputKind
 
 _CHUNK = 1 << 16  # elements per float32 partial sum (relative error of a sum well below 1e-5)
 
@@ -78,7 +65,8 @@ class ErrorAccumulator:
         self.max_abs = max(self.max_abs, other.max_abs)
         self.count += other.count
 
-    def metrics(self, name: str) -> ErrorMetrics:
+    def metrics(self, name: str) -> Metrics:
+        """The error metrics of the sums so far (SQNR +inf: an exact match)."""
         mse = self.sum_err_sq / self.count if self.count else 0.0
         if self.sum_err_sq == 0.0:
             sqnr = math.inf
@@ -91,7 +79,7 @@ class ErrorAccumulator:
             cosine = self.sum_dot / norms
         else:
             cosine = 1.0 if self.sum_ref_sq == self.sum_cand_sq else 0.0
-        return ErrorMetrics(name, mse, sqnr, cosine, self.max_abs, self.count)
+        return Metrics(name=name, mse=mse, sqnr_db=sqnr, cosine=cosine, max_abs_error=self.max_abs, elements=self.count)
 
 
 def is_float(value: object) -> bool:
@@ -155,16 +143,16 @@ TASKS = ("auto", "classification", "none")
 class OutputComparison:
     """Accuracy of the candidate's outputs against the reference's."""
 
-    outputs: list[ErrorMetrics]
-    overall: ErrorMetrics
+    outputs: list[Metrics]
+    overall: Metrics
     samples: int
     agreement: list[Agreement]
     task: str  # "classification" or "none"
     task_note: str  # how each output was judged, for the report
     kinds: list[OutputKind] = field(default_factory=list)  # one per float output, in graph order
     boxes: list[BoxIoU] = field(default_factory=list)
-    judged: ErrorMetrics | None = None  # the judged outputs pooled, when not every output is judged
-    judged_parts: list[ErrorMetrics] = field(default_factory=list)  # the judged outputs' parts (output_parts)
+    judged: Metrics | None = None  # the judged outputs pooled, when not every output is judged
+    judged_parts: list[Metrics] = field(default_factory=list)  # the judged outputs' parts (output_parts)
 
 
 def _same_shape(
@@ -283,7 +271,7 @@ class _OutputErrors:
         for part in self.parts[name]:
             self.per_part[part.name].add(part.of(reference), part.of(candidate))
 
-    def part_metrics(self, judged: frozenset[str] | None) -> list[ErrorMetrics]:
+    def part_metrics(self, judged: frozenset[str] | None) -> list[Metrics]:
         """The metrics of the parts of the outputs ``judged`` (None: every output)."""
         return [
             self.per_part[part.name].metrics(part.name)
@@ -293,7 +281,7 @@ class _OutputErrors:
             if self.per_part[part.name].count
         ]
 
-    def metrics(self) -> list[ErrorMetrics]:
+    def metrics(self) -> list[Metrics]:
         """Each output's metrics, each followed by its parts'."""
         listed = []
         for name, acc in self.per_output.items():
@@ -304,7 +292,7 @@ class _OutputErrors:
 
 def _pooled(
     per_output: dict[str, ErrorAccumulator], judged: frozenset[str] | None
-) -> tuple[ErrorAccumulator, ErrorMetrics | None]:
+) -> tuple[ErrorAccumulator, Metrics | None]:
     """Every output's errors pooled, and the judged outputs' (None when every output is judged)."""
     overall, pooled = ErrorAccumulator(), ErrorAccumulator()
     for name, acc in per_output.items():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -26,33 +26,10 @@ from qtool.evaluation.output_kinds import output_sources
 from qtool.evaluation.timing import Rounds, time_interleaved
 from qtool.graph.model_files import model_files
 from qtool.graph.session import create_session
+from qtool.schemas.reports.quantize import PeerReport, PeerRowReport
 from qtool.system.environment import cpu_info
 
 ONNXRUNTIME = "onnxruntime quantize_static"
-
-
-@dataclass(frozen=True)
-class PeerRow:
-    """One model of the side-by-side: its size, worst output and speed-ups over fp32."""
-
-    model: str  # "fp32", "qtool" or ONNXRUNTIME
-    bytes: int
-    worst_sqnr_db: float | None  # None for fp32
-    speedup_one_thread: float | None  # fp32 time / this model's time, 1 intra-op thread (None: not timed)
-    speedup_all_threads: float | None  # the same at onnxruntime's default threads (every core)
-
-
-@dataclass(frozen=True)
-class PeerComparison:
-    """The side-by-side of qtool's model and onnxruntime's, with what it was measured on."""
-
-    recipe: str  # how onnxruntime's model was made
-    rows: list[PeerRow]
-    samples: int  # scored
-    held_out: bool  # the scored samples are not the calibration samples
-    cpu: str
-    runs: int  # timed rounds per thread setting
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -68,7 +45,7 @@ class PeerRun:
     warmup: int = 2
 
 
-def beside_onnxruntime(run: PeerRun) -> PeerComparison:
+def beside_onnxruntime(run: PeerRun) -> PeerReport:
     """Quantize ``run.float_path`` with onnxruntime and measure it beside qtool's model and fp32.
 
     When onnxruntime cannot quantize the model, the comparison holds fp32 and qtool and a note says why.
@@ -88,9 +65,26 @@ def beside_onnxruntime(run: PeerRun) -> PeerComparison:
         one = _speedups(models, run, threads=1)
         every = _speedups(models, run, threads=None)
         sizes = {name: sum(f.stat().st_size for f in model_files(path)) for name, path in models.items()}
-        rows = [PeerRow(name, sizes[name], worst.get(name), one.get(name), every.get(name)) for name in models]
+        rows = [
+            PeerRowReport(
+                model=name,
+                bytes=sizes[name],
+                worst_sqnr_db=worst.get(name),
+                speedup_one_thread=one.get(name),
+                speedup_all_threads=every.get(name),
+            )
+            for name in models
+        ]
     flags = ", ".join(f for f in cpu["flags"] if "vnni" in f or f.startswith("avx512f")) or "no VNNI"
-    return PeerComparison(RECIPE, rows, len(run.scored), run.held_out, f"{cpu['model']} ({flags})", run.runs, notes)
+    return PeerReport(
+        recipe=RECIPE,
+        rows=rows,
+        samples=len(run.scored),
+        held_out=run.held_out,
+        cpu=f"{cpu['model']} ({flags})",
+        runs=run.runs,
+        notes=notes,
+    )
 
 
 def _worst_outputs(models: dict[str, Path], scored: Dataset) -> dict[str, float]:

@@ -6,10 +6,11 @@ from pathlib import Path
 
 from qtool.calibration.remote import is_url
 from qtool.errors import QtoolError
-from qtool.evaluation.peer import PeerComparison, PeerRun, beside_onnxruntime
+from qtool.evaluation.peer import PeerRun, beside_onnxruntime
 from qtool.options import CalibrationOptions, EvaluationOptions
 from qtool.pipeline.data import calibration_dataset, full_dataset
 from qtool.pipeline.workspace import Workspace
+from qtool.schemas.reports.quantize import PeerReport
 from qtool.system.stages import stage
 
 PEER_RUNS = 20  # timed rounds per thread setting when the comparison times nothing (--runs 0, or no evaluation)
@@ -29,7 +30,7 @@ def measured_beside_onnxruntime(
     data_dirs: tuple[Path | str, Path | str | None],
     calibration: CalibrationOptions,
     evaluation: EvaluationOptions | None,
-) -> PeerComparison:
+) -> PeerReport:
     """Onnxruntime's model calibrated on the samples qtool calibrated on, scored and timed with qtool's and fp32.
 
     ``data_dirs``: the calibration samples, and the held-out ones to score on (None: the calibration samples).

@@ -22,7 +22,7 @@ from qtool.choice.selection import PlacementChoice
 from qtool.config import QConfig
 from qtool.errors import QtoolError
 from qtool.evaluation.compare import compare
-from qtool.evaluation.latency import LatencyComparison, latency_stats, paired_ratio
+from qtool.evaluation.latency import latency_record
 from qtool.evaluation.opened import OpenedModel
 from qtool.evaluation.pairing import FLOAT_TYPES
 from qtool.graph.checks import check_quantized_model
@@ -365,16 +365,8 @@ def _with_choice_latency(comparison: ComparisonResult, choice: PlacementChoice) 
     # The choice already timed this very model against fp32, interleaved: that is the latency to report (over the
     # rounds both ran in: fp32 goes on with the candidates whose comparison took more rounds)
     rounds = min(len(choice.times["fp32"]), len(choice.times[choice.chosen]))
-    fp32, chosen = choice.times["fp32"][:rounds], choice.times[choice.chosen][:rounds]
-    ratio, interval = paired_ratio(fp32, chosen)
-    latency = LatencyComparison(
-        "CPUExecutionProvider",
-        choice.threads,
-        latency_stats(fp32),
-        latency_stats(chosen),
-        ratio=ratio,
-        ratio_interval=interval,
-    )
+    times = (choice.times["fp32"][:rounds], choice.times[choice.chosen][:rounds])
+    latency = latency_record("CPUExecutionProvider", choice.threads, times)
     reproducibility = {
         **comparison.reproducibility,
         "threads": {"intra_op": choice.threads, "onnxruntime_default": False},

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 
-from qtool.evaluation.baseline import BaselineComparison, Change
-from qtool.evaluation.layers import LayerError, largest_drop, layer_drop, layer_op
+from qtool.evaluation.language_model import language_model_lines
+from qtool.evaluation.layers import largest_drop, layer_drop, layer_op
 from qtool.reports.terminal import printable
 from qtool.results import ComparisonResult
+from qtool.schemas.reports.compare import Baseline, BaselineChange, Layer
 
 
 def _md(text: object) -> str:
@@ -44,7 +45,7 @@ def _change(value: float | None, metric: str) -> str:
     return f"{value:+.2f} dB" if metric == "sqnr" else f"{value:+.3f}"
 
 
-def baseline_markdown(baseline: BaselineComparison) -> list[str]:
+def baseline_markdown(baseline: Baseline) -> list[str]:
     """The "against the baseline" section of the Markdown report."""
     verdict = "**regressed**" if baseline.regressed else "no regression"
     lines = ["", f"### Against the baseline (`{_md(baseline.path)}`): {verdict}", ""]
@@ -63,7 +64,7 @@ def baseline_markdown(baseline: BaselineComparison) -> list[str]:
     return lines
 
 
-def improved(c: Change) -> bool:
+def improved(c: BaselineChange) -> bool:
     """Whether the number moved the better way."""
     if c.change is None or c.change == 0:
         return False
@@ -122,11 +123,11 @@ def _md_accuracy(result: ComparisonResult) -> list[str]:
         lines.append(f"- `{_md(b.output)}`: mean box IoU {b.mean_iou:.4f} ({b.boxes} boxes)")
     if result.language_model is not None:
         lines += ["", f"Language model (`{_md(result.language_model.logits)}`):"]
-        lines += [f"- {line}" for line in result.language_model.lines()]
+        lines += [f"- {line}" for line in language_model_lines(result.language_model)]
     return lines
 
 
-def _md_layers(layers: list[LayerError]) -> list[str]:
+def _md_layers(layers: list[Layer]) -> list[str]:
     """The ten worst layers, the largest drop and the pairings that could not be trusted."""
     lines = [
         "",

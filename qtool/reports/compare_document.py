@@ -1,18 +1,15 @@
-"""The ``qtool compare --json`` document, built as its schema model (:class:`qtool.schemas.reports.CompareReport`)."""
+"""The ``qtool compare --json`` document, built as its schema model (:class:`qtool.schemas.reports.CompareReport`).
+
+The measured parts (error metrics, per-layer rows, latency, the language-model and closed-loop figures, the baseline
+change) are already the schema's models: the document holds them as they are.
+"""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from qtool._version import __version__
-from qtool.evaluation.baseline import BaselineComparison
-from qtool.evaluation.closed_loop import ClosedLoopScore
-from qtool.evaluation.language_model import LanguageModelScore
-from qtool.evaluation.latency import LatencyComparison
-from qtool.evaluation.layers import LayerError, largest_drop
-from qtool.evaluation.metrics import ErrorMetrics
-from qtool.reports.records import filled
+from qtool.evaluation.layers import largest_drop
 from qtool.results import ComparisonResult
 from qtool.schemas import reports as doc
 
@@ -20,74 +17,25 @@ from qtool.schemas import reports as doc
 COMPARE_SCHEMA_VERSION = 3
 
 
-def finite(value: float) -> float | None:
-    """JSON has no infinity: an exact match (infinite SQNR) is written as null."""
-    return value if math.isfinite(value) else None
-
-
-def _metrics(m: ErrorMetrics) -> doc.Metrics:
-    return filled(doc.Metrics, m)
-
-
-def _baseline(baseline: BaselineComparison) -> doc.Baseline:
-    return filled(doc.Baseline, baseline, changes=[filled(doc.BaselineChange, c) for c in baseline.changes])
-
-
 def _accuracy(result: ComparisonResult) -> doc.Accuracy:
     return doc.Accuracy(
-        overall=_metrics(result.overall),
-        outputs=[_metrics(m) for m in result.outputs],
+        overall=result.overall,
+        outputs=result.outputs,
         task=result.task_note,
         output_kinds=result.output_kinds,
         classification=result.agreement,
         boxes=result.boxes,
-        language_model=_language_model(result.language_model),
-        closed_loop=_closed_loop(result.closed_loop),
-        judged=_metrics(result.judged) if result.judged is not None else None,
+        language_model=result.language_model,
+        closed_loop=result.closed_loop,
+        judged=result.judged,
         judged_note=result.judged_note,
     )
 
 
-def _closed_loop(score: ClosedLoopScore | None) -> doc.ClosedLoop | None:
-    return None if score is None else filled(doc.ClosedLoop, score)
-
-
-def _language_model(score: LanguageModelScore | None) -> doc.LanguageModel | None:
-    return None if score is None else filled(doc.LanguageModel, score)
-
-
-def _per_layer(layers: list[LayerError]) -> doc.PerLayer:
+def _per_layer(layers: list[doc.Layer]) -> doc.PerLayer:
     drop = largest_drop(layers)
-    return doc.PerLayer(
-        largest_drop=None if drop is None else filled(doc.LargestDrop, drop),
-        layers=[
-            filled(
-                doc.Layer,
-                r,
-                drop_db=None if r.uncertain else r.drop_db,
-                candidate_tensor=r.candidate_tensor or r.tensor,
-                uncertain=r.uncertain or None,
-            )
-            for r in layers
-        ],
-    )
-
-
-def _latency(lat: LatencyComparison) -> doc.Latency:
-    return filled(
-        doc.Latency,
-        lat,
-        speedup_interval=lat.speedup_interval or None,
-        latency_ratio_interval=lat.ratio_interval or None,
-        setup_ms=lat.setup_ms or None,
-    )
-
-
-def _gates(result: ComparisonResult) -> doc.Gates:
-    return doc.Gates(
-        passed=result.gates_passed,
-        results=result.gates,
-    )
+    largest = None if drop is None else doc.LargestDrop.model_validate(drop, from_attributes=True)
+    return doc.PerLayer(largest_drop=largest, layers=layers)
 
 
 def comparison_report(result: ComparisonResult) -> doc.CompareReport:
@@ -96,10 +44,10 @@ def comparison_report(result: ComparisonResult) -> doc.CompareReport:
         schema_version=COMPARE_SCHEMA_VERSION,
         qtool_version=__version__,
         models=doc.Models(
-            reference=filled(doc.ModelRef, result.reference),
-            candidate=filled(doc.ModelRef, result.candidate),
+            reference=doc.ModelRef.model_validate(result.reference, from_attributes=True),
+            candidate=doc.ModelRef.model_validate(result.candidate, from_attributes=True),
         ),
-        data=filled(doc.Data, result, dir=result.data_dir),
+        data=doc.Data(dir=result.data_dir, samples=result.samples, calibration_data=result.calibration_data),
         size=doc.Size(
             reference_bytes=result.reference.size_bytes,
             candidate_bytes=result.candidate.size_bytes,
@@ -107,10 +55,10 @@ def comparison_report(result: ComparisonResult) -> doc.CompareReport:
         ),
         accuracy=_accuracy(result),
         per_layer=None if result.layers is None else _per_layer(result.layers),
-        latency=[_latency(lat) for lat in result.latency],
+        latency=result.latency,
         skipped_providers=[doc.SkippedProvider(provider=p, reason=why) for p, why in result.skipped_providers],
-        gates=_gates(result),
-        baseline=_baseline(result.baseline) if result.baseline else None,
+        gates=doc.Gates(passed=result.gates_passed, results=result.gates),
+        baseline=result.baseline,
         reproducibility={
             "reference_sha256": result.reference.sha256,
             "candidate_sha256": result.candidate.sha256,

@@ -10,7 +10,6 @@ from typing import Any
 from qtool.calibration.statistics import CalibrationStats
 from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, SearchResult
 from qtool.choice.selection import PlacementChoice
-from qtool.evaluation.peer import PeerComparison
 from qtool.quantization.plan.inspection import Inspection
 from qtool.reports.compare_document import comparison_report
 from qtool.reports.records import document, file_record, filled
@@ -55,13 +54,9 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
         sensitivity=_search(result.search) if result.search else None,
         placement_choice=_choice(result.placement_choice) if result.placement_choice else None,
         comparison=comparison_report(result.comparison) if result.comparison else None,
-        peer=_peer(result.peer) if result.peer else None,
+        peer=result.peer,
     )
     return report.model_dump()
-
-
-def _peer(peer: PeerComparison) -> doc.PeerReport:
-    return filled(doc.PeerReport, peer, rows=[filled(doc.PeerRowReport, row) for row in peer.rows])
 
 
 def _search(f: SearchResult) -> doc.SearchReport:

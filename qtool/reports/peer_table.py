@@ -7,14 +7,14 @@ import math
 from rich.console import Console
 from rich.table import Table
 
-from qtool.evaluation.peer import PeerComparison
+from qtool.schemas.reports.quantize import PeerReport
 
 
 def _speedup(value: float | None) -> str:
     return f"{value:.2f}x" if value is not None and math.isfinite(value) else ""
 
 
-def render_peer(console: Console, peer: PeerComparison) -> None:
+def render_peer(console: Console, peer: PeerReport) -> None:
     """fp32, qtool's model and onnxruntime's of the same file: size, worst output, speed-ups; then the notes.
 
     ``peer``'s strings are printed as they are: the caller made them printable (:func:`for_terminal`).

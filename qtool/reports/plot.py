@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qtool.errors import QtoolError
-from qtool.evaluation.layers import LayerError, layer_op
+from qtool.evaluation.layers import layer_op
 from qtool.graph.model_io import atomic_writer
+from qtool.schemas.reports.compare import Layer
 
 TOP_LAYERS = 20
 
@@ -27,12 +28,13 @@ class LayerChart:
     uncertain: int  # pairings left out
 
 
-def chart_layers(layers: list[LayerError], top: int = TOP_LAYERS) -> LayerChart:
+def chart_layers(layers: list[Layer], top: int = TOP_LAYERS) -> LayerChart:
     """The data of :func:`plot_layers`: certain pairings in graph order and the ``top`` largest drops."""
-    certain = sorted((r for r in layers if not r.uncertain), key=lambda r: r.position)
-    ranked = sorted(range(len(certain)), key=lambda i: (-certain[i].drop_db, certain[i].node))[:top]
-    worst = [(i, f"{certain[i].node} ({layer_op(certain[i])})", certain[i].drop_db) for i in ranked]
-    return LayerChart([r.drop_db for r in certain], worst, len(layers) - len(certain))
+    certain = sorted((r for r in layers if not r.uncertain and r.drop_db is not None), key=lambda r: r.position)
+    drops = [r.drop_db for r in certain if r.drop_db is not None]  # each of them
+    ranked = sorted(range(len(certain)), key=lambda i: (-drops[i], certain[i].node))[:top]
+    worst = [(i, f"{certain[i].node} ({layer_op(certain[i])})", drops[i]) for i in ranked]
+    return LayerChart(drops, worst, len(layers) - len(certain))
 
 
 def require_matplotlib() -> None:
@@ -43,7 +45,7 @@ def require_matplotlib() -> None:
         raise QtoolError("--plot needs matplotlib", hint="pip install 'qtool-onnx[plot]'") from e
 
 
-def plot_layers(layers: list[LayerError], path: Path | str, top: int = TOP_LAYERS) -> None:
+def plot_layers(layers: list[Layer], path: Path | str, top: int = TOP_LAYERS) -> None:
     """Draw the overview and the ``top`` worst drops; write a PNG atomically."""
     require_matplotlib()
     import matplotlib

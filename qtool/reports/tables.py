@@ -9,16 +9,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from qtool.evaluation.baseline import BaselineComparison
-from qtool.evaluation.latency import LatencyComparison
-from qtool.evaluation.layers import LayerError, largest_drop, layer_drop, layer_op
+from qtool.evaluation.closed_loop import closed_loop_lines
+from qtool.evaluation.language_model import language_model_lines
+from qtool.evaluation.layers import largest_drop, layer_drop, layer_op
 from qtool.quantization.emit.report import RewriteReport
 from qtool.quantization.plan.inspection import Inspection
 from qtool.reports.ci import improved
 from qtool.reports.peer_table import render_peer
 from qtool.reports.placement_tables import render_choice, render_search
-from qtool.reports.terminal import for_terminal, printable
+from qtool.reports.terminal import for_terminal
 from qtool.results import ComparisonResult, QuantizeResult
+from qtool.schemas.reports.compare import Baseline, Latency, Layer
 from qtool.schemas.reports.doctor import DoctorReport
 
 
@@ -46,7 +47,7 @@ def _value(value: float | None) -> str:
     return f"{value:.4g}"
 
 
-def _render_baseline(console: Console, baseline: BaselineComparison) -> None:
+def _render_baseline(console: Console, baseline: Baseline) -> None:
     verdict = "[red]regressed[/red]" if baseline.regressed else "[green]no regression[/green]"
     table = Table(title=f"against the baseline {baseline.path}: {verdict}", title_justify="left")
     for column in ("metric", "baseline", "now", "change", ""):
@@ -122,16 +123,16 @@ def _render_accuracy(console: Console, result: ComparisonResult) -> None:
         console.print(f"  {b.output}: mean box IoU {b.mean_iou:.4f} over {b.boxes} boxes")
     if result.language_model is not None:
         console.print(f"language model ('{result.language_model.logits}'):", highlight=False)
-        for line in result.language_model.lines():
+        for line in language_model_lines(result.language_model):
             console.print(f"  {line}", highlight=False)
     if result.closed_loop is not None:
-        first, *rest = result.closed_loop.lines()
+        first, *rest = closed_loop_lines(result.closed_loop)
         console.print(first, highlight=False)
         for line in rest:
             console.print(f"  {line}", highlight=False)
 
 
-def _render_latency(console: Console, lat: LatencyComparison) -> None:
+def _render_latency(console: Console, lat: Latency) -> None:
     """One provider's latency table, its speed-up and what else it measured."""
     threads = lat.threads if lat.threads else "default"
     provider = lat.provider.removesuffix("ExecutionProvider")
@@ -160,7 +161,7 @@ def _render_latency(console: Console, lat: LatencyComparison) -> None:
         )
 
 
-def render_layers(console: Console, layers: list[LayerError], show: int = 15) -> None:
+def render_layers(console: Console, layers: list[Layer], show: int = 15) -> None:
     """Per-layer SQNR, worst first, and the layer that introduces the largest drop."""
     layers = for_terminal(layers)  # names from the user's files: no raw control characters or markup
     table = Table(
@@ -395,5 +396,5 @@ def render_doctor(console: Console, result: DoctorReport) -> None:
     console.print(table)
     opsets = ", ".join(f"{d} {o if o is not None else 'none'}" for d, o in result.qdq_kernel_opsets.items())
     console.print(f"newest opset with Q/DQ kernels: {opsets}", highlight=False)
-    gpus = "; ".join(printable(gpu) for gpu in result.gpus) if result.gpus else "none found (no nvidia-smi)"
+    gpus = "; ".join(result.gpus) if result.gpus else "none found (no nvidia-smi)"
     console.print("GPUs: " + gpus, highlight=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from rich.markup import escape
 
 T = TypeVar("T")
@@ -47,4 +48,6 @@ def _convert(value: Any) -> Any:
         for f in dataclasses.fields(value):
             object.__setattr__(copy, f.name, _convert(getattr(value, f.name)))
         return copy
+    if isinstance(value, BaseModel):  # the report models that are records too (qtool.schemas.reports)
+        return value.model_copy(update={name: _convert(getattr(value, name)) for name in type(value).model_fields})
     return value

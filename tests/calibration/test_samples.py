@@ -212,7 +212,7 @@ def test_compare_reports_the_numbers_it_measures(quantized_samples):
     assert lat is not None and lat.reference.runs == 5 and lat.provider == "CPUExecutionProvider"
     assert lat.reference.median_ms <= lat.reference.p90_ms <= lat.reference.p99_ms
     # the speed-up is the median of the rounds' own ratios (both models ran in each), inside its interval
-    assert lat.ratio is not None and lat.speedup == pytest.approx(1 / lat.ratio)
+    assert lat.latency_ratio is not None and lat.speedup == pytest.approx(1 / lat.latency_ratio)
     assert lat.speedup_interval is None  # 5 rounds: too few for a 99 % interval (8 are needed)
 
 

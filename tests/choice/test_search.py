@@ -10,13 +10,14 @@ import pytest
 from qtool.choice.records import PlacementChoice
 from qtool.choice.search import Moves, SearchResult, _stop_reason, rank_nodes
 from qtool.choice.selection import _may_win
-from qtool.evaluation.layers import LayerError
+from qtool.schemas.reports.compare import Layer
 from qtool.schemas.reports.quantize import SearchStep
 from tests.choice.records import candidate
 
 
-def _row(node: str, sqnr: float, source: float, position: int) -> LayerError:
-    return LayerError(node + ":out", node, "Conv", sqnr, 0.0, 1.0, source, source - sqnr, position, source)
+def _row(node: str, sqnr: float, source: float, position: int) -> Layer:
+    figures = {"sqnr_db": sqnr, "mse": 0.0, "cosine": 1.0, "input_sqnr_db": source, "drop_db": source - sqnr}
+    return Layer(tensor=node + ":out", node=node, op_type="Conv", **figures, position=position, source_sqnr_db=source)
 
 
 def test_movable_nodes_are_ranked_by_the_error_they_add_with_their_inputs():

@@ -88,21 +88,21 @@ def _png_size(path):
 
 def test_plot_shows_drops_and_stays_readable_for_hundreds_of_layers(tmp_path):
     pytest.importorskip("matplotlib")
-    from qtool.evaluation.layers import LayerError
     from qtool.reports.plot import chart_layers, plot_layers
+    from qtool.schemas.reports.compare import Layer
 
-    def row(i, drop, uncertain=""):
-        return LayerError(
-            f"t{i}",
-            f"node{i}",
-            "Conv",
-            100.0 if i == 0 else 30.0,
-            0.0,
-            1.0,
-            40.0,
-            drop,
+    def row(i, drop, uncertain=None):
+        return Layer(
+            tensor=f"t{i}",
+            node=f"node{i}",
+            op_type="Conv",
+            sqnr_db=100.0 if i == 0 else 30.0,
+            mse=0.0,
+            cosine=1.0,
+            input_sqnr_db=40.0,
+            drop_db=None if uncertain else drop,
             position=i,
-            folded=("Relu",) if i == 7 else (),
+            folded=["Relu"] if i == 7 else [],
             uncertain=uncertain,
         )
 
@@ -362,7 +362,7 @@ def test_a_model_at_reference_speed_passes_a_ratio_1_gate_19_times_in_20(tmp_pat
     passed = 0
     for _ in range(20):
         result = qtool.compare(sample("mlp"), copy, eval_dir("mlp"), options=EvaluationOptions(limit=1), gates=gates)
-        assert result.primary_latency is not None and result.primary_latency.ratio_interval is not None
+        assert result.primary_latency is not None and result.primary_latency.latency_ratio_interval is not None
         passed += result.gates_passed
     assert passed >= 19
 
@@ -387,7 +387,7 @@ def test_a_failed_latency_gate_is_timed_again_on_fresh_sessions(tmp_path, monkey
         sample("mlp"), copy, eval_dir("mlp"), options=options, gates=parse_gates(max_latency_ratio=1.0)
     )
     (gate,) = result.gates
-    assert len(calls) == 2 and result.primary_latency is not None and result.primary_latency.ratio == 1.10
+    assert len(calls) == 2 and result.primary_latency is not None and result.primary_latency.latency_ratio == 1.10
     assert gate.passed and "fresh sessions" in gate.note and "was not the models'" in gate.note
     monkeypatch.setattr(latency, "paired_ratio", real)
     slow = qtool.compare(

@@ -11,9 +11,10 @@ from onnx import numpy_helper
 
 import qtool
 from qtool.calibration.dataset import Dataset, model_inputs
-from qtool.evaluation.layers import LayerError, largest_drop, layer_errors
+from qtool.evaluation.layers import largest_drop, layer_errors
 from qtool.evaluation.pairing import pair_tensors
 from qtool.options import EvaluationOptions
+from qtool.schemas.reports.compare import Layer
 from tests.conftest import calib_dir, eval_dir, sample
 
 
@@ -115,7 +116,7 @@ def test_a_pairing_the_structure_does_not_confirm_gets_no_drop(onnxruntime_cnn, 
     dataset = Dataset(eval_dir("cnn"), model_inputs(reference), limit=4)
     rows = {r.tensor: r for r in layer_errors(reference, onnx.load(out), dataset)}
     row = rows["block1/relu_out"]
-    assert "no QuantizeLinear to clamp it" in row.uncertain and row.drop_db == 0.0
+    assert row.uncertain is not None and "no QuantizeLinear to clamp it" in row.uncertain and row.drop_db is None
     drop = largest_drop(list(rows.values()))
     assert drop is not None and drop.tensor != "block1/relu_out"
 
@@ -140,10 +141,15 @@ def test_reports_written_before_structural_pairing_still_read_as_baselines(onnxr
     assert read_baseline(old).per_layer is not None
 
 
+def _layer(tensor: str, node: str, op_type: str, sqnr_db: float, input_sqnr_db: float, drop_db: float) -> Layer:
+    figures = {"sqnr_db": sqnr_db, "mse": 1e-3, "cosine": 0.99, "input_sqnr_db": input_sqnr_db, "drop_db": drop_db}
+    return Layer(tensor=tensor, node=node, op_type=op_type, **figures)
+
+
 def test_no_layer_is_named_the_largest_drop_when_none_loses_anything():
     # an If whose bodies hold the quantized nodes: its inputs cannot be measured, so it counts as losing nothing
-    quiet = LayerError("if_out", "If_0", "If", 26.5, 1e-3, 0.99, 26.5, 0.0)
-    better = LayerError("relu_out", "relu", "Relu", 30.0, 1e-4, 0.999, 29.0, -1.0)
+    quiet = _layer("if_out", "If_0", "If", 26.5, 26.5, 0.0)
+    better = _layer("relu_out", "relu", "Relu", 30.0, 29.0, -1.0)
     assert largest_drop([quiet, better]) is None
-    lossy = LayerError("conv_out", "conv", "Conv", 25.0, 1e-3, 0.99, 30.0, 5.0)
+    lossy = _layer("conv_out", "conv", "Conv", 25.0, 30.0, 5.0)
     assert largest_drop([quiet, better, lossy]) is lossy

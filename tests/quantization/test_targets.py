@@ -208,7 +208,7 @@ def test_device_bound_runs_give_the_same_outputs_and_compare_reports_setup_apart
 
 def test_accuracy_is_measured_again_on_each_gpu_provider(tmp_path, monkeypatch):
     from qtool.evaluation import compare as compare_module
-    from qtool.evaluation.latency import LatencyComparison, latency_stats
+    from qtool.evaluation.latency import latency_record
     from qtool.options import EvaluationOptions
 
     # Stand-in for a GPU: a session on the CPU under a GPU provider's name runs the plumbing for real.
@@ -216,12 +216,12 @@ def test_accuracy_is_measured_again_on_each_gpu_provider(tmp_path, monkeypatch):
     quantized = tmp_path / "q.onnx"
     qtool.quantize(sample("cnn"), quantized, data_dir=calib_dir("cnn"), search=None, evaluation=None)
     reference = ort.InferenceSession(str(sample("cnn")), providers=["CPUExecutionProvider"])
-    stats = latency_stats([1e-3] * 3)
+    times = ([1e-3] * 3, [1e-3] * 3)
     dataset = qtool.calibration.dataset.Dataset(
         calib_dir("cnn"), qtool.calibration.dataset.model_inputs(onnx.load(sample("cnn"))), limit=4
     )
     gpu = compare_module._provider_accuracy(
-        LatencyComparison("CUDAExecutionProvider", None, stats, stats),
+        latency_record("CUDAExecutionProvider", None, times),
         reference,
         quantized,
         dataset,
@@ -231,7 +231,7 @@ def test_accuracy_is_measured_again_on_each_gpu_provider(tmp_path, monkeypatch):
     main = qtool.compare(sample("cnn"), quantized, calib_dir("cnn"), options=EvaluationOptions(runs=0, limit=4))
     assert gpu.candidate_sqnr_db == pytest.approx(min(o.sqnr_db for o in main.outputs), rel=1e-6)
     cpu = compare_module._provider_accuracy(
-        LatencyComparison("CPUExecutionProvider", None, stats, stats),
+        latency_record("CPUExecutionProvider", None, times),
         reference,
         quantized,
         dataset,

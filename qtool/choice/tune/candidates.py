@@ -186,7 +186,8 @@ class Candidates:
             _, feed = self.selection.samples[0]
             run = LatencyRun(self.latency_runs, warmup=2, threads=self.threads)
             latency = measure_latency(self._float, session, feed, run)
-            ratio, interval = latency.ratio, latency.ratio_interval
+            ratio, bounds = latency.latency_ratio, latency.latency_ratio_interval
+            interval = (bounds[0], bounds[1]) if bounds else None
         trial = Trial(
             allocation=dict(allocation),
             predicted_db=sqnr_db(predicted),

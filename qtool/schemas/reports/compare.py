@@ -1,4 +1,9 @@
-"""``qtool compare --json``: accuracy, size, latency, gates and the baseline change, as pydantic models."""
+"""``qtool compare --json``: accuracy, size, latency, gates and the baseline change, as pydantic models.
+
+The measured parts (:class:`Metrics`, :class:`Layer`, :class:`Latency`, :class:`LanguageModel`, :class:`ClosedLoop`,
+:class:`Baseline` ...) are also the records :mod:`qtool.evaluation` returns: built once where they are measured and
+dumped as they are. A field the JSON leaves out (what only the library reads) is excluded from the dump and the schema.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,24 @@ import math
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
-from qtool.schemas.reports.base import _Report
+from qtool.schemas.reports.base import Decibels, FiniteOrNull, _Record, _Report
+
+SQNR_CAP_DB = 100.0  # an exact match counts as 100 dB when per-layer differences are taken
 
 
-class Metrics(_Report):
+def capped_db(value: float) -> float:
+    """An SQNR as per-layer differences take it: at most :data:`SQNR_CAP_DB`, NaN as its negative."""
+    return min(value, SQNR_CAP_DB) if not math.isnan(value) else -SQNR_CAP_DB
+
+
+class Metrics(_Record):
     """Error of one output (or of all together) against the reference."""
 
     name: str
     mse: float
-    sqnr_db: float | None = Field(description="null when the outputs are identical (infinite SQNR)")
+    sqnr_db: Decibels = Field(description="null when the outputs are identical (infinite SQNR)")
     cosine: float
     max_abs_error: float
     elements: int
@@ -84,7 +97,7 @@ class BoxIoU(_Report):
     boxes: int = Field(description="reference boxes with a positive area (empty padding boxes are left out)")
 
 
-class LanguageModel(_Report):
+class LanguageModel(_Record):
     """A decoder's metrics: perplexity, next-token agreement and the greedy decode loop through the cache."""
 
     logits: str
@@ -101,23 +114,25 @@ class LanguageModel(_Report):
     free_running_agreement: float | None = Field(
         description="the candidate's own greedy tokens equal the reference's, position by position"
     )
-    free_running_bound: float | None = Field(
-        None,
+    free_running_bound: FiniteOrNull = Field(
+        default=None,
         description="the free-running agreement a new set of as many samples reaches with 90 % confidence "
         "(bootstrap over the per-sample figures)",
     )
     matched_prefix: float | None = Field(description="mean tokens generated before the first difference")
+    # each sample's free-running agreement, in sample order (tune's decode goal bounds their mean)
+    free_running_by_sample: SkipJsonSchema[tuple[float, ...]] = Field((), exclude=True, repr=False)
 
 
-class ClosedLoop(_Report):
+class ClosedLoop(_Record):
     """A streaming model over sequences, each model feeding its own state back from chunk to chunk."""
 
     sequences: int
     chunks: int
     state: dict[str, str] = Field(description="state output -> the input it is fed back to")
-    outputs: dict[str, float | None] = Field(description="judged output -> SQNR dB over every chunk (null: exact)")
-    bounds: dict[str, float | None] = Field(description="judged output -> lower 90 % bound over new sequences")
-    worst_sequence_db: float | None = Field(description="the worst judged output on the worst sequence")
+    outputs: dict[str, Decibels] = Field(description="judged output -> SQNR dB over every chunk (null: exact)")
+    bounds: dict[str, Decibels] = Field(description="judged output -> lower 90 % bound over new sequences")
+    worst_sequence_db: Decibels = Field(description="the worst judged output on the worst sequence")
 
 
 class Accuracy(_Report):
@@ -141,7 +156,7 @@ class Accuracy(_Report):
     judged_note: str = Field("", description="which outputs are judged and why, in words (empty: every output)")
 
 
-class LargestDrop(_Report):
+class LargestDrop(_Record):
     """The layer that loses the most dB."""
 
     node: str
@@ -149,22 +164,30 @@ class LargestDrop(_Report):
     drop_db: float
 
 
-class Layer(_Report):
+class Layer(_Record):
     """One intermediate tensor paired between the models."""
 
-    tensor: str
-    node: str
+    tensor: str  # the reference tensor
+    node: str  # the candidate node that computes it (Q/DQ looked through)
     op_type: str
-    sqnr_db: float | None
+    sqnr_db: Decibels
     mse: float
     cosine: float
-    input_sqnr_db: float | None
-    drop_db: float | None  # None when the pairing is uncertain
+    input_sqnr_db: Decibels  # the worst SQNR among the node's float inputs (capped at SQNR_CAP_DB)
+    drop_db: float | None  # input_sqnr_db - sqnr_db (both capped); None when the pairing is uncertain
     # Defaults keep reports written before structural pairing readable (as baselines).
     candidate_tensor: str = ""  # the candidate tensor measured (its dequantized copy where a clamp was folded)
-    paired_by: str = "name"  # "name", "node name" or "structure"
+    paired_by: str = "name"  # "name", "node name" or "structure" (see qtool.evaluation.pairing)
     folded: list[str] = Field(default_factory=list)  # reference ops the candidate node computes too
     uncertain: str | None = None  # why the pairing may be wrong
+    # not in the JSON: the tensor's order in the reference graph, and input_sqnr_db before the node's own input Q/DQ
+    position: SkipJsonSchema[int] = Field(0, exclude=True)
+    source_sqnr_db: SkipJsonSchema[float] = Field(SQNR_CAP_DB, exclude=True)
+
+    @property
+    def drop_with_inputs_db(self) -> float:
+        """The error the node adds including the quantization of its inputs (what float activations undo)."""
+        return self.source_sqnr_db - capped_db(self.sqnr_db)
 
 
 class PerLayer(_Report):
@@ -184,7 +207,7 @@ class LatencyStats(_Report):
     runs: int
 
 
-class Latency(_Report):
+class Latency(_Record):
     """Both models' latency on one provider."""
 
     provider: str
@@ -197,7 +220,7 @@ class Latency(_Report):
     )
     latency_ratio: float | None = Field(
         None, description="candidate/reference time: the median of the ratios of rounds that ran both models"
-    )
+    )  # the medians' ratio where no round gave one; None where that is no ratio of two times
     latency_ratio_interval: list[float] | None = Field(
         None, description="99 % interval of latency_ratio, from order statistics; latency gates judge it"
     )
@@ -207,9 +230,9 @@ class Latency(_Report):
         "(TensorRT builds its engine then)",
     )
     io_binding: bool = Field(False, description="inputs and outputs bound on the device: no host copies timed")
-    candidate_sqnr_db: float | None = Field(
-        None, description="worst output SQNR of the candidate run on this provider against the float reference"
-    )
+    candidate_sqnr_db: FiniteOrNull = Field(
+        default=None, description="worst output SQNR of the candidate run on this provider against the float reference"
+    )  # None on the CPU, whose accuracy is the report's main table
 
     @model_validator(mode="after")
     def _ratios_are_times(self) -> Latency:
@@ -248,25 +271,27 @@ class Gates(_Report):
     results: list[GateResult]
 
 
-class BaselineChange(_Report):
+class BaselineChange(_Record):
     """One number of the baseline report next to the same number now."""
 
     metric: str
-    baseline: float | None
-    current: float | None
-    change: float | None
+    baseline: FiniteOrNull
+    current: FiniteOrNull
+    change: FiniteOrNull  # current - baseline; None when either is missing or infinite
     better: str = Field(description="higher or lower")
     regressed: bool
     note: str
+    # not in the JSON: the worst value that is not a regression (the baseline and its tolerance)
+    limit: SkipJsonSchema[float | None] = Field(None, exclude=True)
 
 
-class Baseline(_Report):
+class Baseline(_Record):
     """The change against an earlier report (compare --baseline)."""
 
     path: str
-    same_reference: bool
-    same_data: bool
-    regressed: bool
+    same_reference: bool  # the baseline measured the same reference model (by digest)
+    same_data: bool  # ... on data of the same name and sample count
+    regressed: bool  # some change regressed
     changes: list[BaselineChange]
 
 

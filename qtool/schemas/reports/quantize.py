@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from qtool.schemas.reports.base import Decibels, _Report
+from qtool.schemas.reports.base import Decibels, FiniteOrNull, _Record, _Report
 from qtool.schemas.reports.compare import CompareReport
 from qtool.schemes import CandidateName
 
@@ -197,17 +197,17 @@ class PlacementChoiceReport(_Report):
     )
 
 
-class PeerRowReport(_Report):
+class PeerRowReport(_Record):
     """One model of ``--vs-onnxruntime``'s side-by-side."""
 
     model: str = Field(description="'fp32', 'qtool' or 'onnxruntime quantize_static'")
     bytes: int = Field(description="the model file and its external data files")
-    worst_sqnr_db: float | None = Field(description="worst float output's SQNR against fp32 (null for fp32)")
-    speedup_one_thread: float | None = Field(description="fp32 time / this model's, 1 intra-op thread")
-    speedup_all_threads: float | None = Field(description="the same at onnxruntime's default threads (every core)")
+    worst_sqnr_db: FiniteOrNull = Field(description="worst float output's SQNR against fp32 (null for fp32)")
+    speedup_one_thread: FiniteOrNull = Field(description="fp32 time / this model's, 1 intra-op thread")
+    speedup_all_threads: FiniteOrNull = Field(description="the same at onnxruntime's default threads (every core)")
 
 
-class PeerReport(_Report):
+class PeerReport(_Record):
     """``--vs-onnxruntime``: onnxruntime's quantize_static model of the same file, measured beside qtool's."""
 
     recipe: str = Field(description="how onnxruntime's model was made")
