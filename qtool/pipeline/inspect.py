@@ -43,14 +43,15 @@ def inspect(ws: Workspace, data_dir: Path | str | None) -> Inspection:
         result = replace(
             result,
             rows=[
-                replace(
-                    row,
-                    rule=decided.get(row.name, row.rule),
-                    reason=(
-                        f"storage: no samples to measure integer kernels (the rules: {guess[row.name]})"
-                        if row.name in guess
-                        else row.reason
-                    ),
+                row.model_copy(
+                    update={
+                        "rule": decided.get(row.name, row.rule),
+                        "placement_reason": (
+                            f"storage: no samples to measure integer kernels (the rules: {guess[row.name]})"
+                            if row.name in guess
+                            else row.placement_reason
+                        ),
+                    }
                 )
                 for row in result.rows
             ],
@@ -64,7 +65,7 @@ def inspect(ws: Workspace, data_dir: Path | str | None) -> Inspection:
     }
     rewritten, report = insert_qdq(ws.prepared, plan, placeholder, ws.weights)
     rewritten.producer_name, rewritten.producer_version = "qtool", __version__
-    rows = [replace(row, weight_form=_pair_guard_text(report, row.name)) for row in result.rows]
+    rows = [row.model_copy(update={"weight_form": _pair_guard_text(report, row.name)}) for row in result.rows]
     return replace(result, rows=rows, rewritten_bytes=ws.weights.embedded_size(rewritten))
 
 

@@ -7,12 +7,12 @@ import math
 from collections import Counter
 from typing import Any
 
+from qtool._version import __version__
 from qtool.calibration.statistics import CalibrationStats
 from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, SearchResult
 from qtool.choice.selection import PlacementChoice
 from qtool.quantization.plan.inspection import Inspection
 from qtool.reports.compare_document import comparison_report
-from qtool.reports.records import document, file_record, filled
 from qtool.results import QuantizeResult
 from qtool.schemas import reports as doc
 from qtool.schemas.reports.doctor import DoctorReport
@@ -22,21 +22,23 @@ SCHEMA_VERSION = 1  # inspect / quantize / calibrate documents
 
 def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
     """The ``qtool quantize --json`` document (schema: :class:`qtool.schemas.reports.QuantizeReport`)."""
-    rewrite, prepare = result.rewrite, result.prepare
-    report = document(
-        doc.QuantizeReport,
-        result,
-        SCHEMA_VERSION,
-        input=file_record(doc.InputModel, result.source),
+    rewrite, source, output = result.rewrite, result.source, result.output
+    report = doc.QuantizeReport(
+        schema_version=SCHEMA_VERSION,
+        qtool_version=__version__,
+        input=doc.InputModel(path=source.path, bytes=source.size_bytes, sha256=source.sha256),
         # bytes: the model file and its external data files
-        output=file_record(doc.OutputModel, result.output, data_files=result.data_files),
-        quantized=filled(
-            doc.Quantized,
-            rewrite,
+        output=doc.OutputModel(
+            path=output.path, bytes=output.size_bytes, sha256=output.sha256, data_files=result.data_files
+        ),
+        compression_ratio=result.compression_ratio,
+        calibration_samples=result.calibration_samples,
+        quantized=doc.Quantized(
             nodes=rewrite.quantized_nodes,
             weights=rewrite.quantized_weights,
             biases=rewrite.quantized_biases,
             activations=rewrite.quantized_activations,
+            chained_nodes=rewrite.chained_nodes,
         ),
         skipped=[doc.Skipped(node=node, reason=reason) for node, reason in result.skipped],
         passthrough_ops=rewrite.passthrough,
@@ -48,11 +50,13 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
                 node: round(fit.bits_lost, 3) for node, fit in rewrite.pair_fits.items() if fit.coarsest > 1.0
             },
         ),
+        placements=result.placements,
         predicted_kernels=result.kernels,
         float_boundaries=result.boundaries,
-        prepare=filled(doc.Prepare, prepare),
+        prepare=doc.Prepare.model_validate(result.prepare, from_attributes=True),  # its fields, under their names
         sensitivity=_search(result.search) if result.search else None,
         placement_choice=_choice(result.placement_choice) if result.placement_choice else None,
+        notes=result.notes,
         comparison=comparison_report(result.comparison) if result.comparison else None,
         peer=result.peer,
     )
@@ -60,37 +64,65 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
 
 
 def _search(f: SearchResult) -> doc.SearchReport:
-    return filled(
-        doc.SearchReport,
-        f,
+    return doc.SearchReport(
+        target_sqnr_db=f.target_sqnr_db,
         max_float_nodes=f.max_nodes,
+        samples=f.samples,
+        initial_sqnr_db=f.initial_sqnr_db,
+        final_sqnr_db=f.final_sqnr_db,
+        reached=f.reached,
         float_activation_nodes=f.float_nodes if f.moves == FLOAT_ACTIVATIONS else [],
         float_nodes=f.float_nodes if f.moves == FLOAT else [],
+        start=f.start,
+        steps=f.steps,
         ranked_on_samples=f.ranked_on,
+        ranked_by=f.ranked_by,
+        stopped=f.stopped,
     )
 
 
 def _choice(c: PlacementChoice) -> doc.PlacementChoiceReport:
-    return filled(
-        doc.PlacementChoiceReport,
-        c,
-        range_scores={rule: round(db, 3) for rule, db in c.range_scores.items() if math.isfinite(db)},
-        validations=[
-            filled(doc.PlacementValidationReport, r.validation, candidate=r.choice, meets_target=r.validation.meets)
-            for r in c.validations
-        ],
+    validations = [
+        doc.PlacementValidationReport(
+            candidate=r.choice,
+            samples=r.validation.samples,
+            sqnr_db=r.validation.sqnr_db,
+            bound_db=r.validation.bound_db,
+            meets_target=r.validation.meets,
+        )
+        for r in c.validations
+    ]
+    return doc.PlacementChoiceReport(
+        target_sqnr_db=c.target_sqnr_db,
+        samples=c.samples,
+        threads=c.threads,
+        fp32_ms=c.fp32_ms,
+        timing_note=c.timing_note,
+        chosen=c.chosen,
+        reason=c.reason,
+        expects_speedup=c.expects_speedup,
+        search_note=c.search_note,
+        confidence=c.confidence,
+        validations=validations,
         candidates=[k.model_copy(update={"speedup": c.speedup(k), "chosen": k.name == c.chosen}) for k in c.candidates],
+        decode_bar=c.decode_bar,
+        decode_steps=c.decode_steps,
+        activation_ranges=c.activation_ranges,
+        range_scores={rule: round(db, 3) for rule, db in c.range_scores.items() if math.isfinite(db)},
+        rounding_note=c.rounding_note,
     )
 
 
 def stats_summary_dict(stats: CalibrationStats, path: str) -> dict[str, Any]:
     """The ``qtool calibrate --json`` summary (schema: :class:`qtool.schemas.reports.CalibrateReport`)."""
-    return document(
-        doc.CalibrateReport,
-        stats,
-        SCHEMA_VERSION,
+    return doc.CalibrateReport(
+        schema_version=SCHEMA_VERSION,
+        qtool_version=__version__,
         stats_path=path,
+        observer=stats.observer,
+        samples=stats.samples,
         tensors=len(stats.tensors),
+        model_sha256=stats.model_sha256,
     ).model_dump()
 
 
@@ -111,23 +143,14 @@ def _finite_tree(value: Any) -> Any:
 
 def inspection_to_dict(result: Inspection) -> dict[str, Any]:
     """The ``qtool inspect --json`` document (schema: :class:`qtool.schemas.reports.InspectReport`)."""
-    report = document(
-        doc.InspectReport,
-        result,
-        SCHEMA_VERSION,
+    report = doc.InspectReport(
+        schema_version=SCHEMA_VERSION,
+        qtool_version=__version__,
         model=doc.InspectedModel(path=result.model_path, bytes=result.model_bytes),
-        nodes=[
-            filled(
-                doc.InspectedNode,
-                r,
-                placement_reason=r.reason,
-                predicted_kernel=r.kernel,
-                integer_kernel=not r.kernel.startswith("float"),
-            )
-            for r in result.rows
-        ],
+        nodes=result.rows,  # the inspection's records, as they are
         kept_float=[doc.KeptFloat(node=n, op_type=op, reason=why) for n, op, why in result.kept_float],
         passthrough_ops=result.passthrough,
+        placement_note=result.placement_note,
         totals=doc.InspectTotals(
             weight_elements=sum(r.weight_elements for r in result.rows),
             float_bytes=sum(r.float_bytes for r in result.rows),

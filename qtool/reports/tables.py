@@ -256,14 +256,14 @@ def render_inspection(console: Console, result: Inspection) -> None:
 
 def _render_inspection_reasons(console: Console, result: Inspection) -> None:
     """Why each node runs as it does (and the predicted kernel), then what stays float and why."""
-    reasons = [r for r in result.rows if r.reason]
+    reasons = [r for r in result.rows if r.placement_reason]
     if reasons:
         placement = Table(title="placement and the kernel onnxruntime (CPU) is predicted to run", title_justify="left")
         for column in ("node", "runs as", "why", "predicted kernel", "because"):
             placement.add_column(column, overflow="fold")
         for r in reasons:
-            colour = "red" if r.kernel.startswith("float") and r.placement == "integer" else "green"
-            placement.add_row(r.name, r.placement, r.reason, f"[{colour}]{r.kernel}[/{colour}]", r.kernel_reason)
+            c = "red" if not r.integer_kernel and r.placement == "integer" else "green"
+            placement.add_row(r.name, r.placement, r.placement_reason, f"[{c}]{r.predicted_kernel}[/]", r.kernel_reason)
         console.print(placement)
     if result.kept_float:
         kept = Table(title="kept in float", title_justify="left")

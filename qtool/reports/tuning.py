@@ -10,11 +10,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from qtool._version import __version__
 from qtool.choice.tune.loop import Trial, pareto
 from qtool.choice.tune.space import DESCRIPTIONS
 from qtool.choice.validated import Validation
+from qtool.graph.model_files import ModelFile
 from qtool.graph.model_io import atomic_writer
-from qtool.reports.records import document, file_record, filled
 from qtool.reports.terminal import for_terminal
 from qtool.results import TuneResult
 from qtool.schemas import tune as doc
@@ -193,12 +194,18 @@ def missed_line(result: TuneResult) -> str:
 
 
 def _trial(t: Trial, chosen: bool, front: bool) -> doc.TuneTrial:
-    return filled(
-        doc.TuneTrial,
-        t,
+    return doc.TuneTrial(
+        size_bytes=t.size_bytes,
         compression_ratio=t.compression,
-        latency_ratio_interval=t.latency_interval or None,
+        sqnr_db=t.sqnr_db,
+        bound_db=t.bound_db,
+        metric=t.metric,
+        metric_bound=t.metric_bound,
+        latency_ratio=t.latency_ratio,
+        latency_ratio_interval=list(t.latency_interval) if t.latency_interval else None,
         predicted_sqnr_db=t.predicted_db,
+        meets=t.meets,
+        note=t.note,
         chosen=chosen,
         pareto=front,
         precisions=t.counts(),
@@ -207,39 +214,65 @@ def _trial(t: Trial, chosen: bool, front: bool) -> doc.TuneTrial:
 
 
 def _validation(v: Validation) -> doc.TuneValidation:
-    return filled(doc.TuneValidation, v)
+    return doc.TuneValidation.model_validate(v, from_attributes=True)  # its fields, under the report's names
+
+
+def _file(file: ModelFile) -> doc.TunedFile:
+    return doc.TunedFile(path=file.path, sha256=file.sha256, bytes=file.size_bytes)
+
+
+def _sensitivity(result: TuneResult) -> doc.TuneSensitivity:
+    s = result.sensitivity
+    return doc.TuneSensitivity(
+        nodes=result.nodes,
+        builds=s.builds,
+        seconds=s.seconds,
+        complete=s.complete,
+        cached=s.cached,
+        cache_file=s.cache_file,
+        samples=s.samples,
+        noise_to_signal={node: {o: _finite(v) for o, v in row.items()} for node, row in sorted(s.nsr.items())},
+        measured={node: options for node, options in sorted(s.measured.items())},
+    )
 
 
 def tune_to_dict(result: TuneResult) -> dict[str, Any]:
     """The ``qtool tune --json`` document (schema: :class:`qtool.schemas.tune.TuneReport`)."""
     front = {id(t) for t in pareto(result.trials)}
-    s = result.sensitivity
-    source, output = result.source, result.output
-    report = document(
-        doc.TuneReport,
-        result,
-        TUNE_SCHEMA_VERSION,
-        model=file_record(doc.TunedFile, source),
-        output=file_record(doc.TunedFile, output),
+    report = doc.TuneReport(
+        schema_version=TUNE_SCHEMA_VERSION,
+        qtool_version=__version__,
+        model=_file(result.source),
+        output=_file(result.output),
+        config_out=result.config_out,
+        goal=result.goal,
+        objective=result.objective,
+        met=result.met,
+        reachable=result.reachable,
         promise=promise(result) if result.met else None,
         promise_db=promise_db(result) if result.met else None,
+        confidence=result.confidence,
+        validation_confidence=result.validation_confidence,
+        margin=result.margin,
+        out_of_time=result.out_of_time,
+        stalled=result.stalled,
+        seconds=result.seconds,
+        time_budget=result.time_budget,
         samples=doc.TuneSamples(
-            selection=list(result.selection_samples),
-            validation=list(result.validation.samples),
-            sensitivity=list(s.samples),
+            selection=result.selection_samples,
+            validation=result.validation.samples,
+            sensitivity=result.sensitivity.samples,
             decode_steps=result.decode_steps_scored,
         ),
-        sensitivity=filled(
-            doc.TuneSensitivity,
-            s,
-            nodes=result.nodes,
-            noise_to_signal={node: {o: _finite(v) for o, v in row.items()} for node, row in sorted(s.nsr.items())},
-            measured={node: options for node, options in sorted(s.measured.items())},
-        ),
+        sensitivity=_sensitivity(result),
         written=_trial(result.written, True, False),
         validation=_validation(result.validation),
-        rounds=[filled(doc.TuneRound, r.choice, validation=_validation(r.validation)) for r in result.rounds],
+        rounds=[
+            doc.TuneRound(trial=r.choice.trial, margin=r.choice.margin, validation=_validation(r.validation))
+            for r in result.rounds
+        ],
         trials=[_trial(t, t is result.chosen, id(t) in front) for t in result.trials],
+        notes=result.notes,
     )
     return report.model_dump()
 

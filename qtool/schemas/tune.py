@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qtool.schemas.reports.base import _Report
+from qtool.schemas.reports.base import FiniteOrNull, _Report
 
 
 class TunedFile(_Report):
@@ -32,13 +32,13 @@ class TuneTrial(_Report):
 
     size_bytes: int
     compression_ratio: float
-    sqnr_db: float | None  # worst output, the selection samples pooled; null: exact
-    bound_db: float | None  # its lower confidence bound (what the target is judged on); null: exact
-    metric: float | None  # the --metric's mean on the selection samples
-    metric_bound: float | None  # its confidence bound, on the worse side
-    latency_ratio: float | None
+    sqnr_db: FiniteOrNull  # worst output, the selection samples pooled; null: exact
+    bound_db: FiniteOrNull  # its lower confidence bound (what the target is judged on); null: exact
+    metric: FiniteOrNull  # the --metric's mean on the selection samples
+    metric_bound: FiniteOrNull  # its confidence bound, on the worse side
+    latency_ratio: FiniteOrNull
     latency_ratio_interval: list[float] | None
-    predicted_sqnr_db: float | None
+    predicted_sqnr_db: FiniteOrNull
     meets: bool
     note: str
     chosen: bool
@@ -51,10 +51,10 @@ class TuneValidation(_Report):
     """A model scored on the validation samples, which no choice saw."""
 
     samples: list[str]
-    sqnr_db: float | None
-    bound_db: float | None  # the lower confidence bound: the promise
-    metric: float | None
-    metric_bound: float | None
+    sqnr_db: FiniteOrNull
+    bound_db: FiniteOrNull  # the lower confidence bound: the promise
+    metric: FiniteOrNull
+    metric_bound: FiniteOrNull
     meets: bool
 
 
@@ -88,7 +88,7 @@ class TuneReport(_Report):
     met: bool  # the written model's validated bound reaches the goal
     reachable: bool  # some quantized candidate met the goal on the selection samples
     promise: str | None  # what the written model promises on new samples (when met)
-    promise_db: float | None  # the SQNR it promises there: the target (null: not met, or a metric goal)
+    promise_db: FiniteOrNull  # the SQNR it promises there: the target (null: not met, or a metric goal)
     confidence: float  # of the selection bounds, and of the promise for all validated choices together
     validation_confidence: float  # of each validated choice's bound (confidence corrected for the choices)
     margin: float  # the selection margin of the last choice

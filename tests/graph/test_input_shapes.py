@@ -34,9 +34,9 @@ def _dynamic_conv(tmp_path):
 def test_fixed_shapes_size_the_tensors_without_data_and_the_output_stays_dynamic(tmp_path):
     model, data = _dynamic_conv(tmp_path)
     unsized = qtool.inspect(model).rows[0]
-    assert "size unknown" in unsized.reason
+    assert "size unknown" in unsized.placement_reason
     sized = qtool.inspect(model, input_shapes={"image": (1, 16, 64, 64)}).rows[0]
-    assert f"{64 * 64 * 32 * 16 * 9:,} MACs" in sized.reason  # decided from the work it does
+    assert f"{64 * 64 * 32 * 16 * 9:,} MACs" in sized.placement_reason  # decided from the work it does
     out = tmp_path / "q.onnx"
     qtool.quantize(model, out, data_dir=data, input_shapes={"image": (1, 16, 64, 64)}, search=None, evaluation=None)
     dims = [d.dim_param or d.dim_value for d in onnx.load(out).graph.input[0].type.tensor_type.shape.dim]

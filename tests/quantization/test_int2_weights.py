@@ -62,8 +62,8 @@ def test_int2_weights_compute_the_dequantized_product_in_every_session(tmp_path,
     assert form in [n.op_type for n in onnx.load(out).graph.node]
     (row,) = qtool.inspect(model, config_path=config).rows
     # onnxruntime's own fusion of the QDQ form corrupts the columns that split bytes: inspect says why
-    assert ("not a multiple of 4" in row.reason) == (form == "MatMulNBits")
-    assert row.kernel == ("float Gemm" if op == "Gemm transB" else "MatMulNBits")
+    assert ("not a multiple of 4" in row.placement_reason) == (form == "MatMulNBits")
+    assert row.predicted_kernel == ("float Gemm" if op == "Gemm transB" else "MatMulNBits")
     x = np.random.default_rng(1).normal(size=(2, K)).astype(np.float32)
     as_written = _run(out, x, optimized=False)  # the weight dequantized exactly as stored, then multiplied
     outputs = [_run(out, x) for _ in range(4)]

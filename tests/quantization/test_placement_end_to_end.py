@@ -43,9 +43,9 @@ def test_the_auto_rules_run_the_cnn_convolutions_as_integer_kernels_and_its_tiny
     ops = optimized_ops(out, tmp_path)
     assert ops["QLinearConv"] == 3 and ops["Conv"] == 0 and ops["QGemm"] == 0, ops
     inspection = qtool.inspect(sample("cnn"), data_dir=calib_dir("cnn"))  # with samples: the rules' guess
-    placement = {r.name: (r.placement, r.reason) for r in inspection.rows}
+    placement = {r.name: (r.placement, r.placement_reason) for r in inspection.rows}
     assert placement["block1/conv"] == ("integer", "auto: 4,718,592 MACs per sample")
-    unmeasured = {r.name: (r.placement, r.reason) for r in qtool.inspect(sample("cnn")).rows}
+    unmeasured = {r.name: (r.placement, r.placement_reason) for r in qtool.inspect(sample("cnn")).rows}
     assert unmeasured["block1/conv"][0] == "storage" and "4,718,592 MACs" in unmeasured["block1/conv"][1]
     assert placement["head/gemm"][0] == "storage" and "1,280 MACs" in placement["head/gemm"][1]
 
@@ -107,7 +107,7 @@ def test_auto_counts_the_float_integer_boundaries_a_node_would_add(tmp_path, iso
     _pointwise_model(model, isolated=isolated)
     out = tmp_path / "q.onnx"
     result = qtool.quantize(model, out, data_dir=tmp_path / "data", search=None, evaluation=None)
-    placement = {r.name: (r.placement, r.reason) for r in qtool.inspect(model).rows}
+    placement = {r.name: (r.placement, r.placement_reason) for r in qtool.inspect(model).rows}
     if isolated:
         assert result.placements == {"storage": 2}
         assert all("boundaries < 48" in reason for _, reason in placement.values()), placement
@@ -164,7 +164,7 @@ def test_inspect_sizes_dynamic_dimensions_from_the_data_as_quantize_does(tmp_pat
     result = qtool.quantize(model, tmp_path / "q.onnx", data_dir=data, config_path=config, search=None, evaluation=None)
     assert result.placements == {placement: 2}
     assert collections.Counter(r.placement for r in inspection.rows) == result.placements
-    assert collections.Counter(r.kernel for r in inspection.rows) == result.kernels
+    assert collections.Counter(r.predicted_kernel for r in inspection.rows) == result.kernels
 
 
 @pytest.mark.slow

@@ -1,51 +1,54 @@
-"""Report models filled from library records by field name (qtool.reports.records)."""
+"""Report records built directly as their schema models: what JSON cannot hold is written as null."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 from pydantic import ValidationError
 
-from qtool.reports.records import filled
+from qtool.choice.validated import Validation
+from qtool.reports.tuning import _validation
 from qtool.schemas import reports as doc
 
 
-@dataclass
-class _Measured:
-    name: str
-    mse: float
-    sqnr_db: float
-    cosine: float
-    max_abs_error: float
-    elements: int
-    extra: str = "not a report field"
-
-
-def test_fields_are_read_by_name_and_what_json_cannot_hold_is_null():
-    exact = filled(doc.Metrics, _Measured("y", 0.0, math.inf, 1.0, 0.0, 4))
-    assert exact.model_dump() == {
-        "name": "y",
-        "mse": 0.0,
-        "sqnr_db": None,  # infinite SQNR: null where the field allows it
-        "cosine": 1.0,
-        "max_abs_error": 0.0,
-        "elements": 4,
-    }
-    # a field given by the caller wins over the record's attribute; tuples become lists
-    step = filled(
-        doc.PlacementValidationReport,
-        _Measured("y", 0.0, 1.0, 1.0, 0.0, 4),
-        candidate="auto",
-        samples=("a.npy", "b.npy"),
-        bound_db=-math.inf,
-        meets_target=False,
-        sqnr_db=31.5,
+def test_a_non_finite_figure_is_held_as_measured_and_written_as_null():
+    step = doc.PlacementValidationReport(
+        candidate="auto", samples=["a.npy", "b.npy"], sqnr_db=math.inf, bound_db=-math.inf, meets_target=False
     )
-    assert step.samples == ["a.npy", "b.npy"] and step.bound_db is None and step.sqnr_db == 31.5
+    assert step.sqnr_db == math.inf  # the record keeps the figure
+    assert step.model_dump()["sqnr_db"] is None and step.model_dump()["bound_db"] is None
 
 
-def test_a_field_the_record_lacks_and_nobody_gives_is_an_error():
+def test_a_validation_is_read_by_field_name_and_its_own_fields_are_left_out():
+    validation = Validation(["a.npy"], math.inf, 31.5, meets=True, closed_loop=True)
+    assert _validation(validation).model_dump() == {
+        "samples": ["a.npy"],
+        "sqnr_db": None,  # infinite SQNR (an exact match): null
+        "bound_db": 31.5,
+        "metric": None,
+        "metric_bound": None,
+        "meets": True,
+    }
+
+
+def test_an_inspected_node_is_a_frozen_record():
+    node = doc.InspectedNode(
+        name="conv",
+        op_type="Conv",
+        rule="default",
+        weight="int8 per_channel sym",
+        activation="uint8 per_tensor asym",
+        weight_elements=8,
+        float_bytes=32,
+        quantized_bytes=12,
+        placement="integer",
+        placement_reason="",
+        predicted_kernel="QLinearConv",
+        integer_kernel=True,
+        kernel_reason="",
+        algorithms=[],
+        weight_form="int8",
+    )
     with pytest.raises(ValidationError):
-        filled(doc.LargestDrop, _Measured("y", 0.0, 1.0, 1.0, 0.0, 4))
+        node.name = "other"  # type: ignore[misc]

@@ -15,29 +15,9 @@ from qtool.quantization.plan.kernels import predict_kernels
 from qtool.quantization.plan.planner import passthrough_ops
 from qtool.quantization.plan.records import NodePlan, QuantPlan
 from qtool.quantization.plan.recurrent import recurrent_reason
-from qtool.schemes import NodeKind
+from qtool.schemas.reports.inspect import InspectedNode
 
 _FLOAT_BYTES = 4
-
-
-@dataclass(frozen=True)
-class NodeRow:
-    """One node qtool quantizes."""
-
-    name: str
-    op_type: str
-    rule: str
-    weight: str  # e.g. "int4 per_block(32) sym", or "-" without a constant weight
-    activation: str  # e.g. "uint8 per_tensor asym", or "float" for weight-only nodes
-    weight_elements: int
-    float_bytes: int
-    quantized_bytes: int
-    placement: NodeKind = "integer"
-    reason: str = ""
-    kernel: str = ""  # what onnxruntime's CPU provider is predicted to run
-    kernel_reason: str = ""
-    algorithms: tuple[str, ...] = ()  # what ``algorithms:`` turns on for the node (applied when quantize has data)
-    weight_form: str = ""  # integer nodes: their PairGuard (qtool.schemes), with what a fit cost; the report's key
 
 
 @dataclass(frozen=True)
@@ -46,7 +26,7 @@ class Inspection:
 
     model_path: str
     model_bytes: int
-    rows: list[NodeRow]
+    rows: list[InspectedNode]
     kept_float: list[tuple[str, str, str]]  # (node, op type, reason)
     passthrough: dict[str, int] = field(default_factory=dict)  # op type -> count of untouched nodes
     rewritten_bytes: int | None = None  # size of the rewritten graph (exact up to scale values)
@@ -98,7 +78,9 @@ def inspect_plan(
     return Inspection(model_path, model_bytes, rows, kept, passthrough_ops(prepared, plan))
 
 
-def _node_rows(model: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[str, str]], where: str) -> list[NodeRow]:
+def _node_rows(
+    model: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[str, str]], where: str
+) -> list[InspectedNode]:
     """One row per planned node, then those of each If branch (planned as a model; ``where`` names the branch)."""
     shapes = {init.name: list(init.dims) for init in model.graph.initializer}
     kernels = predict_kernels(model, plan)
@@ -119,21 +101,24 @@ def _node_rows(model: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[str, 
         if node.placement == "dynamic":
             activation = "uint8 per_tensor asym, at run time"
         kernel = kernels[node.name]
+        predicted = f"{kernel.kernel} (in {where})" if where else kernel.kernel
         rows.append(
-            NodeRow(
-                node.name,
-                node.op_type,
-                node.scheme.rule,
-                weight_text,
-                activation,
-                elements,
-                float_bytes,
-                stored,
-                node.kind,
-                f"{node.reason} ({where})" if where else node.reason,
-                f"{kernel.kernel} (in {where})" if where else kernel.kernel,
-                kernel.reason,
-                () if node.chained else tuple(node.scheme.algorithms.names()),  # weight algorithms: no weight
+            InspectedNode(
+                name=node.name,
+                op_type=node.op_type,
+                rule=node.scheme.rule,
+                weight=weight_text,
+                activation=activation,
+                weight_elements=elements,
+                float_bytes=float_bytes,
+                quantized_bytes=stored,
+                placement=node.kind,
+                placement_reason=f"{node.reason} ({where})" if where else node.reason,
+                predicted_kernel=predicted,
+                integer_kernel=not predicted.startswith("float"),
+                kernel_reason=kernel.reason,
+                algorithms=[] if node.chained else list(node.scheme.algorithms.names()),  # weight algorithms: no weight
+                weight_form="",  # the rewrite's (qtool.pipeline.inspect)
             )
         )
     for branch in plan.branches:
@@ -141,7 +126,7 @@ def _node_rows(model: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[str, 
     return rows
 
 
-def _body_rows(prepared: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[str, str]]) -> list[NodeRow]:
+def _body_rows(prepared: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[str, str]]) -> list[InspectedNode]:
     """One row per weight stored for a node that computes in float: in an If/Loop/Scan body, or a recurrent op's."""
     shapes = {init.name: list(init.dims) for graph in _graphs(prepared.graph) for init in graph.initializer}
     recurrent = [w for p in (plan, *(b.plan for b in plan.every_branch())) for w in p.recurrent_weights]
@@ -159,18 +144,22 @@ def _body_rows(prepared: onnx.ModelProto, plan: QuantPlan, counted: set[tuple[st
             kernel = f"float {body.op_type} (in {body.owner}.{body.body})"
         else:
             name, why, kernel = f"{body.node} ({body.weight})", recurrent_reason(body), f"float {body.op_type}"
-        row = NodeRow(
-            name,
-            body.op_type,
-            body.rule,
-            body.scheme.describe(),
-            "float",
-            elements,
-            elements * _FLOAT_BYTES if fresh else 0,
-            _stored_bytes(elements, groups, body.scheme.dtype) if fresh else 0,
-            "storage",
-            why,
-            kernel=kernel,
+        row = InspectedNode(
+            name=name,
+            op_type=body.op_type,
+            rule=body.rule,
+            weight=body.scheme.describe(),
+            activation="float",
+            weight_elements=elements,
+            float_bytes=elements * _FLOAT_BYTES if fresh else 0,
+            quantized_bytes=_stored_bytes(elements, groups, body.scheme.dtype) if fresh else 0,
+            placement="storage",
+            placement_reason=why,
+            predicted_kernel=kernel,
+            integer_kernel=False,  # computes in float
+            kernel_reason="",
+            algorithms=[],
+            weight_form="",
         )
         rows.append(row)
     return rows

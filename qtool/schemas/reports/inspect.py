@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from qtool.schemas.reports.base import _Report
+from qtool.schemas.reports.base import _Record, _Report
 from qtool.schemes import NodeKind
 
 
@@ -15,7 +15,7 @@ class InspectedModel(_Report):
     bytes: int
 
 
-class InspectedNode(_Report):
+class InspectedNode(_Record):
     """What quantize would do to one node."""
 
     name: str

@@ -116,8 +116,8 @@ class SearchReport(_Report):
     target_sqnr_db: float
     max_float_nodes: int
     samples: int
-    initial_sqnr_db: float | None
-    final_sqnr_db: float | None
+    initial_sqnr_db: FiniteOrNull
+    final_sqnr_db: FiniteOrNull
     reached: bool
     float_activation_nodes: list[str] = Field(description="nodes moved to float activations (weights still quantized)")
     float_nodes: list[str] = Field(
@@ -160,8 +160,8 @@ class PlacementValidationReport(_Report):
 
     candidate: str
     samples: list[str]
-    sqnr_db: float | None  # worst output, pooled; null: exact
-    bound_db: float | None  # its lower confidence bound
+    sqnr_db: FiniteOrNull  # worst output, pooled; null: exact
+    bound_db: FiniteOrNull  # its lower confidence bound
     meets_target: bool  # the bound reaches the target
 
 
@@ -171,7 +171,7 @@ class PlacementChoiceReport(_Report):
     target_sqnr_db: float
     samples: list[str]  # the samples every candidate was scored on (the selection half)
     threads: int
-    fp32_ms: float | None
+    fp32_ms: FiniteOrNull
     timing_note: str
     chosen: str
     reason: str
@@ -180,7 +180,7 @@ class PlacementChoiceReport(_Report):
     confidence: float  # of the validation bounds
     validations: list[PlacementValidationReport]  # empty: too few samples to hold any out
     candidates: list[PlacementCandidate]
-    decode_bar: float | None = Field(
+    decode_bar: FiniteOrNull = Field(
         None, description="decoders: the dynamic placement's decode agreement, which the kept placement reaches"
     )
     decode_steps: bool = Field(

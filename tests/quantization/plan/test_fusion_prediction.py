@@ -51,7 +51,9 @@ def test_predicted_integer_kernels_match_onnxruntime(tmp_path, name, config):
     # with samples, inspect shows the rules' guess (what --no-search writes); without, what quantize writes then
     inspection = qtool.inspect(sample(name), config_path=ROOT / "configs" / config, data_dir=calib_dir(name))
     # a pass-through op ("int8 MaxPool") keeps its own op type on 8-bit values: counted by test_chains.py
-    predicted = collections.Counter(r.kernel for r in inspection.rows if not r.kernel.startswith(("float", "int8 ")))
+    predicted = collections.Counter(
+        r.predicted_kernel for r in inspection.rows if not r.predicted_kernel.startswith(("float", "int8 "))
+    )
     # inspect decides placement from static shapes, quantize from the calibration data: they must agree
     assert dict(collections.Counter(r.placement for r in inspection.rows)) == result.placements
     assert predicted == actual_kernels(out, tmp_path)
@@ -84,6 +86,8 @@ def test_a_matmul_chain_predicts_qlinearmatmul_inside_and_a_float_output_at_its_
         source, out, data_dir=data, config_path=ROOT / "configs" / "integer.yaml", search=None, evaluation=None
     )
     inspection = qtool.inspect(source, config_path=ROOT / "configs" / "integer.yaml", data_dir=data)
-    predicted = collections.Counter(r.kernel for r in inspection.rows if not r.kernel.startswith(("float", "int8 ")))
+    predicted = collections.Counter(
+        r.predicted_kernel for r in inspection.rows if not r.predicted_kernel.startswith(("float", "int8 "))
+    )
     assert predicted == actual_kernels(out, tmp_path)
     assert predicted["QLinearMatMul"] == 2 and predicted["MatMulIntegerToFloat"] == 1  # the last writes float

@@ -143,7 +143,7 @@ def test_a_rule_that_keeps_lstm_float_leaves_its_weights_alone_and_inspect_lists
     rows = {r.name: r for r in inspection.rows}
     assert {"gru (gru_w)", "gru (gru_r)", "rnn (rnn_w)", "rnn (rnn_r)"} <= set(rows)
     assert not any(name.startswith("lstm") for name in rows)
-    assert rows["gru (gru_w)"].placement == "storage" and rows["gru (gru_w)"].kernel == "float GRU"
+    assert rows["gru (gru_w)"].placement == "storage" and rows["gru (gru_w)"].predicted_kernel == "float GRU"
     assert rows["gru (gru_w)"].quantized_bytes < rows["gru (gru_w)"].float_bytes / 3
     assert inspection.passthrough.get("LSTM") == 1
 
