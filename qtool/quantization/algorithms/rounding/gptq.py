@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 WeightKind = Literal["Conv", "MatMul", "Gemm"]
 DAMP_RETRIES = 3  # damping x10 this many times when the Cholesky factorisation fails
+_INVERSE_BLOCK = 96  # triangular blocks up to this width are inverted directly
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,10 +225,27 @@ def _damped_factor(h: np.ndarray, relative: float) -> np.ndarray:
     damped[:, np.arange(k), np.arange(k)] += (relative * mean_diag)[:, None]
     reversed_factor = np.linalg.cholesky(damped)
     del damped
-    upper = np.linalg.inv(np.ascontiguousarray(reversed_factor[:, ::-1, ::-1]))
+    upper = _upper_inverse(np.ascontiguousarray(reversed_factor[:, ::-1, ::-1]))
     if not np.all(np.isfinite(upper)):
         raise np.linalg.LinAlgError("non-finite Cholesky factor")
     return upper
+
+
+def _upper_inverse(upper: np.ndarray) -> np.ndarray:
+    """The inverse of upper-triangular [groups, K, K] matrices, by halves.
+
+    ``[[A, B], [0, C]]^-1 = [[A^-1, -A^-1 B C^-1], [0, C^-1]]``: a third of a general inverse's work, in matrix
+    products (a 2304-wide factor: 0.1 s, where ``np.linalg.inv`` took 0.5 s); small blocks go to ``np.linalg.inv``.
+    """
+    k = upper.shape[-1]
+    if k <= _INVERSE_BLOCK:
+        return np.linalg.inv(upper)
+    half = k // 2
+    inverse = np.zeros_like(upper)
+    first = inverse[:, :half, :half] = _upper_inverse(np.ascontiguousarray(upper[:, :half, :half]))
+    last = inverse[:, half:, half:] = _upper_inverse(np.ascontiguousarray(upper[:, half:, half:]))
+    inverse[:, :half, half:] = -np.matmul(np.matmul(first, upper[:, :half, half:]), last)
+    return inverse
 
 
 def _gptq_columns(

@@ -139,3 +139,16 @@ def test_weight_layouts_round_trip():
 def test_a_hessian_of_the_wrong_size_is_refused():
     with pytest.raises(QtoolError, match="another node"):
         gptq_round(np.zeros((4, 3), np.float32), np.eye(4), RowGrid(1.0, 0, -8, 7))
+
+
+@pytest.mark.parametrize(("groups", "k"), [(1, 700), (3, 250), (40, 9)])
+def test_the_upper_factor_inverse_by_halves_is_the_inverse(groups, k):
+    from qtool.quantization.algorithms.rounding.gptq import _upper_inverse
+
+    rng = np.random.default_rng(k)
+    x = rng.normal(size=(groups, 2 * k, k)) * rng.uniform(0.1, 3.0, k)
+    factor = np.linalg.cholesky(np.einsum("gij,gik->gjk", x, x) + np.eye(k)).transpose(0, 2, 1)  # upper
+    inverse = _upper_inverse(np.ascontiguousarray(factor))
+    assert np.array_equal(inverse, np.triu(inverse))  # upper, its lower part exact zeros
+    np.testing.assert_allclose(np.matmul(inverse, factor), np.broadcast_to(np.eye(k), factor.shape), atol=1e-9)
+    np.testing.assert_allclose(inverse, np.linalg.inv(factor), rtol=0, atol=1e-12 * np.abs(inverse).max())
