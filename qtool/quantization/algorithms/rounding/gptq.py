@@ -183,22 +183,20 @@ def hessian_factors(hessian: np.ndarray, damp: float = 0.01) -> HessianFactors:
     """Factor ``hessian`` ([K, K] or [groups, K, K]) once for :func:`gptq_round` on any grid."""
     h = np.asarray(hessian, np.float64)
     h = h[None] if h.ndim == 2 else h
-    k = h.shape[-1]
     dead = np.diagonal(h, axis1=1, axis2=2) <= 0
-    h = h.copy()
-    h[:, np.arange(k), np.arange(k)] = np.where(dead, 1.0, np.diagonal(h, axis1=1, axis2=2))
-    upper, damps = _inverse_factors(h, damp)
+    upper, damps = _inverse_factors(h, dead, damp)
     return HessianFactors(upper, damps, dead)
 
 
-def _inverse_factors(h: np.ndarray, damp: float) -> tuple[np.ndarray, np.ndarray]:
+def _inverse_factors(h: np.ndarray, dead: np.ndarray, damp: float) -> tuple[np.ndarray, np.ndarray]:
     """Upper Cholesky factors of the damped ``H^-1`` per group, and the damping each needed (NaN: none worked).
 
-    All groups are factorised together first (depthwise Conv has hundreds of tiny ones); only
-    when that fails does each group retry alone with 10x more damping.
+    ``dead``: the inputs that were always zero, whose diagonal counts as 1. All groups are factorised together
+    first (depthwise Conv has hundreds of tiny ones); only when that fails does each group retry alone with 10x
+    more damping.
     """
     try:
-        return _damped_factor(h, damp), np.full(len(h), damp)
+        return _damped_factor(h, dead, damp), np.full(len(h), damp)
     except np.linalg.LinAlgError:
         pass
     upper = np.zeros_like(h)
@@ -206,7 +204,7 @@ def _inverse_factors(h: np.ndarray, damp: float) -> tuple[np.ndarray, np.ndarray
     for g in range(len(h)):
         for attempt in range(DAMP_RETRIES + 1):
             try:
-                upper[g] = _damped_factor(h[g : g + 1], damp * 10**attempt)[0]
+                upper[g] = _damped_factor(h[g : g + 1], dead[g : g + 1], damp * 10**attempt)[0]
             except np.linalg.LinAlgError:
                 continue
             damps[g] = damp * 10**attempt
@@ -214,18 +212,23 @@ def _inverse_factors(h: np.ndarray, damp: float) -> tuple[np.ndarray, np.ndarray
     return upper, damps
 
 
-def _damped_factor(h: np.ndarray, relative: float) -> np.ndarray:
-    """[groups, K, K] Hessians -> upper ``U`` with ``U^T U = (H + relative * mean(diag H) * I)^-1``."""
+def _damped_factor(h: np.ndarray, dead: np.ndarray, relative: float) -> np.ndarray:
+    """[groups, K, K] Hessians -> upper ``U`` with ``U^T U = (H + relative * mean(diag H) * I)^-1``.
+
+    ``dead`` inputs' diagonal counts as 1 (in the mean too).
+    """
     k = h.shape[-1]
-    mean_diag = np.diagonal(h, axis1=1, axis2=2).mean(axis=1)
+    diagonal = np.where(dead, 1.0, np.diagonal(h, axis1=1, axis2=2))
+    mean_diag = diagonal.mean(axis=1)
     # the Cholesky factor of H with its order reversed, reversed back, is upper: H = R R^T, so U = R^-1 gives
     # U^T U = H^-1 (one factorisation and one inverse, not an inverse, a product and a second factorisation);
-    # one copy of H, reversed and damped in place, so that a large Conv's factoring holds few [K, K] arrays at once
+    # one copy of H, reversed and damped in place, and the factor inverted as the view it is reversed, so that a
+    # large Conv's factoring holds few [K, K] arrays at once
     damped = np.ascontiguousarray(h[:, ::-1, ::-1])
-    damped[:, np.arange(k), np.arange(k)] += (relative * mean_diag)[:, None]
+    damped[:, np.arange(k), np.arange(k)] = (diagonal + (relative * mean_diag)[:, None])[:, ::-1]
     reversed_factor = np.linalg.cholesky(damped)
     del damped
-    upper = _upper_inverse(np.ascontiguousarray(reversed_factor[:, ::-1, ::-1]))
+    upper = _upper_inverse(reversed_factor[:, ::-1, ::-1])
     if not np.all(np.isfinite(upper)):
         raise np.linalg.LinAlgError("non-finite Cholesky factor")
     return upper
@@ -236,15 +239,17 @@ def _upper_inverse(upper: np.ndarray) -> np.ndarray:
 
     ``[[A, B], [0, C]]^-1 = [[A^-1, -A^-1 B C^-1], [0, C^-1]]``: a third of a general inverse's work, in matrix
     products (a 2304-wide factor: 0.1 s, where ``np.linalg.inv`` took 0.5 s); small blocks go to ``np.linalg.inv``.
+    ``upper`` may be a view (a reversed factor): only quarter-size blocks of it are copied.
     """
     k = upper.shape[-1]
     if k <= _INVERSE_BLOCK:
         return np.linalg.inv(upper)
     half = k // 2
-    inverse = np.zeros_like(upper)
+    inverse = np.zeros(upper.shape, upper.dtype)
     first = inverse[:, :half, :half] = _upper_inverse(np.ascontiguousarray(upper[:, :half, :half]))
     last = inverse[:, half:, half:] = _upper_inverse(np.ascontiguousarray(upper[:, half:, half:]))
-    inverse[:, :half, half:] = -np.matmul(np.matmul(first, upper[:, :half, half:]), last)
+    corner = np.ascontiguousarray(upper[:, :half, half:])
+    inverse[:, :half, half:] = -np.matmul(np.matmul(first, corner), last)
     return inverse
 
 
