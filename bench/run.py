@@ -145,7 +145,7 @@ def _predicted_kernels(model: Path, setting: str, tmp: Path, calib: Path) -> col
         config = tmp / "predict.yaml"
         config.write_text(setting)
     rows = qtool.inspect(model, config_path=config, data_dir=calib).rows
-    return collections.Counter(r.kernel for r in rows if not r.kernel.startswith("float"))
+    return collections.Counter(r.predicted_kernel for r in rows if not r.predicted_kernel.startswith("float"))
 
 
 def latency_medians(paths: dict[str, Path], feed_dir: Path, threads: int, runs: int) -> dict[str, float]:
