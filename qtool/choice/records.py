@@ -39,9 +39,38 @@ class CandidateBuilder(Protocol):
     def __call__(self, config: QConfig, /, keep: bool = True) -> tuple[QuantPlan, onnx.ModelProto]: ...
 
 
+@dataclass(frozen=True)
+class PlacementRound(ValidationRound[CandidateName]):
+    """A placement scored on the validation samples, read by its report under the report's names."""
+
+    @property
+    def candidate(self) -> CandidateName:
+        return self.choice
+
+    @property
+    def samples(self) -> list[str]:
+        return self.validation.samples
+
+    @property
+    def sqnr_db(self) -> float:
+        return self.validation.sqnr_db
+
+    @property
+    def bound_db(self) -> float:
+        return self.validation.bound_db
+
+    @property
+    def meets_target(self) -> bool:
+        return self.validation.meets
+
+
 @dataclass
 class PlacementChoice:
-    """What the placement choice measured and what it kept."""
+    """What the placement choice measured and what it kept.
+
+    Changed while the choice runs; its report (:class:`qtool.schemas.reports.quantize.PlacementChoiceReport`) is
+    read from it under the same names, the properties included.
+    """
 
     target_sqnr_db: float
     samples: list[str]  # the files scored, spread over the data
@@ -57,19 +86,30 @@ class PlacementChoice:
     parts: list[str] = field(default_factory=list)  # output parts also scored on their own (evaluation.output_parts)
     times: dict[str, list[float]] = field(default_factory=dict, repr=False)  # seconds per run, fp32 included
     # each placement scored on the validation samples, in order (the kept one's is the last)
-    validations: list[ValidationRound[CandidateName]] = field(default_factory=list)
+    validations: list[PlacementRound] = field(default_factory=list)
     confidence: float = CONFIDENCE  # of the validation bounds
     decode_bar: float | None = None  # decoders: the dynamic placement's decode agreement, which a kept one reaches
     decode_steps: bool = False  # each file was scored as a prefill and as the decode step after it
     # the activation range rule every candidate uses, and the all-integer placement's worst output under each rule
     activation_ranges: str = "observer"
-    range_scores: dict[str, float] = field(default_factory=dict)
+    range_worst_db: dict[str, float] = field(default_factory=dict)
     judged_note: str = ""  # which outputs the target judged, when not all of them (see qtool.evaluation.judged)
 
     @property
     def validation(self) -> Validation | None:
         """The kept placement's validation (None: too few samples to hold any out)."""
         return next((r.validation for r in reversed(self.validations) if r.choice == self.chosen), None)
+
+    @property
+    def range_scores(self) -> dict[str, float]:
+        """The finite ones of ``range_worst_db``, to the thousandth of a dB (as reported)."""
+        return {rule: round(db, 3) for rule, db in self.range_worst_db.items() if math.isfinite(db)}
+
+    def settle(self) -> None:
+        """Once the choice is made: each candidate's speedup over fp32, and which one is chosen."""
+        self.candidates = [
+            c.model_copy(update={"speedup": self.speedup(c), "chosen": c.name == self.chosen}) for c in self.candidates
+        ]
 
     @property
     def chosen_candidate(self) -> PlacementCandidate:

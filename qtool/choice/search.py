@@ -71,15 +71,19 @@ class Moves:
 
 @dataclass
 class SearchResult:
-    """What the sensitivity search measured and which nodes it keeps in float."""
+    """What the sensitivity search measured and which nodes it keeps in float.
+
+    Changed as the search runs; its report (:class:`qtool.schemas.reports.quantize.SearchReport`) is read from it
+    under the same names, the properties included.
+    """
 
     target_sqnr_db: float
-    max_nodes: int
+    max_float_nodes: int
     samples: int  # samples each trial is scored on
     initial_sqnr_db: float
     final_sqnr_db: float
     steps: list[SearchStep] = field(default_factory=list)
-    ranked_on: int = 0  # samples of the one per-layer pass that ranked the nodes (0: no pass)
+    ranked_on_samples: int = 0  # samples of the one per-layer pass that ranked the nodes (0: no pass)
     stopped: str = ""  # why the search ended
     moves: MoveKind = FLOAT_ACTIVATIONS  # what a kept node becomes: FLOAT_ACTIVATIONS or FLOAT
     start: CandidateName = "auto"  # the candidate placement the search started from
@@ -93,8 +97,19 @@ class SearchResult:
         return sqnr >= self.target_sqnr_db and self.final_bound_db >= self.target_sqnr_db
 
     @property
-    def float_nodes(self) -> list[str]:
+    def kept_nodes(self) -> list[str]:
+        """The nodes the search moved, in the order it kept them."""
         return [s.node for s in self.steps if s.kept]
+
+    @property
+    def float_activation_nodes(self) -> list[str]:
+        """The kept nodes when a move gives float activations (their weights stay quantized), else none."""
+        return self.kept_nodes if self.moves == FLOAT_ACTIVATIONS else []
+
+    @property
+    def float_nodes(self) -> list[str]:
+        """The kept nodes when a move keeps the node entirely float, else none."""
+        return self.kept_nodes if self.moves == FLOAT else []
 
     @property
     def reached(self) -> bool:
@@ -177,7 +192,7 @@ def sensitivity_search(
         result.stopped, result.final_bound_db = "target reached", sqnr  # the start reached it: nothing to refine
         return config, result
     rows = _measured_layers((reference, model), ranked, scorer, movable, progress)
-    result.ranked_on = len(ranked[0]) if rows else 0  # (none measured: every movable node is in a body)
+    result.ranked_on_samples = len(ranked[0]) if rows else 0  # (none measured: every movable node is in a body)
     ranking = _ranking(rows, movable, moves, result, model)
     del model
     advance = (progress or noop_progress)("sensitivity", min(len(ranking), settings.max_float_nodes + PATIENCE))
@@ -325,11 +340,11 @@ def _stop_reason(
     """Why the search stops before its next node ("" to go on)."""
     if result.reached_at(sqnr):
         return "target reached (its lower confidence bound too)"
-    left = result.max_nodes - len(result.float_nodes)
+    left = result.max_float_nodes - len(result.kept_nodes)
     if left <= 0:
-        return f"{result.max_nodes} nodes in float (accuracy.max_float_nodes)"
+        return f"{result.max_float_nodes} nodes in float (accuracy.max_float_nodes)"
     # Judged once a node has helped: before, a gain of 0 may only mean another node masks it.
-    if result.float_nodes and sqnr + left * max(best_gain, 0.0) < result.target_sqnr_db:
+    if result.kept_nodes and sqnr + left * max(best_gain, 0.0) < result.target_sqnr_db:
         return (
             f"out of reach: the best trial gained {max(best_gain, 0.0):.2f} dB, and {left} more node"
             f"{'s' if left > 1 else ''} at that rate would not close the {result.target_sqnr_db - sqnr:.2f} dB gap"

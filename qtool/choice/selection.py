@@ -56,14 +56,13 @@ from qtool.choice.records import (
 )
 from qtool.choice.rounded import round_after_miss, round_storage
 from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, MoveKind, sensitivity_search
-from qtool.choice.timing import decisively_faster, faster_than_storage, median_ratio, time_candidates
+from qtool.choice.timing import decisively_faster, faster_than_storage, not_faster_note, time_candidates, why_untimed
 from qtool.choice.validation import Validator, validate_choice
 from qtool.config import QConfig
 from qtool.evaluation.scoring import OutputScorer
 from qtool.progress import ProgressFactory, noop_progress
 from qtool.quantization.plan.records import QuantPlan
 from qtool.quantization.plan.roles import FUSED_KERNELS
-from qtool.schemas.reports.quantize import PlacementCandidate
 from qtool.schemes import CandidateName, NodePlacement
 from qtool.system.stages import stage
 
@@ -157,12 +156,24 @@ def measure_placements(
             # those on paired rounds; the others keep their first measurement
             time_all([c.name for c in choice.candidates if c.name == "search" or c.meets_target])
     _decide(choice, missed)
+    _made(choice, validator, built, build, scorer)
+    return built.configs[choice.chosen], choice
+
+
+def _made(
+    choice: PlacementChoice,
+    validator: Validator | None,
+    built: BuiltCandidates,
+    build: CandidateBuilder,
+    scorer: OutputScorer,
+) -> None:
+    """The choice validated (when samples were held out), then settled: each candidate's speed-up, the kept one."""
     if validator is not None:
         validate_choice(choice, validator, redecide=lambda more: _decide(choice, more))
         round_after_miss(choice, built, build, scorer, validator)
         validator.release()
     scorer.release()
-    return built.configs[choice.chosen], choice
+    choice.settle()
 
 
 def _scored_candidates(
@@ -191,7 +202,7 @@ def _scored_candidates(
     bar = target if target is not None else -math.inf
     choice = PlacementChoice(bar, files, threads or 1, built.candidates(bar), "auto", "")
     choice.decode_bar, choice.decode_steps = built.bar(), has_decode_steps(scorer.files)
-    choice.activation_ranges, choice.range_scores = config.activation_ranges, range_scores
+    choice.activation_ranges, choice.range_worst_db = config.activation_ranges, range_scores
     choice.parts = [part.name for part in scorer.parts]
     return config, built, choice
 
@@ -250,23 +261,12 @@ def _search_plan(choice: PlacementChoice, built: BuiltCandidates, timed: bool) -
     start = max(starts, key=lambda name: built.scores[name], default=None)
     if storage_meets:
         if start is None:
-            choice.search_note = _not_faster_note(choice, storage_name)
+            choice.search_note = not_faster_note(choice, storage_name)
             return None
         return start, FLOAT_ACTIVATIONS
     if storage_name is not None and (start is None or built.scores[storage_name] > built.scores[start]):
         start = storage_name
     return (start or "auto"), FLOAT
-
-
-def _not_faster_note(choice: PlacementChoice, storage_name: str | None) -> str:
-    """Why no search runs when "auto" is not more than TIE faster than storage-only, true to the table's medians."""
-    ratio = median_ratio(choice.times, "auto", storage_name) if storage_name else None
-    if ratio is None or ratio >= 1:
-        return "no search: the integer kernels measured no faster than storage-only here"
-    return (
-        f"no search: the integer kernels measured less than {TIE:.0%} faster than storage-only here (auto / "
-        f"storage latency {ratio:.2f}, the median of {len(choice.times.get('auto', []))} interleaved rounds)"
-    )
 
 
 def _search(
@@ -303,7 +303,7 @@ def _search(
     )
     if choice.search is not None:
         choice.search.start = start
-    if choice.search is None or not choice.search.float_nodes:
+    if choice.search is None or not choice.search.kept_nodes:
         return False
     built.configs["search"] = searched
     built.plans["search"], built.aliases["search"] = build(searched), []
@@ -338,16 +338,6 @@ def _may_win(choice: PlacementChoice, name: str) -> bool:
     )
 
 
-def _why_untimed(choice: PlacementChoice, meeting: list[PlacementCandidate]) -> str:
-    """Why the candidates that reach the target were not all timed, as the run decided it."""
-    if choice.timing_note:
-        return choice.timing_note
-    if choice.fp32_ms is None:
-        return "timing is off"
-    untimed = [c.name for c in meeting if c.latency_ms is None or c.name not in choice.times]
-    return f"{', '.join(untimed)} measured after the timing"
-
-
 def _decide(choice: PlacementChoice, missed: frozenset[CandidateName] = frozenset()) -> bool:
     """Set ``chosen`` and ``reason`` from the measurements; False (nothing set) when ``missed`` leaves none.
 
@@ -372,7 +362,7 @@ def _decide(choice: PlacementChoice, missed: frozenset[CandidateName] = frozense
     elif not timed:
         preference = ["search", "auto", "unchained", "integer", "dynamic", "storage"]
         choice.chosen = min(meeting, key=lambda c: preference.index(c.name)).name
-        choice.reason = f"reaches {target} (not timed: {_why_untimed(choice, meeting)})"
+        choice.reason = f"reaches {target} (not timed: {why_untimed(choice, meeting)})"
     else:
         best = max(meeting, key=lambda c: (c.sqnr_db, -candidates.index(c)))
         start = best

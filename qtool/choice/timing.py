@@ -14,6 +14,7 @@ from qtool.evaluation.timing import Rounds, time_interleaved
 from qtool.graph.session import create_session
 from qtool.progress import ProgressFactory
 from qtool.quantization.plan.records import QuantPlan
+from qtool.schemas.reports.quantize import PlacementCandidate
 from qtool.schemes import CandidateName
 
 TIMING_SECONDS = 3.0  # timing stops after this long once MIN_ROUNDS rounds are done ...
@@ -42,6 +43,27 @@ def median_ratio(times: dict[str, list[float]], fast: str, slow: str) -> float |
     """The median of the paired per-round ratios ``fast / slow`` (None: no round of both)."""
     ratios = [f / s for f, s in zip(times.get(fast, []), times.get(slow, []), strict=False) if s > 0]
     return statistics.median(ratios) if ratios else None
+
+
+def not_faster_note(choice: PlacementChoice, storage_name: str | None) -> str:
+    """Why no search runs when "auto" is not more than TIE faster than storage-only, true to the table's medians."""
+    ratio = median_ratio(choice.times, "auto", storage_name) if storage_name else None
+    if ratio is None or ratio >= 1:
+        return "no search: the integer kernels measured no faster than storage-only here"
+    return (
+        f"no search: the integer kernels measured less than {TIE:.0%} faster than storage-only here (auto / "
+        f"storage latency {ratio:.2f}, the median of {len(choice.times.get('auto', []))} interleaved rounds)"
+    )
+
+
+def why_untimed(choice: PlacementChoice, meeting: list[PlacementCandidate]) -> str:
+    """Why the candidates that reach the target were not all timed, as the run decided it."""
+    if choice.timing_note:
+        return choice.timing_note
+    if choice.fp32_ms is None:
+        return "timing is off"
+    untimed = [c.name for c in meeting if c.latency_ms is None or c.name not in choice.times]
+    return f"{', '.join(untimed)} measured after the timing"
 
 
 def decisively_faster(times: dict[str, list[float]], fast: str, slow: str) -> bool:

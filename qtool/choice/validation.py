@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 
 import onnx
 
-from qtool.choice.records import FloatModel, PlacementChoice, Samples, meets
-from qtool.choice.validated import Chooser, Validation, ValidationRound, choose_then_validate
+from qtool.choice.records import FloatModel, PlacementChoice, PlacementRound, Samples, meets
+from qtool.choice.validated import Chooser, Validation, choose_then_validate
 from qtool.evaluation.scoring import OutputScorer, signal_means
 from qtool.progress import ProgressFactory
 from qtool.quantization.plan.records import QuantPlan
@@ -36,7 +36,7 @@ class Validator:
             samples.validation, samples.known, factory("validation samples", len(samples.validation))
         )
         self.signal = signal_means([scored, self.scorer])  # the float outputs' energy over every sample at hand
-        self.rounds: list[ValidationRound[CandidateName]] = []  # each placement scored, in order
+        self.rounds: list[PlacementRound] = []  # each placement scored, in order
 
     def __call__(self, name: CandidateName) -> Validation:
         """``name`` scored on the validation samples (once: a second call reads the first's figure)."""
@@ -56,7 +56,7 @@ class Validator:
         files = self.samples.validation_files if self.samples.validation_files is not None else self.scorer.files
         target = self.choice.target_sqnr_db
         found = Validation(list(files), score.worst_db, bound, meets(bound, target), closed_loop=sequences is not None)
-        self.rounds.append(ValidationRound(name, found))
+        self.rounds.append(PlacementRound(name, found))
         return found
 
     def release(self) -> None:

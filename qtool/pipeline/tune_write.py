@@ -14,6 +14,7 @@ from qtool.calibration.decode_steps import has_decode_steps
 from qtool.calibration.feeds import sample_directory
 from qtool.choice.tune.candidates import Candidates
 from qtool.choice.tune.configs import allocation_document, config_text
+from qtool.choice.tune.loop import marked
 from qtool.choice.tune.selection import Outcome
 from qtool.choice.tune.sensitivity import Sensitivity, nsr
 from qtool.choice.validated import Validation
@@ -48,12 +49,13 @@ def write_chosen(
         # The written model is built by quantize's own path: score it too, so the report states what was written.
         model = onnx.load(str(request.output_path), format="protobuf")
         candidates.goal = replace(tuning.goal, margin_db=outcome.margin)
-        written = candidates.verify(model, chosen.allocation, nsr(chosen.predicted_db))
+        written = candidates.verify(model, chosen.allocation, nsr(chosen.predicted_sqnr_db))
         validation = candidates.validate(model)
     met = validation.meets and outcome.reachable and chosen.meets
     if written.note.startswith("slower"):
         met = False
     notes = _notes(outcome, validation, sens)
+    trials, chosen = marked(outcome.trials, chosen)
     return TuneResult(
         source=tuning.ws.source,
         output=ModelFile.of(request.output_path),
@@ -62,9 +64,9 @@ def write_chosen(
         goal=tuning.goal.describe(),
         target_sqnr_db=tuning.goal.target_sqnr_db,
         nodes=len(tuning.tuned),
-        trials=outcome.trials,
+        trials=trials,
         chosen=chosen,
-        written=written,
+        written=replace(written, chosen=True),  # the chosen trial, as written
         validation=validation,
         rounds=outcome.rounds,
         margin=outcome.margin,

@@ -9,8 +9,6 @@ from typing import Any
 
 from qtool._version import __version__
 from qtool.calibration.statistics import CalibrationStats
-from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, SearchResult
-from qtool.choice.selection import PlacementChoice
 from qtool.quantization.plan.inspection import Inspection
 from qtool.reports.compare_document import comparison_report
 from qtool.results import QuantizeResult
@@ -54,63 +52,18 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
         predicted_kernels=result.kernels,
         float_boundaries=result.boundaries,
         prepare=doc.Prepare.model_validate(result.prepare, from_attributes=True),  # its fields, under their names
-        sensitivity=_search(result.search) if result.search else None,
-        placement_choice=_choice(result.placement_choice) if result.placement_choice else None,
+        # the search's and the choice's working records, read under the report's names
+        sensitivity=doc.SearchReport.model_validate(result.search, from_attributes=True) if result.search else None,
+        placement_choice=(
+            doc.PlacementChoiceReport.model_validate(result.placement_choice, from_attributes=True)
+            if result.placement_choice
+            else None
+        ),
         notes=result.notes,
         comparison=comparison_report(result.comparison) if result.comparison else None,
         peer=result.peer,
     )
     return report.model_dump()
-
-
-def _search(f: SearchResult) -> doc.SearchReport:
-    return doc.SearchReport(
-        target_sqnr_db=f.target_sqnr_db,
-        max_float_nodes=f.max_nodes,
-        samples=f.samples,
-        initial_sqnr_db=f.initial_sqnr_db,
-        final_sqnr_db=f.final_sqnr_db,
-        reached=f.reached,
-        float_activation_nodes=f.float_nodes if f.moves == FLOAT_ACTIVATIONS else [],
-        float_nodes=f.float_nodes if f.moves == FLOAT else [],
-        start=f.start,
-        steps=f.steps,
-        ranked_on_samples=f.ranked_on,
-        ranked_by=f.ranked_by,
-        stopped=f.stopped,
-    )
-
-
-def _choice(c: PlacementChoice) -> doc.PlacementChoiceReport:
-    validations = [
-        doc.PlacementValidationReport(
-            candidate=r.choice,
-            samples=r.validation.samples,
-            sqnr_db=r.validation.sqnr_db,
-            bound_db=r.validation.bound_db,
-            meets_target=r.validation.meets,
-        )
-        for r in c.validations
-    ]
-    return doc.PlacementChoiceReport(
-        target_sqnr_db=c.target_sqnr_db,
-        samples=c.samples,
-        threads=c.threads,
-        fp32_ms=c.fp32_ms,
-        timing_note=c.timing_note,
-        chosen=c.chosen,
-        reason=c.reason,
-        expects_speedup=c.expects_speedup,
-        search_note=c.search_note,
-        confidence=c.confidence,
-        validations=validations,
-        candidates=[k.model_copy(update={"speedup": c.speedup(k), "chosen": k.name == c.chosen}) for k in c.candidates],
-        decode_bar=c.decode_bar,
-        decode_steps=c.decode_steps,
-        activation_ranges=c.activation_ranges,
-        range_scores={rule: round(db, 3) for rule, db in c.range_scores.items() if math.isfinite(db)},
-        rounding_note=c.rounding_note,
-    )
 
 
 def stats_summary_dict(stats: CalibrationStats, path: str) -> dict[str, Any]:

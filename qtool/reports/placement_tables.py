@@ -24,8 +24,8 @@ def render_search(console: Console, f: SearchResult) -> None:
         verdict = f"[yellow]not reached[/yellow] by its lower bound ({f.final_bound_db:.2f} dB; {f.stopped})"
     else:
         verdict = f"[yellow]not reached[/yellow] ({f.stopped})"
-    ranked = f", nodes ranked by one per-layer pass on {f.ranked_on}" if f.ranked_on else ""
-    ranked += f" ({f.ranked_by})" if f.ranked_on and f.ranked_by != "drop" else ""  # the cheap moves first
+    ranked = f", nodes ranked by one per-layer pass on {f.ranked_on_samples}" if f.ranked_on_samples else ""
+    ranked += f" ({f.ranked_by})" if f.ranked_on_samples and f.ranked_by != "drop" else ""  # the cheap moves first
     console.print(
         f"sensitivity search from '{f.start}' ({f.moves} for the nodes that cost most) on {f.samples} samples"
         f"{ranked}: worst output {f.initial_sqnr_db:.2f} -> "
@@ -101,8 +101,8 @@ def _candidates_table(c: PlacementChoice) -> Table:
 
 def _choice_notes(console: Console, c: PlacementChoice, comparison: ComparisonResult | None) -> None:
     """The lines under the table: the range rule, decoding, validation, why no speed-up, the scored samples."""
-    if len(c.range_scores) == 2:
-        clipped, unclipped = c.range_scores["observer"], c.range_scores["extremes"]
+    if len(c.range_worst_db) == 2:
+        clipped, unclipped = c.range_worst_db["observer"], c.range_worst_db["extremes"]
         kept = "the observed min/max" if c.activation_ranges == "extremes" else "the observer's (clipped) ranges"
         console.print(
             f"activation ranges: {kept}, as the all-integer placement scored {clipped:.2f} dB with the observer's "

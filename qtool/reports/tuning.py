@@ -25,7 +25,7 @@ TUNE_SCHEMA_VERSION = 5  # 2: sensitivity.cached/cache_file; 3: sensitivity.samp
 
 
 def _counts(trial: Trial) -> str:
-    return ", ".join(f"{option} {count}" for option, count in trial.counts().items())
+    return ", ".join(f"{option} {count}" for option, count in trial.precisions.items())
 
 
 def _finite(value: float | None) -> float | None:
@@ -34,8 +34,6 @@ def _finite(value: float | None) -> float | None:
 
 def render_tune(console: Console, result: TuneResult) -> None:
     """Every verified candidate, the Pareto front marked, then the validation, the promise and the files."""
-    on_front = {id(t) for t in pareto(result.trials)}
-    front = {i for i, t in enumerate(result.trials) if id(t) in on_front}
     chosen = next((i for i, t in enumerate(result.trials) if t is result.chosen), None)
     result = for_terminal(result)  # node and file names from the user's files: no raw control characters or markup
     table = Table(
@@ -52,20 +50,21 @@ def render_tune(console: Console, result: TuneResult) -> None:
     for column in columns:
         table.add_column(column, justify="left" if column in ("precisions (nodes)", "verdict") else "right")
     for index, t in enumerate(result.trials, start=1):
-        verdict = ("meets" if t.meets else t.note) + (", Pareto" if index - 1 in front else "")
+        verdict = ("meets" if t.meets else t.note) + (", Pareto" if t.pareto else "")
         verdict = f"[bold]chosen[/bold], {verdict}" if index - 1 == chosen else verdict
         row = [
             str(index),
-            f"{t.predicted_db:.1f}",
+            f"{t.predicted_sqnr_db:.1f}",
             f"{t.size_bytes / 1024:.1f}",
-            f"{t.compression:.2f}x",
+            f"{t.compression_ratio:.2f}x",
             f"{t.sqnr_db:.2f}",
             f"{t.bound_db:.2f}",
         ]
         row += [_number(t.metric), _number(t.metric_bound)] if metric else []
         if timed:
-            interval = f" ({t.latency_interval[0]:.2f}-{t.latency_interval[1]:.2f})" if t.latency_interval else ""
-            row += [f"{t.latency_ratio:.2f}x{interval}" if t.latency_ratio is not None else "-"]
+            interval = t.latency_ratio_interval
+            interval_text = f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else ""
+            row += [f"{t.latency_ratio:.2f}x{interval_text}" if t.latency_ratio is not None else "-"]
         table.add_row(*row, _counts(t), verdict)
     console.print(table)
     used = sorted({option for t in result.trials for option in t.allocation.values()})
@@ -114,7 +113,7 @@ def _print_measurement(console: Console, result: TuneResult) -> None:
     w, v = result.written, validation
     status = "meets" if result.met else "does NOT meet"
     console.print(
-        f"written: {w.compression:.2f}x smaller; on the selection samples "
+        f"written: {w.compression_ratio:.2f}x smaller; on the selection samples "
         f"{_figures(w.sqnr_db, w.bound_db, w.metric, w.metric_bound, result.confidence)}; "
         f"validated {_figures(v.sqnr_db, v.bound_db, v.metric, v.metric_bound, result.validation_confidence)} "
         f"on {len(v.samples)} samples it never selected on: {status} {result.goal}",
@@ -179,12 +178,12 @@ def missed_line(result: TuneResult) -> str:
         reach = f"{v.bound_db:.1f} dB" if v.metric is None else f"{_number(v.metric_bound)}"
         return (
             f"no quantized model reaches {result.goal}: the most accurate one tried validates at {figure}, "
-            f"{written.compression:.2f}x smaller (written); a target up to {reach} is reachable"
+            f"{written.compression_ratio:.2f}x smaller (written); a target up to {reach} is reachable"
         )
     if not result.reachable:
         return (
             f"the time budget ran out before any model met {result.goal}: the most accurate so far validates at "
-            f"{figure}, {written.compression:.2f}x smaller (written); give a larger --time-budget"
+            f"{figure}, {written.compression_ratio:.2f}x smaller (written); give a larger --time-budget"
         )
     return (
         f"the written model validates at {figure} on {len(v.samples)} samples it never selected on: it does not "
@@ -193,24 +192,8 @@ def missed_line(result: TuneResult) -> str:
     )
 
 
-def _trial(t: Trial, chosen: bool, front: bool) -> doc.TuneTrial:
-    return doc.TuneTrial(
-        size_bytes=t.size_bytes,
-        compression_ratio=t.compression,
-        sqnr_db=t.sqnr_db,
-        bound_db=t.bound_db,
-        metric=t.metric,
-        metric_bound=t.metric_bound,
-        latency_ratio=t.latency_ratio,
-        latency_ratio_interval=list(t.latency_interval) if t.latency_interval else None,
-        predicted_sqnr_db=t.predicted_db,
-        meets=t.meets,
-        note=t.note,
-        chosen=chosen,
-        pareto=front,
-        precisions=t.counts(),
-        allocation=dict(sorted(t.allocation.items())),
-    )
+def _trial(t: Trial) -> doc.TuneTrial:
+    return doc.TuneTrial.model_validate(t, from_attributes=True)  # its fields and precisions, under the report's names
 
 
 def _validation(v: Validation) -> doc.TuneValidation:
@@ -238,7 +221,6 @@ def _sensitivity(result: TuneResult) -> doc.TuneSensitivity:
 
 def tune_to_dict(result: TuneResult) -> dict[str, Any]:
     """The ``qtool tune --json`` document (schema: :class:`qtool.schemas.tune.TuneReport`)."""
-    front = {id(t) for t in pareto(result.trials)}
     report = doc.TuneReport(
         schema_version=TUNE_SCHEMA_VERSION,
         qtool_version=__version__,
@@ -265,13 +247,13 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
             decode_steps=result.decode_steps_scored,
         ),
         sensitivity=_sensitivity(result),
-        written=_trial(result.written, True, False),
+        written=_trial(result.written),
         validation=_validation(result.validation),
         rounds=[
             doc.TuneRound(trial=r.choice.trial, margin=r.choice.margin, validation=_validation(r.validation))
             for r in result.rounds
         ],
-        trials=[_trial(t, t is result.chosen, id(t) in front) for t in result.trials],
+        trials=[_trial(t) for t in result.trials],
         notes=result.notes,
     )
     return report.model_dump()

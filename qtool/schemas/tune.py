@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import AfterValidator
+
 from qtool.schemas.reports.base import FiniteOrNull, _Report
+
+
+def _by_node(mapping: dict[str, str]) -> dict[str, str]:
+    return dict(sorted(mapping.items()))
 
 
 class TunedFile(_Report):
@@ -44,7 +52,7 @@ class TuneTrial(_Report):
     chosen: bool
     pareto: bool
     precisions: dict[str, int]  # option -> node count
-    allocation: dict[str, str]  # node -> option
+    allocation: Annotated[dict[str, str], AfterValidator(_by_node)]  # node -> option, by node
 
 
 class TuneValidation(_Report):

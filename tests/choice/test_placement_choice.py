@@ -147,7 +147,7 @@ def test_no_search_and_zero_latency_runs_turn_the_measurement_off(tmp_path):
     if choice.activation_ranges == "observer":
         assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
     else:
-        assert choice.range_scores["extremes"] > choice.range_scores["observer"]
+        assert choice.range_worst_db["extremes"] > choice.range_worst_db["observer"]
 
 
 def test_candidates_that_plan_the_same_placement_are_measured_once(tmp_path):
@@ -289,7 +289,7 @@ def test_the_search_runs_only_when_integer_kernels_pay_off(tmp_path, monkeypatch
     result = qtool.quantize(sample("cnn"), tmp_path / "b.onnx", data_dir=calib_dir("cnn"), config_path=config)
     choice = result.placement_choice
     assert choice is not None and choice.search is not None and choice.search_note == ""
-    assert choice.search.float_nodes  # the damaged nodes help in float: its proposal is a candidate
+    assert choice.search.kept_nodes  # the damaged nodes help in float: its proposal is a candidate
     search = next(c for c in choice.candidates if c.name == "search")
     assert not search.meets_target and search.latency_ms is None  # it cannot win: the rest is not timed again
     reaching = [c for c in choice.candidates if c.meets_target]
@@ -377,7 +377,7 @@ def test_when_even_storage_misses_the_target_the_search_keeps_whole_nodes_float(
     scores = {c.name: c.sqnr_db for c in choice.candidates}
     assert scores["auto"] < scores["storage"] < 30, scores
     # from storage, the more accurate of the two: only the 2-bit weights' rounding is left to win back
-    assert search.moves == "float" and search.start == "storage" and search.float_nodes == ["block1/conv"]
+    assert search.moves == "float" and search.start == "storage" and search.kept_nodes == ["block1/conv"]
     assert choice.chosen == "search" and scores["search"] >= 30
     model = onnx.load(str(out))
     conv = next(n for n in model.graph.node if n.name == "block1/conv")
@@ -400,15 +400,17 @@ def test_the_same_quantize_five_times_writes_the_same_bytes_though_its_candidate
         assert result.placement_choice is not None
         digests.add(hashlib.sha256(out.read_bytes()).hexdigest())
         c = result.placement_choice
-        chosen.append((hashlib.sha256(out.read_bytes()).hexdigest()[:8], c.chosen, c.activation_ranges, c.range_scores))
+        chosen.append(
+            (hashlib.sha256(out.read_bytes()).hexdigest()[:8], c.chosen, c.activation_ranges, c.range_worst_db)
+        )
     assert len(digests) == 1, chosen
 
 
 def test_the_activation_ranges_are_chosen_by_measurement_unless_the_config_names_an_observer(tmp_path):
     result = qtool.quantize(sample("cnn"), tmp_path / "a.onnx", data_dir=calib_dir("cnn"), evaluation=None)
     choice = result.placement_choice
-    assert choice is not None and set(choice.range_scores) == {"observer", "extremes"}
-    scores = choice.range_scores
+    assert choice is not None and set(choice.range_worst_db) == {"observer", "extremes"}
+    scores = choice.range_worst_db
     assert choice.activation_ranges == ("extremes" if scores["extremes"] > scores["observer"] else "observer")
     document = json.loads((tmp_path / "a.json").read_text()) if (tmp_path / "a.json").exists() else None
     assert document is None or document["placement_choice"]["activation_ranges"] == choice.activation_ranges
@@ -417,5 +419,5 @@ def test_the_activation_ranges_are_chosen_by_measurement_unless_the_config_names
     named = qtool.quantize(
         sample("cnn"), tmp_path / "b.onnx", data_dir=calib_dir("cnn"), config_path=config, evaluation=None
     )
-    assert named.placement_choice is not None and named.placement_choice.range_scores == {}
+    assert named.placement_choice is not None and named.placement_choice.range_worst_db == {}
     assert named.placement_choice.activation_ranges == "observer"

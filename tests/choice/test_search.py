@@ -125,7 +125,7 @@ def _fake_trials(gains: dict[str, float], start: float, target: float, price: di
         return set(cfg.float_nodes), set()  # type: ignore[attr-defined]
 
     _try_in_float(config, ranking, quantize, Scorer(), result, (time.perf_counter(), lambda _: None), (price, Moves()))  # type: ignore[arg-type]
-    return result.float_nodes
+    return result.kept_nodes
 
 
 def test_a_node_kept_float_short_of_the_target_must_buy_a_gain_worth_its_size():
@@ -203,7 +203,7 @@ def test_the_search_goes_on_until_the_bound_of_its_samples_reaches_the_target():
     clock = (time.perf_counter(), lambda _: None)
     _, sqnr = _try_in_float(config, ranking, quantize, Scorer(), result, clock, ({}, Moves()))  # type: ignore[arg-type]
     # "a" reaches 30 dB, its bound 29.4 does not: "b" brings the bound to 29.9, "c" to 30.4
-    assert result.float_nodes == ["a", "b", "c"] and result.reached_at(sqnr) and sqnr == pytest.approx(31.0)
+    assert result.kept_nodes == ["a", "b", "c"] and result.reached_at(sqnr) and sqnr == pytest.approx(31.0)
     assert result.final_bound_db == pytest.approx(30.4)
 
 
@@ -232,7 +232,7 @@ def test_the_search_tries_no_move_that_would_leave_it_no_faster_than_storage():
     result = SearchResult(30.0, 4, 8, 28.0, 28.0, moves=FLOAT_ACTIVATIONS)
     _try_in_float(config, ranking, quantize, Scorer(), result, (time.perf_counter(), lambda _: None), ({}, moves))  # type: ignore[arg-type]
     # "a" spends 0.3 of the 0.5 ms; "b" (0.3 more) is not even built; "c" (0.1) fits
-    assert tried == ["a", "a,c"] and result.float_nodes == ["a", "c"]
+    assert tried == ["a", "a,c"] and result.kept_nodes == ["a", "c"]
     assert "no faster placement left" in result.stopped and "1 node not tried" in result.stopped
     unbounded = SearchResult(30.0, 4, 8, 28.0, 28.0, moves=FLOAT_ACTIVATIONS)
     _try_in_float(
@@ -244,4 +244,4 @@ def test_the_search_tries_no_move_that_would_leave_it_no_faster_than_storage():
         (time.perf_counter(), lambda _: None),
         ({}, copy(moves, budget_ms=None)),
     )  # type: ignore[arg-type]
-    assert unbounded.float_nodes == ["a", "b", "c"]
+    assert unbounded.kept_nodes == ["a", "b", "c"]

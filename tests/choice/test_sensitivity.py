@@ -45,7 +45,7 @@ def test_search_gives_the_damaged_layer_float_activations_and_recovers_accuracy(
     before, after = sqnr(sample("cnn"), plain), sqnr(sample("cnn"), searched)
     assert before < 25 and after > before + 8, (before, after)
     f = result.search
-    assert f is not None and f.float_nodes == ["block1/conv"] and f.reached
+    assert f is not None and f.kept_nodes == ["block1/conv"] and f.reached
     assert f.final_sqnr_db >= 30 > f.initial_sqnr_db
     assert all(not step.kept for step in f.steps if step.node != "block1/conv")  # tried, no gain, quantized again
     # block1/conv and the head compute in float; a neighbour left alone between float nodes may follow it
@@ -99,7 +99,7 @@ def test_search_is_off_with_no_search_with_null_target_and_without_samples(damag
         search=SearchOptions(data_dir=calib_dir("cnn")),
         evaluation=None,
     )
-    assert result.search is not None and result.search.float_nodes == ["block1/conv"]
+    assert result.search is not None and result.search.kept_nodes == ["block1/conv"]
 
 
 def test_accuracy_section_is_validated(tmp_path):

@@ -323,13 +323,14 @@ def _choice(candidates: list, chosen: str, validations: tuple = ()) -> object:  
 
 
 def test_the_no_speedup_note_names_the_faster_placement_the_table_shows() -> None:
-    from qtool.choice.validated import Validation, ValidationRound
+    from qtool.choice.records import PlacementRound
+    from qtool.choice.validated import Validation
     from qtool.reports.placement_tables import _no_speedup_note
     from tests.choice.records import candidate
 
     integer = candidate("integer", 4, 0, 31.0, True, 1 / 1.32)
     storage = candidate("storage", 0, 4, 36.0, True, 1.0)
-    missed = ValidationRound("integer", Validation(["b.npy"], 29.0, 28.5, meets=False))
+    missed = PlacementRound("integer", Validation(["b.npy"], 29.0, 28.5, meets=False))
     note = _no_speedup_note(_choice([integer, storage], "storage", (missed,)))  # type: ignore[arg-type]
     assert "integer 1.32x (on the validation samples)" in note and "no placement measured" not in note
     assert note.endswith("its weights are stored quantized")

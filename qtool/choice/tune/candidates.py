@@ -190,15 +190,15 @@ class Candidates:
             interval = (bounds[0], bounds[1]) if bounds else None
         trial = Trial(
             allocation=dict(allocation),
-            predicted_db=sqnr_db(predicted),
+            predicted_sqnr_db=sqnr_db(predicted),
             size_bytes=size,
-            compression=self.source_bytes / size if size else math.inf,
+            compression_ratio=self.source_bytes / size if size else math.inf,
             sqnr_db=sqnr,
             bound_db=bound,
             metric=metric,
             metric_bound=metric_bound,
             latency_ratio=ratio,
-            latency_interval=interval,
+            latency_ratio_interval=interval,
         )
         self.slowest = max(self.slowest, time.monotonic() - started)
         return self.judged(trial)
@@ -211,7 +211,7 @@ class Candidates:
         elif not self.goal.accuracy_met(trial.bound_db, trial.metric_bound):
             meets, note = False, "accuracy below the target" + (" and margin" if self.goal.margin_db > 0 else "")
         elif self.goal.max_latency_ratio is not None and trial.latency_ratio is not None:
-            low = trial.latency_interval[0] if trial.latency_interval else trial.latency_ratio
+            low = trial.latency_ratio_interval[0] if trial.latency_ratio_interval else trial.latency_ratio
             if low > self.goal.max_latency_ratio:
                 meets, note = False, f"slower than {self.goal.max_latency_ratio:g}x fp32"
         return replace(trial, meets=meets, note=note)

@@ -12,29 +12,34 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from qtool.choice.tune.allocation import Allocation
 
 
 @dataclass(frozen=True)
 class Trial:
-    """One allocation built and measured."""
+    """One allocation built and measured; its report (:class:`qtool.schemas.tune.TuneTrial`) is read from it."""
 
     allocation: dict[str, str]  # node -> option name
-    predicted_db: float  # the SQNR the sum of its nodes' measured noise predicts
+    predicted_sqnr_db: float  # the SQNR the sum of its nodes' measured noise predicts
     size_bytes: int
-    compression: float
+    compression_ratio: float
     sqnr_db: float  # worst output on the selection samples, pooled
     bound_db: float = math.nan  # its lower confidence bound (what the target is judged on)
     metric: float | None = None  # the user's metric (mean), when given
     metric_bound: float | None = None  # its confidence bound (the worse side)
     latency_ratio: float | None = None  # candidate / float time, when timed
-    latency_interval: tuple[float, float] | None = None
+    latency_ratio_interval: tuple[float, float] | None = None
     meets: bool = False  # accuracy target met (and the latency bound, when given)
     note: str = ""  # why it does not meet the target
+    # set when tune's result is made (see :func:`marked`): the trial chosen (and the written model), and whether
+    # it is on the Pareto front of the trials
+    chosen: bool = False
+    pareto: bool = False
 
-    def counts(self) -> dict[str, int]:
+    @property
+    def precisions(self) -> dict[str, int]:
         """How many nodes got each option."""
         found: dict[str, int] = {}
         for option in self.allocation.values():
@@ -94,7 +99,7 @@ def search_budgets(
         else:
             repeats += 1
         # A missed allocation's own predicted noise bounds the budget that could choose it again.
-        spent = 10 ** (-trial.predicted_db / 10) if math.isfinite(trial.predicted_db) else budget
+        spent = 10 ** (-trial.predicted_sqnr_db / 10) if math.isfinite(trial.predicted_sqnr_db) else budget
         if trial.meets:
             met = max(met, budget)
         else:
@@ -244,6 +249,13 @@ def pareto(trials: list[Trial]) -> list[Trial]:
         return no_worse and (a.size_bytes < b.size_bytes or a.sqnr_db > b.sqnr_db or la < lb)
 
     return sorted((t for t in trials if not any(beats(o, t) for o in trials)), key=lambda t: t.size_bytes)
+
+
+def marked(trials: list[Trial], chosen: Trial) -> tuple[list[Trial], Trial]:
+    """The trials with ``chosen`` and ``pareto`` set, and the chosen one (a trial listed twice stays one object)."""
+    front = {id(t) for t in pareto(trials)}
+    by_id = {id(t): replace(t, chosen=t is chosen, pareto=id(t) in front) for t in trials}
+    return [by_id[id(t)] for t in trials], by_id.get(id(chosen), replace(chosen, chosen=True))
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,7 @@ def test_the_search_keeps_an_lstm_float_when_its_stored_weights_cost_the_target(
     config.write_text("op_type: {LSTM: {weight: {dtype: int2, granularity: per_channel}}}\n")
     out = tmp_path / "q.onnx"
     result = qtool.quantize(model, out, data_dir=data, config_path=config, evaluation=None)
-    assert result.search is not None and "lstm" in result.search.float_nodes
+    assert result.search is not None and "lstm" in result.search.kept_nodes
     inits = _initializers(onnx.load(str(out)))
     assert inits["lstm_w"].data_type == TensorProto.FLOAT and inits["lstm_r"].data_type == TensorProto.FLOAT
     assert _sqnr(model, out, data) > 30
@@ -249,7 +249,7 @@ def test_the_search_may_keep_an_lstm_inside_a_nested_branch_float(tmp_path):
     config.write_text("op_type: {LSTM: {weight: {dtype: int2, granularity: per_channel}}}\n")
     out = tmp_path / "q.onnx"
     result = qtool.quantize(model, out, data_dir=data, config_path=config, evaluation=None)
-    assert result.search is not None and "then/lstm" in result.search.float_nodes
+    assert result.search is not None and "then/lstm" in result.search.kept_nodes
     quantized = onnx.load(str(out))
     onnx.checker.check_model(quantized, full_check=True)
     graphs = [quantized.graph, *(body for node in quantized.graph.node for body in node_subgraphs(node))]
