@@ -18,6 +18,7 @@ from qtool.calibration.outputs import FloatOutputs
 from qtool.config import QConfig, load_config
 from qtool.errors import QtoolError
 from qtool.evaluation.baseline import Snapshot, StaleBaselineError, against_baseline, read_baseline, regression_gates
+from qtool.evaluation.clipped_inputs import clipped_inputs, quantized_input_ranges
 from qtool.evaluation.closed_loop import closed_loop_score
 from qtool.evaluation.comparison import ComparisonResult
 from qtool.evaluation.gates import DEFAULT_LATENCY_TOLERANCE, Gate, check_measurable, evaluate_gates
@@ -88,6 +89,7 @@ def compare(
     options = _gate_outputs(reference.graph, options, config)
     dataset = _dataset((reference, candidate), data_dir, options, config, input_shapes)
     result = _measured((reference, candidate), dataset, options, progress, known)
+    _say_clipped_inputs(candidate, dataset, known)
     reproducibility = _reproducibility(dataset, config, options, result.latency)
     result = replace(result, data_dir=str(data_dir), reproducibility=reproducibility)
     judged = evaluate_gates(gates or [], result.measured(), result.intervals())
@@ -103,6 +105,14 @@ def compare(
     if fail_on_regression:
         judged += regression_gates(changes)
     return replace(result, gates=judged, baseline=changes)
+
+
+def _say_clipped_inputs(candidate: OpenedModel, dataset: Dataset, known: FloatOutputs | None) -> None:
+    """Warn of samples past the candidate's quantized input ranges (not on its calibration samples: ``known``)."""
+    if known is not None:
+        return
+    for clipped in clipped_inputs(quantized_input_ranges(candidate.graph), (f for _, f in dataset.samples())):
+        log.warning("%s", clipped.sentence(str(candidate.path), str(dataset.directory)))
 
 
 def _checked(
