@@ -277,8 +277,8 @@ def _snapshot(result: ComparisonResult) -> Snapshot:
     numbers = {
         "compression": result.compression_ratio,
         "sqnr": sqnr if math.isfinite(sqnr) else math.inf,
-        "top1": min((a.top1 for a in result.agreement), default=None),
-        "top5": min((a.top5 for a in result.agreement), default=None),
+        "top1": min((a.top1 for a in result.classification), default=None),
+        "top5": min((a.top5 for a in result.classification), default=None),
         "box_iou": min((b.mean_iou for b in result.boxes), default=None),
         "latency_ratio": latency.latency_ratio if latency else None,
         "latency_interval": tuple(interval) if interval else None,

@@ -35,8 +35,8 @@ class ComparisonResult:
     overall: Metrics
     latency: list[Latency] = field(default_factory=list)  # one per provider measured
     skipped_providers: list[tuple[str, str]] = field(default_factory=list)  # (provider, reason)
-    agreement: list[Agreement] = field(default_factory=list)
-    task_note: str = ""
+    classification: list[Agreement] = field(default_factory=list)  # top-1/top-5 agreement of class-score outputs
+    task: str = ""  # how each output was judged, in one line
     layers: list[Layer] | None = None
     gates: list[GateResult] = field(default_factory=list)
     reproducibility: dict[str, Any] = field(default_factory=dict)
@@ -73,8 +73,8 @@ class ComparisonResult:
             "cosine": min([errors.cosine, *(p.cosine for p in self.judged_parts)]),
             "mse": errors.mse,
             "max_abs_error": errors.max_abs_error,
-            "top1": min((a.top1 for a in self.agreement), default=None),
-            "top5": min((a.top5 for a in self.agreement), default=None),
+            "top1": min((a.top1 for a in self.classification), default=None),
+            "top5": min((a.top5 for a in self.classification), default=None),
             "box_iou": min((b.mean_iou for b in self.boxes), default=None),
             "compression": self.compression_ratio,
             "latency_ratio": lat.latency_ratio if lat else None,

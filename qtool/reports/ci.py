@@ -116,8 +116,8 @@ def _md_accuracy(result: ComparisonResult) -> list[str]:
     for m in rows:
         figures = f"{_num(m.sqnr_db, '.2f')} | {m.cosine:.6f} | {m.mse:.3e} | {m.max_abs_error:.3e}"
         lines.append(f"| {_md(m.name)} | {figures} |")
-    lines += ["", f"Task: {_md(result.task_note)}."]
-    for a in result.agreement:
+    lines += ["", f"Task: {_md(result.task)}."]
+    for a in result.classification:
         lines.append(f"- `{_md(a.output)}`: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} ({a.rows} rows)")
     for b in result.boxes:
         lines.append(f"- `{_md(b.output)}`: mean box IoU {b.mean_iou:.4f} ({b.boxes} boxes)")

@@ -17,21 +17,6 @@ from qtool.schemas import reports as doc
 COMPARE_SCHEMA_VERSION = 3
 
 
-def _accuracy(result: ComparisonResult) -> doc.Accuracy:
-    return doc.Accuracy(
-        overall=result.overall,
-        outputs=result.outputs,
-        task=result.task_note,
-        output_kinds=result.output_kinds,
-        classification=result.agreement,
-        boxes=result.boxes,
-        language_model=result.language_model,
-        closed_loop=result.closed_loop,
-        judged=result.judged,
-        judged_note=result.judged_note,
-    )
-
-
 def _per_layer(layers: list[doc.Layer]) -> doc.PerLayer:
     drop = largest_drop(layers)
     largest = None if drop is None else doc.LargestDrop.model_validate(drop, from_attributes=True)
@@ -53,7 +38,7 @@ def comparison_report(result: ComparisonResult) -> doc.CompareReport:
             candidate_bytes=result.candidate.size_bytes,
             compression_ratio=result.compression_ratio,
         ),
-        accuracy=_accuracy(result),
+        accuracy=doc.Accuracy.model_validate(result, from_attributes=True),  # its accuracy fields, by their names
         per_layer=None if result.layers is None else _per_layer(result.layers),
         latency=result.latency,
         skipped_providers=[doc.SkippedProvider(provider=p, reason=why) for p, why in result.skipped_providers],

@@ -116,8 +116,8 @@ def _render_accuracy(console: Console, result: ComparisonResult) -> None:
             "(give --eval DIR, or compare other samples)",
             highlight=False,
         )
-    console.print(f"task: {result.task_note}", highlight=False)
-    for a in result.agreement:
+    console.print(f"task: {result.task}", highlight=False)
+    for a in result.classification:
         console.print(f"  {a.output}: top-1 agreement {a.top1:.2%}, top-5 {a.top5:.2%} over {a.rows} rows")
     for b in result.boxes:
         console.print(f"  {b.output}: mean box IoU {b.mean_iou:.4f} over {b.boxes} boxes")

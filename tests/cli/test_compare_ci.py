@@ -131,17 +131,17 @@ def test_plot_without_matplotlib_is_a_clear_error_before_any_work(cnn_int8, tmp_
 
 def test_classification_is_auto_detected_on_the_cnn_and_not_on_the_transformer(cnn_int8, tmp_path):
     result = qtool.compare(sample("cnn"), cnn_int8, eval_dir("cnn"), options=EvaluationOptions(runs=0))
-    assert result.task_note == "classification: 'logits' ([N,10] logits from Gemm)"
-    (agreement,) = result.agreement
+    assert result.task == "classification: 'logits' ([N,10] logits from Gemm)"
+    (agreement,) = result.classification
     assert agreement.output == "logits" and agreement.rows == 32 and 0.9 <= agreement.top1 <= agreement.top5 == 1.0
     q = tmp_path / "t.onnx"
     qtool.quantize(sample("transformer"), q, data_dir=calib_dir("transformer"), evaluation=None)
     plain = qtool.compare(sample("transformer"), q, eval_dir("transformer"), options=EvaluationOptions(runs=0))
-    assert plain.agreement == [] and plain.task_note == "error metrics only: 'output' ([N,16,64], not class scores)"
+    assert plain.classification == [] and plain.task == "error metrics only: 'output' ([N,16,64], not class scores)"
     forced = qtool.compare(
         sample("transformer"), q, eval_dir("transformer"), options=EvaluationOptions(runs=0, task="classification")
     )
-    assert forced.agreement and forced.agreement[0].rows == 32 * 16  # every [seq, d] row of every sample
+    assert forced.classification and forced.classification[0].rows == 32 * 16  # every [seq, d] row of every sample
 
 
 GATES = [

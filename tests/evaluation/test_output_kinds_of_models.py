@@ -96,11 +96,11 @@ def test_agreement_only_for_class_scores_and_iou_for_boxes(heads):
 def test_task_classification_forces_agreement_and_none_disables_it(heads):
     ref, cand, data = heads
     forced = qtool.compare(ref, cand, data, options=EvaluationOptions(runs=0, task="classification"))
-    assert [a.output for a in forced.agreement] == ["prob", "quality", "fc", "embedding", "boxes"]
+    assert [a.output for a in forced.classification] == ["prob", "quality", "fc", "embedding", "boxes"]
     assert forced.boxes == []
     off = qtool.compare(ref, cand, data, options=EvaluationOptions(runs=0, task="none"))
-    assert off.agreement == [] and [b.output for b in off.boxes] == ["boxes"]
-    assert off.task_note.startswith("error metrics only: 'prob' (Softmax output; --task none)")
+    assert off.classification == [] and [b.output for b in off.boxes] == ["boxes"]
+    assert off.task.startswith("error metrics only: 'prob' (Softmax output; --task none)")
 
 
 def _box_model(path: Path, shift: float) -> Path:
