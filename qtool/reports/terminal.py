@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
 from rich.markup import escape
 
 T = TypeVar("T")
@@ -48,6 +47,7 @@ def _convert(value: Any) -> Any:
         for f in dataclasses.fields(value):
             object.__setattr__(copy, f.name, _convert(getattr(value, f.name)))
         return copy
-    if isinstance(value, BaseModel):  # the report models that are records too (qtool.schemas.reports)
-        return value.model_copy(update={name: _convert(getattr(value, name)) for name in type(value).model_fields})
+    fields = getattr(type(value), "model_fields", None)  # a pydantic model (the reports' records): read, not imported,
+    if isinstance(fields, dict) and hasattr(value, "model_copy"):  # so that the CLI starts without pydantic
+        return value.model_copy(update={name: _convert(getattr(value, name)) for name in fields})
     return value
