@@ -25,6 +25,8 @@ _FLOAT8 = frozenset(
 
 def fp8_relu_quantizers(model: onnx.ModelProto) -> list[str]:
     """The Relu nodes of the main graph whose only reader is a QuantizeLinear to a float8 type."""
+    if not any(i.data_type in _FLOAT8 for i in model.graph.initializer):  # no float8 zero point: no such quantizer
+        return []
     view = GraphView(model)
     found = []
     for node in view.nodes:
