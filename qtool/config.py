@@ -210,16 +210,7 @@ class QConfig:
             update["exclude"] = list(exclude)
         document = self.document.model_copy(update=update)
         built = _from_document(document, self.raw, self.source)  # raw: the base as written (for keys and text)
-        return replace(
-            built,
-            located=self.located,
-            sensitive_nodes=self.sensitive_nodes,
-            float_nodes=self.float_nodes,
-            auto_placement=self.auto_placement,
-            auto_rounding=self.auto_rounding,
-            chains=self.chains,
-            activation_ranges=self.activation_ranges,
-        )
+        return replace(built, **{name: getattr(self, name) for name in _DECIDED_FIELDS})
 
     def unmatched_node_patterns(self, node_names: list[str]) -> list[str]:
         """``node_name`` and ``exclude`` entries that match no node of the model."""
@@ -228,6 +219,19 @@ class QConfig:
 
 
 # ------------------------------------------------------------------ validation
+
+
+# What a config carries beside its document: where the user's file put each key, and what the measured choices and the
+# search decided. New rules (:meth:`QConfig.with_rules`) keep them.
+_DECIDED_FIELDS = (
+    "located",
+    "sensitive_nodes",
+    "float_nodes",
+    "auto_placement",
+    "auto_rounding",
+    "chains",
+    "activation_ranges",
+)
 
 
 def split_observer(value: Any) -> tuple[str, dict[str, Any]]:

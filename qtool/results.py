@@ -15,6 +15,7 @@ from qtool.graph.prepare import PrepareReport
 from qtool.progress import ProgressFactory, noop_progress  # noqa: F401 - re-exported
 from qtool.quantization.emit.report import RewriteReport
 from qtool.schemas.reports.quantize import PeerReport
+from qtool.schemas.tune import TuneSamples
 
 
 @dataclass
@@ -52,7 +53,6 @@ class TuneResult:
     objective: str
     goal: str  # e.g. "SQNR >= 30 dB" or "mytask:top1 >= 0.9"
     target_sqnr_db: float | None  # the SQNR goal (None: a metric goal)
-    nodes: int  # nodes tuned
     trials: list[Trial]
     chosen: Trial
     written: Trial  # the written model (built by quantize from CHOSEN.yaml), scored on the selection samples
@@ -61,7 +61,7 @@ class TuneResult:
     margin: float  # the selection margin the last choice was made with (goal units)
     confidence: float  # of the bounds on the selection samples, and of the promise as a whole
     validation_confidence: float  # of each validated choice's bound (corrected for the choices validated)
-    selection_samples: list[str]  # the EVAL files that chose (the validation files are in ``validation``)
+    samples: TuneSamples  # which EVAL files chose, validated and measured the nodes (each file named once)
     met: bool  # the written model's validated bound meets the goal (otherwise it is the most accurate tried)
     reachable: bool  # some quantized candidate met the goal on the selection samples
     out_of_time: bool  # the time budget stopped the search
@@ -70,4 +70,3 @@ class TuneResult:
     seconds: float
     time_budget: float
     notes: list[str] = field(default_factory=list)
-    decode_steps_scored: bool = False  # a decoder's EVAL files: each scored as a prefill and as the decode step after

@@ -304,6 +304,7 @@ def _sensitivity(tuning: Tuning, selection: OutputScorer, progress: ProgressFact
         if cache_dir is not None:
             sens.cache_file = save_sensitivity(cache_dir, key, sens)
     sens.samples = [path.name for path in tuning.spread.files]  # in the cache key: the same files when read back
+    sens.nodes = len(tuning.names)
     return sens
 
 

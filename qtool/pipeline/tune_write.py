@@ -26,6 +26,7 @@ from qtool.pipeline.tune_state import TuneRequest, Tuning
 from qtool.pipeline.workspace import open_workspace
 from qtool.progress import ProgressFactory
 from qtool.results import ModelFile, TuneResult
+from qtool.schemas.tune import TuneSamples
 from qtool.system.stages import stage
 
 
@@ -63,7 +64,6 @@ def write_chosen(
         objective=request.options.objective,
         goal=tuning.goal.describe(),
         target_sqnr_db=tuning.goal.target_sqnr_db,
-        nodes=len(tuning.tuned),
         trials=trials,
         chosen=chosen,
         written=replace(written, chosen=True),  # the chosen trial, as written
@@ -72,7 +72,12 @@ def write_chosen(
         margin=outcome.margin,
         confidence=tuning.goal.confidence,
         validation_confidence=candidates.validation_confidence,
-        selection_samples=tuning.split.selection_files,  # EVAL's own files, each named once
+        samples=TuneSamples(
+            selection=tuning.split.selection_files,  # EVAL's own files, each named once
+            validation=validation.samples,
+            sensitivity=sens.samples,
+            decode_steps=has_decode_steps(candidates.validation.files),
+        ),
         met=met,
         reachable=outcome.reachable,
         out_of_time=outcome.out_of_time,
@@ -81,7 +86,6 @@ def write_chosen(
         seconds=time.monotonic() - tuning.started,
         time_budget=request.options.time_budget,
         notes=notes,
-        decode_steps_scored=has_decode_steps(candidates.validation.files),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 from qtool._version import __version__
@@ -24,23 +25,17 @@ def quantize_to_dict(result: QuantizeResult) -> dict[str, Any]:
     report = doc.QuantizeReport(
         schema_version=SCHEMA_VERSION,
         qtool_version=__version__,
-        input=doc.InputModel(path=source.path, bytes=source.size_bytes, sha256=source.sha256),
-        # bytes: the model file and its external data files
-        output=doc.OutputModel(
-            path=output.path, bytes=output.size_bytes, sha256=output.sha256, data_files=result.data_files
+        # the files' records and the rewrite's report, read under the report's names
+        input=doc.InputModel.model_validate(source, from_attributes=True),
+        output=doc.OutputModel.model_validate(
+            SimpleNamespace(**vars(output), data_files=result.data_files), from_attributes=True
         ),
         compression_ratio=result.compression_ratio,
         calibration_samples=result.calibration_samples,
-        quantized=doc.Quantized(
-            nodes=rewrite.quantized_nodes,
-            weights=rewrite.quantized_weights,
-            biases=rewrite.quantized_biases,
-            activations=rewrite.quantized_activations,
-            chained_nodes=rewrite.chained_nodes,
-        ),
+        quantized=doc.Quantized.model_validate(rewrite, from_attributes=True),
         skipped=[doc.Skipped(node=node, reason=reason) for node, reason in result.skipped],
         passthrough_ops=rewrite.passthrough,
-        algorithms=doc.AlgorithmsReport(applied=rewrite.algorithms, not_applied=rewrite.algorithm_notes),
+        algorithms=doc.AlgorithmsReport.model_validate(rewrite, from_attributes=True),
         weight_forms=doc.WeightForms(
             counts=dict(Counter(rewrite.weight_forms.values()).most_common()),
             nodes=rewrite.weight_forms,

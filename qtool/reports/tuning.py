@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from rich.console import Console
@@ -13,23 +13,14 @@ from rich.table import Table
 from qtool._version import __version__
 from qtool.choice.tune.loop import Trial, pareto
 from qtool.choice.tune.space import DESCRIPTIONS
-from qtool.choice.validated import Validation
-from qtool.graph.model_files import ModelFile
 from qtool.graph.model_io import atomic_writer
 from qtool.reports.terminal import for_terminal
 from qtool.results import TuneResult
 from qtool.schemas import tune as doc
 
-TUNE_SCHEMA_VERSION = 5  # 2: sensitivity.cached/cache_file; 3: sensitivity.samples; 4: selection and validation;
-# 5: samples name EVAL's files once each, with decode_steps
-
 
 def _counts(trial: Trial) -> str:
     return ", ".join(f"{option} {count}" for option, count in trial.precisions.items())
-
-
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else value
 
 
 def render_tune(console: Console, result: TuneResult) -> None:
@@ -87,19 +78,19 @@ def _print_measurement(console: Console, result: TuneResult) -> None:
     s = result.sensitivity
     if s.cached:
         source = f"read from the tune cache ({s.cache_file}), measured earlier: {s.builds} single-node builds"
-        console.print(f"sensitivity: {result.nodes} nodes, {source} in {s.seconds:.1f} s", highlight=False)
+        console.print(f"sensitivity: {s.nodes} nodes, {source} in {s.seconds:.1f} s", highlight=False)
     else:
         console.print(
-            f"sensitivity: {result.nodes} nodes, {s.builds} single-node builds in {s.seconds:.1f} s"
+            f"sensitivity: {s.nodes} nodes, {s.builds} single-node builds in {s.seconds:.1f} s"
             + ("" if s.complete else " (cut short by the time budget)"),
             highlight=False,
         )
     validation = result.validation
     console.print(
-        f"samples: EVAL split in two: {len(result.selection_samples)} select ({_files(result.selection_samples)}), "
+        f"samples: EVAL split in two: {len(result.samples.selection)} select ({_files(result.samples.selection)}), "
         f"{len(validation.samples)} validate ({_files(validation.samples)}); each node measured on "
         f"{len(s.samples)} of the selection samples"
-        + ("; each scored as a prefill and as the decode step after it" if result.decode_steps_scored else ""),
+        + ("; each scored as a prefill and as the decode step after it" if result.samples.decode_steps else ""),
         highlight=False,
     )
     for number, round_ in enumerate(result.rounds, start=1):
@@ -192,71 +183,19 @@ def missed_line(result: TuneResult) -> str:
     )
 
 
-def _trial(t: Trial) -> doc.TuneTrial:
-    return doc.TuneTrial.model_validate(t, from_attributes=True)  # its fields and precisions, under the report's names
-
-
-def _validation(v: Validation) -> doc.TuneValidation:
-    return doc.TuneValidation.model_validate(v, from_attributes=True)  # its fields, under the report's names
-
-
-def _file(file: ModelFile) -> doc.TunedFile:
-    return doc.TunedFile(path=file.path, sha256=file.sha256, bytes=file.size_bytes)
-
-
-def _sensitivity(result: TuneResult) -> doc.TuneSensitivity:
-    s = result.sensitivity
-    return doc.TuneSensitivity(
-        nodes=result.nodes,
-        builds=s.builds,
-        seconds=s.seconds,
-        complete=s.complete,
-        cached=s.cached,
-        cache_file=s.cache_file,
-        samples=s.samples,
-        noise_to_signal={node: {o: _finite(v) for o, v in row.items()} for node, row in sorted(s.nsr.items())},
-        measured={node: options for node, options in sorted(s.measured.items())},
-    )
-
-
 def tune_to_dict(result: TuneResult) -> dict[str, Any]:
-    """The ``qtool tune --json`` document (schema: :class:`qtool.schemas.tune.TuneReport`)."""
-    report = doc.TuneReport(
-        schema_version=TUNE_SCHEMA_VERSION,
+    """The ``qtool tune --json`` document (schema: :class:`qtool.schemas.tune.TuneReport`).
+
+    The result's records are read under the report's names; the promise is the one thing written here.
+    """
+    document = SimpleNamespace(
+        **vars(result),
+        schema_version=doc.TUNE_SCHEMA_VERSION,
         qtool_version=__version__,
-        model=_file(result.source),
-        output=_file(result.output),
-        config_out=result.config_out,
-        goal=result.goal,
-        objective=result.objective,
-        met=result.met,
-        reachable=result.reachable,
         promise=promise(result) if result.met else None,
         promise_db=promise_db(result) if result.met else None,
-        confidence=result.confidence,
-        validation_confidence=result.validation_confidence,
-        margin=result.margin,
-        out_of_time=result.out_of_time,
-        stalled=result.stalled,
-        seconds=result.seconds,
-        time_budget=result.time_budget,
-        samples=doc.TuneSamples(
-            selection=result.selection_samples,
-            validation=result.validation.samples,
-            sensitivity=result.sensitivity.samples,
-            decode_steps=result.decode_steps_scored,
-        ),
-        sensitivity=_sensitivity(result),
-        written=_trial(result.written),
-        validation=_validation(result.validation),
-        rounds=[
-            doc.TuneRound(trial=r.choice.trial, margin=r.choice.margin, validation=_validation(r.validation))
-            for r in result.rounds
-        ],
-        trials=[_trial(t) for t in result.trials],
-        notes=result.notes,
     )
-    return report.model_dump()
+    return doc.TuneReport.model_validate(document, from_attributes=True).model_dump()
 
 
 def plot_trials(result: TuneResult, path: Path | str) -> None:

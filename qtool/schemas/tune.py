@@ -1,15 +1,24 @@
-"""The ``qtool tune --json`` document."""
+"""The ``qtool tune --json`` document, read from tune's records by their attributes.
+
+A field the records name otherwise says where it reads from (``validation_alias``): the document is
+``TuneReport.model_validate(result, from_attributes=True)``, and no code copies fields one by one.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, TypeVar
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, AliasChoices, AliasPath, Field
 
 from qtool.schemas.reports.base import FiniteOrNull, _Report
 
+TUNE_SCHEMA_VERSION = 5  # 2: sensitivity.cached/cache_file; 3: sensitivity.samples; 4: selection and validation;
+# 5: samples name EVAL's files once each, with decode_steps
 
-def _by_node(mapping: dict[str, str]) -> dict[str, str]:
+_Value = TypeVar("_Value")
+
+
+def _by_node(mapping: dict[str, _Value]) -> dict[str, _Value]:
     return dict(sorted(mapping.items()))
 
 
@@ -18,7 +27,7 @@ class TunedFile(_Report):
 
     path: str
     sha256: str
-    bytes: int
+    bytes: int = Field(validation_alias=AliasChoices("bytes", "size_bytes"))
 
 
 class TuneSensitivity(_Report):
@@ -31,8 +40,10 @@ class TuneSensitivity(_Report):
     cached: bool  # true: read from cache_file (an earlier run's measurement), not measured in this run
     cache_file: str | None  # the tune cache file read or written; null: none (--no-cache, or not complete)
     samples: list[str]  # the sample files each node was measured on (--sensitivity-samples of the selection half)
-    noise_to_signal: dict[str, dict[str, float | None]]
-    measured: dict[str, list[str]]  # node -> options measured (the rest derived)
+    noise_to_signal: Annotated[dict[str, dict[str, FiniteOrNull]], AfterValidator(_by_node)] = Field(
+        validation_alias=AliasChoices("noise_to_signal", "nsr")
+    )
+    measured: Annotated[dict[str, list[str]], AfterValidator(_by_node)]  # node -> options measured (the rest derived)
 
 
 class TuneTrial(_Report):
@@ -69,8 +80,9 @@ class TuneValidation(_Report):
 class TuneRound(_Report):
     """One choice validated: a miss raises the selection margin by its shortfall."""
 
-    trial: int  # index into trials
-    margin: float  # the margin (dB, or metric units) the choice was made with
+    trial: int = Field(validation_alias=AliasChoices("trial", AliasPath("choice", "trial")))  # index into trials
+    # the margin (dB, or metric units) the choice was made with
+    margin: float = Field(validation_alias=AliasChoices("margin", AliasPath("choice", "margin")))
     validation: TuneValidation
 
 
@@ -88,7 +100,7 @@ class TuneReport(_Report):
 
     schema_version: int
     qtool_version: str
-    model: TunedFile
+    model: TunedFile = Field(validation_alias=AliasChoices("model", "source"))
     output: TunedFile
     config_out: str
     goal: str

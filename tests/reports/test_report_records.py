@@ -7,9 +7,12 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from qtool.choice.validated import Validation
-from qtool.reports.tuning import _validation
+from qtool.choice.tune.loop import MarginChoice
+from qtool.choice.tune.sensitivity import Sensitivity
+from qtool.choice.validated import Validation, ValidationRound
+from qtool.graph.model_files import ModelFile
 from qtool.schemas import reports as doc
+from qtool.schemas import tune
 
 
 def test_a_non_finite_figure_is_held_as_measured_and_written_as_null():
@@ -22,7 +25,7 @@ def test_a_non_finite_figure_is_held_as_measured_and_written_as_null():
 
 def test_a_validation_is_read_by_field_name_and_its_own_fields_are_left_out():
     validation = Validation(["a.npy"], math.inf, 31.5, meets=True, closed_loop=True)
-    assert _validation(validation).model_dump() == {
+    assert tune.TuneValidation.model_validate(validation, from_attributes=True).model_dump() == {
         "samples": ["a.npy"],
         "sqnr_db": None,  # infinite SQNR (an exact match): null
         "bound_db": 31.5,
@@ -30,6 +33,20 @@ def test_a_validation_is_read_by_field_name_and_its_own_fields_are_left_out():
         "metric_bound": None,
         "meets": True,
     }
+
+
+def test_tune_records_are_read_under_the_report_names_sorted_by_node_and_finite():
+    sensitivity = Sensitivity({"b": {"int8": math.inf, "int4": 0.25}, "a": {"int8": 0.5}}, {"b": ["int8"], "a": []})
+    sensitivity.nodes, sensitivity.samples = 2, ["s.npy"]
+    read = tune.TuneSensitivity.model_validate(sensitivity, from_attributes=True).model_dump()
+    assert read["nodes"] == 2 and read["samples"] == ["s.npy"]
+    assert list(read["noise_to_signal"]) == ["a", "b"] and list(read["measured"]) == ["a", "b"]
+    assert read["noise_to_signal"]["b"] == {"int8": None, "int4": 0.25}  # a failing option: null, not Infinity
+    validation = Validation(["v.npy"], 33.0, 31.0, meets=True)
+    round_ = tune.TuneRound.model_validate(ValidationRound(MarginChoice(3, 0.5), validation), from_attributes=True)
+    assert (round_.trial, round_.margin, round_.validation.bound_db) == (3, 0.5, 31.0)
+    written = tune.TunedFile.model_validate(ModelFile("m.onnx", 1234, "ab" * 32), from_attributes=True)
+    assert written.model_dump() == {"path": "m.onnx", "sha256": "ab" * 32, "bytes": 1234}
 
 
 def test_an_inspected_node_is_a_frozen_record():

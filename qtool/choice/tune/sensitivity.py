@@ -43,6 +43,7 @@ class Sensitivity:
     cache_file: str | None = None  # where it was read from or kept (see qtool.choice.tune.cache)
     cached: bool = False  # read from cache_file instead of measured in this run
     samples: list[str] = field(default_factory=list)  # the evaluation sample files measured on
+    nodes: int = 0  # the nodes tuned (the measured ones, and those the time budget left estimated)
 
     def of(self, node: str, option: str) -> float:
         return self.nsr.get(node, {}).get(option, math.inf)

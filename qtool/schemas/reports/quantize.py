@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from qtool.schemas.reports.base import Decibels, FiniteOrNull, _Record, _Report
 from qtool.schemas.reports.compare import CompareReport
@@ -13,7 +13,7 @@ class InputModel(_Report):
     """The float model read."""
 
     path: str
-    bytes: int
+    bytes: int = Field(validation_alias=AliasChoices("bytes", "size_bytes"))
     sha256: str
 
 
@@ -21,7 +21,9 @@ class OutputModel(_Report):
     """The quantized model written."""
 
     path: str
-    bytes: int = Field(description="the model file and its external data files")
+    bytes: int = Field(
+        description="the model file and its external data files", validation_alias=AliasChoices("bytes", "size_bytes")
+    )
     sha256: str
     data_files: list[str]
 
@@ -29,10 +31,12 @@ class OutputModel(_Report):
 class Quantized(_Report):
     """What the rewrite quantized, by name."""
 
-    nodes: list[str]
-    weights: list[str]
-    biases: list[str]
-    activations: list[str]
+    # read from the rewrite's report, whose names say quantized_
+
+    nodes: list[str] = Field(validation_alias=AliasChoices("nodes", "quantized_nodes"))
+    weights: list[str] = Field(validation_alias=AliasChoices("weights", "quantized_weights"))
+    biases: list[str] = Field(validation_alias=AliasChoices("biases", "quantized_biases"))
+    activations: list[str] = Field(validation_alias=AliasChoices("activations", "quantized_activations"))
     # unweighted ops (SiLU's Sigmoid and Mul, residual Adds, Concats, pools, reshapes) between integer kernels
     chained_nodes: list[str] = Field(default_factory=list)
 
@@ -40,8 +44,13 @@ class Quantized(_Report):
 class AlgorithmsReport(_Report):
     """The weight algorithms (``algorithms:`` in the config) applied to each node, and why some were not."""
 
-    applied: dict[str, list[str]] = Field(description="node -> algorithms applied to it")
-    not_applied: dict[str, str] = Field(description="node -> why an algorithm it asked for was not applied")
+    applied: dict[str, list[str]] = Field(
+        description="node -> algorithms applied to it", validation_alias=AliasChoices("applied", "algorithms")
+    )
+    not_applied: dict[str, str] = Field(
+        description="node -> why an algorithm it asked for was not applied",
+        validation_alias=AliasChoices("not_applied", "algorithm_notes"),
+    )
 
 
 class WeightForms(_Report):
