@@ -54,7 +54,8 @@ class QConfig:
     sensitive_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: activations kept float
     float_nodes: frozenset[str] = frozenset()  # chosen by the sensitivity search: kept entirely float (weights too)
     auto_placement: AutoPlacement | None = None  # what every placement "auto" node becomes (a choice's candidate)
-    # how every placement "auto" node rounded to nearest rounds its weight instead (the choice's rounded storage-only)
+    # how every placement "auto" node rounded to nearest rounds its weight instead, its bias corrected for the rounding
+    # (the choice's rounded storage-only)
     auto_rounding: Rounding | None = None
     chains: bool = (
         True  # False: the ops placed "auto" between integer kernels stay float (qtool.quantization.plan.chains)
@@ -98,8 +99,10 @@ class QConfig:
         if scheme is None:
             return None, rule
         if self.auto_rounding is not None and scheme.placement == "auto" and scheme.algorithms.rounding == "nearest":
-            # the placement choice's storage-only candidate with rounded weights (see qtool.choice.rounded)
-            scheme = replace(scheme, algorithms=replace(scheme.algorithms, rounding=self.auto_rounding))
+            # the placement choice's storage-only candidate with rounded weights, the mean output shift their rounding
+            # causes cancelled in each bias (analytic for float inputs: no model run; see qtool.choice.rounded)
+            rounded = replace(scheme.algorithms, rounding=self.auto_rounding, bias_correction=True)
+            scheme = replace(scheme, algorithms=rounded)
         if node_name in self.sensitive_nodes and not scheme.weight_only:
             # Float activations, weights still stored quantized: the accuracy of float, most of the size gain.
             return replace(scheme, placement="storage", rule="sensitivity"), "sensitivity"
