@@ -24,7 +24,6 @@ from qtool.quantization.algorithms.rounding.empirical_bias import measure_shifts
 from qtool.quantization.algorithms.rounding.node_inputs import (
     FULL_PATCHES,
     LIGHT_PATCHES,
-    MAX_SAMPLES,
     NodeInput,
     NodeInputCollector,
     PatchBudget,
@@ -50,15 +49,17 @@ class Built:
     report: RewriteReport
 
 
-InputSource = Callable[[QConfig], WeightAlgorithms | None]
-"""Reads what a config's weight algorithms need from the data, in a pass of its own (None: nothing to read)."""
+InputSource = Callable[[QConfig, frozenset[Path]], WeightAlgorithms | None]
+"""Reads what a config's weight algorithms need from the data, in a pass of its own that leaves out the given files
+(resolved paths: the samples a choice validates on); None: nothing to read."""
 
 
 class Builder:
     """Builds the quantized model of a config over one workspace and its statistics.
 
     ``inputs``: where the weight algorithms' inputs come from when calibration did not collect them (the
-    placement choice may round a candidate's weights by GPTQ): read once, the first time a config asks.
+    placement choice may round a candidate's weights by GPTQ): read once, the first time a config asks, from
+    samples other than ``held_out`` (the choice's validation samples: what is validated there never saw them).
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class Builder:
         self.stats = stats
         self.algorithms = algorithms
         self.inputs = inputs
+        self.held_out: frozenset[Path] = frozenset()
         self.elements = ws.sizes(stats)  # with tensor sizes known, placement "auto" decides per node
         self.observed = frozenset(stats.elements)  # a body calibration saw nothing of keeps float activations
         self._built: dict[str, Built] = {}
@@ -84,7 +86,7 @@ class Builder:
         """The model of ``config``; with ``keep``, remembered so that a later build of its plan is free."""
         plan = self.plan(config)
         if self.algorithms is None and self.inputs is not None and _needs_inputs(plan):
-            self.algorithms, self.inputs = self.inputs(config), None
+            self.algorithms, self.inputs = self.inputs(config, self.held_out), None
         key = repr((plan.every_node(), plan.every_stored_weight(), config.activation_ranges))
         if key in self._built:
             return self._built.pop(key)
@@ -127,12 +129,13 @@ def _needs_inputs(plan: QuantPlan) -> bool:
 def data_inputs(ws: Workspace, data_dir: Path | str, calibration: CalibrationOptions) -> InputSource:
     """An :data:`InputSource` reading a config's weight algorithms' inputs in one float pass over ``data_dir``."""
 
-    def read(config: QConfig) -> WeightAlgorithms | None:
+    def read(config: QConfig, held_out: frozenset[Path]) -> WeightAlgorithms | None:
         collector = input_collector(ws, config, LIGHT_PATCHES)
         if collector is None:
             return None
-        # the collector observes at most MAX_SAMPLES samples spread over a pass: the pass runs only those
-        tapped_pass(ws, data_dir, calibration, [collector], "what the weight rounding reads", MAX_SAMPLES)
+        # the collector observes at most its budget's samples spread over a pass: the pass runs only those
+        samples = LIGHT_PATCHES.samples
+        tapped_pass(ws, data_dir, calibration, [collector], "what the weight rounding reads", samples, held_out)
         return WeightAlgorithms(collector.result)
 
     return read

@@ -77,6 +77,8 @@ def choose(
 
     # twice the samples, halved: one half chooses, the other validates the choice
     split = split_samples(spread_dataset(ws, data_dir, 2 * accuracy.samples, skip_nonfinite=evaluation.skip_nonfinite))
+    # weights rounded against the data (storage-only's, by GPTQ) never see the samples their model is validated on
+    builder.held_out = frozenset(path.resolve() for path in split.validation.files)
     source = "--outputs" if search.outputs else f"{ws.config.source}: accuracy.outputs"
     judged = judged_outputs(ws.prepared, accuracy.outputs, source, accuracy.state)
     float_model = FloatModel(ws.path, ws.prepared, ws.weights, builder.elements, judged.subset, judged.state)

@@ -60,9 +60,16 @@ def tapped_pass(
     taps: list[BatchTap],
     what: str,
     samples: int | None = None,
+    held_out: frozenset[Path] = frozenset(),
 ) -> None:
-    """One float pass over the calibration samples (unsharded; ``samples`` of them, spread) that feeds ``taps``."""
+    """One float pass over the calibration samples (unsharded; ``samples`` of them, spread) that feeds ``taps``.
+
+    ``held_out``: sample files the pass must not read (those a choice validates on), unless no other is left.
+    """
     dataset = calibration_dataset(ws, data_dir, options, sharded=False)
+    kept = [i for i, path in enumerate(dataset.files) if path.resolve() not in held_out]
+    if kept and len(kept) < len(dataset):
+        dataset = dataset.subset(kept)
     if samples is not None and samples < len(dataset):
         dataset = dataset.subset(spread_positions(len(dataset), samples))
     for tap in taps:

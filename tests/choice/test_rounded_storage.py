@@ -118,3 +118,27 @@ def test_storage_only_that_misses_on_the_validation_samples_is_rounded_and_valid
     assert result.rewrite.algorithms == {node: ["gptq", "bias_correction"] for node in CNN_WEIGHTED}
     assert _held_out_sqnr(out) > _held_out_sqnr(nearest) + 3.0
     assert _same_graph_and_bytes(out, nearest)
+
+
+def test_the_weights_are_rounded_on_samples_other_than_those_the_choice_validates_on(tmp_path, monkeypatch):
+    # GPTQ's Hessians and the bias correction's mean patches come from one float pass: it must not read the
+    # validation samples, or the bound validated there would be measured on data the weights were fitted to
+    from qtool.pipeline import data
+    from qtool.quantization.algorithms.rounding.node_inputs import LIGHT_PATCHES, NodeInputCollector
+
+    _integer_kernels_slower(monkeypatch)
+    read: list[str] = []
+    collect = data.collect_statistics
+
+    def recorded(prepared, tensors, dataset, observing, run, **kwargs):
+        if any(isinstance(tap, NodeInputCollector) for tap in kwargs.get("taps", ())):
+            read.extend(path.name for path in dataset.files)
+        return collect(prepared, tensors, dataset, observing, run, **kwargs)
+
+    monkeypatch.setattr(data, "collect_statistics", recorded)
+    _, result = _quantized_at(tmp_path, 42.0)
+    choice = result.placement_choice
+    assert choice is not None and "rounded by GPTQ" in choice.rounding_note, choice
+    validated = {name for r in choice.validations for name in r.validation.samples}
+    # the light budget's samples, spread over the 56 of the sample CNN's 64 that are not validation samples
+    assert len(read) == LIGHT_PATCHES.samples < 56 and validated and not validated & set(read), (read, validated)
