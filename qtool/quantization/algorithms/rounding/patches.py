@@ -253,9 +253,6 @@ def _conv_stats(
     )
 
 
-MANY_TAPS = 64  # past this many kernel taps, the per-tap sums are read through one strided view
-
-
 def _tap_sums(
     padded: np.ndarray,
     kernel: tuple[int, ...],
@@ -264,23 +261,30 @@ def _tap_sums(
 ) -> np.ndarray:
     """For each channel and kernel tap, the sum of the inputs that tap reads at every output position: [C, taps].
 
-    ``steps``: the strides and dilations. A few taps: one strided view each (fast, a whole-tensor reduction per
-    tap); many (a 400-tap audio kernel): one view [batch, channels, out..., kernel...], summed in one call.
+    ``steps``: the strides and dilations. A tap's positions are a product of one strided line per spatial axis, so
+    its sum is taken one axis at a time, the last (contiguous) axis first with the batch: each of its taps reads the
+    input once, and the axes after work on those far smaller sums (a 3x3 kernel reads the input 3 times, not 9; a
+    400-tap audio kernel at stride 160 reads each sample 2.5 times).
     """
     strides, dilations = steps
-    rank, channels, count = len(kernel), padded.shape[1], int(np.prod(kernel))
-    spatial_axes = tuple(range(2, 2 + rank))
-    if count <= MANY_TAPS:
-        sums = np.empty((channels, count), np.float64)
-        for t, tap in enumerate(itertools.product(*(range(k) for k in kernel))):
-            starts = [tap[i] * dilations[i] for i in range(rank)]
-            window = [slice(a, a + (o - 1) * s + 1, s) for a, o, s in zip(starts, out, strides, strict=True)]
-            view = padded[tuple([slice(None), slice(None), *window])]
-            sums[:, t] = view.sum(axis=(0, *spatial_axes), dtype=np.float64)
-        return sums
-    extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True))
-    windows = np.lib.stride_tricks.sliding_window_view(padded, extent, axis=spatial_axes)
-    strided = (slice(None, (o - 1) * s + 1, s) for o, s in zip(out, strides, strict=True))
-    dilated = (slice(None, None, d) for d in dilations)
-    windows = windows[tuple([slice(None), slice(None), *strided, *dilated])]
-    return windows.sum(axis=(0, *spatial_axes), dtype=np.float64).reshape(channels, -1)
+    sums: np.ndarray = padded
+    for axis in reversed(range(len(kernel))):
+        k, s, d, o = kernel[axis], strides[axis], dilations[axis], out[axis]
+        first = sums is padded  # the input itself: its batch axis is summed too
+        dim = 2 + axis if first else 1 + axis  # [N, C, *spatial] first, then [C, *spatial..., *kernel axes]
+        reduced = (0, dim) if first else dim
+        lead = [slice(None)] * dim
+        if k > MANY_TAPS:  # one strided view [..., out, taps] of the axis, summed over the positions in one call
+            view = np.lib.stride_tricks.sliding_window_view(sums, (k - 1) * d + 1, axis=dim)
+            view = view[tuple([*lead, slice(None, (o - 1) * s + 1, s)])][..., ::d]
+            sums = np.moveaxis(view.sum(axis=reduced, dtype=np.float64), -1, 1 + axis)
+            continue
+        lines = [
+            sums[tuple([*lead, slice(t * d, t * d + (o - 1) * s + 1, s)])].sum(axis=reduced, dtype=np.float64)
+            for t in range(k)
+        ]
+        sums = np.stack(lines, axis=1 + axis)
+    return sums.reshape(padded.shape[1], -1)
+
+
+MANY_TAPS = 64  # past this many taps along an axis, they are summed through one strided view, not one call each

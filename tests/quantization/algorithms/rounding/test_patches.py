@@ -22,8 +22,8 @@ CASES = {
 }
 
 
-def _input(channels: int, rank: int, seed: int = 0) -> np.ndarray:
-    spatial = (7, 6)[:rank] if rank == 2 else (9,)
+def _input(channels: int, rank: int, seed: int = 0, length: int = 9) -> np.ndarray:
+    spatial = (7, 6)[:rank] if rank == 2 else (length,)
     return np.random.default_rng(seed).normal(1.0, 1.0, (2, channels, *spatial)).astype(np.float32)
 
 
@@ -41,17 +41,22 @@ def test_conv_hessian_and_mean_match_brute_force_im2col(case):
     assert stats.hessian().shape == (group, k, k) and stats.mean().shape == (group, k)
 
 
-@pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
-def test_the_mean_read_through_one_strided_view_equals_the_per_tap_sums(case, monkeypatch):
-    # kernels of more than MANY_TAPS taps (a 400-tap audio front end) are summed through one view
+LONG_KERNEL = (1, (40,), (16,), (0, 0), (1,), 1)  # an audio front end's: many taps, a stride a fraction of them
+
+
+@pytest.mark.parametrize("many_taps", [0, 1000], ids=["summed-through-one-view", "summed-tap-by-tap"])
+@pytest.mark.parametrize("case", [*CASES.values(), LONG_KERNEL], ids=[*CASES, "long strided kernel"])
+def test_the_mean_patch_is_im2col_s_whether_taps_are_summed_one_by_one_or_through_one_view(
+    case, many_taps, monkeypatch
+):
+    # an axis of more than MANY_TAPS taps (a 400-tap STFT at stride 160) is summed through one strided view
+    monkeypatch.setattr(patches, "MANY_TAPS", many_taps)
     channels, kernel, strides, pads, dilations, group = case
-    x = _input(channels, len(kernel))
-    geometry = ConvGeometry(kernel, strides, pads, dilations, group)
-    per_tap = input_stats(x, geometry, max_positions=10**6)
-    monkeypatch.setattr(patches, "MANY_TAPS", 0)
-    one_view = input_stats(x, geometry, max_positions=10**6)
-    np.testing.assert_allclose(one_view.mean_sum, per_tap.mean_sum, rtol=1e-12, atol=1e-9)
-    assert one_view.mean_count == per_tap.mean_count
+    x = _input(channels, len(kernel), length=1000 if kernel == (40,) else 9)
+    stats = input_stats(x, ConvGeometry(kernel, strides, pads, dilations, group), max_positions=10**6)
+    expected = im2col(x, kernel, strides, pads, dilations, group)
+    assert stats.mean_count == len(expected)
+    np.testing.assert_allclose(stats.mean(), expected.mean(axis=0), rtol=1e-9, atol=1e-12)
 
 
 def test_without_means_the_hessian_is_the_same_and_the_mean_is_left_empty():
