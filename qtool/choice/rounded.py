@@ -8,10 +8,9 @@ node with float inputs, from the mean patches of the same pass: no model run). T
 codes and biases, so at no cost in speed or size (the default's worst output on the evaluation files, to
 nearest -> GPTQ -> GPTQ with the biases corrected, fitted on 32 samples none of which validates: PP-OCR
 recogniser 17.8 -> 26.8 -> 28.0 dB; PP-OCR detector 12.2 -> 14.1 -> 25.1 dB; a generated audio front end
-32.1 -> 47.1 -> 52.2 dB). It costs a float pass over 16
-samples spread over those the choice does not validate on (what is validated never fitted the weights), which
-sums a lighter Hessian and the mean patch per node
-(:data:`~qtool.quantization.algorithms.rounding.node_inputs.LIGHT_PATCHES`) and the rounding itself, so it
+32.1 -> 47.1 -> 52.2 dB). It costs a float pass over 32 samples spread over those the choice does not
+validate on (what is validated never fitted the weights), which sums a lighter Hessian and the mean patch per
+node (:data:`~qtool.quantization.algorithms.rounding.node_inputs.LIGHT_PATCHES`), and the rounding itself, so it
 is tried only where storage-only misses the target: on the scored samples (where the search would
 otherwise keep whole nodes float), or on the validation samples when no placement is validated there.
 It is kept only where it scores higher, and after a validation miss only where it validates higher.
