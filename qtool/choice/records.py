@@ -39,29 +39,8 @@ class CandidateBuilder(Protocol):
     def __call__(self, config: QConfig, /, keep: bool = True) -> tuple[QuantPlan, onnx.ModelProto]: ...
 
 
-@dataclass(frozen=True)
-class PlacementRound(ValidationRound[CandidateName]):
-    """A placement scored on the validation samples, read by its report under the report's names."""
-
-    @property
-    def candidate(self) -> CandidateName:
-        return self.choice
-
-    @property
-    def samples(self) -> list[str]:
-        return self.validation.samples
-
-    @property
-    def sqnr_db(self) -> float:
-        return self.validation.sqnr_db
-
-    @property
-    def bound_db(self) -> float:
-        return self.validation.bound_db
-
-    @property
-    def meets_target(self) -> bool:
-        return self.validation.meets
+PlacementRound = ValidationRound[CandidateName]
+"""A placement scored on the validation samples (its report reads the choice as the candidate)."""
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, AliasPath, Field
 
 from qtool.schemas.reports.base import Decibels, FiniteOrNull, _Record, _Report
 from qtool.schemas.reports.compare import CompareReport
@@ -167,11 +167,15 @@ class PlacementCandidate(_Report):
 class PlacementValidationReport(_Report):
     """A placement scored on samples the choice never scored (the kept one is validated last)."""
 
-    candidate: str
-    samples: list[str]
-    sqnr_db: FiniteOrNull  # worst output, pooled; null: exact
-    bound_db: FiniteOrNull  # its lower confidence bound
-    meets_target: bool  # the bound reaches the target
+    # read from a validation round: its choice (the candidate) and its validation
+    candidate: str = Field(validation_alias=AliasChoices("candidate", "choice"))
+    samples: list[str] = Field(validation_alias=AliasChoices("samples", AliasPath("validation", "samples")))
+    # worst output, pooled; null: exact
+    sqnr_db: FiniteOrNull = Field(validation_alias=AliasChoices("sqnr_db", AliasPath("validation", "sqnr_db")))
+    # its lower confidence bound
+    bound_db: FiniteOrNull = Field(validation_alias=AliasChoices("bound_db", AliasPath("validation", "bound_db")))
+    # the bound reaches the target
+    meets_target: bool = Field(validation_alias=AliasChoices("meets_target", AliasPath("validation", "meets")))
 
 
 class PlacementChoiceReport(_Report):
