@@ -61,7 +61,7 @@ class TuneResult:
     margin: float  # the selection margin the last choice was made with (goal units)
     confidence: float  # of the bounds on the selection samples, and of the promise as a whole
     validation_confidence: float  # of each validated choice's bound (corrected for the choices validated)
-    samples: TuneSamples  # which EVAL files chose, validated and measured the nodes (each file named once)
+    selection_samples: list[str]  # the EVAL files that chose (the validation files are in ``validation``)
     met: bool  # the written model's validated bound meets the goal (otherwise it is the most accurate tried)
     reachable: bool  # some quantized candidate met the goal on the selection samples
     out_of_time: bool  # the time budget stopped the search
@@ -70,3 +70,14 @@ class TuneResult:
     seconds: float
     time_budget: float
     notes: list[str] = field(default_factory=list)
+    decode_steps_scored: bool = False  # a decoder's EVAL files: each scored as a prefill and as the decode step after
+
+    @property
+    def samples(self) -> TuneSamples:
+        """Which EVAL files chose, validated and measured the nodes (each file named once), as the report says."""
+        return TuneSamples(
+            selection=self.selection_samples,
+            validation=self.validation.samples,
+            sensitivity=self.sensitivity.samples,
+            decode_steps=self.decode_steps_scored,
+        )

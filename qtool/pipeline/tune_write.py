@@ -26,7 +26,6 @@ from qtool.pipeline.tune_state import TuneRequest, Tuning
 from qtool.pipeline.workspace import open_workspace
 from qtool.progress import ProgressFactory
 from qtool.results import ModelFile, TuneResult
-from qtool.schemas.tune import TuneSamples
 from qtool.system.stages import stage
 
 
@@ -72,12 +71,7 @@ def write_chosen(
         margin=outcome.margin,
         confidence=tuning.goal.confidence,
         validation_confidence=candidates.validation_confidence,
-        samples=TuneSamples(
-            selection=tuning.split.selection_files,  # EVAL's own files, each named once
-            validation=validation.samples,
-            sensitivity=sens.samples,
-            decode_steps=has_decode_steps(candidates.validation.files),
-        ),
+        selection_samples=tuning.split.selection_files,  # EVAL's own files, each named once
         met=met,
         reachable=outcome.reachable,
         out_of_time=outcome.out_of_time,
@@ -86,6 +80,7 @@ def write_chosen(
         seconds=time.monotonic() - tuning.started,
         time_budget=request.options.time_budget,
         notes=notes,
+        decode_steps_scored=has_decode_steps(candidates.validation.files),
     )
 
 

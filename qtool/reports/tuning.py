@@ -190,6 +190,7 @@ def tune_to_dict(result: TuneResult) -> dict[str, Any]:
     """
     document = SimpleNamespace(
         **vars(result),
+        samples=result.samples,  # (a property: derived from the files the result names)
         schema_version=doc.TUNE_SCHEMA_VERSION,
         qtool_version=__version__,
         promise=promise(result) if result.met else None,

@@ -32,7 +32,6 @@ class Quantized(_Report):
     """What the rewrite quantized, by name."""
 
     # read from the rewrite's report, whose names say quantized_
-
     nodes: list[str] = Field(validation_alias=AliasChoices("nodes", "quantized_nodes"))
     weights: list[str] = Field(validation_alias=AliasChoices("weights", "quantized_weights"))
     biases: list[str] = Field(validation_alias=AliasChoices("biases", "quantized_biases"))

@@ -253,6 +253,9 @@ def _conv_stats(
     )
 
 
+MANY_TAPS = 64  # past this many taps along an axis, they are summed through one strided view, not one call each
+
+
 def _tap_sums(
     padded: np.ndarray,
     kernel: tuple[int, ...],
@@ -285,6 +288,3 @@ def _tap_sums(
         ]
         sums = np.stack(lines, axis=1 + axis)
     return sums.reshape(padded.shape[1], -1)
-
-
-MANY_TAPS = 64  # past this many taps along an axis, they are summed through one strided view, not one call each
