@@ -102,10 +102,13 @@ class PlacementChoice:
 
     @property
     def expects_speedup(self) -> bool:
-        """Whether the kept placement runs integer kernels that measured faster than fp32."""
+        """Whether the kept placement measured faster than fp32 (untimed: whether it runs integer kernels).
+
+        Storage-only can: the prepared graph runs faster than the file where it rewrote ops (hard activations).
+        """
         chosen = self.chosen_candidate
         speedup = self.speedup(chosen)
-        return chosen.integer_nodes > 0 and (speedup is None or speedup > 1 + TIE)
+        return chosen.integer_nodes > 0 if speedup is None else speedup > 1 + TIE
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from qtool.graph.computed_weights import fold_computed_weights
 from qtool.graph.float16 import has_float16, upcast_float16
 from qtool.graph.foreign_ops import infer_through_contrib_ops, park_unknown_ops, unpark
 from qtool.graph.functions import inline_local_functions
+from qtool.graph.hard_activations import rewrite_hard_activations
 from qtool.graph.index import GraphView, all_nodes, all_subgraphs, node_subgraphs, subgraph_reads
 from qtool.graph.loop_constants import read_constant_loop_state
 from qtool.graph.names import fresh_name
@@ -45,6 +46,7 @@ class PrepareReport:
     loops_reading_constant_state: list[str] = field(default_factory=list)  # Loops whose unchanged state is a constant
     sorted_nodes: bool = False  # the nodes were out of order (onnxruntime runs such a model; onnx refuses it)
     einsums_as_matmuls: list[str] = field(default_factory=list)  # Einsums with a constant weight, now MatMuls
+    hard_activations: list[str] = field(default_factory=list)  # written-out hard-sigmoid/swish, now HardSigmoid
     removed_initializers: int = 0
     initializers_removed_from_inputs: int = 0
     opset_before: int = 0
@@ -105,8 +107,9 @@ def prepare_model(
     weight become MatMuls (see :mod:`qtool.graph.weight_layout`); weights computed from constants at run
     time are computed (see :mod:`qtool.graph.computed_weights`) and a Loop's unchanged constant state is read
     as the constant (see :mod:`qtool.graph.loop_constants`); BatchNormalization is folded into the Conv before
-    it; the Shape of an initializer becomes a constant, and initializers no node reads any
-    more are dropped; ONNX shape inference annotates tensor types where it can. Detached values
+    it; hard-sigmoids and hard-swishes written out as Add/Clip/Div/Mul become HardSigmoid (and Mul, see
+    :mod:`qtool.graph.hard_activations`); the Shape of an initializer becomes a constant, and initializers no
+    node reads any more are dropped; ONNX shape inference annotates tensor types where it can. Detached values
     (see :mod:`qtool.graph.weights`) are read from ``weights``; folded ones replace them there.
 
     Raises:
@@ -142,6 +145,7 @@ def prepare_model(
     report.folded_computed_weights = fold_computed_weights(prepared, weights)
     report.loops_reading_constant_state = read_constant_loop_state(prepared.graph)
     report.folded_batchnorms = _fold_batchnorms(prepared.graph, weights)
+    report.hard_activations = rewrite_hard_activations(prepared.graph)
     report.removed_initializers = _remove_unused_initializers(prepared.graph)
     prepared, report.shape_inference_error = _infer_shapes(prepared)
     return prepared, report

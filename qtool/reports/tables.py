@@ -17,6 +17,7 @@ from qtool.quantization.plan.inspection import Inspection
 from qtool.reports.ci import improved
 from qtool.reports.peer_table import render_peer
 from qtool.reports.placement_tables import render_choice, render_search
+from qtool.reports.prepared import prepared_line
 from qtool.reports.terminal import for_terminal
 from qtool.results import ComparisonResult, QuantizeResult
 from qtool.schemas.reports.compare import Baseline, Latency, Layer
@@ -342,23 +343,9 @@ def render_quantize(console: Console, result: QuantizeResult) -> None:
         console.print(left, highlight=False)
     _render_algorithms(console, r)
     _render_weight_forms(console, r)
-    p = result.prepare
-    folds = (
-        (p.folded_batchnorms, "folded {} BatchNormalization"),
-        (p.folded_shapes, "folded {} Shape of constants"),
-        (p.folded_weight_layouts, "folded {} layout ops of weights"),
-        (p.einsums_as_matmuls, "{} Einsum -> MatMul"),
-        (p.folded_computed_weights, "folded {} nodes computing weights from constants"),
-        (p.loops_reading_constant_state, "{} Loop bodies read their constant state as constants"),
-        (p.inlined_functions, "inlined the calls of {} model-local functions"),
-    )
-    done = [words.format(len(nodes)) for nodes, words in folds if nodes]
-    if p.constants_to_initializers:
-        done.append(f"{p.constants_to_initializers} Constant nodes -> initializers")
-    if p.opset_after != p.opset_before:
-        done.append(f"opset {p.opset_before} -> {p.opset_after}")
-    if done:
-        console.print("prepared: " + "; ".join(done))
+    prepared = prepared_line(result.prepare)
+    if prepared:
+        console.print(prepared)
     for nodes, reason in grouped_by_reason(result.skipped):
         console.print(f"[yellow]kept in float[/yellow] {nodes}: {reason}")
     if r.passthrough:
