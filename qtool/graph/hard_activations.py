@@ -105,7 +105,7 @@ def _relu6_of_plus_three(view: GraphView, index: int) -> tuple[str, list[int]] |
     clip = view.nodes[index]
     if clip.op_type != "Clip" or clip.domain not in ("", "ai.onnx") or not clip.input:
         return None
-    if _clip_bounds(view, clip) != (0.0, 6.0):
+    if view.clip_bounds(clip) != (0.0, 6.0):
         return None
     add_index = _sole_writer(view, clip.input[0])
     if add_index is None:
@@ -117,15 +117,6 @@ def _relu6_of_plus_three(view: GraphView, index: int) -> tuple[str, list[int]] |
         if _is_constant(view, constant, 3.0, x):
             return x, [add_index, index]
     return None
-
-
-def _clip_bounds(view: GraphView, clip: onnx.NodeProto) -> tuple[float | None, float | None]:
-    """A Clip's constant bounds: inputs 1 and 2 (opset 11 on), or the ``min``/``max`` attributes before."""
-    if len(clip.input) > 1:
-        bounds = [view.scalar(name) if name else None for name in (*clip.input[1:3], "")[:2]]
-        return bounds[0], bounds[1]
-    attributes = {a.name: a.f for a in clip.attribute}
-    return attributes.get("min"), attributes.get("max")
 
 
 def _is_constant(view: GraphView, name: str, value: float, operand: str) -> bool:

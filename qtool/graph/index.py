@@ -105,6 +105,14 @@ class GraphView:
         values = numpy_helper.to_array(tensor)
         return float(values.reshape(-1)[0]) if values.size == 1 else None
 
+    def clip_bounds(self, clip: onnx.NodeProto) -> tuple[float | None, float | None]:
+        """A Clip's constant bounds (None: absent, or not a constant): inputs 1 and 2 from opset 11, else attributes."""
+        if len(clip.input) > 1:
+            bounds = [self.scalar(name) if name else None for name in (*clip.input[1:3], "")[:2]]
+            return bounds[0], bounds[1]
+        attributes = {a.name: a.f for a in clip.attribute}
+        return attributes.get("min"), attributes.get("max")
+
     def sole_reader(self, tensor: str) -> tuple[int, int] | None:
         """The one (node, slot) reading ``tensor``, if exactly one does and it is no graph output."""
         readers = self.readers.get(tensor, [])

@@ -16,11 +16,12 @@ from onnx import helper, numpy_helper, version_converter
 
 from qtool.errors import QtoolError
 from qtool.graph.computed_weights import fold_computed_weights
+from qtool.graph.conv_affine import fold_conv_affine
 from qtool.graph.float16 import has_float16, upcast_float16
 from qtool.graph.foreign_ops import infer_through_contrib_ops, park_unknown_ops, unpark
 from qtool.graph.functions import inline_local_functions
 from qtool.graph.hard_activations import rewrite_hard_activations
-from qtool.graph.index import GraphView, all_nodes, all_subgraphs, node_subgraphs, subgraph_reads
+from qtool.graph.index import all_nodes, all_subgraphs, node_subgraphs, subgraph_reads
 from qtool.graph.loop_constants import read_constant_loop_state
 from qtool.graph.names import fresh_name
 from qtool.graph.node_order import sort_nodes
@@ -39,6 +40,7 @@ class PrepareReport:
 
     constants_to_initializers: int = 0
     folded_batchnorms: list[str] = field(default_factory=list)
+    folded_affine: list[str] = field(default_factory=list)  # constant Mul/Add/Sub/Div after a Conv, now in it
     folded_shapes: list[str] = field(default_factory=list)  # Shape nodes of initializers, now constants
     inlined_functions: list[str] = field(default_factory=list)  # model-local functions inlined (domain:name)
     folded_weight_layouts: list[str] = field(default_factory=list)  # Transpose/Reshape/... of weights, now constants
@@ -106,9 +108,10 @@ def prepare_model(
     (see :mod:`qtool.graph.opsets`); layout ops of weights are folded and Einsums with a constant
     weight become MatMuls (see :mod:`qtool.graph.weight_layout`); weights computed from constants at run
     time are computed (see :mod:`qtool.graph.computed_weights`) and a Loop's unchanged constant state is read
-    as the constant (see :mod:`qtool.graph.loop_constants`); BatchNormalization is folded into the Conv before
-    it; hard-sigmoids and hard-swishes written out as Add/Clip/Div/Mul become HardSigmoid (and Mul, see
-    :mod:`qtool.graph.hard_activations`); the Shape of an initializer becomes a constant, and initializers no
+    as the constant (see :mod:`qtool.graph.loop_constants`); hard-sigmoids and hard-swishes written out as
+    Add/Clip/Div/Mul become HardSigmoid (and Mul, see :mod:`qtool.graph.hard_activations`); BatchNormalization
+    and Mul/Add/Sub/Div by a per-channel constant are folded into the Conv before them (see
+    :mod:`qtool.graph.conv_affine`); the Shape of an initializer becomes a constant, and initializers no
     node reads any more are dropped; ONNX shape inference annotates tensor types where it can. Detached values
     (see :mod:`qtool.graph.weights`) are read from ``weights``; folded ones replace them there.
 
@@ -132,6 +135,7 @@ def prepare_model(
     target = target_opset if target_opset is not None else max(report.opset_before, min_opset)
     if target != report.opset_before:
         prepared = _convert_opset(prepared, report.opset_before, target, source)
+        report.constants_to_initializers += _constants_to_initializers(prepared.graph)  # (see _convert_opset)
         # The converter keeps the IR version, but opset 21 (INT4) needs IR 10 and opset 25 (INT2) IR 13.
         opset = helper.make_opsetid("", target)
         prepared.ir_version = max(prepared.ir_version, helper.find_min_ir_version_for([opset]))
@@ -144,8 +148,8 @@ def prepare_model(
     report.folded_shapes = _fold_shapes_of_initializers(prepared.graph)  # constants for the computed weights' chains
     report.folded_computed_weights = fold_computed_weights(prepared, weights)
     report.loops_reading_constant_state = read_constant_loop_state(prepared.graph)
-    report.folded_batchnorms = _fold_batchnorms(prepared.graph, weights)
-    report.hard_activations = rewrite_hard_activations(prepared.graph)
+    report.hard_activations = rewrite_hard_activations(prepared.graph)  # first: its "+ 3" after a Conv is affine
+    report.folded_batchnorms, report.folded_affine = fold_conv_affine(prepared.graph, weights)
     report.removed_initializers = _remove_unused_initializers(prepared.graph)
     prepared, report.shape_inference_error = _infer_shapes(prepared)
     return prepared, report
@@ -231,6 +235,7 @@ def _name_unnamed_nodes(graph: onnx.GraphProto, taken: set[str] | None = None) -
 
 
 def _convert_opset(model: onnx.ModelProto, current: int, target: int, source: str) -> onnx.ModelProto:
+    """``model`` at opset ``target``; attributes that became inputs (Clip's bounds, Pad's pads) are Constant nodes."""
     if not any(entry.domain in ("", "ai.onnx") for entry in model.opset_import):  # ai.onnx.ml alone: no node to
         model.opset_import.append(helper.make_opsetid("", target))  # convert, the Q/DQ opset is imported
         return model
@@ -265,62 +270,6 @@ def _converter_reason(error: Exception) -> str:
     text = str(error).strip()
     line = text.splitlines()[0] if text else type(error).__name__
     return line.split("failed: ", 1)[-1]
-
-
-def _fold_batchnorms(graph: onnx.GraphProto, weights: Weights) -> list[str]:
-    """Fold inference-mode BatchNormalization into a Conv whose only consumer it is."""
-    view = GraphView(graph)
-    inits = view.every_initializer
-    outputs = view.graph_outputs | _subgraph_inputs(graph)  # names folding must not change
-    folded: list[str] = []
-    removed: set[int] = set()
-    for index, bn in enumerate(graph.node):
-        if bn.op_type != "BatchNormalization" or len(bn.output) != 1 or len(bn.input) != 5:
-            continue
-        conv = view.producer(bn.input[0])
-        if conv is None or conv.op_type != "Conv" or conv.output[0] in outputs:
-            continue
-        if len(view.input_readers(conv.output[0])) != 1 or not all(n in inits for n in bn.input[1:]):
-            continue
-        if len(conv.input) < 2 or conv.input[1] not in inits:
-            continue
-        if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits:
-            continue
-        if len(view.input_readers(conv.input[1])) != 1 or conv.input[1] in outputs:
-            continue  # the weight is shared with another node: folding would change that node too
-        attrs = {a.name: helper.get_attribute_value(a) for a in bn.attribute}
-        if attrs.get("training_mode", 0) or attrs.get("spatial", 1) == 0:
-            continue
-        eps = attrs.get("epsilon", 1e-5)
-        if not isinstance(eps, float):
-            continue  # a malformed attribute: leave the node for onnxruntime to judge
-        gamma, beta, mean, var = (weights.value(inits[n]).astype(np.float64) for n in bn.input[1:])
-        weight = weights.value(inits[conv.input[1]])
-        has_bias = len(conv.input) > 2 and bool(conv.input[2])
-        bias = weights.value(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(weight.shape[:1])
-        channels = weight.shape[0] if weight.ndim >= 2 else -1
-        if channels <= 0 or any(p.shape != (channels,) for p in (gamma, beta, mean, var, bias)):
-            continue  # shapes that do not match: nothing to fold safely
-        factor = gamma / np.sqrt(var + eps)
-        new_weight = (weight.astype(np.float64) * factor.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
-        new_bias = ((bias - mean) * factor + beta).astype(weight.dtype)
-        weights.replace(inits[conv.input[1]], new_weight)
-        if has_bias and len(view.input_readers(conv.input[2])) == 1 and conv.input[2] not in outputs:
-            weights.replace(inits[conv.input[2]], new_bias)
-        else:
-            bias_name = _unique_name(f"{conv.name or conv.output[0]}/folded_bias", graph)
-            graph.initializer.append(numpy_helper.from_array(new_bias, bias_name))
-            while len(conv.input) < 3:
-                conv.input.append("")
-            conv.input[2] = bias_name
-        conv.output[0] = bn.output[0]
-        removed.add(index)
-        folded.append(bn.name or bn.output[0])
-    if removed:
-        kept = [n for i, n in enumerate(graph.node) if i not in removed]
-        del graph.node[:]
-        graph.node.extend(kept)
-    return folded
 
 
 def _fold_shapes_of_initializers(graph: onnx.GraphProto) -> list[str]:
@@ -368,10 +317,6 @@ def _remove_unused_initializers(graph: onnx.GraphProto) -> int:
 def _subgraph_inputs(graph: onnx.GraphProto) -> set[str]:
     """Names read inside If/Loop/Scan bodies, which may refer to outer-scope initializers."""
     return {name for node in graph.node for name in subgraph_reads(node)}
-
-
-def _unique_name(base: str, graph: onnx.GraphProto) -> str:
-    return fresh_name(base, {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output})
 
 
 def _onnx_inference(model: onnx.ModelProto) -> onnx.ModelProto:

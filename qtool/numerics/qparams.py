@@ -172,6 +172,25 @@ def compute_qparams(
     )
 
 
+def within_ceiling(qp: QParams, ceiling: float) -> QParams:
+    """``qp`` with its scale lowered by the ulps that keep its largest value within ``ceiling``.
+
+    onnxruntime drops a Clip before a QuantizeLinear only when the quantizer's largest value,
+    ``scale * (qmax - zero_point)`` in float32, passes the Clip's upper bound by at most float32's epsilon: a
+    ReLU6 saturated at 6 gives ``scale = 6/255``, which rounds to a float32 a hair above that (a per-tensor scale).
+    """
+    if qp.axis is not None or qp.qtype.float8:
+        return qp
+    steps = np.float32(qp.qtype.qmax - int(qp.zero_point))
+    scale, limit = np.float32(qp.scale), np.float32(ceiling) + np.finfo(np.float32).eps
+    if steps <= 0 or np.float32(scale * steps) <= limit:
+        return qp
+    scale = min(scale, np.float32(ceiling / float(steps)))
+    while scale > 0 and np.float32(scale * steps) > limit:  # a few ulps at most
+        scale = np.nextafter(scale, np.float32(0))
+    return replace(qp, scale=np.asarray(scale, dtype=np.float32))
+
+
 def _scale_and_zero(
     lo: np.ndarray, hi: np.ndarray, qtype: QuantType, *, symmetric: bool, narrow_range: bool
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,7 @@ def prepared_line(p: PrepareReport) -> str | None:
     """``prepared: ...``, each change counted, or None when preparation changed nothing worth a line."""
     folds = (
         (p.folded_batchnorms, "folded {} BatchNormalization"),
+        (p.folded_affine, "folded {} Mul/Add/Sub/Div by constants into the Conv before them"),
         (p.folded_shapes, "folded {} Shape of constants"),
         (p.folded_weight_layouts, "folded {} layout ops of weights"),
         (p.einsums_as_matmuls, "{} Einsum -> MatMul"),

@@ -77,6 +77,18 @@ def test_when_integer_kernels_measure_faster_the_fastest_accurate_placement_is_k
     assert choice.speedup(choice.chosen_candidate) == pytest.approx(2.0)
 
 
+def test_storage_only_measured_faster_than_the_file_is_a_speedup_the_notes_do_not_deny():
+    """The prepared graph can run faster than the file (hard activations rewritten): storage-only then speeds up."""
+    candidates = [candidate("auto", 4, 0, 20.0, False, ms=0.5), candidate("storage", 0, 4, 35.0, True, ms=0.5)]
+    choice = PlacementChoice(30.0, ["a.npy"], 1, candidates, "storage", "", fp32_ms=1.0)
+    assert choice.expects_speedup  # 2x measured: no "runs at fp32 speed" note under the table
+    at_fp32 = [*candidates[:1], candidate("storage", 0, 4, 35.0, True, ms=0.99)]
+    slower = PlacementChoice(30.0, ["a.npy"], 1, at_fp32, "storage", "", fp32_ms=1.0)
+    assert not slower.expects_speedup
+    untimed = PlacementChoice(30.0, ["a.npy"], 1, [candidate("storage", 0, 4, 35.0, True)], "storage", "")
+    assert not untimed.expects_speedup  # nothing timed: only integer kernels are expected to speed up
+
+
 def test_a_search_that_misses_the_target_loses_to_storage_which_reaches_it(tmp_path):
     config = tmp_path / "c.yaml"
     # one node may move but two are damaged: the search cannot reach 30 dB; untimed, for a fixed result

@@ -14,6 +14,7 @@ from qtool.numerics.qparams import (
     quantize,
     quantize_bias,
     weight_range,
+    within_ceiling,
 )
 
 INT8, UINT8 = QUANT_TYPES["int8"], QUANT_TYPES["uint8"]
@@ -33,6 +34,18 @@ def test_asymmetric_uint8_covers_the_range_and_represents_zero_exactly():
     zero = quantize(np.zeros(1, np.float32), qp)
     assert dequantize(zero, qp)[0] == 0.0
     assert quantize(np.array([-1.0, 3.0], np.float32), qp).tolist() == [0, 255]
+
+
+def test_a_clip_outputs_grid_is_kept_within_the_clip_as_onnxruntime_checks_it():
+    """onnxruntime drops a Clip before a quantizer only if ``scale * 255`` (float32) passes its bound by <= epsilon."""
+    ceiling = np.float32(7.9813337326049805)  # float32(c / 255) * 255 rounds up past c: one such c in 700
+    qp = compute_qparams(0.0, float(ceiling), UINT8, symmetric=False)
+    assert np.float32(qp.scale * np.float32(255)) > ceiling + np.finfo(np.float32).eps  # without the ceiling: kept
+    kept = within_ceiling(qp, float(ceiling))
+    assert np.float32(kept.scale * np.float32(255)) <= ceiling + np.finfo(np.float32).eps
+    assert kept.zero_point == 0 and float(kept.scale) == pytest.approx(float(qp.scale), rel=1e-6)  # an ulp or two
+    six = compute_qparams(0.0, 6.0, UINT8, symmetric=False)
+    assert within_ceiling(six, 6.0) is six  # float32(6 / 255) * 255 is 6: nothing to lower
 
 
 def test_range_is_widened_to_include_zero():

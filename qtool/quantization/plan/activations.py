@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.numerics.qparams import QParams, compute_qparams, quant_type
+from qtool.numerics.qparams import QParams, compute_qparams, quant_type, within_ceiling
 from qtool.observers import Observer
 from qtool.observers.base import check_range
 from qtool.quantization.plan.records import QuantPlan
@@ -73,6 +73,8 @@ def plan_activation_qparams(
         except ValueError as e:  # hand-edited statistics: computed ranges are always sound
             raise QtoolError(f"the statistics for tensor '{tensor}': {e}", hint="re-run qtool calibrate") from None
         result[tensor] = activation_qparams(lo, hi, scheme, what=f"tensor {tensor}")
+        if tensor in plan.ceilings:  # a Clip's output: its grid within the Clip, which onnxruntime then drops
+            result[tensor] = within_ceiling(result[tensor], plan.ceilings[tensor])
     for tensor in plan.shared:
         source = tensor
         while source in plan.shared:  # a chain of pass-through ops: every output takes the first input's

@@ -21,7 +21,7 @@ import onnx
 from qtool.config import QConfig
 from qtool.graph.index import GraphView
 from qtool.quantization.plan.records import NodePlan
-from qtool.quantization.plan.roles import CHAIN_OPS, FUSED_KERNELS, PASS_THROUGH
+from qtool.quantization.plan.roles import CHAIN_OPS, FUSED_KERNELS, PASS_THROUGH, folds_into_quantizer
 from qtool.schemes import NodeScheme
 
 _ALL_INPUTS = frozenset({"Add", "Mul", "Concat"})  # every input carries data; the others read data at input 0
@@ -67,12 +67,12 @@ def _chainable(node: onnx.NodeProto, g: GraphView) -> bool:
 
 
 def _quantized_output(node: onnx.NodeProto, g: GraphView) -> str | None:
-    """The tensor quantized after a computing chain op: past a Relu it alone feeds (onnxruntime folds it)."""
+    """The tensor quantized after a computing chain op: past a Relu or ReLU6 it alone feeds (onnxruntime folds it)."""
     if node.op_type in PASS_THROUGH or len(node.output) != 1:
         return node.output[0] if len(node.output) == 1 else None
     out = node.output[0]
     users = g.consumers.get(out, [])
-    if out not in g.graph_outputs and len(users) == 1 and users[0].op_type == "Relu":
+    if out not in g.graph_outputs and len(users) == 1 and folds_into_quantizer(users[0], g):
         return users[0].output[0]
     return out
 
@@ -101,7 +101,7 @@ def plan_chains(g: GraphView, config: QConfig, integer: list[NodePlan]) -> tuple
                 forward.add(name)
                 written.update(_outputs(node, g))
                 changed = True
-    # backward: an output (past a folded Relu) is read by an integer node or by a chained op
+    # backward: an output (past a folded Relu or ReLU6) is read by an integer node or by a chained op
     backward: set[str] = set()
     needed = {t for n in integer for t in n.activations}
     changed = True
@@ -129,6 +129,6 @@ def plan_chains(g: GraphView, config: QConfig, integer: list[NodePlan]) -> tuple
 
 
 def _outputs(node: onnx.NodeProto, g: GraphView) -> list[str]:
-    """What a chain op writes, the output of a Relu it alone feeds included."""
+    """What a chain op writes, the output of a Relu or ReLU6 it alone feeds included."""
     folded = _quantized_output(node, g)
     return [*(name for name in node.output if name), *([folded] if folded and folded not in node.output else [])]

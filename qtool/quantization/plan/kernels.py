@@ -44,7 +44,7 @@ import onnx
 
 from qtool.graph.index import GraphView
 from qtool.quantization.plan.records import NodePlan, QuantPlan
-from qtool.quantization.plan.roles import CHAIN_OPS, FUSABLE_ACTIVATIONS, FUSED_KERNELS
+from qtool.quantization.plan.roles import CHAIN_OPS, FUSED_KERNELS, folds_into_quantizer
 from qtool.schemes import CPU_TARGETS
 
 # the kernels onnxruntime's CPU provider runs a weighted node in, on integers
@@ -186,9 +186,9 @@ def _predict(
         return KernelPrediction(p.name, "DynamicQuantizeMatMul", True, why)
     if p.placement == "weight_only":
         return _predict_weight_only(p, fused_with_add)
-    # the output quantized right after the MatMul (or a Relu it alone feeds), not after a bias Add
+    # the output quantized right after the MatMul (or a Relu or ReLU6 it alone feeds), not after a bias Add
     direct = p.output == node.output[0] or any(
-        c.op_type in FUSABLE_ACTIVATIONS and c.output[0] == p.output for c in view.input_readers(node.output[0])
+        folds_into_quantizer(c, view) and c.output[0] == p.output for c in view.input_readers(node.output[0])
     )
     return _predict_integer(p, fused_with_add, direct)
 

@@ -33,6 +33,7 @@ from qtool.quantization.plan.roles import (
     LOOKUP_OPS,
     Roles,
     WeightRoles,
+    clip_ceilings,
     has_constant_weight,
     node_macs,
     output_to_quantize,
@@ -157,7 +158,14 @@ def _plan_nodes(
     body_weights = plan_body_weights(g, config)
     recurrent = plan_recurrent_weights(g, config)
     return QuantPlan(
-        tuple(nodes), activations, tuple(skipped), config.target, shared, body_weights, recurrent_weights=recurrent
+        tuple(nodes),
+        activations,
+        tuple(skipped),
+        config.target,
+        shared,
+        body_weights,
+        recurrent_weights=recurrent,
+        ceilings=clip_ceilings(g, activations),
     )
 
 

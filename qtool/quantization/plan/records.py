@@ -123,6 +123,9 @@ class QuantPlan:
     # the main graph's If branches and Loop/Scan bodies, each planned as a model of its own
     branches: tuple[BranchPlan, ...] = ()
     recurrent_weights: tuple[StoredWeightPlan, ...] = ()  # LSTM/GRU/RNN weights, stored quantized
+    # a quantized tensor a Clip writes -> the Clip's upper bound, which the tensor's grid must not pass (then
+    # onnxruntime drops a ReLU6 before its quantizer, see qtool.quantization.plan.roles.folds_into_quantizer)
+    ceilings: dict[str, float] = field(default_factory=dict)
 
     def every_branch(self) -> tuple[BranchPlan, ...]:
         """The plans of this plan's bodies and of the bodies nested in them."""

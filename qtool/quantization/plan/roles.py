@@ -7,7 +7,7 @@ holds the lookups they need (constants, types, shapes, consumers).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,9 +35,35 @@ PASS_THROUGH = frozenset(
 )
 
 CHAIN_OPS = frozenset(FUSED_KERNELS) | PASS_THROUGH
-# Ops whose output may be folded into the quantized node's output: onnxruntime
-# removes a Relu that feeds a QuantizeLinear with zero point at the type's minimum.
-FUSABLE_ACTIVATIONS = {"Relu"}
+
+
+def folds_into_quantizer(node: onnx.NodeProto, g: GraphView) -> bool:
+    """Whether onnxruntime removes ``node`` before the QuantizeLinear of its output, so the node before it fuses.
+
+    A Relu, when the quantizer's zero point is the type's minimum (``ReluQuantRewrite``); a Clip from 0 (ReLU6,
+    a Relu written as Clip), when the quantizer's grid lies within its bounds (``ClipQuantRewrite``: the planned
+    grid of a Clip's output never passes its upper bound, see :attr:`QuantPlan.ceilings`).
+    """
+    if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+        return False
+    if node.op_type == "Relu":
+        return True
+    if node.op_type != "Clip":
+        return False
+    low, high = g.clip_bounds(node)
+    unknown_high = len(node.input) > 2 and bool(node.input[2]) and high is None  # a bound computed at run time
+    return low == 0.0 and not unknown_high and (high is None or high > 0.0)
+
+
+def clip_ceilings(g: GraphView, tensors: Iterable[str]) -> dict[str, float]:
+    """Of ``tensors``, those a Clip with a constant upper bound writes, and that bound."""
+    found = {}
+    for tensor in tensors:
+        clip = g.producer(tensor)
+        high = g.clip_bounds(clip)[1] if clip is not None and clip.op_type == "Clip" else None
+        if high is not None:
+            found[tensor] = high
+    return found
 
 
 @dataclass(frozen=True)
@@ -167,7 +193,7 @@ def _sole_consumer(tensor: str, g: GraphView) -> onnx.NodeProto | None:
 
 
 def output_to_quantize(node: onnx.NodeProto, g: GraphView) -> str | None:
-    """The tensor to quantize after ``node``: past a bias Add (MatMul) and a Relu it alone feeds.
+    """The tensor to quantize after ``node``: past a bias Add (MatMul) and a Relu or ReLU6 it alone feeds.
 
     Quantizing after the bias keeps the MatMul's raw output in float (onnxruntime
     runs DQ -> MatMul -> Add as one integer kernel with a float bias) instead of
@@ -182,7 +208,7 @@ def output_to_quantize(node: onnx.NodeProto, g: GraphView) -> str | None:
         if other in g.initializers and len(g.initializers[other].dims) == 1:
             out = user.output[0]
             user = _sole_consumer(out, g)
-    if user is not None and user.op_type in FUSABLE_ACTIVATIONS:
+    if user is not None and folds_into_quantizer(user, g):
         return user.output[0]
     return out
 

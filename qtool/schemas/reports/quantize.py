@@ -78,6 +78,11 @@ class Prepare(_Report):
 
     constants_to_initializers: int
     folded_batchnorms: list[str]
+    folded_affine: list[str] = Field(
+        default_factory=list,
+        description="Mul/Add/Sub/Div by a per-channel constant right after a Conv (a learnable affine block, a "
+        "bias written apart), folded into its weight and bias",
+    )
     folded_shapes: list[str] = Field(
         default_factory=list, description="Shape nodes of initializers replaced by constants"
     )

@@ -118,6 +118,34 @@ def silu_block() -> onnx.ModelProto:
     return b.model("y", [1, CHANNELS, SIZE * SIZE])
 
 
+def relu6_block(opset: int) -> onnx.ModelProto:
+    """MobileNetV2's inverted residual as torch exports it (BatchNormalization folded): Conv -> Clip(0, 6) ... -> Add.
+
+    Opset 10 writes Clip's bounds as attributes, 11 on as inputs. The head pools, flattens and ends in a Gemm.
+    """
+    b = _Builder()
+    stem = b.conv("x", "c0", cin=3)
+    six = [b.const("zero", np.array(0.0, np.float32)), b.const("six", np.array(6.0, np.float32))]
+
+    def relu6(x: str, out: str) -> str:
+        if opset >= 11:
+            return b.node("Clip", [x, *six], out)
+        return b.node("Clip", [x], out, min=0.0, max=6.0)
+
+    x = relu6(stem, "r0")
+    expanded = relu6(b.conv(x, "c1", cout=2 * CHANNELS, k=1), "r1")
+    w = b.rng.normal(0, 0.3, (2 * CHANNELS, 1, 3, 3)).astype(np.float32)
+    depthwise = b.node("Conv", [expanded, b.const("dw.w", w)], "dw", pads=[1, 1, 1, 1], group=2 * CHANNELS)
+    projected = b.conv(relu6(depthwise, "r2"), "c2", cin=2 * CHANNELS, k=1)
+    residual = b.node("Add", [x, projected], "res")
+    pooled = b.node("Flatten", [b.node("GlobalAveragePool", [relu6(b.conv(residual, "c3"), "r3")], "gap")], "flat")
+    weight = b.rng.normal(0, 0.3, (10, CHANNELS)).astype(np.float32)
+    b.node("Gemm", [pooled, b.const("fc.w", weight), b.const("fc.b", np.zeros(10, np.float32))], "y", transB=1)
+    model = b.model("y", [1, 10])
+    model.opset_import[0].version = opset
+    return model
+
+
 def _data(folder, count: int, seed: int):
     folder.mkdir()
     rng = np.random.default_rng(seed)
@@ -171,6 +199,19 @@ def test_each_op_between_integer_kernels_runs_on_8_bit_values(tmp_path, op):
     else:
         assert result.kernels[f"int8 {op}"] >= 1
     assert ops["QLinearConv"] == 3
+    assert _sqnr(source, out, tmp_path) > 25
+
+
+@pytest.mark.parametrize("opset", [10, 17])
+def test_a_relu6_network_stays_integer_from_its_input_to_its_logits(tmp_path, opset):
+    """Each ReLU6 is quantized past (its grid within [0, 6]): onnxruntime drops it and fuses its Conv."""
+    source, out, result = _quantize(relu6_block(opset), tmp_path)
+    ops = collections.Counter(n.op_type for n in _optimized(out, tmp_path).graph.node)
+    assert ops["Clip"] == 0 and ops["QLinearConv"] == 5 and ops["QLinearAdd"] == 1, ops
+    assert ops["QLinearGlobalAveragePool"] == 1 and ops["QGemm"] == 1, ops
+    assert (ops["QuantizeLinear"], ops["DequantizeLinear"]) == (1, 0), ops  # the Gemm writes float logits
+    assert result.boundaries == {"QuantizeLinear": 1, "DequantizeLinear": 0}
+    assert result.kernels["QLinearConv"] == 5
     assert _sqnr(source, out, tmp_path) > 25
 
 
