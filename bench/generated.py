@@ -9,6 +9,8 @@
   branch), an SPPF (three chained 5x5 MaxPools, Concat), an upsampling neck (Resize, Concat with the
   backbone) and a three-scale head whose boxes and sigmoid class scores are concatenated into
   ``[N, 4 + 16, 2100]``, as exported detectors end.
+- ``mobilenet_v2_style``: MobileNetV2's inverted residuals as torch exports them (BatchNormalization folded,
+  ReLU6 as ``Clip(x, 0, 6)``) on a 224x224 RGB input, pooled into a 100-class Gemm.
 - ``detector_800x608``: a detector-sized CNN on an 800x608 RGB input: a strided backbone with
   depthwise-separable blocks, an FPN-style upsampled merge, and two heads — boxes
   ``[N, 7600, 4]`` and sigmoid scores ``[N, 7600, 2]``.
@@ -228,7 +230,49 @@ def _yolo_style() -> tuple[onnx.ModelProto, Callable[[np.random.Generator], np.n
     return model, sample
 
 
-GENERATORS = {"audio_stft": _audio_stft, "detector_800x608": _detector, "yolo_style": _yolo_style}
+def _mobilenet_v2_style() -> tuple[onnx.ModelProto, Callable[[np.random.Generator], np.ndarray]]:
+    g = _Graph(7)
+    size = 224
+    bounds = [g.const("zero", np.array(0.0, np.float32)), g.const("six", np.array(6.0, np.float32))]
+
+    def conv6(x: str, cin: int, cout: int, k: int = 1, stride: int = 1, group: int = 1, relu6: bool = True) -> str:
+        y = g.conv(x, cin, cout, k, stride=stride, group=group, relu=False)
+        return g.node("Clip", [y, *bounds]) if relu6 else y  # ReLU6 as torch exports it (BatchNorm folded)
+
+    x, cin = conv6("image", 3, 32, 3, stride=2), 32  # 112
+    for expand, cout, stride in ((1, 16, 1), (6, 24, 2), (6, 24, 1), (6, 32, 2), (6, 32, 1), (6, 64, 2), (6, 96, 1)):
+        hidden = cin * expand
+        y = conv6(x, cin, hidden) if expand != 1 else x
+        y = conv6(y, hidden, hidden, 3, stride=stride, group=hidden)
+        y = conv6(y, hidden, cout, relu6=False)
+        x, cin = (g.node("Add", [x, y]) if stride == 1 and cin == cout else y), cout
+    pooled = g.node("Flatten", [g.node("GlobalAveragePool", [conv6(x, cin, 320)])], axis=1)
+    weight = (g.rng.standard_normal((100, 320)) * 0.05).astype(np.float32)
+    bias = np.zeros(100, np.float32)
+    g.nodes.append(
+        helper.make_node(
+            "Gemm", [pooled, g.const("fc", weight), g.const("fc_bias", bias)], ["logits"], name="fc", transB=1
+        )
+    )
+    model = g.model(
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 100])],
+    )
+
+    def sample(rng: np.random.Generator) -> np.ndarray:
+        coarse = rng.standard_normal((3, size // 16, size // 16))
+        image = np.kron(coarse, np.ones((16, 16))) + rng.standard_normal((3, size, size)) * 0.2
+        return image.astype(np.float32)[None]
+
+    return model, sample
+
+
+GENERATORS = {
+    "audio_stft": _audio_stft,
+    "detector_800x608": _detector,
+    "yolo_style": _yolo_style,
+    "mobilenet_v2_style": _mobilenet_v2_style,
+}
 
 
 def generated_model(name: str) -> tuple[Path, Path, Path]:

@@ -57,6 +57,7 @@ class QConfig:
     # how every placement "auto" node rounded to nearest rounds its weight instead, its bias corrected for the rounding
     # (the choice's rounded storage-only)
     auto_rounding: Rounding | None = None
+    auto_bias_correction: bool = True  # with auto_rounding: their biases corrected too (the kept integer one's are not)
     chains: bool = (
         True  # False: the ops placed "auto" between integer kernels stay float (qtool.quantization.plan.chains)
     )
@@ -101,7 +102,7 @@ class QConfig:
         if self.auto_rounding is not None and scheme.placement == "auto" and scheme.algorithms.rounding == "nearest":
             # the placement choice's storage-only candidate with rounded weights, the mean output shift their rounding
             # causes cancelled in each bias (analytic for float inputs: no model run; see qtool.choice.rounded)
-            rounded = replace(scheme.algorithms, rounding=self.auto_rounding, bias_correction=True)
+            rounded = replace(scheme.algorithms, rounding=self.auto_rounding, bias_correction=self.auto_bias_correction)
             scheme = replace(scheme, algorithms=rounded)
         if node_name in self.sensitive_nodes and not scheme.weight_only:
             # Float activations, weights still stored quantized: the accuracy of float, most of the size gain.
@@ -232,6 +233,7 @@ _DECIDED_FIELDS = (
     "float_nodes",
     "auto_placement",
     "auto_rounding",
+    "auto_bias_correction",
     "chains",
     "activation_ranges",
 )

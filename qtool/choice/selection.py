@@ -54,7 +54,7 @@ from qtool.choice.records import (
     Samples,
     meets,
 )
-from qtool.choice.rounded import round_after_miss, round_storage
+from qtool.choice.rounded import round_after_miss, round_kept_integer, round_storage
 from qtool.choice.search import FLOAT, FLOAT_ACTIVATIONS, MoveKind, sensitivity_search
 from qtool.choice.timing import decisively_faster, faster_than_storage, not_faster_note, time_candidates, why_untimed
 from qtool.choice.validation import Validator, validate_choice
@@ -171,6 +171,8 @@ def _made(
     if validator is not None:
         validate_choice(choice, validator, redecide=lambda more: _decide(choice, more))
         round_after_miss(choice, built, build, scorer, validator)
+    round_kept_integer(choice, built, build, scorer, validator)
+    if validator is not None:
         validator.release()
     scorer.release()
     choice.settle()

@@ -135,8 +135,8 @@ def test_a_change_made_on_purpose_is_gated_until_accepted_then_becomes_the_basel
     loose |= {"MAX_LATENCY_RATIO": "", "RUNS": "0"}
     assert all(code == 0 for _, code, _ in _run_steps(tmp_path, loose))  # main: the default config
     baseline = json.loads((tmp_path / "baseline" / "report.json").read_text())
-    # better on purpose: GPTQ and bias correction (the installed "accurate" config), same size, more accurate
-    steps = {name: (code, output) for name, code, output in _run_steps(tmp_path, {**loose, "CONFIG": "accurate"})}
+    # better on purpose: 16-bit activations (the installed "w8a16" config), the same int8 weights, more accurate
+    steps = {name: (code, output) for name, code, output in _run_steps(tmp_path, {**loose, "CONFIG": "w8a16"})}
     assert steps["Compare and gate"][0] == 0, steps["Compare and gate"][1][-3000:]
     better = json.loads((tmp_path / "report.json").read_text())
     assert better["baseline"]["regressed"] is False
