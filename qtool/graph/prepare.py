@@ -48,7 +48,7 @@ class PrepareReport:
     loops_reading_constant_state: list[str] = field(default_factory=list)  # Loops whose unchanged state is a constant
     sorted_nodes: bool = False  # the nodes were out of order (onnxruntime runs such a model; onnx refuses it)
     einsums_as_matmuls: list[str] = field(default_factory=list)  # Einsums with a constant weight, now MatMuls
-    hard_activations: list[str] = field(default_factory=list)  # written-out hard-sigmoid/swish, now HardSigmoid
+    hard_activations: list[str] = field(default_factory=list)  # hard-sigmoid/swish (written out, or HardSwish ops)
     removed_initializers: int = 0
     initializers_removed_from_inputs: int = 0
     opset_before: int = 0

@@ -14,7 +14,7 @@ def prepared_line(p: PrepareReport) -> str | None:
         (p.folded_weight_layouts, "folded {} layout ops of weights"),
         (p.einsums_as_matmuls, "{} Einsum -> MatMul"),
         (p.folded_computed_weights, "folded {} nodes computing weights from constants"),
-        (p.hard_activations, "{} hard-sigmoid/swish written out as Add, Clip, Div, Mul -> HardSigmoid"),
+        (p.hard_activations, "{} hard-sigmoid/swish (an op, or Add, Clip, Div, Mul) -> HardSigmoid (x Mul)"),
         (p.loops_reading_constant_state, "{} Loop bodies read their constant state as constants"),
         (p.inlined_functions, "inlined the calls of {} model-local functions"),
     )

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -48,6 +49,7 @@ def _model(path: Path, form: str, *, opset: int = 17, **bounds: float) -> Path:
             helper.make_node("Div", ["gate", "six_div"], ["hsig"], name="div"),
             helper.make_node("Mul", ["a", "hsig"], ["act"], name="mul"),
         ],
+        "op": [helper.make_node("HardSwish", ["a"], ["act"], name="hardswish")],  # opset 14's op, gate unused
         "other_operand": [  # y * relu6(x + 3) / 6: not a hard-swish (y is not x)
             helper.make_node("Mul", ["b", "gate"], ["prod"], name="mul"),
             helper.make_node("Div", ["prod", "six_div"], ["act"], name="div"),
@@ -57,7 +59,7 @@ def _model(path: Path, form: str, *, opset: int = 17, **bounds: float) -> Path:
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Conv", ["x", "w0"], ["b"], name="conv0", pads=[1, 1, 1, 1]),
-        *gate,
+        *(gate if form != "op" else []),
         *tail,
         helper.make_node("Conv", ["act", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
     ]
@@ -90,6 +92,7 @@ def _ops(model: onnx.ModelProto) -> Counter[str]:
         ("paddle", 10, {"HardSigmoid": 1, "Mul": 1}),  # Clip's bounds as attributes
         ("tf", 17, {"HardSigmoid": 1, "Mul": 1}),
         ("se_gate", 13, {"HardSigmoid": 1, "Mul": 1}),
+        ("op", 14, {"HardSigmoid": 1, "Mul": 1, "HardSwish": 0}),
     ],
 )
 def test_a_written_out_hard_activation_becomes_hard_sigmoid_and_computes_the_same(tmp_path, form, opset, ops):
@@ -131,6 +134,28 @@ def test_a_tensor_of_the_pattern_read_elsewhere_keeps_the_pattern(tmp_path):
     prepared, report = prepare_model(model)
     assert report.hard_activations == []
     assert _ops(prepared)["Div"] == 1
+
+
+@pytest.mark.parametrize("form", ["paddle", "op"])
+def test_between_integer_convs_the_hard_swish_multiplies_in_8_bits(tmp_path, form):
+    """Only the HardSigmoid stays float: its product with x is onnxruntime's QLinearMul, as in its own quantizer's."""
+    path = _model(tmp_path / "m.onnx", form, opset=14)
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(8):
+        np.save(data / f"{i:03d}.npy", rng.uniform(-4, 4, (1, CHANNELS, SIDE, SIDE)).astype(np.float32))
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\nglobal: {placement: integer}\n")
+    out = tmp_path / "q.onnx"
+    result = qtool.quantize(path, out, data_dir=data, config_path=config, search=None, evaluation=None)
+    assert result.kernels["QLinearMul"] == 1 and result.kernels["QLinearConv"] == 3, result.kernels
+    optimized = tmp_path / "optimized.onnx"
+    options = ort.SessionOptions()
+    options.log_severity_level, options.optimized_model_filepath = 3, str(optimized)
+    ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    ops = _ops(onnx.load(str(optimized)))
+    assert ops["QLinearMul"] == 1 and ops["HardSigmoid"] == 1 and ops["Mul"] == 0, ops
 
 
 def test_quantize_reports_the_rewrite_and_its_model_tracks_the_float_one(tmp_path):

@@ -97,8 +97,8 @@ class Prepare(_Report):
     )
     hard_activations: list[str] = Field(
         default_factory=list,
-        description="hard-sigmoid/hard-swish activations written out as Add, Clip, Div and Mul (the tensors they "
-        "write), rewritten as HardSigmoid (times their input for a hard-swish)",
+        description="hard-sigmoid/hard-swish activations written out as Add, Clip, Div and Mul, and HardSwish ops "
+        "(the tensors they write), rewritten as HardSigmoid (times their input for a hard-swish)",
     )
     loops_reading_constant_state: list[str] = Field(
         default_factory=list, description="Loops whose bodies now read the constant state they carry unchanged"
