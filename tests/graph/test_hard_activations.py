@@ -81,6 +81,15 @@ def _feed() -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(1).uniform(-4, 4, (1, CHANNELS, SIDE, SIDE)).astype(np.float32)}
 
 
+def _samples(folder: Path, seed: int) -> Path:
+    """Eight calibration samples spanning the hard activation's bends (-3 and 3)."""
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    for i in range(8):
+        np.save(folder / f"{i:03d}.npy", rng.uniform(-4, 4, (1, CHANNELS, SIDE, SIDE)).astype(np.float32))
+    return folder
+
+
 def _ops(model: onnx.ModelProto) -> Counter[str]:
     return Counter(node.op_type for node in model.graph.node)
 
@@ -140,11 +149,7 @@ def test_a_tensor_of_the_pattern_read_elsewhere_keeps_the_pattern(tmp_path):
 def test_between_integer_convs_the_hard_swish_multiplies_in_8_bits(tmp_path, form):
     """Only the HardSigmoid stays float: its product with x is onnxruntime's QLinearMul, as in its own quantizer's."""
     path = _model(tmp_path / "m.onnx", form, opset=14)
-    data = tmp_path / "data"
-    data.mkdir()
-    rng = np.random.default_rng(3)
-    for i in range(8):
-        np.save(data / f"{i:03d}.npy", rng.uniform(-4, 4, (1, CHANNELS, SIDE, SIDE)).astype(np.float32))
+    data = _samples(tmp_path / "data", seed=3)
     config = tmp_path / "c.yaml"
     config.write_text("version: 1\nglobal: {placement: integer}\n")
     out = tmp_path / "q.onnx"
@@ -160,11 +165,7 @@ def test_between_integer_convs_the_hard_swish_multiplies_in_8_bits(tmp_path, for
 
 def test_quantize_reports_the_rewrite_and_its_model_tracks_the_float_one(tmp_path):
     path = _model(tmp_path / "m.onnx", "paddle", opset=13)
-    data = tmp_path / "data"
-    data.mkdir()
-    rng = np.random.default_rng(2)
-    for i in range(8):
-        np.save(data / f"{i:03d}.npy", rng.uniform(-4, 4, (1, CHANNELS, SIDE, SIDE)).astype(np.float32))
+    data = _samples(tmp_path / "data", seed=2)
     out = tmp_path / "q.onnx"
     result = qtool.quantize(path, out, data_dir=data, search=None, evaluation=None)
     assert result.prepare.hard_activations == ["act"]
