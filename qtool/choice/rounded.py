@@ -1,4 +1,4 @@
-"""Storage-only with rounded weights: when even storage-only misses the target, GPTQ rounds its weights.
+"""Placements with GPTQ-rounded weights: storage-only when even it misses the target, and the kept integer one.
 
 Storage-only computes in float on weights stored at 8 bits, so what it loses is the weights' rounding
 alone, and rounding to nearest ignores what each weight is multiplied by. GPTQ rounds each weight
@@ -14,6 +14,9 @@ node (:data:`~qtool.quantization.algorithms.rounding.node_inputs.LIGHT_PATCHES`)
 is tried only where storage-only misses the target: on the scored samples (where the search would
 otherwise keep whole nodes float), or on the validation samples when no placement is validated there.
 It is kept only where it scores higher, and after a validation miss only where it validates higher.
+
+The placement kept with integer kernels gets the same rounding once the choice is made (:func:`round_kept_integer`):
+the placements are compared rounded to nearest, and the one kept is then rounded by GPTQ, its biases as rounded.
 """
 
 from __future__ import annotations
@@ -181,7 +184,7 @@ def _rounded(
 
 
 def _adopt(choice: PlacementChoice, built: BuiltCandidates, rounded: Rounded) -> None:
-    """``rounded`` in place of storage-only rounded to nearest, in every alias of it."""
+    """``rounded`` in place of its candidate rounded to nearest, in every alias of it."""
     name = rounded.name
     for alias in (name, *built.aliases[name]):
         built.configs[alias] = replace(
