@@ -56,7 +56,7 @@ def inspect(ws: Workspace, data_dir: Path | str | None) -> Inspection:
                 for row in result.rows
             ],
         )
-    result = replace(result, placement_note=note)
+    result = replace(result, placement_note=note, prepare=ws.report)
     # The exact size comes from doing the rewrite with placeholder activation ranges: only scale values
     # differ from the real run, and they take the same bytes.
     placeholder = {

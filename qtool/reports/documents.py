@@ -99,6 +99,7 @@ def inspection_to_dict(result: Inspection) -> dict[str, Any]:
         kept_float=[doc.KeptFloat(node=n, op_type=op, reason=why) for n, op, why in result.kept_float],
         passthrough_ops=result.passthrough,
         placement_note=result.placement_note,
+        prepare=doc.Prepare.model_validate(result.prepare, from_attributes=True) if result.prepare else None,
         totals=doc.InspectTotals(
             weight_elements=sum(r.weight_elements for r in result.rows),
             float_bytes=sum(r.float_bytes for r in result.rows),

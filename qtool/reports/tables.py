@@ -253,6 +253,9 @@ def render_inspection(console: Console, result: Inspection) -> None:
     if result.passthrough:
         listed = ", ".join(f"{op} x{count}" for op, count in result.passthrough.items())
         console.print(f"passed through untouched (not quantized by qtool): {listed}")
+    prepared = prepared_line(result.prepare) if result.prepare is not None else None
+    if prepared:
+        console.print(prepared)
 
 
 def _render_inspection_reasons(console: Console, result: Inspection) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -10,8 +11,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
 
 import qtool
+from qtool.cli import app
 from qtool.graph.prepare import prepare_model
 from tests.conftest import run_model, save_checked
 
@@ -175,3 +178,12 @@ def test_quantize_reports_the_rewrite_and_its_model_tracks_the_float_one(tmp_pat
     reference, candidate = run_model(path, feed)[0], run_model(out, feed)[0]
     sqnr = 10 * np.log10(np.sum(reference.astype(np.float64) ** 2) / np.sum((reference - candidate) ** 2))
     assert sqnr > 25
+
+
+def test_inspect_says_what_preparation_rewrote(tmp_path):
+    path = _model(tmp_path / "m.onnx", "paddle", opset=13)
+    result = CliRunner().invoke(app, ["inspect", str(path), "--json", str(tmp_path / "i.json")])
+    assert result.exit_code == 0, result.output
+    assert "1 hard-sigmoid/swish" in result.output and "-> HardSigmoid" in result.output
+    document = json.loads((tmp_path / "i.json").read_text())
+    assert document["prepare"]["hard_activations"] == ["act"]

@@ -10,6 +10,7 @@ import onnx
 
 from qtool.config import QConfig
 from qtool.graph.index import GraphView, node_subgraphs
+from qtool.graph.prepare import PrepareReport
 from qtool.numerics.qparams import quant_type
 from qtool.quantization.plan.kernels import predict_kernels
 from qtool.quantization.plan.planner import passthrough_ops
@@ -31,6 +32,7 @@ class Inspection:
     passthrough: dict[str, int] = field(default_factory=dict)  # op type -> count of untouched nodes
     rewritten_bytes: int | None = None  # size of the rewritten graph (exact up to scale values)
     placement_note: str = ""  # how quantize decides the placement shown (measured, or kept storage-only)
+    prepare: PrepareReport | None = None  # what graph preparation changed before the plan (as quantize reports it)
 
     @property
     def predicted_bytes(self) -> int:

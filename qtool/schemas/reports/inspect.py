@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from qtool.schemas.reports.base import _Record, _Report
+from qtool.schemas.reports.quantize import Prepare
 from qtool.schemes import NodeKind
 
 
@@ -67,3 +68,4 @@ class InspectReport(_Report):
     passthrough_ops: dict[str, int]
     placement_note: str  # how quantize decides the placement shown ("" when its rules alone decide)
     totals: InspectTotals
+    prepare: Prepare | None = Field(None, description="what graph preparation changed, as quantize reports it")
