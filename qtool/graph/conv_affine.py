@@ -47,11 +47,12 @@ def fold_conv_affine(graph: onnx.GraphProto, weights: Weights) -> tuple[list[str
         protected = view.graph_outputs | {name for node in view.nodes for name in subgraph_reads(node)}
         removed = set()
         for node in view.nodes:
+            x = _data_input(view, node)
+            conv = view.producer(x) if x is not None else None
+            if conv is None or not _foldable(view, conv, protected):
+                continue  # (checked before any constant is read: most Adds and Muls follow no Conv)
             affine = _affine(view, node, weights)
-            conv = view.producer(affine.x) if affine is not None else None
-            if affine is None or conv is None or not _foldable(view, conv, protected):
-                continue
-            if not _fold(graph, view, conv, affine, weights):
+            if affine is None or not _fold(graph, view, conv, affine, weights):
                 continue
             conv.output[0] = node.output[0]
             removed.add(node.name)
@@ -63,19 +64,31 @@ def fold_conv_affine(graph: onnx.GraphProto, weights: Weights) -> tuple[list[str
         graph.node.extend(kept)
 
 
-def _affine(view: GraphView, node: onnx.NodeProto, weights: Weights) -> _Affine | None:
-    """``node`` as ``x * scale + shift``, or None (not such a node)."""
+def _data_input(view: GraphView, node: onnx.NodeProto) -> str | None:
+    """The input ``x`` of a node that may be ``x * a + b`` per channel (its other operands constants), else None."""
     if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or not node.name or not node.input:
         return None
     if node.op_type == "BatchNormalization":
-        return _batchnorm(view, node, weights)
+        return node.input[0]
     if node.op_type not in _ARITHMETIC or len(node.input) != 2:
         return None
+    x, operand = _operands(view, node)
+    return x if x not in view.initializers and operand in view.initializers else None  # not Sub(b, x), Div(a, x)
+
+
+def _operands(view: GraphView, node: onnx.NodeProto) -> tuple[str, str]:
+    """An arithmetic node's (data, constant) inputs: as written, or swapped for ``3 * x`` and ``b + x``."""
     x, operand = node.input
     if node.op_type in ("Mul", "Add") and x in view.initializers:
-        x, operand = operand, x  # 3 * x, b + x: commutative
-    if x in view.initializers or operand not in view.initializers:
-        return None  # Sub(b, x) and Div(a, x) are no affine function of x
+        return operand, x
+    return x, operand
+
+
+def _affine(view: GraphView, node: onnx.NodeProto, weights: Weights) -> _Affine | None:
+    """``node`` as ``x * scale + shift`` (``node`` one :func:`_data_input` accepts), or None when it is not."""
+    if node.op_type == "BatchNormalization":
+        return _batchnorm(view, node, weights)
+    x, operand = _operands(view, node)
     constant = view.initializers[operand]
     if constant.data_type != onnx.TensorProto.FLOAT:
         return None

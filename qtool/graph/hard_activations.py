@@ -17,6 +17,8 @@ all-integer model, HardSwish at opset 17: 0.38x -> 0.47x over fp32, onnxruntime'
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import onnx
 from onnx import TensorProto, helper
 
@@ -57,11 +59,18 @@ def rewrite_hard_activations(graph: onnx.GraphProto) -> list[str]:
     return written
 
 
+@dataclass(frozen=True)
 class _Match:
-    """A written-out hard activation: its input, its nodes (the last one writes the result), and whether it swishes."""
+    """A hard activation: its input ``x`` and the nodes it replaces, by index (the last one writes the result).
 
-    def __init__(self, x: str, nodes: list[int], swish: bool) -> None:
-        self.x, self.nodes, self.swish = x, nodes, swish
+    ``gate``: the node the HardSigmoid is named after (the Clip, or a HardSwish op); ``mul``: for a hard-swish, the
+    node whose name the Mul by ``x`` keeps (the pattern's Mul, or the HardSwish op); None for a hard-sigmoid.
+    """
+
+    x: str
+    nodes: list[int]
+    gate: int
+    mul: int | None
 
 
 def _match(view: GraphView, last: int) -> _Match | None:
@@ -78,15 +87,16 @@ def _match(view: GraphView, last: int) -> _Match | None:
         return None
     gate = _relu6_of_plus_three(view, inner)
     if gate is not None:
-        x, gate_nodes = gate
-        return _Match(x, [*gate_nodes, last], swish=False)
+        x, (add, clip) = gate
+        return _Match(x, [add, clip, last], gate=clip, mul=None)
     if view.nodes[inner].op_type != "Mul" or len(view.nodes[inner].input) != 2:
         return None
     for operand, other in (view.nodes[inner].input, reversed(view.nodes[inner].input)):
         writer = _sole_writer(view, operand)
         gate = _relu6_of_plus_three(view, writer) if writer is not None else None
         if gate is not None and gate[0] == other:
-            return _Match(other, [*gate[1], inner, last], swish=True)
+            add, clip = gate[1]
+            return _Match(other, [add, clip, inner, last], gate=clip, mul=inner)
     return None
 
 
@@ -95,7 +105,7 @@ def _hard_swish_op(view: GraphView, index: int) -> _Match | None:
     node = view.nodes[index]
     if node.op_type != "HardSwish" or node.domain not in ("", "ai.onnx") or len(node.input) != 1 or not node.name:
         return None
-    return _Match(node.input[0], [index], swish=True)
+    return _Match(node.input[0], [index], gate=index, mul=index)
 
 
 def _scaled_by_sixth(view: GraphView, node: onnx.NodeProto) -> str | None:
@@ -111,8 +121,8 @@ def _scaled_by_sixth(view: GraphView, node: onnx.NodeProto) -> str | None:
     return None
 
 
-def _relu6_of_plus_three(view: GraphView, index: int) -> tuple[str, list[int]] | None:
-    """``(x, [Add, Clip])`` when node ``index`` is ``Clip(Add(x, 3), 0, 6)``, else None."""
+def _relu6_of_plus_three(view: GraphView, index: int) -> tuple[str, tuple[int, int]] | None:
+    """``(x, (Add, Clip))`` (node indices) when node ``index`` is ``Clip(Add(x, 3), 0, 6)``, else None."""
     clip = view.nodes[index]
     if clip.op_type != "Clip" or clip.domain not in ("", "ai.onnx") or not clip.input:
         return None
@@ -126,7 +136,7 @@ def _relu6_of_plus_three(view: GraphView, index: int) -> tuple[str, list[int]] |
         return None
     for x, constant in (add.input, reversed(add.input)):
         if _is_constant(view, constant, 3.0, x):
-            return x, [add_index, index]
+            return x, (add_index, index)
     return None
 
 
@@ -154,11 +164,10 @@ def _sole_writer(view: GraphView, tensor: str) -> int | None:
 def _replacement(view: GraphView, match: _Match, taken: set[str]) -> list[onnx.NodeProto]:
     """``HardSigmoid(x)``, times ``x`` for a hard-swish, writing what the pattern's last node wrote."""
     result = view.nodes[match.nodes[-1]].output[0]
-    gate_node = view.nodes[match.nodes[1 if len(match.nodes) > 1 else 0]]  # the Clip, or the HardSwish op itself
-    gate = fresh_name(f"{gate_node.output[0]}/hard_sigmoid", taken) if match.swish else result
+    gate_node = view.nodes[match.gate]
+    gate = fresh_name(f"{gate_node.output[0]}/hard_sigmoid", taken) if match.mul is not None else result
     name = fresh_name(f"{gate_node.name}/hard_sigmoid", taken)
     hard_sigmoid = helper.make_node("HardSigmoid", [match.x], [gate], name=name, alpha=1 / 6, beta=0.5)
-    if not match.swish:
+    if match.mul is None:
         return [hard_sigmoid]
-    mul = view.nodes[match.nodes[2 if len(match.nodes) > 2 else -1]]  # the pattern's Mul, or the HardSwish op
-    return [hard_sigmoid, helper.make_node("Mul", [match.x, gate], [result], name=mul.name)]
+    return [hard_sigmoid, helper.make_node("Mul", [match.x, gate], [result], name=view.nodes[match.mul].name)]

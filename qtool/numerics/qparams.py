@@ -176,8 +176,9 @@ def within_ceiling(qp: QParams, ceiling: float) -> QParams:
     """``qp`` with its scale lowered by the ulps that keep its largest value within ``ceiling``.
 
     onnxruntime drops a Clip before a QuantizeLinear only when the quantizer's largest value,
-    ``scale * (qmax - zero_point)`` in float32, passes the Clip's upper bound by at most float32's epsilon: a
-    ReLU6 saturated at 6 gives ``scale = 6/255``, which rounds to a float32 a hair above that (a per-tensor scale).
+    ``scale * (qmax - zero_point)`` in float32, passes the Clip's upper bound by at most float32's epsilon. A
+    range that reaches the bound ``c`` gives ``scale = c/255``, and for about one ``c`` in 700 (7.98, say; not 6)
+    that product rounds up past ``c`` by an ulp, more than epsilon: then the scale is lowered (per tensor only).
     """
     if qp.axis is not None or qp.qtype.float8:
         return qp
